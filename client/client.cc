@@ -1,0 +1,97 @@
+#include "client/client.h"
+
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/wire/grpc_status.h"
+
+namespace fusor::client {
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, wire::RetryPolicy retry)
+    : stub_(v1::Scheduler::NewStub(channel)), retry_(std::move(retry)) {}
+
+absl::StatusOr<v1::TuneResult> Client::Tune(const v1::TuneRequest& request,
+                                            const std::function<void(const v1::TuneEvent&)>& on_event,
+                                            absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  std::unique_ptr<grpc::ClientReader<v1::TuneEvent>> reader = stub_->Tune(&ctx, request);
+  v1::TuneEvent event;
+  std::optional<v1::TuneResult> result;
+  while (reader->Read(&event)) {
+    if (on_event) on_event(event);
+    if (event.has_result()) result = event.result();
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  if (!result) return absl::InternalError("the scheduler ended the stream without a result");
+  return *result;
+}
+
+absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& request, absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  v1::CompileResponse resp;
+  grpc::Status st = stub_->Compile(&ctx, request, &resp);
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp;
+}
+
+absl::StatusOr<v1::TuneResult> Client::Lookup(const v1::LookupRequest& request) {
+  v1::LookupResponse resp;
+  grpc::Status st = wire::GrpcRetrier(retry_).Run(
+      "lookup", [&](grpc::ClientContext& ctx) { return stub_->Lookup(&ctx, request, &resp); });
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp.result();
+}
+
+absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {
+  v1::ListWorkersResponse resp;
+  grpc::Status st = wire::GrpcRetrier(retry_).Run("list workers", [&](grpc::ClientContext& ctx) {
+    return stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
+  });
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp;
+}
+
+absl::StatusOr<v1::TaskInfo> Client::GetTask(const std::string& task_id) {
+  v1::GetTaskRequest req;
+  req.set_task_id(task_id);
+  v1::TaskInfo resp;
+  grpc::Status st = wire::GrpcRetrier(retry_).Run(
+      "get task", [&](grpc::ClientContext& ctx) { return stub_->GetTask(&ctx, req, &resp); });
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp;
+}
+
+absl::StatusOr<v1::Workload> ReadWorkloadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read workload file '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  v1::Workload workload;
+  size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || text[first] != '{') {
+    workload.set_text(text);
+    return workload;
+  }
+  google::protobuf::util::JsonParseOptions options;
+  if (google::protobuf::util::JsonStringToMessage(text, &workload, options).ok() &&
+      workload.source_case() != v1::Workload::SOURCE_NOT_SET) {
+    return workload;
+  }
+  v1::Chain chain;
+  auto st = google::protobuf::util::JsonStringToMessage(text, &chain, options);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a fusor.v1.Workload or Chain: ", st.ToString()));
+  }
+  *workload.mutable_chain() = chain;
+  return workload;
+}
+
+}  // namespace fusor::client

@@ -1,0 +1,42 @@
+// The fusor client library: calls a scheduler over a channel (remote, or
+// the in-process channel of an embedded scheduler).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "fusor/v1/scheduler.grpc.pb.h"
+#include "proto/wire/retry.h"
+
+namespace fusor::client {
+
+class Client {
+ public:
+  explicit Client(std::shared_ptr<grpc::Channel> channel, wire::RetryPolicy retry = {});
+
+  // Streams the tuning of one workload; `on_event` sees every event, the
+  // last of which carries the result. `deadline` bounds the whole call.
+  absl::StatusOr<v1::TuneResult> Tune(const v1::TuneRequest& request,
+                                      const std::function<void(const v1::TuneEvent&)>& on_event,
+                                      absl::Duration deadline);
+  absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request, absl::Duration deadline);
+  // Idempotent calls retry on UNAVAILABLE.
+  absl::StatusOr<v1::TuneResult> Lookup(const v1::LookupRequest& request);
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  absl::StatusOr<v1::TaskInfo> GetTask(const std::string& task_id);
+
+ private:
+  std::unique_ptr<v1::Scheduler::Stub> stub_;
+  wire::RetryPolicy retry_;
+};
+
+// Reads a workload file (chain text, or JSON of a fusor.v1.Workload or
+// Chain) into a Workload message, sending text as text so the scheduler
+// reports errors with line and column.
+absl::StatusOr<v1::Workload> ReadWorkloadFile(const std::string& path);
+
+}  // namespace fusor::client

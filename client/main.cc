@@ -1,0 +1,252 @@
+// fusor: the command-line client. With --server it talks to a remote
+// scheduler; without it, it runs an embedded scheduler and a local CPU
+// worker on the default database. Flags are read here and nowhere else.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/embedded.h"
+#include "client/report.h"
+#include "common/util/log.h"
+#include "common/util/paths.h"
+#include "worker/job.h"
+
+namespace {
+
+using fusor::client::Client;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "fusor";
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int Fail(const absl::Status& st) {
+  std::cerr << "fusor: " << st.message() << " [" << absl::StatusCodeToString(st.code()) << "]\n";
+  return absl::IsNotFound(st) ? 3 : 1;
+}
+
+struct GlobalOptions {
+  std::string server;
+  std::string db_path;
+  std::string backend = "cpu";
+  std::string target_fp;
+  double timeout_s = 3600;
+  double calibration_s = 0.3;
+  bool verbose = false;
+};
+
+fusor::v1::TargetSelector Selector(const GlobalOptions& g) {
+  fusor::v1::TargetSelector s;
+  s.set_backend(g.backend == "cuda" ? fusor::v1::BACKEND_CUDA : fusor::v1::BACKEND_CPU);
+  s.set_fingerprint(g.target_fp);
+  return s;
+}
+
+std::string WorkloadName(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+
+int Tune(Client& client, const GlobalOptions& g, const std::vector<std::string>& files, int budget, bool force) {
+  const bool tty = isatty(STDERR_FILENO);
+  int rc = 0;
+  for (const std::string& file : files) {
+    auto workload = fusor::client::ReadWorkloadFile(file);
+    if (!workload.ok()) {
+      rc = Fail(workload.status());
+      continue;
+    }
+    fusor::v1::TuneRequest req;
+    *req.mutable_workload() = *workload;
+    *req.mutable_target() = Selector(g);
+    req.mutable_options()->set_budget(budget);
+    req.mutable_options()->set_force(force);
+    std::cerr << "tuning " << file << "\n";
+    auto result = client.Tune(
+        req,
+        [&](const fusor::v1::TuneEvent& e) {
+          if (e.has_started()) {
+            std::cerr << absl::StrCat("  task ", e.started().task_id(), ": ", e.started().space_size(),
+                                      " schedules, ", e.started().space_after_pruning(), " after pruning, measuring ",
+                                      e.started().budget(), "\n");
+          } else if (e.has_progress()) {
+            std::string line = "  " + fusor::client::FormatProgress(e.progress());
+            if (tty) {
+              std::cerr << "\r\033[K" << line << std::flush;
+            } else {
+              std::cerr << line << "\n";
+            }
+          } else if (e.has_result() && tty) {
+            std::cerr << "\r\033[K";
+          }
+        },
+        absl::Seconds(g.timeout_s));
+    if (!result.ok()) {
+      if (tty) std::cerr << "\n";
+      rc = Fail(result.status());
+      continue;
+    }
+    std::cout << fusor::client::FormatResult(WorkloadName(file), *result) << std::endl;
+  }
+  return rc;
+}
+
+int Compile(Client& client, const GlobalOptions& g, const std::string& file, const std::string& out_dir, int budget,
+            bool cache_only) {
+  auto workload = fusor::client::ReadWorkloadFile(file);
+  if (!workload.ok()) return Fail(workload.status());
+  fusor::v1::CompileRequest req;
+  *req.mutable_workload() = *workload;
+  *req.mutable_target() = Selector(g);
+  req.mutable_options()->set_budget(budget);
+  req.set_cache_only(cache_only);
+  if (!cache_only) std::cerr << "compiling " << file << " (tuning first if it is not in the cache)\n";
+  auto resp = client.Compile(req, absl::Seconds(g.timeout_s));
+  if (!resp.ok()) return Fail(resp.status());
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Fail(absl::PermissionDeniedError(absl::StrCat("cannot create ", out_dir, ": ", ec.message())));
+  const std::string name = WorkloadName(file);
+  const std::string src = out_dir + "/" + name + ".cc";
+  const std::string meta = out_dir + "/" + name + ".json";
+  nlohmann::json j = nlohmann::json::parse(resp->metadata_json());
+  j["workload_key"] = resp->result().workload_key();
+  j["target_fingerprint"] = resp->result().target().fingerprint();
+  j["measured_median_s"] = resp->result().best_measurement().median_s();
+  j["baseline_median_s"] = resp->result().baseline_s();
+  j["from_cache"] = resp->result().from_cache();
+  std::ofstream(src) << resp->kernel_source();
+  std::ofstream(meta) << j.dump(2) << "\n";
+  std::cout << fusor::client::FormatResult(name, resp->result());
+  std::cout << "wrote      " << src << "\n           " << meta << std::endl;
+  return 0;
+}
+
+int Lookup(Client& client, const GlobalOptions& g, const std::vector<std::string>& files) {
+  int rc = 0;
+  for (const std::string& file : files) {
+    auto workload = fusor::client::ReadWorkloadFile(file);
+    if (!workload.ok()) {
+      rc = Fail(workload.status());
+      continue;
+    }
+    fusor::v1::LookupRequest req;
+    *req.mutable_workload() = *workload;
+    *req.mutable_target() = Selector(g);
+    auto result = client.Lookup(req);
+    if (!result.ok()) {
+      rc = Fail(result.status());
+      continue;
+    }
+    std::cout << fusor::client::FormatResult(WorkloadName(file), *result) << std::endl;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The isolated child that runs one job of the embedded worker.
+  if (argc == 3 && std::string(argv[1]) == "__run-job") return fusor::worker::RunJobMain(argv[2]);
+
+  CLI::App app{"fusor: fused operator chains, tuned in seconds and shared through one tuning database"};
+  app.require_subcommand(1);
+  GlobalOptions g;
+  g.db_path = fusor::DefaultDatabasePath(Env("XDG_DATA_HOME"), Env("HOME"));
+  app.add_option("--server", g.server, "scheduler address (host:port); without it, run an embedded scheduler");
+  app.add_option("--db", g.db_path, "tuning database of the embedded scheduler")->capture_default_str();
+  app.add_option("--backend", g.backend, "target backend")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--target", g.target_fp, "target fingerprint (default: the backend's registered target)");
+  app.add_option("--timeout", g.timeout_s, "seconds to wait for an answer")->capture_default_str();
+  app.add_option("--calibration-seconds", g.calibration_s, "embedded worker: length of each calibration run")
+      ->capture_default_str();
+  app.add_flag("-v,--verbose", g.verbose, "embedded mode: show the scheduler's and worker's logs");
+
+  int budget = 0;
+  bool force = false, cache_only = false;
+  std::vector<std::string> files;
+  std::string file, out_dir = "fusor-out", task_id;
+  CLI::App* tune = app.add_subcommand("tune", "tune workloads (or answer from the cache) and print the results");
+  tune->add_option("files", files, "workload files (chain text or JSON)")->required()->check(CLI::ExistingFile);
+  tune->add_option("--budget", budget, "candidates to measure (default: the scheduler's)");
+  tune->add_flag("--force", force, "tune again even if the cache has an answer");
+  CLI::App* compile = app.add_subcommand("compile", "write the best kernel's source and metadata");
+  compile->add_option("file", file, "workload file")->required()->check(CLI::ExistingFile);
+  compile->add_option("-o,--out", out_dir, "output directory")->capture_default_str();
+  compile->add_option("--budget", budget, "candidates to measure when tuning first");
+  compile->add_flag("--cache-only", cache_only, "fail (exit 3) instead of tuning on a cache miss");
+  CLI::App* lookup = app.add_subcommand("lookup", "print cached results only (exit 3 on a miss)");
+  lookup->add_option("files", files, "workload files")->required()->check(CLI::ExistingFile);
+  CLI::App* workers = app.add_subcommand("workers", "list the workers the scheduler knows");
+  CLI::App* task = app.add_subcommand("task", "show a tuning task");
+  task->add_option("id", task_id, "task id")->required();
+  CLI11_PARSE(app, argc, argv);
+
+  const std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? (g.verbose ? "info" : "warn") : Env("FUSOR_LOG_LEVEL");
+  if (!fusor::SetLogLevel(log_level)) {
+    std::cerr << "fusor: unknown log level '" << log_level << "'\n";
+    return 2;
+  }
+
+  std::unique_ptr<fusor::client::Embedded> embedded;
+  std::shared_ptr<grpc::Channel> channel;
+  if (!g.server.empty()) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
+    channel = grpc::CreateCustomChannel(g.server, grpc::InsecureChannelCredentials(), args);
+  } else {
+    if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
+    fusor::server::SchedulerOptions options;
+    options.db_path = g.db_path;
+    // Only commands that may measure need the local worker.
+    std::optional<fusor::worker::WorkerOptions> worker;
+    if (*tune || (*compile && !cache_only)) {
+      worker.emplace();
+      worker->name = "embedded";
+      worker->self_exe = SelfExe();
+      worker->scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
+      worker->calibration_s = g.calibration_s;
+      worker->lease_wait = absl::Milliseconds(500);
+      std::cerr << "embedded scheduler on " << g.db_path << "; starting a local CPU worker (calibrating)\n";
+    }
+    auto started = fusor::client::Embedded::Start(options, worker);
+    if (!started.ok()) return Fail(started.status());
+    embedded = std::move(*started);
+    channel = embedded->channel();
+  }
+  Client client(channel);
+
+  if (*tune) return Tune(client, g, files, budget, force);
+  if (*compile) return Compile(client, g, file, out_dir, budget, cache_only);
+  if (*lookup) return Lookup(client, g, files);
+  if (*workers) {
+    auto list = client.ListWorkers();
+    if (!list.ok()) return Fail(list.status());
+    std::cout << fusor::client::FormatWorkers(*list, NowMs());
+    return 0;
+  }
+  if (*task) {
+    auto info = client.GetTask(task_id);
+    if (!info.ok()) return Fail(info.status());
+    std::cout << fusor::client::FormatTask(*info);
+    return 0;
+  }
+  return 2;
+}

@@ -1,0 +1,80 @@
+#include "client/report.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace fusor::client {
+
+std::string FormatSeconds(double s) {
+  if (s <= 0) return "-";
+  if (s < 1e-3) return absl::StrFormat("%.1f us", s * 1e6);
+  if (s < 1) return absl::StrFormat("%.3f ms", s * 1e3);
+  return absl::StrFormat("%.2f s", s);
+}
+
+std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
+  const v1::Prediction& p = r.best().prediction();
+  const v1::Measurement& m = r.best_measurement();
+  const v1::Target& t = r.target();
+  std::string out;
+  absl::StrAppendFormat(&out, "workload   %s (key %s)\n", name, r.workload_key());
+  absl::StrAppendFormat(&out, "target     %s (%s, %s, %d cores)\n", t.fingerprint(), t.arch(), t.device_name(),
+                        t.compute_units());
+  if (r.from_cache()) {
+    absl::StrAppendFormat(&out, "answer     from the cache (tuned by task %s, no new measurement)\n", r.task_id());
+  } else {
+    absl::StrAppendFormat(&out, "answer     tuned now by task %s: %d candidates measured (%d failed) in %.1f s\n",
+                          r.task_id(), r.candidates_measured(), r.candidates_failed(), r.tuning_s());
+  }
+  absl::StrAppendFormat(&out, "schedule   %s\n", r.best().schedule().text());
+  absl::StrAppendFormat(&out, "mapping    %s\n", r.best().mapping().text());
+  absl::StrAppendFormat(&out, "predicted  %s  (t_mem %s + t_comp %s) x alpha %.2f\n", FormatSeconds(p.t_estm_s()),
+                        FormatSeconds(p.t_mem_s()), FormatSeconds(p.t_comp_s()), p.alpha());
+  absl::StrAppendFormat(&out, "measured   %s  median of %d samples (max relative error %.1e)\n",
+                        FormatSeconds(m.median_s()), m.samples_s_size(), m.max_rel_error());
+  if (r.baseline_s() > 0) {
+    absl::StrAppendFormat(&out, "baseline   %s  unfused: OpenBLAS sgemm per GEMM + separate passes\n",
+                          FormatSeconds(r.baseline_s()));
+    absl::StrAppendFormat(&out, "speedup    %.2fx over the unfused baseline\n", r.speedup());
+  } else {
+    absl::StrAppendFormat(&out, "baseline   not measured (the baseline job failed)\n");
+  }
+  return out;
+}
+
+std::string FormatProgress(const v1::TuneProgress& p) {
+  constexpr int kWidth = 24;
+  const int budget = p.budget() > 0 ? p.budget() : 1;
+  const int filled = std::min(kWidth, p.measured() * kWidth / budget);
+  std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+  std::string out = absl::StrFormat("[%s] %d/%d measured", bar, p.measured(), p.budget());
+  if (p.failed() > 0) absl::StrAppendFormat(&out, ", %d failed", p.failed());
+  if (p.best_s() > 0) absl::StrAppendFormat(&out, ", best %s (%s)", FormatSeconds(p.best_s()), p.best_schedule());
+  return out;
+}
+
+std::string FormatWorkers(const v1::ListWorkersResponse& workers, int64_t now_ms) {
+  std::string out = absl::StrFormat("%-20s %-24s %-6s %-21s %-14s %5s %9s %10s %6s %s\n", "WORKER", "NAME", "STATE",
+                                    "TARGET", "ARCH", "CORES", "W GB/s", "P GFLOP/s", "JOBS", "LAST SEEN");
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    absl::StrAppendFormat(&out, "%-20s %-24s %-6s %-21s %-14s %5d %9.1f %10.1f %6d %.0f s ago\n", w.worker_id(),
+                          w.name(), w.state(), w.target().fingerprint(), w.target().arch(),
+                          w.target().compute_units(), w.target().bandwidth_bytes_per_s() / 1e9,
+                          w.target().peak_flops() / 1e9, w.jobs_done(),
+                          static_cast<double>(now_ms - w.last_seen_unix_ms()) / 1000);
+  }
+  if (workers.workers().empty()) out += "(no workers have registered)\n";
+  return out;
+}
+
+std::string FormatTask(const v1::TaskInfo& t) {
+  std::string out = absl::StrFormat("task       %s\nstate      %s\nworkload   %s\ntarget     %s\nprogress   %s\n",
+                                    t.task_id(), t.state(), t.workload_key(), t.target_fingerprint(),
+                                    FormatProgress(t.progress()));
+  if (!t.error().empty()) absl::StrAppendFormat(&out, "error      %s\n", t.error());
+  return out;
+}
+
+}  // namespace fusor::client

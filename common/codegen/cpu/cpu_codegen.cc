@@ -1,0 +1,847 @@
+#include "common/codegen/cpu/cpu_codegen.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "common/codegen/cpu/prelude.h"
+
+namespace fusor::codegen {
+namespace {
+
+using ir::Access;
+using ir::Chain;
+using ir::Expr;
+using ir::Op;
+using ir::OpKind;
+using ir::TensorRole;
+
+const std::vector<std::string> kCompileFlags = {
+    "-O3", "-march=native", "-std=gnu++17", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"};
+
+// Indented source text.
+class Writer {
+ public:
+  void Line(absl::string_view text) {
+    out_.append(2 * indent_, ' ');
+    out_.append(text.data(), text.size());
+    out_ += '\n';
+  }
+  void Open(absl::string_view head) {
+    Line(absl::StrCat(head, " {"));
+    ++indent_;
+  }
+  void Close(absl::string_view tail = "") {
+    --indent_;
+    Line(absl::StrCat("}", tail));
+  }
+  void Raw(absl::string_view text) { out_.append(text.data(), text.size()); }
+  int depth() const { return indent_; }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+  int indent_ = 0;
+};
+
+std::string FloatLit(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  s += "f";
+  return v < 0 ? "(" + s + ")" : s;
+}
+
+std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
+
+std::string LoadConvert(ir::DType dtype, const std::string& lvalue) {
+  switch (dtype) {
+    case ir::DType::kF32: return lvalue;
+    case ir::DType::kF16: return absl::StrCat("fusor_f16_to_f32(", lvalue, ")");
+    case ir::DType::kBF16: return absl::StrCat("fusor_bf16_to_f32(", lvalue, ")");
+  }
+  return lvalue;
+}
+
+std::string StoreConvert(ir::DType dtype, const std::string& value) {
+  switch (dtype) {
+    case ir::DType::kF32: return value;
+    case ir::DType::kF16: return absl::StrCat("fusor_f32_to_f16(", value, ")");
+    case ir::DType::kBF16: return absl::StrCat("fusor_f32_to_bf16(", value, ")");
+  }
+  return value;
+}
+
+// Names of generated variables; every user name gets a prefix, so dims
+// and tensors may be named anything the front end accepts.
+struct Names {
+  const Chain& chain;
+  std::string V(int d) const { return "v_" + chain.dims[d].name; }  // absolute index
+  std::string I(int d) const { return "i_" + chain.dims[d].name; }  // index within range
+  std::string O(int d) const { return "o_" + chain.dims[d].name; }  // range origin
+  std::string N(int d) const { return "n_" + chain.dims[d].name; }  // range length
+  std::string Global(int t) const { return "g_" + chain.tensors[t].name; }
+  std::string Local(int t) const { return "l_" + chain.tensors[t].name; }
+  std::string Full(int t) const { return "f_" + chain.tensors[t].name; }
+};
+
+// sum of coefficient * variable + constant, as C.
+std::string LinearToC(const std::vector<std::pair<int64_t, std::string>>& terms, int64_t constant) {
+  std::string out;
+  for (const auto& [c, var] : terms) {
+    if (c == 0) continue;
+    if (!out.empty()) out += c < 0 ? " - " : " + ";
+    else if (c < 0) out += "-";
+    int64_t mag = c < 0 ? -c : c;
+    out += mag == 1 ? var : absl::StrCat(mag, "L*", var);
+  }
+  if (constant != 0 || out.empty()) {
+    if (!out.empty()) out += constant < 0 ? " - " : " + ";
+    else if (constant < 0) out += "-";
+    absl::StrAppend(&out, constant < 0 ? -constant : constant, "L");
+  }
+  return out;
+}
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t s = 1;
+  for (int a = static_cast<int>(shape.size()) - 1; a >= 0; --a) {
+    strides[a] = s;
+    s *= shape[a];
+  }
+  return strides;
+}
+
+// Flat offset of an access into its tensor's row-major global layout.
+std::string GlobalOffset(const Access& a, const Names& n) {
+  const ir::Tensor& t = n.chain.tensors[a.tensor];
+  std::vector<int64_t> strides = RowMajorStrides(t.shape);
+  std::map<int, int64_t> coef;
+  int64_t constant = 0;
+  for (size_t axis = 0; axis < a.index.size(); ++axis) {
+    constant += a.index[axis].constant * strides[axis];
+    for (const auto& [d, c] : a.index[axis].terms) coef[d] += c * strides[axis];
+  }
+  std::vector<std::pair<int64_t, std::string>> terms;
+  for (const auto& [d, c] : coef) terms.push_back({c, n.V(d)});
+  return LinearToC(terms, constant);
+}
+
+// Per dim: the stride of the dim's variable in `a`'s flat global offset.
+std::map<int, int64_t> GlobalStrides(const Access& a, const Chain& chain, int64_t* constant) {
+  std::vector<int64_t> strides = RowMajorStrides(chain.tensors[a.tensor].shape);
+  std::map<int, int64_t> coef;
+  *constant = 0;
+  for (size_t axis = 0; axis < a.index.size(); ++axis) {
+    *constant += a.index[axis].constant * strides[axis];
+    for (const auto& [d, c] : a.index[axis].terms) coef[d] += c * strides[axis];
+  }
+  return coef;
+}
+
+std::string CallFunc(ir::Func f, const std::string& arg) {
+  switch (f) {
+    case ir::Func::kRelu: return absl::StrCat("fusor_relu(", arg, ")");
+    case ir::Func::kGelu: return absl::StrCat("fusor_gelu(", arg, ")");
+    case ir::Func::kExp: return absl::StrCat("expf(", arg, ")");
+    case ir::Func::kTanh: return absl::StrCat("tanhf(", arg, ")");
+    case ir::Func::kSigmoid: return absl::StrCat("fusor_sigmoid(", arg, ")");
+  }
+  return arg;
+}
+
+using LoadFn = std::function<std::string(const Access&)>;
+
+std::string ExprToC(const Expr& e, const LoadFn& load) {
+  switch (e.kind) {
+    case Expr::Kind::kConst: return FloatLit(e.value);
+    case Expr::Kind::kAccess: return load(e.access);
+    case Expr::Kind::kAdd: return absl::StrCat("(", ExprToC(e.args[0], load), " + ", ExprToC(e.args[1], load), ")");
+    case Expr::Kind::kSub: return absl::StrCat("(", ExprToC(e.args[0], load), " - ", ExprToC(e.args[1], load), ")");
+    case Expr::Kind::kMul: return absl::StrCat("(", ExprToC(e.args[0], load), " * ", ExprToC(e.args[1], load), ")");
+    case Expr::Kind::kDiv: return absl::StrCat("(", ExprToC(e.args[0], load), " / ", ExprToC(e.args[1], load), ")");
+    case Expr::Kind::kNeg: return absl::StrCat("(-", ExprToC(e.args[0], load), ")");
+    case Expr::Kind::kCall: return CallFunc(e.func, ExprToC(e.args[0], load));
+  }
+  return "0.0f";
+}
+
+// Product of `factors` times `scale` as a C float expression.
+std::string ProductToC(const std::vector<Access>& factors, double scale, const LoadFn& load) {
+  std::vector<std::string> parts;
+  for (const Access& a : factors) parts.push_back(load(a));
+  if (scale != 1 || parts.empty()) parts.push_back(FloatLit(scale));
+  return absl::StrJoin(parts, " * ");
+}
+
+// Horner form of the flat index of dims within their ranges.
+std::string FlatIndex(const std::vector<int>& dims, const Names& n) {
+  if (dims.empty()) return "0L";
+  std::string s = n.I(dims[0]);
+  for (size_t i = 1; i < dims.size(); ++i) s = absl::StrCat("(", s, ") * ", n.N(dims[i]), " + ", n.I(dims[i]));
+  return s;
+}
+
+std::string Count(const std::vector<int>& dims, const Names& n) {
+  if (dims.empty()) return "1L";
+  std::vector<std::string> parts;
+  for (int d : dims) parts.push_back(n.N(d));
+  return absl::StrCat("(", absl::StrJoin(parts, " * "), ")");
+}
+
+// Opens one loop per dim over [o_d, o_d + n_d), defining i_d and v_d.
+// Returns how many scopes it opened.
+int OpenPointLoops(Writer& w, const std::vector<int>& dims, const Names& n,
+                   const std::string& pragma_on_first = "") {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int d = dims[i];
+    if (i == 0 && !pragma_on_first.empty()) w.Line(pragma_on_first);
+    w.Open(absl::StrCat("for (long ", n.I(d), " = 0; ", n.I(d), " < ", n.N(d), "; ++", n.I(d), ")"));
+    w.Line(absl::StrCat("const long ", n.V(d), " = ", n.O(d), " + ", n.I(d), ";"));
+  }
+  return static_cast<int>(dims.size());
+}
+
+void CloseScopes(Writer& w, int count) {
+  for (int i = 0; i < count; ++i) w.Close();
+}
+
+std::string MicroKernel(const hw::CpuMicroKernel& k) {
+  const int vecs = k.nr / k.lanes;
+  Writer w;
+  if (k.lanes > 1) {
+    w.Line(absl::StrCat("typedef float fusor_vf __attribute__((vector_size(", 4 * k.lanes,
+                        "), aligned(4)));"));
+  } else {
+    w.Line("typedef float fusor_vf;");
+  }
+  w.Line(absl::StrCat("// ", k.name, ": C[", k.mr, "x", k.nr,
+                      "] += A[:, p] * B[p, :] for p < kc, C kept in registers."));
+  w.Open("static inline void fusor_mk(long kc, const float* __restrict a, const float* __restrict b, "
+         "float* __restrict c, long ldc)");
+  for (int r = 0; r < k.mr; ++r) {
+    for (int v = 0; v < vecs; ++v) {
+      w.Line(absl::StrCat("fusor_vf c", r, "_", v, " = *(const fusor_vf*)(c + ", r, " * ldc + ",
+                          v * k.lanes, ");"));
+    }
+  }
+  w.Open("for (long p = 0; p < kc; ++p)");
+  for (int v = 0; v < vecs; ++v) {
+    w.Line(absl::StrCat("const fusor_vf b", v, " = *(const fusor_vf*)(b + p * ", k.nr, " + ",
+                        v * k.lanes, ");"));
+  }
+  for (int r = 0; r < k.mr; ++r) {
+    w.Line(absl::StrCat("{ const fusor_vf a", r, " = ", k.lanes > 1 ? "(fusor_vf){} + " : "", "a[p * ",
+                        k.mr, " + ", r, "];"));
+    std::string updates;
+    for (int v = 0; v < vecs; ++v) absl::StrAppend(&updates, " c", r, "_", v, " += a", r, " * b", v, ";");
+    w.Line(absl::StrCat(" ", updates, " }"));
+  }
+  w.Close();
+  for (int r = 0; r < k.mr; ++r) {
+    for (int v = 0; v < vecs; ++v) {
+      w.Line(absl::StrCat("*(fusor_vf*)(c + ", r, " * ldc + ", v * k.lanes, ") = c", r, "_", v, ";"));
+    }
+  }
+  w.Close();
+  return w.Take();
+}
+
+std::string Preamble(const std::string& title_comment) {
+  std::string s = title_comment;
+  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n\n";
+  s += std::string(CpuPreludeSource());
+  s += "\n";
+  return s;
+}
+
+nlohmann::json TensorsJson(const Chain& chain, const std::vector<int>& ids) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (int t : ids) {
+    arr.push_back({{"name", chain.tensors[t].name},
+                   {"dtype", std::string(ir::DTypeName(chain.dtype))},
+                   {"shape", chain.tensors[t].shape}});
+  }
+  return arr;
+}
+
+void DeclareArguments(Writer& w, const Chain& chain, const Names& n) {
+  const std::string type = StorageType(chain.dtype);
+  for (size_t i = 0; i < chain.inputs.size(); ++i) {
+    int t = chain.inputs[i];
+    w.Line(absl::StrCat("const ", type, "* const ", n.Global(t), " = (const ", type,
+                        "*)fusor_inputs[", i, "];"));
+  }
+  for (size_t i = 0; i < chain.outputs.size(); ++i) {
+    int t = chain.outputs[i];
+    w.Line(absl::StrCat(type, "* const ", n.Global(t), " = (", type, "*)fusor_outputs[", i, "];"));
+  }
+}
+
+// ---------------------------------------------------------------- fused ---
+
+class FusedEmitter {
+ public:
+  FusedEmitter(const Chain& chain, const space::LoopNest& nest)
+      : chain_(chain), nest_(nest), n_{chain} {
+    block_.assign(chain.dims.size(), false);
+    for (int d : nest.schedule.block_dims) block_[d] = true;
+    // Scratch layout: block-local buffers, then the op temporaries.
+    int64_t offset = 0;
+    local_offset_.assign(chain.tensors.size(), -1);
+    for (size_t t = 0; t < chain.tensors.size(); ++t) {
+      if (nest.local_floats[t] == 0) continue;
+      local_offset_[t] = offset;
+      offset += (nest.local_floats[t] + 15) / 16 * 16;
+    }
+    temp_offset_ = offset;
+  }
+
+  std::string Emit(const std::string& schedule_text, const std::string& mapping) {
+    const hw::CpuMicroKernel& k = nest_.kernel;
+    std::string title = absl::StrCat(
+        "// fusor fused CPU kernel for chain '", chain_.name, "'\n",
+        "// schedule: ", schedule_text, "\n", "// mapping:  ", mapping, "\n",
+        "// blocks: ", nest_.num_blocks, ", scratch per thread: ", nest_.scratch_bytes, " bytes\n",
+        "// chain:\n");
+    for (const Op& op : chain_.ops) absl::StrAppend(&title, "//   ", ir::OpToString(op, chain_), "\n");
+    std::string out = Preamble(title + "\n");
+    out += MicroKernel(k);
+    out += "\n";
+
+    Writer& w = w_;
+    w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
+           "int num_threads)");
+    DeclareArguments(w, chain_, n_);
+    int64_t scratch_bytes = std::max<int64_t>(64, (nest_.scratch_bytes + 63) / 64 * 64);
+    w.Line("int failed = 0;");
+    w.Line(absl::StrCat("#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1) if (",
+                        nest_.num_blocks, " > 1)"));
+    w.Open("");
+    w.Line(absl::StrCat("float* const scratch = (float*)aligned_alloc(64, ", scratch_bytes, ");"));
+    w.Open("if (!scratch)");
+    w.Line("#pragma omp atomic write");
+    w.Line("failed = 1;");
+    w.Close();
+    w.Line("#pragma omp for schedule(dynamic, 1)");
+    w.Open(absl::StrCat("for (long blk = 0; blk < ", nest_.num_blocks, "L; ++blk)"));
+    w.Line("if (!scratch) continue;");
+    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
+      if (local_offset_[t] < 0) continue;
+      w.Line(absl::StrCat("float* const ", n_.Local(static_cast<int>(t)), " = scratch + ",
+                          local_offset_[t], ";"));
+    }
+    w.Line(absl::StrCat("float* const tmp = scratch + ", temp_offset_, ";"));
+    w.Line("long rest = blk;");
+    const std::vector<int>& bd = nest_.schedule.block_dims;
+    for (int i = static_cast<int>(bd.size()) - 1; i >= 0; --i) {
+      int d = bd[i];
+      int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
+      w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", tile,
+                          "L; rest /= ", nest_.trips[d], "L;"));
+      w.Line(absl::StrCat("const long ", n_.N(d), " = ", extent, "L - ", n_.O(d), " < ", tile, "L ? ",
+                          extent, "L - ", n_.O(d), " : ", tile, "L;"));
+    }
+    w.Line("(void)rest; (void)tmp;");
+    for (size_t o = 0; o < chain_.ops.size(); ++o) EmitOp(static_cast<int>(o));
+    w.Close();  // block loop
+    w.Line("free(scratch);");
+    w.Close();  // parallel
+    w.Line("return failed;");
+    w.Close();
+    return out + w.Take();
+  }
+
+ private:
+  // The value of an access inside an op: block-local buffer or global.
+  std::string Load(const Access& a) const {
+    if (local_offset_[a.tensor] >= 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
+    return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
+  }
+
+  // Offset into a block-local buffer laid out over the producer's output
+  // dims: block dims span their tile (relative to o_d), others their extent.
+  std::string LocalOffset(const Access& a) const {
+    const std::vector<int>& index = chain_.ops[chain_.tensors[a.tensor].producer].index;
+    std::vector<int64_t> shape;
+    for (int d : index) shape.push_back(block_[d] ? nest_.schedule.tile[d] : chain_.dims[d].extent);
+    std::vector<int64_t> strides = RowMajorStrides(shape);
+    std::vector<std::pair<int64_t, std::string>> terms;
+    int64_t constant = 0;
+    for (size_t axis = 0; axis < a.index.size(); ++axis) {
+      constant += a.index[axis].constant * strides[axis];
+      for (const auto& [d, c] : a.index[axis].terms) terms.push_back({c * strides[axis], n_.V(d)});
+      if (block_[index[axis]]) terms.push_back({-strides[axis], n_.O(index[axis])});
+    }
+    return LinearToC(terms, constant);
+  }
+
+  // Writes `value` (a float) to the op's output at the current point.
+  void Store(const Op& op, const std::string& value) {
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    if (local_offset_[op.output] >= 0) {
+      w_.Line(absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "] = ", value, ";"));
+    }
+    if (chain_.tensors[op.output].role == TensorRole::kOutput) {
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ",
+                           StoreConvert(chain_.dtype, value), ";"));
+    }
+  }
+
+  // Defines o_d = 0, n_d = extent for the op's dims that neither the block
+  // nor one of the op's own loops ranges over.
+  void DefineFullRanges(const std::vector<int>& dims, const std::vector<int>& loops) {
+    for (int d : dims) {
+      if (block_[d] || std::find(loops.begin(), loops.end(), d) != loops.end()) continue;
+      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+    }
+  }
+
+  void OpenTileLoop(int d) {
+    int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
+    w_.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", extent, "L; ", n_.O(d),
+                         " += ", tile, "L)"));
+    w_.Line(absl::StrCat("const long ", n_.N(d), " = ", extent, "L - ", n_.O(d), " < ", tile, "L ? ",
+                         extent, "L - ", n_.O(d), " : ", tile, "L;"));
+  }
+
+  void EmitOp(int o) {
+    const Op& op = chain_.ops[o];
+    const space::OpNest& on = nest_.ops[o];
+    w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
+    w_.Open("");
+    std::vector<int> dims = op.index;
+    dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
+    DefineFullRanges(dims, on.loops);
+    if (op.kind == OpKind::kSum && on.gemm.ok) {
+      EmitGemmSum(op, on);
+    } else if (op.kind == OpKind::kSum) {
+      EmitGenericSum(op, on);
+    } else if (op.kind == OpKind::kMap) {
+      int opened = OpenPointLoops(w_, op.index, n_);
+      Store(op, ExprToC(op.body, [this](const Access& a) { return Load(a); }));
+      CloseScopes(w_, opened);
+    } else {
+      EmitSoftmax(op);
+    }
+    w_.Close();
+  }
+
+  void EmitGemmSum(const Op& op, const space::OpNest& on) {
+    const space::GemmForm& g = on.gemm;
+    const hw::CpuMicroKernel& k = nest_.kernel;
+    const std::string mr = absl::StrCat(k.mr, "L"), nr = absl::StrCat(k.nr, "L");
+    w_.Line(absl::StrCat("float* const acc = tmp;"));
+    w_.Line(absl::StrCat("float* const pa = tmp + ", on.acc_floats, ";"));
+    w_.Line(absl::StrCat("float* const pb = tmp + ", on.acc_floats + on.pack_a_floats, ";"));
+    const std::string rows = Count(g.rows, n_), cols = Count(g.cols, n_), kc = Count(op.reduce, n_),
+                      nbatch = Count(g.batch, n_);
+    const std::string rows_pad = absl::StrCat("((", rows, " + ", k.mr - 1, "L) / ", mr, " * ", mr, ")");
+    const std::string cols_pad = absl::StrCat("((", cols, " + ", k.nr - 1, "L) / ", nr, " * ", nr, ")");
+    auto load = [this](const Access& a) { return Load(a); };
+
+    auto pack = [&](bool a_side) {
+      const std::vector<int>& own = a_side ? g.rows : g.cols;
+      const std::string& pad = a_side ? rows_pad : cols_pad;
+      const std::string& width = a_side ? mr : nr;
+      const std::string buf = a_side ? "pa" : "pb";
+      w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side: [batch][panel][k][", a_side ? k.mr : k.nr, "]"));
+      w_.Open("");
+      w_.Line(absl::StrCat("const long own = ", a_side ? rows : cols, ", own_pad = ", pad, ", kc = ", kc, ";"));
+      int opened = OpenPointLoops(w_, g.batch, n_);
+      opened += OpenPointLoops(w_, op.reduce, n_);
+      w_.Line(absl::StrCat("float* const dst = ", buf, " + ((", FlatIndex(g.batch, n_), ") * (own_pad / ",
+                           width, ") * kc + (", FlatIndex(op.reduce, n_), ")) * ", width, ";"));
+      int inner = OpenPointLoops(w_, own, n_);
+      w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
+      w_.Line(absl::StrCat("dst[(x / ", width, ") * kc * ", width, " + x % ", width, "] = ",
+                           ProductToC(a_side ? g.a_side : g.b_side, a_side ? g.scale : 1, load), ";"));
+      CloseScopes(w_, inner);
+      w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, ") * kc * ", width,
+                           " + x % ", width, "] = 0.0f;"));
+      CloseScopes(w_, opened);
+      w_.Close();
+    };
+
+    const int num_loops = static_cast<int>(on.loops.size());
+    for (int level = 0; level <= num_loops; ++level) {
+      if (level == on.num_out_loops) {
+        w_.Line(absl::StrCat("memset(acc, 0, sizeof(float) * ", nbatch, " * ", rows_pad, " * ", cols_pad, ");"));
+      }
+      if (on.a_depth == level) pack(true);
+      if (on.b_depth == level) pack(false);
+      if (level < num_loops) OpenTileLoop(on.loops[level]);
+    }
+    // Innermost: the micro-kernel over the whole tile.
+    w_.Open("");
+    w_.Line(absl::StrCat("const long rows_pad = ", rows_pad, ", cols_pad = ", cols_pad, ", kc = ", kc, ";"));
+    w_.Open(absl::StrCat("for (long bi = 0; bi < ", nbatch, "; ++bi)"));
+    w_.Open(absl::StrCat("for (long r = 0; r < rows_pad; r += ", mr, ")"));
+    w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", nr, ")"));
+    w_.Line(absl::StrCat("fusor_mk(kc, pa + (bi * (rows_pad / ", mr, ") + r / ", mr, ") * kc * ", mr,
+                         ", pb + (bi * (cols_pad / ", nr, ") + c / ", nr, ") * kc * ", nr,
+                         ", acc + (bi * rows_pad + r) * cols_pad + c, cols_pad);"));
+    w_.Close();
+    w_.Close();
+    w_.Close();
+    w_.Close();
+    for (int level = num_loops; level > on.num_out_loops; --level) w_.Close();
+    // Store the finished tile.
+    w_.Open("");
+    w_.Line(absl::StrCat("const long rows_pad = ", rows_pad, ", cols_pad = ", cols_pad, ";"));
+    int opened = OpenPointLoops(w_, g.batch, n_);
+    opened += OpenPointLoops(w_, g.rows, n_);
+    opened += OpenPointLoops(w_, g.cols, n_);
+    Store(op, absl::StrCat("acc[((", FlatIndex(g.batch, n_), ") * rows_pad + (", FlatIndex(g.rows, n_),
+                           ")) * cols_pad + (", FlatIndex(g.cols, n_), ")]"));
+    CloseScopes(w_, opened);
+    w_.Close();
+    for (int level = on.num_out_loops; level > 0; --level) w_.Close();
+  }
+
+  void EmitGenericSum(const Op& op, const space::OpNest& on) {
+    auto load = [this](const Access& a) { return Load(a); };
+    w_.Line("float* const acc = tmp;");
+    for (int i = 0; i < on.num_out_loops; ++i) OpenTileLoop(on.loops[i]);
+    w_.Line(absl::StrCat("memset(acc, 0, sizeof(float) * ", Count(op.index, n_), ");"));
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) OpenTileLoop(on.loops[i]);
+    int opened = OpenPointLoops(w_, op.index, n_);
+    w_.Line("float s = 0.0f;");
+    int inner = OpenPointLoops(w_, op.reduce, n_);
+    w_.Line(absl::StrCat("s += ", ExprToC(op.body, load), ";"));
+    CloseScopes(w_, inner);
+    w_.Line(absl::StrCat("acc[", FlatIndex(op.index, n_), "] += s;"));
+    CloseScopes(w_, opened);
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) w_.Close();
+    opened = OpenPointLoops(w_, op.index, n_);
+    Store(op, absl::StrCat("acc[", FlatIndex(op.index, n_), "]"));
+    CloseScopes(w_, opened);
+    for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
+  }
+
+  void EmitSoftmax(const Op& op) {
+    auto load = [this](const Access& a) { return Load(a); };
+    std::vector<int> others;
+    for (int d : op.index) {
+      if (d != op.axis) others.push_back(d);
+    }
+    const int ax = op.axis;
+    const std::string extent = absl::StrCat(chain_.dims[ax].extent, "L");
+    w_.Line("float* const row = tmp;");
+    int opened = OpenPointLoops(w_, others, n_);
+    w_.Line("float mx = -INFINITY;");
+    w_.Open(absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", extent, "; ++", n_.I(ax), ")"));
+    w_.Line(absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";"));
+    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, load), ";"));
+    w_.Line(absl::StrCat("row[", n_.I(ax), "] = x;"));
+    w_.Line("mx = x > mx ? x : mx;");
+    w_.Close();
+    w_.Line("float total = 0.0f;");
+    w_.Open(absl::StrCat("for (long j = 0; j < ", extent, "; ++j)"));
+    w_.Line("const float e = expf(row[j] - mx);");
+    w_.Line("row[j] = e;");
+    w_.Line("total += e;");
+    w_.Close();
+    w_.Line("const float inv = 1.0f / total;");
+    w_.Open(absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", extent, "; ++", n_.I(ax), ")"));
+    w_.Line(absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";"));
+    Store(op, absl::StrCat("row[", n_.I(ax), "] * inv"));
+    w_.Close();
+    CloseScopes(w_, opened);
+  }
+
+  const Chain& chain_;
+  const space::LoopNest& nest_;
+  Names n_;
+  Writer w_;
+  std::vector<bool> block_;
+  std::vector<int64_t> local_offset_;
+  int64_t temp_offset_ = 0;
+};
+
+// ------------------------------------------------------------- baseline ---
+
+class BaselineEmitter {
+ public:
+  explicit BaselineEmitter(const Chain& chain) : chain_(chain), n_{chain} {}
+
+  std::string Emit() {
+    std::string title = absl::StrCat("// fusor unfused baseline for chain '", chain_.name,
+                                     "': each op over whole tensors, GEMMs through OpenBLAS\n");
+    std::string out = Preamble(title) + "#include <cblas.h>\n\n";
+    Writer& w = w_;
+    w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
+           "int num_threads)");
+    DeclareArguments(w, chain_, n_);
+    w.Line("const int nt = num_threads > 0 ? num_threads : 1;");
+    const bool f32 = chain_.dtype == ir::DType::kF32;
+    // f32 views of every tensor: aliases where the dtype is already f32,
+    // buffers allocated on the first call otherwise (as a framework's
+    // caching allocator would).
+    std::vector<int> owned;
+    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
+      const ir::Tensor& tensor = chain_.tensors[t];
+      bool alias = f32 && tensor.role != TensorRole::kIntermediate;
+      if (alias) {
+        w.Line(absl::StrCat("float* const ", n_.Full(t), " = (float*)", n_.Global(t), ";"));
+      } else {
+        w.Line(absl::StrCat("static float* ", n_.Full(t), " = 0;"));
+        owned.push_back(static_cast<int>(t));
+      }
+    }
+    for (int t : owned) {
+      w.Open(absl::StrCat("if (!", n_.Full(t), ")"));
+      w.Line(absl::StrCat(n_.Full(t), " = (float*)malloc(sizeof(float) * ", chain_.tensors[t].NumElements(), "L);"));
+      w.Line(absl::StrCat("if (!", n_.Full(t), ") return 1;"));
+      w.Close();
+    }
+    w.Line("openblas_set_num_threads(nt);");
+    if (!f32) {
+      for (int t : chain_.inputs) {
+        w.Line("#pragma omp parallel for num_threads(nt)");
+        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Full(t),
+                            "[i] = ", LoadConvert(chain_.dtype, absl::StrCat(n_.Global(t), "[i]")), ";"));
+      }
+    }
+    for (const Op& op : chain_.ops) {
+      w.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
+      w.Open("");
+      std::vector<int> dims = op.index;
+      dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
+      for (int d : dims) {
+        w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      }
+      w.Line(absl::StrCat("(void)", absl::StrJoin(dims, ", (void)", [&](std::string* s, int d) {
+                            s->append(n_.O(d));
+                          }), ";"));
+      space::GemmForm g = space::AnalyzeGemmForm(op, chain_);
+      if (op.kind == OpKind::kSum && g.ok) {
+        if (!EmitDirectGemm(op, g)) EmitPackedGemm(op, g);
+      } else if (op.kind == OpKind::kSum) {
+        EmitLoopSum(op);
+      } else if (op.kind == OpKind::kMap) {
+        int opened = OpenPointLoops(w, op.index, n_, "#pragma omp parallel for num_threads(nt)");
+        w.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
+        CloseScopes(w, opened);
+      } else {
+        EmitSoftmax(op);
+      }
+      w.Close();
+    }
+    if (!f32) {
+      for (int t : chain_.outputs) {
+        w.Line("#pragma omp parallel for num_threads(nt)");
+        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Global(t),
+                            "[i] = ", StoreConvert(chain_.dtype, absl::StrCat(n_.Full(t), "[i]")), ";"));
+      }
+    }
+    w.Line("return 0;");
+    w.Close();
+    return out + w.Take();
+  }
+
+ private:
+  LoadFn Loader() const {
+    return [this](const Access& a) { return absl::StrCat(n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]"); };
+  }
+
+  std::string FullAt(const Op& op) const {
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    return absl::StrCat(n_.Full(op.output), "[", GlobalOffset(self, n_), "]");
+  }
+
+  // One cblas_sgemm per batch point when both sides are single plain
+  // accesses with one row, one column and one reduced dim, strided so BLAS
+  // can read them in place. Returns false (emitting nothing) otherwise.
+  bool EmitDirectGemm(const Op& op, const space::GemmForm& g) {
+    if (g.a_side.size() != 1 || g.b_side.size() != 1 || g.rows.size() != 1 || g.cols.size() != 1 ||
+        op.reduce.size() != 1) {
+      return false;
+    }
+    for (const Access* a : {&g.a_side[0], &g.b_side[0]}) {
+      for (const ir::AffineExpr& e : a->index) {
+        if (!e.IsPlainDim()) return false;
+      }
+    }
+    const int r = g.rows[0], c = g.cols[0], k = op.reduce[0];
+    const int64_t m_ext = chain_.dims[r].extent, n_ext = chain_.dims[c].extent, k_ext = chain_.dims[k].extent;
+    int64_t const_a = 0, const_b = 0, const_c = 0;
+    auto sa = GlobalStrides(g.a_side[0], chain_, &const_a);
+    auto sb = GlobalStrides(g.b_side[0], chain_, &const_b);
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    auto sc = GlobalStrides(self, chain_, &const_c);
+    // A is M x K: element (r, k) at r*sa[r] + k*sa[k].
+    std::string trans_a, trans_b;
+    int64_t lda, ldb;
+    if (sa[k] == 1 && sa[r] >= k_ext) {
+      trans_a = "CblasNoTrans", lda = sa[r];
+    } else if (sa[r] == 1 && sa[k] >= m_ext) {
+      trans_a = "CblasTrans", lda = sa[k];
+    } else {
+      return false;
+    }
+    if (sb[c] == 1 && sb[k] >= n_ext) {
+      trans_b = "CblasNoTrans", ldb = sb[k];
+    } else if (sb[k] == 1 && sb[c] >= k_ext) {
+      trans_b = "CblasTrans", ldb = sb[c];
+    } else {
+      return false;
+    }
+    if (sc[c] != 1 || sc[r] < n_ext) return false;
+    auto base = [&](const std::map<int, int64_t>& s, int64_t constant) {
+      std::vector<std::pair<int64_t, std::string>> terms;
+      for (int d : g.batch) {
+        auto it = s.find(d);
+        if (it != s.end()) terms.push_back({it->second, n_.V(d)});
+      }
+      return LinearToC(terms, constant);
+    };
+    int opened = OpenPointLoops(w_, g.batch, n_);
+    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, ", trans_a, ", ", trans_b, ", ", m_ext, ", ", n_ext, ", ",
+                         k_ext, ", ", FloatLit(g.scale), ", ", n_.Full(g.a_side[0].tensor), " + ", base(sa, const_a),
+                         ", ", lda, ", ", n_.Full(g.b_side[0].tensor), " + ", base(sb, const_b), ", ", ldb,
+                         ", 0.0f, ", n_.Full(op.output), " + ", base(sc, const_c), ", ", sc[r], ");"));
+    CloseScopes(w_, opened);
+    return true;
+  }
+
+  // Packs each side into dense row-major matrices (im2col for affine
+  // accesses), multiplies with cblas_sgemm, scatters the result.
+  void EmitPackedGemm(const Op& op, const space::GemmForm& g) {
+    int64_t m = 1, n = 1, k = 1;
+    for (int d : g.rows) m *= chain_.dims[d].extent;
+    for (int d : g.cols) n *= chain_.dims[d].extent;
+    for (int d : op.reduce) k *= chain_.dims[d].extent;
+    for (const char* name : {"ta", "tb", "tc"}) {
+      int64_t size = std::string(name) == "ta" ? m * k : std::string(name) == "tb" ? k * n : m * n;
+      w_.Line(absl::StrCat("static float* ", name, " = 0;"));
+      w_.Line(absl::StrCat("if (!", name, ") ", name, " = (float*)malloc(sizeof(float) * ", size, "L);"));
+      w_.Line(absl::StrCat("if (!", name, ") return 1;"));
+    }
+    const std::string pragma = "#pragma omp parallel for num_threads(nt)";
+    int outer = OpenPointLoops(w_, g.batch, n_);
+    std::vector<int> a_dims = g.rows;
+    a_dims.insert(a_dims.end(), op.reduce.begin(), op.reduce.end());
+    int opened = OpenPointLoops(w_, a_dims, n_, pragma);
+    w_.Line(absl::StrCat("ta[(", FlatIndex(g.rows, n_), ") * ", k, "L + (", FlatIndex(op.reduce, n_), ")] = ",
+                         ProductToC(g.a_side, g.scale, Loader()), ";"));
+    CloseScopes(w_, opened);
+    std::vector<int> b_dims = op.reduce;
+    b_dims.insert(b_dims.end(), g.cols.begin(), g.cols.end());
+    opened = OpenPointLoops(w_, b_dims, n_, pragma);
+    w_.Line(absl::StrCat("tb[(", FlatIndex(op.reduce, n_), ") * ", n, "L + (", FlatIndex(g.cols, n_), ")] = ",
+                         ProductToC(g.b_side, 1, Loader()), ";"));
+    CloseScopes(w_, opened);
+    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ", m, ", ", n, ", ", k,
+                         ", 1.0f, ta, ", k, ", tb, ", n, ", 0.0f, tc, ", n, ");"));
+    std::vector<int> c_dims = g.rows;
+    c_dims.insert(c_dims.end(), g.cols.begin(), g.cols.end());
+    opened = OpenPointLoops(w_, c_dims, n_, pragma);
+    w_.Line(absl::StrCat(FullAt(op), " = tc[(", FlatIndex(g.rows, n_), ") * ", n, "L + (",
+                         FlatIndex(g.cols, n_), ")];"));
+    CloseScopes(w_, opened);
+    CloseScopes(w_, outer);
+  }
+
+  void EmitLoopSum(const Op& op) {
+    int opened = OpenPointLoops(w_, op.index, n_, "#pragma omp parallel for num_threads(nt)");
+    w_.Line("float s = 0.0f;");
+    int inner = OpenPointLoops(w_, op.reduce, n_);
+    w_.Line(absl::StrCat("s += ", ExprToC(op.body, Loader()), ";"));
+    CloseScopes(w_, inner);
+    w_.Line(absl::StrCat(FullAt(op), " = s;"));
+    CloseScopes(w_, opened);
+  }
+
+  void EmitSoftmax(const Op& op) {
+    std::vector<int> others;
+    for (int d : op.index) {
+      if (d != op.axis) others.push_back(d);
+    }
+    const int ax = op.axis;
+    const std::string loop = absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ",
+                                          chain_.dims[ax].extent, "L; ++", n_.I(ax), ")");
+    const std::string def = absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";");
+    int opened = OpenPointLoops(w_, others, n_, "#pragma omp parallel for num_threads(nt)");
+    w_.Line("float mx = -INFINITY;");
+    w_.Open(loop);
+    w_.Line(def);
+    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, Loader()), ";"));
+    w_.Line(absl::StrCat(FullAt(op), " = x;"));
+    w_.Line("mx = x > mx ? x : mx;");
+    w_.Close();
+    w_.Line("float total = 0.0f;");
+    w_.Open(loop);
+    w_.Line(def);
+    w_.Line(absl::StrCat("const float e = expf(", FullAt(op), " - mx);"));
+    w_.Line(absl::StrCat(FullAt(op), " = e;"));
+    w_.Line("total += e;");
+    w_.Close();
+    w_.Line("const float inv = 1.0f / total;");
+    w_.Open(loop);
+    w_.Line(def);
+    w_.Line(absl::StrCat(FullAt(op), " *= inv;"));
+    w_.Close();
+    CloseScopes(w_, opened);
+  }
+
+  const Chain& chain_;
+  Names n_;
+  Writer w_;
+};
+
+}  // namespace
+
+absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& chain, const space::LoopNest& nest,
+                                                const std::string& schedule_text,
+                                                const std::string& mapping) {
+  if (nest.ops.size() != chain.ops.size()) {
+    return absl::InvalidArgumentError("loop nest does not belong to this chain");
+  }
+  KernelSource k;
+  k.source = FusedEmitter(chain, nest).Emit(schedule_text, mapping);
+  k.compile_flags = kCompileFlags;
+  nlohmann::json meta = {
+      {"entry_point", k.entry_point},
+      {"signature", "int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)"},
+      {"language", "c++"},
+      {"inputs", TensorsJson(chain, chain.inputs)},
+      {"outputs", TensorsJson(chain, chain.outputs)},
+      {"schedule", schedule_text},
+      {"mapping", mapping},
+      {"blocks", nest.num_blocks},
+      {"scratch_bytes_per_thread", nest.scratch_bytes},
+      {"compile_flags", kCompileFlags}};
+  k.metadata_json = meta.dump(2);
+  return k;
+}
+
+absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain) {
+  KernelSource k;
+  k.source = BaselineEmitter(chain).Emit();
+  k.compile_flags = kCompileFlags;
+  k.link_libs = {"openblas"};
+  nlohmann::json meta = {{"entry_point", k.entry_point},
+                         {"language", "c++"},
+                         {"inputs", TensorsJson(chain, chain.inputs)},
+                         {"outputs", TensorsJson(chain, chain.outputs)},
+                         {"baseline", "unfused, cblas_sgemm"}};
+  k.metadata_json = meta.dump(2);
+  return k;
+}
+
+}  // namespace fusor::codegen

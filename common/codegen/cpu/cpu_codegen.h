@@ -1,0 +1,40 @@
+// C++ code generation for the CPU backend.
+//
+// Every emitted kernel is one self-contained translation unit exporting
+//   extern "C" int fusor_run(const void* const* inputs, void* const* outputs,
+//                            int num_threads);
+// with inputs and outputs in the chain's declaration order, each a dense
+// row-major array of the chain's dtype (uint16_t bits for f16/bf16). It
+// returns 0 on success and nonzero if it could not allocate its scratch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ir/chain.h"
+#include "common/space/loop_nest.h"
+
+namespace fusor::codegen {
+
+struct KernelSource {
+  std::string source;
+  std::string entry_point = "fusor_run";
+  // Flags the source is meant to be compiled with (besides -shared -fPIC).
+  std::vector<std::string> compile_flags;
+  std::vector<std::string> link_libs;  // e.g. "openblas"
+  std::string metadata_json;           // arguments, shapes, schedule
+};
+
+// The fused kernel for `chain` under `nest` (from BuildLoopNest).
+// `schedule_text` and `mapping` go into the header comment and metadata.
+absl::StatusOr<KernelSource> EmitCpuFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
+                                                const std::string& schedule_text,
+                                                const std::string& mapping);
+
+// The unfused chain as a user would otherwise run it: each op over whole
+// tensors in turn, GEMM-shaped sums through OpenBLAS's cblas_sgemm, softmax
+// and elementwise ops as separate parallel passes.
+absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const ir::Chain& chain);
+
+}  // namespace fusor::codegen

@@ -1,0 +1,40 @@
+#include "common/hw/target.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/util/sha256.h"
+
+namespace fusor::hw {
+
+bool TargetDesc::HasFeature(const std::string& f) const {
+  return std::find(isa_features.begin(), isa_features.end(), f) != isa_features.end();
+}
+
+std::string TargetFingerprint(const TargetDesc& t) {
+  std::vector<std::string> features = t.isa_features;
+  std::sort(features.begin(), features.end());
+  std::string identity = absl::StrCat(
+      t.backend == Backend::kCpu ? "cpu" : "cuda", "|", t.arch, "|", t.device_name, "|",
+      t.compute_units, "|", t.vector_lanes_f32, "|", absl::StrJoin(features, ","), "|",
+      t.l1d_bytes, "|", t.l2_bytes, "|", t.l3_bytes, "|", t.shared_mem_per_block, "|", t.compiler);
+  return absl::StrCat(t.backend == Backend::kCpu ? "cpu-" : "cuda-",
+                      Sha256Hex(identity).substr(0, 16));
+}
+
+CpuMicroKernel SelectCpuMicroKernel(const TargetDesc& t) {
+  // 16 (AVX2) or 32 (AVX-512) vector registers: keep mr x (nr/lanes)
+  // accumulators plus nr/lanes B vectors and one broadcast A in registers.
+  if (t.HasFeature("avx512f")) return {"fma.avx512.8x32", 16, 8, 32};
+  if (t.HasFeature("avx2") && t.HasFeature("fma")) return {"fma.avx2.6x16", 8, 6, 16};
+  if (t.vector_lanes_f32 >= 4) return {"simd4.4x8", 4, 4, 8};
+  return {"scalar.4x4", 1, 4, 4};
+}
+
+int64_t CpuScratchBudget(const TargetDesc& t) {
+  int64_t private_cache = t.l1d_bytes + t.l2_bytes;
+  return private_cache > 0 ? private_cache : int64_t{1} << 20;
+}
+
+}  // namespace fusor::hw

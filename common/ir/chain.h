@@ -1,0 +1,122 @@
+// The chain IR: tensors, affine index expressions and ops of a fused chain.
+//
+// A Chain is built only through BuildChain (spec.h), which checks it: every
+// access is in bounds, every op reads only tensors defined before it, and
+// every dim used in a body is in the op's output index or reduced. Code that
+// receives a Chain may rely on these invariants.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fusor::ir {
+
+enum class DType { kF32, kF16, kBF16 };
+
+absl::string_view DTypeName(DType dtype);  // "f32", "f16", "bf16"
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+int DTypeBytes(DType dtype);
+
+struct Dim {
+  std::string name;
+  int64_t extent = 0;
+};
+
+// constant + sum of coefficient * dim, with terms sorted by dim and no zero
+// coefficients.
+struct AffineExpr {
+  std::vector<std::pair<int, int64_t>> terms;  // (dim id, coefficient)
+  int64_t constant = 0;
+
+  static AffineExpr OfDim(int dim);
+  bool IsPlainDim() const { return constant == 0 && terms.size() == 1 && terms[0].second == 1; }
+  bool DependsOn(int dim) const;
+  int64_t Coefficient(int dim) const;
+  bool operator==(const AffineExpr& other) const = default;
+};
+
+struct Access {
+  int tensor = -1;
+  std::vector<AffineExpr> index;
+};
+
+enum class Func { kRelu, kGelu, kExp, kTanh, kSigmoid };
+absl::string_view FuncName(Func func);
+
+struct Expr {
+  enum class Kind { kConst, kAccess, kAdd, kSub, kMul, kDiv, kNeg, kCall };
+  Kind kind = Kind::kConst;
+  double value = 0;           // kConst
+  Access access;              // kAccess
+  Func func = Func::kRelu;    // kCall
+  std::vector<Expr> args;     // operands of kAdd..kCall
+
+  static Expr Const(double v);
+  static Expr Of(Access a);
+  static Expr Binary(Kind kind, Expr lhs, Expr rhs);
+  static Expr Unary(Kind kind, Expr arg);
+  static Expr Call(Func f, Expr arg);
+};
+
+enum class OpKind { kSum, kSoftmax, kMap };
+absl::string_view OpKindName(OpKind kind);  // "sum", "softmax", "map"
+
+struct Op {
+  OpKind kind = OpKind::kMap;
+  int output = -1;           // tensor id
+  std::vector<int> index;    // output dims, one per output axis
+  std::vector<int> reduce;   // kSum: summed dims
+  int axis = -1;             // kSoftmax: the normalized dim
+  Expr body;
+};
+
+enum class TensorRole { kInput, kIntermediate, kOutput };
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  // Per axis, the dim it was declared with, or -1 for an integer literal.
+  std::vector<int> axis_dims;
+  TensorRole role = TensorRole::kInput;
+  int producer = -1;  // op id for op outputs
+
+  int64_t NumElements() const;
+};
+
+struct Chain {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<Dim> dims;
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;       // in dependency order
+  std::vector<int> inputs;   // tensor ids, in declaration order
+  std::vector<int> outputs;  // tensor ids, in declaration order
+
+  int FindDim(absl::string_view name) const;     // -1 if absent
+  int FindTensor(absl::string_view name) const;  // -1 if absent
+};
+
+// Calls `fn` on every access in `expr`, in left-to-right order.
+template <typename Fn>
+void ForEachAccess(const Expr& expr, Fn&& fn) {
+  if (expr.kind == Expr::Kind::kAccess) fn(expr.access);
+  for (const Expr& arg : expr.args) ForEachAccess(arg, fn);
+}
+
+// Printing in the text front end's syntax, with the chain's names.
+std::string AffineToString(const AffineExpr& e, const Chain& chain);
+std::string AccessToString(const Access& a, const Chain& chain);
+std::string ExprToString(const Expr& e, const Chain& chain);
+std::string OpToString(const Op& op, const Chain& chain);
+// The whole chain as text that ParseChainText reads back to an equal chain.
+std::string ChainToText(const Chain& chain);
+
+// FLOPs of one evaluation of the chain (multiply-add = 2).
+double ChainFlops(const Chain& chain);
+
+}  // namespace fusor::ir

@@ -1,0 +1,216 @@
+#include "common/ir/reference.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusor::ir {
+
+double ApplyFunc(Func func, double x) {
+  switch (func) {
+    case Func::kRelu: return x > 0 ? x : 0;
+    case Func::kGelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Func::kExp: return std::exp(x);
+    case Func::kTanh: return std::tanh(x);
+    case Func::kSigmoid: return 1 / (1 + std::exp(-x));
+  }
+  return x;
+}
+
+namespace {
+
+// An access as a flat offset: base + sum over dims of stride[d] * value[d].
+struct FlatAccess {
+  const double* data = nullptr;
+  int64_t base = 0;
+  std::vector<int64_t> stride;  // per chain dim
+};
+
+FlatAccess Flatten(const Access& a, const Chain& chain, const double* data) {
+  const Tensor& t = chain.tensors[a.tensor];
+  FlatAccess f;
+  f.data = data;
+  f.stride.assign(chain.dims.size(), 0);
+  int64_t axis_stride = 1;
+  for (int axis = static_cast<int>(t.shape.size()) - 1; axis >= 0; --axis) {
+    const AffineExpr& e = a.index[axis];
+    f.base += e.constant * axis_stride;
+    for (const auto& [d, c] : e.terms) f.stride[d] += c * axis_stride;
+    axis_stride *= t.shape[axis];
+  }
+  return f;
+}
+
+// An expression tree whose accesses are pre-flattened.
+struct Node {
+  Expr::Kind kind;
+  double value = 0;
+  Func func = Func::kRelu;
+  FlatAccess access;
+  std::vector<Node> args;
+};
+
+Node Compile(const Expr& e, const Chain& chain, const std::vector<const double*>& buffers) {
+  Node n;
+  n.kind = e.kind;
+  n.value = e.value;
+  n.func = e.func;
+  if (e.kind == Expr::Kind::kAccess) n.access = Flatten(e.access, chain, buffers[e.access.tensor]);
+  for (const Expr& arg : e.args) n.args.push_back(Compile(arg, chain, buffers));
+  return n;
+}
+
+double Eval(const Node& n, const std::vector<int64_t>& v) {
+  switch (n.kind) {
+    case Expr::Kind::kConst: return n.value;
+    case Expr::Kind::kAccess: {
+      int64_t off = n.access.base;
+      for (size_t d = 0; d < v.size(); ++d) off += n.access.stride[d] * v[d];
+      return n.access.data[off];
+    }
+    case Expr::Kind::kAdd: return Eval(n.args[0], v) + Eval(n.args[1], v);
+    case Expr::Kind::kSub: return Eval(n.args[0], v) - Eval(n.args[1], v);
+    case Expr::Kind::kMul: return Eval(n.args[0], v) * Eval(n.args[1], v);
+    case Expr::Kind::kDiv: return Eval(n.args[0], v) / Eval(n.args[1], v);
+    case Expr::Kind::kNeg: return -Eval(n.args[0], v);
+    case Expr::Kind::kCall: return ApplyFunc(n.func, Eval(n.args[0], v));
+  }
+  return 0;
+}
+
+// Collects the factors of a product of accesses and constants; false if the
+// body is anything else.
+bool ProductFactors(const Node& n, double& scale, std::vector<const FlatAccess*>& factors) {
+  switch (n.kind) {
+    case Expr::Kind::kMul:
+      return ProductFactors(n.args[0], scale, factors) && ProductFactors(n.args[1], scale, factors);
+    case Expr::Kind::kConst: scale *= n.value; return true;
+    case Expr::Kind::kNeg: scale = -scale; return ProductFactors(n.args[0], scale, factors);
+    case Expr::Kind::kAccess: factors.push_back(&n.access); return true;
+    default: return false;
+  }
+}
+
+// Calls fn() for every point of `dims`, setting v[d] for each.
+template <typename Fn>
+void ForEachPoint(const std::vector<int>& dims, const Chain& chain, std::vector<int64_t>& v, Fn&& fn) {
+  for (int d : dims) v[d] = 0;
+  if (dims.empty()) {
+    fn();
+    return;
+  }
+  while (true) {
+    fn();
+    int i = static_cast<int>(dims.size()) - 1;
+    while (i >= 0) {
+      int d = dims[i];
+      if (++v[d] < chain.dims[d].extent) break;
+      v[d] = 0;
+      --i;
+    }
+    if (i < 0) return;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
+    const Chain& chain, const std::vector<std::vector<double>>& inputs) {
+  if (inputs.size() != chain.inputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("expected ", chain.inputs.size(),
+                                                   " inputs, got ", inputs.size()));
+  }
+  std::vector<std::vector<double>> storage(chain.tensors.size());
+  std::vector<const double*> buffers(chain.tensors.size(), nullptr);
+  for (size_t i = 0; i < chain.inputs.size(); ++i) {
+    const Tensor& t = chain.tensors[chain.inputs[i]];
+    if (static_cast<int64_t>(inputs[i].size()) != t.NumElements()) {
+      return absl::InvalidArgumentError(absl::StrCat("input '", t.name, "' has ", inputs[i].size(),
+                                                     " elements, expected ", t.NumElements()));
+    }
+    buffers[chain.inputs[i]] = inputs[i].data();
+  }
+
+  std::vector<int64_t> v(chain.dims.size(), 0);
+  for (const Op& op : chain.ops) {
+    const Tensor& out_t = chain.tensors[op.output];
+    std::vector<double>& out = storage[op.output];
+    out.assign(out_t.NumElements(), 0.0);
+    Node body = Compile(op.body, chain, buffers);
+    // Output offset of the current point (output index is plain dims).
+    std::vector<int64_t> out_stride(chain.dims.size(), 0);
+    {
+      int64_t s = 1;
+      for (int axis = static_cast<int>(op.index.size()) - 1; axis >= 0; --axis) {
+        out_stride[op.index[axis]] = s;
+        s *= out_t.shape[axis];
+      }
+    }
+    auto out_offset = [&]() {
+      int64_t off = 0;
+      for (int d : op.index) off += out_stride[d] * v[d];
+      return off;
+    };
+
+    if (op.kind == OpKind::kSum) {
+      double scale = 1;
+      std::vector<const FlatAccess*> factors;
+      bool product = ProductFactors(body, scale, factors);
+      int inner = op.reduce.back();
+      std::vector<int> outer_reduce(op.reduce.begin(), op.reduce.end() - 1);
+      int64_t inner_extent = chain.dims[inner].extent;
+      ForEachPoint(op.index, chain, v, [&] {
+        double acc = 0;
+        ForEachPoint(outer_reduce, chain, v, [&] {
+          if (product) {
+            v[inner] = 0;
+            std::vector<int64_t> off(factors.size());
+            std::vector<int64_t> step(factors.size());
+            for (size_t f = 0; f < factors.size(); ++f) {
+              off[f] = factors[f]->base;
+              for (size_t d = 0; d < v.size(); ++d) off[f] += factors[f]->stride[d] * v[d];
+              step[f] = factors[f]->stride[inner];
+            }
+            for (int64_t i = 0; i < inner_extent; ++i) {
+              double p = scale;
+              for (size_t f = 0; f < factors.size(); ++f) p *= factors[f]->data[off[f] + i * step[f]];
+              acc += p;
+            }
+          } else {
+            for (v[inner] = 0; v[inner] < inner_extent; ++v[inner]) acc += Eval(body, v);
+          }
+        });
+        out[out_offset()] = acc;
+      });
+    } else if (op.kind == OpKind::kMap) {
+      ForEachPoint(op.index, chain, v, [&] { out[out_offset()] = Eval(body, v); });
+    } else {
+      std::vector<int> rows;
+      for (int d : op.index) {
+        if (d != op.axis) rows.push_back(d);
+      }
+      int64_t n = chain.dims[op.axis].extent;
+      std::vector<double> vals(n);
+      ForEachPoint(rows, chain, v, [&] {
+        double mx = -std::numeric_limits<double>::infinity();
+        for (v[op.axis] = 0; v[op.axis] < n; ++v[op.axis]) {
+          vals[v[op.axis]] = Eval(body, v);
+          mx = std::max(mx, vals[v[op.axis]]);
+        }
+        double sum = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          vals[i] = std::exp(vals[i] - mx);
+          sum += vals[i];
+        }
+        for (v[op.axis] = 0; v[op.axis] < n; ++v[op.axis]) out[out_offset()] = vals[v[op.axis]] / sum;
+      });
+    }
+    buffers[op.output] = out.data();
+  }
+  std::vector<std::vector<double>> result;
+  for (int t : chain.outputs) result.push_back(std::move(storage[t]));
+  return result;
+}
+
+}  // namespace fusor::ir

@@ -1,0 +1,544 @@
+#include "common/ir/spec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/ir/lexer.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::ir {
+
+Where Where::At(int offset) const {
+  Where w = *this;
+  w.column = (column > 0 ? column : 1) + offset;
+  return w;
+}
+
+std::string Where::ToString() const {
+  std::string s;
+  if (line > 0) {
+    s = absl::StrCat("line ", line);
+  } else if (!field.empty()) {
+    s = field;
+  } else {
+    s = "workload";
+  }
+  if (column > 0) absl::StrAppend(&s, ", column ", column);
+  return s;
+}
+
+namespace {
+
+absl::Status Error(const Where& where, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(where.ToString(), ": ", message));
+}
+
+const std::set<std::string, std::less<>>& ReservedWords() {
+  static const auto* words = new std::set<std::string, std::less<>>{
+      "sum", "softmax", "relu", "gelu", "exp", "tanh", "sigmoid",
+      "chain", "dtype", "dim", "in", "out"};
+  return *words;
+}
+
+absl::Status CheckName(absl::string_view name, absl::string_view what, const Where& where) {
+  if (!IsIdentifier(name)) {
+    return Error(where, absl::StrCat(what, " name '", name, "' is not an identifier"));
+  }
+  if (ReservedWords().count(name) > 0) {
+    return Error(where, absl::StrCat(what, " name '", name, "' is a reserved word"));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<Func> LookupFunc(absl::string_view name) {
+  if (name == "relu") return Func::kRelu;
+  if (name == "gelu") return Func::kGelu;
+  if (name == "exp") return Func::kExp;
+  if (name == "tanh") return Func::kTanh;
+  if (name == "sigmoid") return Func::kSigmoid;
+  return std::nullopt;
+}
+
+// Recursive-descent parser for one expression string against a partly
+// built chain (the tensors defined so far).
+class ExprParser {
+ public:
+  ExprParser(std::vector<Token> tokens, const Where& where, const Chain& chain,
+             const Limits& limits)
+      : tokens_(std::move(tokens)), where_(where), chain_(chain), limits_(limits) {}
+
+  absl::StatusOr<Expr> ParseAll() {
+    ASSIGN_OR_RETURN(Expr e, ParseSum());
+    if (Peek().kind != Token::Kind::kEnd) {
+      return ErrorAt(Peek(), absl::StrCat("unexpected '", Peek().text, "' after the expression"));
+    }
+    return e;
+  }
+
+ private:
+  const Token& Peek() const { return tokens_[pos_]; }
+  const Token& Next() { return tokens_[pos_ < tokens_.size() - 1 ? pos_++ : pos_]; }
+
+  absl::Status ErrorAt(const Token& tok, absl::string_view message) const {
+    return Error(where_.At(tok.offset), message);
+  }
+
+  absl::Status CountNode(const Token& tok) {
+    if (++nodes_ > limits_.max_expr_nodes) {
+      return ErrorAt(tok, absl::StrCat("expression has more than ", limits_.max_expr_nodes,
+                                       " nodes (limit)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Expect(char c) {
+    if (!Peek().Is(c)) {
+      std::string got = Peek().kind == Token::Kind::kEnd ? "end of input" : "'" + Peek().text + "'";
+      return ErrorAt(Peek(), absl::StrCat("expected '", std::string(1, c), "' but found ", got));
+    }
+    Next();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Expr> ParseSum() {
+    ASSIGN_OR_RETURN(Expr lhs, ParseProduct());
+    while (Peek().Is('+') || Peek().Is('-')) {
+      const Token& op = Next();
+      RETURN_IF_ERROR(CountNode(op));
+      ASSIGN_OR_RETURN(Expr rhs, ParseProduct());
+      lhs = Expr::Binary(op.Is('+') ? Expr::Kind::kAdd : Expr::Kind::kSub, std::move(lhs),
+                         std::move(rhs));
+    }
+    return lhs;
+  }
+
+  absl::StatusOr<Expr> ParseProduct() {
+    ASSIGN_OR_RETURN(Expr lhs, ParseUnary());
+    while (Peek().Is('*') || Peek().Is('/')) {
+      const Token& op = Next();
+      RETURN_IF_ERROR(CountNode(op));
+      ASSIGN_OR_RETURN(Expr rhs, ParseUnary());
+      lhs = Expr::Binary(op.Is('*') ? Expr::Kind::kMul : Expr::Kind::kDiv, std::move(lhs),
+                         std::move(rhs));
+    }
+    return lhs;
+  }
+
+  absl::StatusOr<Expr> ParseUnary() {
+    if (Peek().Is('-')) {
+      const Token& op = Next();
+      RETURN_IF_ERROR(CountNode(op));
+      ASSIGN_OR_RETURN(Expr arg, ParseUnary());
+      if (arg.kind == Expr::Kind::kConst) return Expr::Const(-arg.value);
+      return Expr::Unary(Expr::Kind::kNeg, std::move(arg));
+    }
+    return ParsePrimary();
+  }
+
+  absl::StatusOr<Expr> ParsePrimary() {
+    const Token& tok = Peek();
+    RETURN_IF_ERROR(CountNode(tok));
+    if (tok.kind == Token::Kind::kNumber) {
+      Next();
+      char* end = nullptr;
+      double v = std::strtod(tok.text.c_str(), &end);
+      if (!std::isfinite(v)) return ErrorAt(tok, absl::StrCat("number '", tok.text, "' is not finite"));
+      return Expr::Const(v);
+    }
+    if (tok.Is('(')) {
+      Next();
+      ASSIGN_OR_RETURN(Expr e, ParseSum());
+      RETURN_IF_ERROR(Expect(')'));
+      return e;
+    }
+    if (tok.kind != Token::Kind::kIdent) {
+      std::string got = tok.kind == Token::Kind::kEnd ? "end of input" : "'" + tok.text + "'";
+      return ErrorAt(tok, absl::StrCat("expected a tensor access, number or function, found ", got));
+    }
+    Next();
+    if (auto func = LookupFunc(tok.text)) {
+      if (!Peek().Is('(')) return ErrorAt(Peek(), absl::StrCat("expected '(' after ", tok.text));
+      Next();
+      ASSIGN_OR_RETURN(Expr arg, ParseSum());
+      RETURN_IF_ERROR(Expect(')'));
+      return Expr::Call(*func, std::move(arg));
+    }
+    if (tok.text == "sum" || tok.text == "softmax") {
+      return ErrorAt(tok, absl::StrCat("'", tok.text,
+                                       "' may only start the right-hand side of an op"));
+    }
+    int tensor = chain_.FindTensor(tok.text);
+    if (tensor < 0) {
+      if (chain_.FindDim(tok.text) >= 0) {
+        return ErrorAt(tok, absl::StrCat("dim '", tok.text,
+                                         "' used as a value; only tensor elements are values"));
+      }
+      return ErrorAt(tok, absl::StrCat("unknown tensor '", tok.text,
+                                       "' (not an input or the output of an earlier op)"));
+    }
+    if (!Peek().Is('[')) {
+      return ErrorAt(Peek(), absl::StrCat("expected '[' after tensor '", tok.text, "'"));
+    }
+    Next();
+    Access access;
+    access.tensor = tensor;
+    std::vector<int> offsets;
+    while (true) {
+      offsets.push_back(Peek().offset);
+      ASSIGN_OR_RETURN(AffineExpr idx, ParseAffine());
+      access.index.push_back(std::move(idx));
+      if (Peek().Is(',')) {
+        Next();
+        continue;
+      }
+      RETURN_IF_ERROR(Expect(']'));
+      break;
+    }
+    const Tensor& t = chain_.tensors[tensor];
+    if (access.index.size() != t.shape.size()) {
+      return ErrorAt(tok, absl::StrCat("tensor '", t.name, "' has ", t.shape.size(),
+                                       " axes but is indexed with ", access.index.size()));
+    }
+    for (size_t a = 0; a < access.index.size(); ++a) {
+      const AffineExpr& e = access.index[a];
+      int64_t lo = e.constant, hi = e.constant;
+      for (const auto& [d, c] : e.terms) {
+        int64_t span = c * (chain_.dims[d].extent - 1);
+        (span > 0 ? hi : lo) += span;
+      }
+      if (lo < 0 || hi >= t.shape[a]) {
+        Where w = where_.At(offsets[a]);
+        return Error(w, absl::StrCat("index '", AffineToString(e, chain_), "' of '", t.name,
+                                     "' axis ", a, " ranges over [", lo, ", ", hi,
+                                     "] but the axis has extent ", t.shape[a]));
+      }
+    }
+    Expr e = Expr::Of(std::move(access));
+    return e;
+  }
+
+  // Affine index: integer-weighted sum of dims plus a constant.
+  absl::StatusOr<AffineExpr> ParseAffine() {
+    ASSIGN_OR_RETURN(AffineExpr lhs, ParseAffineTerm());
+    while (Peek().Is('+') || Peek().Is('-')) {
+      bool minus = Next().Is('-');
+      ASSIGN_OR_RETURN(AffineExpr rhs, ParseAffineTerm());
+      lhs = Combine(lhs, rhs, minus ? -1 : 1);
+    }
+    return lhs;
+  }
+
+  absl::StatusOr<AffineExpr> ParseAffineTerm() {
+    const Token& start = Peek();
+    ASSIGN_OR_RETURN(AffineExpr lhs, ParseAffineFactor());
+    while (Peek().Is('*')) {
+      Next();
+      ASSIGN_OR_RETURN(AffineExpr rhs, ParseAffineFactor());
+      if (!lhs.terms.empty() && !rhs.terms.empty()) {
+        return ErrorAt(start, "index expression is not affine (product of two dims)");
+      }
+      if (lhs.terms.empty()) std::swap(lhs, rhs);
+      lhs = Combine(AffineExpr(), lhs, rhs.constant);
+    }
+    return lhs;
+  }
+
+  absl::StatusOr<AffineExpr> ParseAffineFactor() {
+    const Token& tok = Peek();
+    if (tok.Is('-')) {
+      Next();
+      ASSIGN_OR_RETURN(AffineExpr e, ParseAffineFactor());
+      return Combine(AffineExpr(), e, -1);
+    }
+    if (tok.Is('(')) {
+      Next();
+      ASSIGN_OR_RETURN(AffineExpr e, ParseAffine());
+      RETURN_IF_ERROR(Expect(')'));
+      return e;
+    }
+    if (tok.kind == Token::Kind::kNumber) {
+      Next();
+      if (tok.text.find_first_of(".eE") != std::string::npos) {
+        return ErrorAt(tok, absl::StrCat("index coefficient '", tok.text, "' is not an integer"));
+      }
+      if (tok.text.size() > 12) return ErrorAt(tok, "index constant is too large");
+      AffineExpr e;
+      e.constant = std::stoll(tok.text);
+      return e;
+    }
+    if (tok.kind == Token::Kind::kIdent) {
+      Next();
+      int d = chain_.FindDim(tok.text);
+      if (d < 0) return ErrorAt(tok, absl::StrCat("unknown dim '", tok.text, "' in index"));
+      return AffineExpr::OfDim(d);
+    }
+    std::string got = tok.kind == Token::Kind::kEnd ? "end of input" : "'" + tok.text + "'";
+    return ErrorAt(tok, absl::StrCat("expected a dim or integer in index, found ", got));
+  }
+
+  // lhs + scale * rhs, normalized.
+  static AffineExpr Combine(const AffineExpr& lhs, const AffineExpr& rhs, int64_t scale) {
+    AffineExpr out = lhs;
+    out.constant += scale * rhs.constant;
+    for (const auto& [d, c] : rhs.terms) {
+      auto it = std::find_if(out.terms.begin(), out.terms.end(),
+                             [d = d](const auto& t) { return t.first == d; });
+      if (it == out.terms.end()) {
+        out.terms.push_back({d, scale * c});
+      } else {
+        it->second += scale * c;
+      }
+    }
+    std::erase_if(out.terms, [](const auto& t) { return t.second == 0; });
+    std::sort(out.terms.begin(), out.terms.end());
+    return out;
+  }
+
+  std::vector<Token> tokens_;
+  size_t pos_ = 0;
+  Where where_;
+  const Chain& chain_;
+  const Limits& limits_;
+  int nodes_ = 0;
+};
+
+absl::StatusOr<int> ResolveDim(const Chain& chain, const std::string& name, const Where& where) {
+  int d = chain.FindDim(name);
+  if (d < 0) return Error(where, absl::StrCat("unknown dim '", name, "'"));
+  return d;
+}
+
+absl::StatusOr<std::vector<int>> ResolveDimList(const Chain& chain,
+                                                const std::vector<std::string>& names,
+                                                const Where& where, absl::string_view what) {
+  std::vector<int> dims;
+  for (const std::string& n : names) {
+    ASSIGN_OR_RETURN(int d, ResolveDim(chain, n, where));
+    if (std::find(dims.begin(), dims.end(), d) != dims.end()) {
+      return Error(where, absl::StrCat("dim '", n, "' appears twice in the ", what));
+    }
+    dims.push_back(d);
+  }
+  return dims;
+}
+
+void CollectDims(const Expr& e, std::set<int>& dims) {
+  ForEachAccess(e, [&](const Access& a) {
+    for (const AffineExpr& idx : a.index) {
+      for (const auto& [d, c] : idx.terms) dims.insert(d);
+    }
+  });
+}
+
+absl::Status BuildOp(const OpSpec& spec, const Limits& limits, Chain& chain) {
+  RETURN_IF_ERROR(CheckName(spec.output, "tensor", spec.where));
+  if (chain.FindTensor(spec.output) >= 0) {
+    return Error(spec.where, absl::StrCat("tensor '", spec.output, "' is defined twice"));
+  }
+  if (chain.FindDim(spec.output) >= 0) {
+    return Error(spec.where, absl::StrCat("'", spec.output, "' is both a dim and a tensor"));
+  }
+  if (spec.index.empty()) {
+    return Error(spec.where, absl::StrCat("op output '", spec.output, "' has no index"));
+  }
+  if (static_cast<int>(spec.index.size()) > limits.max_rank) {
+    return Error(spec.where, absl::StrCat("tensor '", spec.output, "' has ", spec.index.size(),
+                                          " axes; the limit is ", limits.max_rank));
+  }
+  Op op;
+  op.kind = spec.kind;
+  ASSIGN_OR_RETURN(op.index, ResolveDimList(chain, spec.index, spec.where, "output index"));
+  if (op.kind == OpKind::kSum) {
+    if (spec.reduce.empty()) return Error(spec.where, "sum() needs at least one reduced dim");
+    ASSIGN_OR_RETURN(op.reduce, ResolveDimList(chain, spec.reduce, spec.where, "reduce list"));
+    for (int d : op.reduce) {
+      if (std::find(op.index.begin(), op.index.end(), d) != op.index.end()) {
+        return Error(spec.where, absl::StrCat("dim '", chain.dims[d].name,
+                                              "' is both in the output index and reduced"));
+      }
+    }
+  } else if (!spec.reduce.empty()) {
+    return Error(spec.where, "only a sum op reduces dims");
+  }
+  if (op.kind == OpKind::kSoftmax) {
+    ASSIGN_OR_RETURN(op.axis, ResolveDim(chain, spec.axis, spec.where));
+    if (std::find(op.index.begin(), op.index.end(), op.axis) == op.index.end()) {
+      return Error(spec.where, absl::StrCat("softmax axis '", spec.axis,
+                                            "' is not in the output index"));
+    }
+  } else if (!spec.axis.empty()) {
+    return Error(spec.where, "only a softmax op has an axis");
+  }
+  if (spec.expr.empty()) return Error(spec.expr_where, "empty expression");
+  ASSIGN_OR_RETURN(std::vector<Token> tokens, Lex(spec.expr, spec.expr_where));
+  ExprParser parser(std::move(tokens), spec.expr_where, chain, limits);
+  ASSIGN_OR_RETURN(op.body, parser.ParseAll());
+
+  std::set<int> used;
+  CollectDims(op.body, used);
+  for (int d : used) {
+    bool in_index = std::find(op.index.begin(), op.index.end(), d) != op.index.end();
+    bool reduced = std::find(op.reduce.begin(), op.reduce.end(), d) != op.reduce.end();
+    if (!in_index && !reduced) {
+      return Error(spec.expr_where,
+                   absl::StrCat("dim '", chain.dims[d].name, "' is used in the expression but is ",
+                                op.kind == OpKind::kSum ? "neither in the output index nor reduced"
+                                                        : "not in the output index"));
+    }
+  }
+  for (int d : op.reduce) {
+    if (used.count(d) == 0) {
+      return Error(spec.where, absl::StrCat("reduced dim '", chain.dims[d].name,
+                                            "' does not appear in the expression"));
+    }
+  }
+
+  Tensor t;
+  t.name = spec.output;
+  t.role = TensorRole::kIntermediate;
+  t.producer = static_cast<int>(chain.ops.size());
+  double points = 1;
+  for (int d : op.index) {
+    t.shape.push_back(chain.dims[d].extent);
+    t.axis_dims.push_back(d);
+    points *= static_cast<double>(chain.dims[d].extent);
+  }
+  if (t.NumElements() > limits.max_tensor_elements) {
+    return Error(spec.where, absl::StrCat("tensor '", t.name, "' has ", t.NumElements(),
+                                          " elements; the limit is ", limits.max_tensor_elements));
+  }
+  for (int d : op.reduce) points *= static_cast<double>(chain.dims[d].extent);
+  if (points > limits.max_op_points) {
+    return Error(spec.where, absl::StrCat("op '", t.name, "' iterates over ", points,
+                                          " points; the limit is ", limits.max_op_points));
+  }
+  op.output = static_cast<int>(chain.tensors.size());
+  chain.tensors.push_back(std::move(t));
+  chain.ops.push_back(std::move(op));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
+  Chain chain;
+  chain.name = spec.name.empty() ? "chain" : spec.name;
+  if (!IsIdentifier(chain.name)) {
+    return Error(spec.where, absl::StrCat("chain name '", chain.name, "' is not an identifier"));
+  }
+  chain.dtype = spec.dtype.value_or(DType::kF32);
+
+  if (static_cast<int>(spec.dims.size()) > limits.max_dims) {
+    return Error(spec.where, absl::StrCat("workload has ", spec.dims.size(),
+                                          " dims; the limit is ", limits.max_dims));
+  }
+  for (const DimSpec& d : spec.dims) {
+    RETURN_IF_ERROR(CheckName(d.name, "dim", d.where));
+    if (chain.FindDim(d.name) >= 0) {
+      return Error(d.where, absl::StrCat("dim '", d.name, "' is declared twice"));
+    }
+    if (d.extent < 1 || d.extent > limits.max_extent) {
+      return Error(d.where, absl::StrCat("dim '", d.name, "' has extent ", d.extent,
+                                         "; extents must be in [1, ", limits.max_extent, "]"));
+    }
+    chain.dims.push_back({d.name, d.extent});
+  }
+
+  size_t tensor_count = spec.inputs.size() + spec.ops.size();
+  if (static_cast<int>(tensor_count) > limits.max_tensors) {
+    return Error(spec.where, absl::StrCat("workload has ", tensor_count,
+                                          " tensors; the limit is ", limits.max_tensors));
+  }
+  if (static_cast<int>(spec.ops.size()) > limits.max_ops) {
+    return Error(spec.where, absl::StrCat("workload has ", spec.ops.size(),
+                                          " ops; the limit is ", limits.max_ops));
+  }
+
+  for (const TensorSpec& ts : spec.inputs) {
+    RETURN_IF_ERROR(CheckName(ts.name, "tensor", ts.where));
+    if (chain.FindTensor(ts.name) >= 0) {
+      return Error(ts.where, absl::StrCat("tensor '", ts.name, "' is declared twice"));
+    }
+    if (chain.FindDim(ts.name) >= 0) {
+      return Error(ts.where, absl::StrCat("'", ts.name, "' is both a dim and a tensor"));
+    }
+    if (ts.shape.empty()) return Error(ts.where, absl::StrCat("tensor '", ts.name, "' has no shape"));
+    if (static_cast<int>(ts.shape.size()) > limits.max_rank) {
+      return Error(ts.where, absl::StrCat("tensor '", ts.name, "' has ", ts.shape.size(),
+                                          " axes; the limit is ", limits.max_rank));
+    }
+    Tensor t;
+    t.name = ts.name;
+    t.role = TensorRole::kInput;
+    for (const std::string& s : ts.shape) {
+      int d = chain.FindDim(s);
+      if (d >= 0) {
+        t.shape.push_back(chain.dims[d].extent);
+        t.axis_dims.push_back(d);
+        continue;
+      }
+      bool numeric = !s.empty() && s.size() <= 12 &&
+                     std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!numeric) {
+        return Error(ts.where, absl::StrCat("unknown dim '", s, "' in the shape of '", ts.name, "'"));
+      }
+      int64_t extent = std::stoll(s);
+      if (extent < 1 || extent > limits.max_extent) {
+        return Error(ts.where, absl::StrCat("axis extent ", s, " of '", ts.name,
+                                            "' must be in [1, ", limits.max_extent, "]"));
+      }
+      t.shape.push_back(extent);
+      t.axis_dims.push_back(-1);
+    }
+    if (t.NumElements() > limits.max_tensor_elements) {
+      return Error(ts.where, absl::StrCat("tensor '", t.name, "' has ", t.NumElements(),
+                                          " elements; the limit is ", limits.max_tensor_elements));
+    }
+    chain.inputs.push_back(static_cast<int>(chain.tensors.size()));
+    chain.tensors.push_back(std::move(t));
+  }
+  if (chain.inputs.empty()) return Error(spec.where, "workload declares no input tensors");
+  if (spec.ops.empty()) return Error(spec.where, "workload has no ops");
+
+  for (const OpSpec& op : spec.ops) RETURN_IF_ERROR(BuildOp(op, limits, chain));
+
+  if (spec.outputs.empty()) return Error(spec.where, "workload names no output (add 'out NAME')");
+  for (size_t i = 0; i < spec.outputs.size(); ++i) {
+    const Where& w = i < spec.output_wheres.size() ? spec.output_wheres[i] : spec.where;
+    int t = chain.FindTensor(spec.outputs[i]);
+    if (t < 0) return Error(w, absl::StrCat("unknown output tensor '", spec.outputs[i], "'"));
+    if (chain.tensors[t].role == TensorRole::kInput) {
+      return Error(w, absl::StrCat("output '", spec.outputs[i], "' is an input, not computed"));
+    }
+    if (chain.tensors[t].role == TensorRole::kOutput) {
+      return Error(w, absl::StrCat("output '", spec.outputs[i], "' is listed twice"));
+    }
+    chain.tensors[t].role = TensorRole::kOutput;
+    chain.outputs.push_back(t);
+  }
+
+  // Every op must feed an output; an unused op is almost always a typo.
+  std::vector<bool> used(chain.tensors.size(), false);
+  for (const Op& op : chain.ops) {
+    ForEachAccess(op.body, [&](const Access& a) { used[a.tensor] = true; });
+  }
+  for (size_t i = 0; i < chain.ops.size(); ++i) {
+    const Tensor& t = chain.tensors[chain.ops[i].output];
+    if (t.role == TensorRole::kIntermediate && !used[chain.ops[i].output]) {
+      return Error(spec.ops[i].where,
+                   absl::StrCat("result '", t.name, "' is neither used nor an output"));
+    }
+  }
+  for (int t : chain.inputs) {
+    if (!used[t]) {
+      return Error(spec.where, absl::StrCat("input '", chain.tensors[t].name, "' is never used"));
+    }
+  }
+  return chain;
+}
+
+}  // namespace fusor::ir

@@ -1,0 +1,27 @@
+// MCFuser's analytical cost model:
+//   t_estm = (t_mem + t_comp) * alpha
+//   t_mem  = sum over loads/stores S of TS(S) * prod_{l in LP_set(S)} trips(l) / W
+//   t_comp = sum over computes S of Fp(S) * prod_{l in LP_set(S)} trips(l) / P
+//   alpha  = (N_block + N_SM) / N_block
+// TS is a statement's tile in bytes, Fp its FLOPs per execution (padded
+// tiles count in full, so padding costs time), W and P the target's
+// calibrated bandwidth and peak rate. alpha charges the last partial wave of
+// blocks over the N_SM compute units (cores on a CPU).
+#pragma once
+
+#include "common/hw/target.h"
+#include "common/space/loop_nest.h"
+
+namespace fusor::model {
+
+struct Prediction {
+  double t_mem_s = 0;
+  double t_comp_s = 0;
+  double alpha = 1;
+  double t_estm_s = 0;
+};
+
+// W and P default to 10 GB/s and 50 GFLOP/s when the target has none.
+Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target);
+
+}  // namespace fusor::model

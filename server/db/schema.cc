@@ -1,0 +1,159 @@
+#include "server/db/schema.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::db {
+namespace {
+
+constexpr char kSchemaV1[] = R"sql(
+CREATE TABLE workloads(
+  key TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  canonical_text TEXT NOT NULL,
+  chain_json TEXT NOT NULL,
+  created_ms INTEGER NOT NULL);
+CREATE TABLE targets(
+  fingerprint TEXT PRIMARY KEY,
+  backend TEXT NOT NULL,
+  description_json TEXT NOT NULL,
+  first_seen_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL);
+CREATE TABLE workers(
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  target_fp TEXT NOT NULL REFERENCES targets(fingerprint),
+  state TEXT NOT NULL,
+  registered_ms INTEGER NOT NULL,
+  last_seen_ms INTEGER NOT NULL);
+CREATE TABLE tasks(
+  id TEXT PRIMARY KEY,
+  workload_key TEXT NOT NULL REFERENCES workloads(key),
+  target_fp TEXT NOT NULL REFERENCES targets(fingerprint),
+  salt TEXT NOT NULL,
+  state TEXT NOT NULL,
+  budget INTEGER NOT NULL,
+  batch_size INTEGER NOT NULL,
+  space_size INTEGER NOT NULL DEFAULT 0,
+  space_after_pruning INTEGER NOT NULL DEFAULT 0,
+  error TEXT NOT NULL DEFAULT '',
+  created_ms INTEGER NOT NULL,
+  finished_ms INTEGER);
+CREATE INDEX tasks_by_state ON tasks(state);
+CREATE TABLE candidates(
+  id INTEGER PRIMARY KEY,
+  task_id TEXT NOT NULL REFERENCES tasks(id),
+  schedule TEXT NOT NULL,
+  mapping TEXT NOT NULL,
+  t_mem_s REAL NOT NULL,
+  t_comp_s REAL NOT NULL,
+  alpha REAL NOT NULL,
+  t_estm_s REAL NOT NULL,
+  rank INTEGER NOT NULL,
+  UNIQUE(task_id, schedule));
+CREATE TABLE jobs(
+  id TEXT PRIMARY KEY,
+  task_id TEXT NOT NULL REFERENCES tasks(id),
+  kind TEXT NOT NULL,
+  candidate_id INTEGER REFERENCES candidates(id),
+  target_fp TEXT NOT NULL,
+  state TEXT NOT NULL,
+  worker_id TEXT,
+  lease_id TEXT,
+  lease_expires_ms INTEGER,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created_ms INTEGER NOT NULL,
+  finished_ms INTEGER);
+CREATE INDEX jobs_queue ON jobs(target_fp, state, created_ms);
+CREATE INDEX jobs_by_task ON jobs(task_id);
+CREATE TABLE measurements(
+  id INTEGER PRIMARY KEY,
+  job_id TEXT NOT NULL UNIQUE REFERENCES jobs(id),
+  task_id TEXT NOT NULL REFERENCES tasks(id),
+  candidate_id INTEGER REFERENCES candidates(id),
+  kind TEXT NOT NULL,
+  workload_key TEXT NOT NULL,
+  target_fp TEXT NOT NULL,
+  worker_id TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT NOT NULL,
+  median_s REAL NOT NULL,
+  samples_json TEXT NOT NULL,
+  max_abs_error REAL NOT NULL,
+  max_rel_error REAL NOT NULL,
+  compile_s REAL NOT NULL,
+  compile_flags TEXT NOT NULL,
+  compiler TEXT NOT NULL,
+  code_bytes INTEGER NOT NULL,
+  measured_ms INTEGER NOT NULL);
+CREATE INDEX measurements_by_task ON measurements(task_id);
+CREATE TABLE best(
+  workload_key TEXT NOT NULL,
+  target_fp TEXT NOT NULL,
+  salt TEXT NOT NULL,
+  task_id TEXT NOT NULL REFERENCES tasks(id),
+  candidate_id INTEGER NOT NULL REFERENCES candidates(id),
+  measurement_id INTEGER NOT NULL REFERENCES measurements(id),
+  median_s REAL NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  PRIMARY KEY(workload_key, target_fp, salt));
+CREATE TABLE baselines(
+  workload_key TEXT NOT NULL,
+  target_fp TEXT NOT NULL,
+  measurement_id INTEGER NOT NULL REFERENCES measurements(id),
+  median_s REAL NOT NULL,
+  PRIMARY KEY(workload_key, target_fp));
+)sql";
+
+absl::StatusOr<int> MetaValue(Database& db, const std::string& key) {
+  ASSIGN_OR_RETURN(Statement stmt, db.Prepare("SELECT value FROM meta WHERE key = ?"));
+  stmt.Bind(1, key);
+  ASSIGN_OR_RETURN(bool row, stmt.Step());
+  return row ? static_cast<int>(stmt.Int(0)) : 0;
+}
+
+absl::Status SetMeta(Database& db, const std::string& key, int value) {
+  ASSIGN_OR_RETURN(Statement stmt, db.Prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)"));
+  return stmt.Bind(1, key).Bind(2, value).Run();
+}
+
+}  // namespace
+
+const std::vector<Migration>& SchemaMigrations() {
+  static const auto* migrations = new std::vector<Migration>{
+      {1, 1, "tuning database: workloads, targets, workers, tasks, candidates, jobs, measurements, best, baselines",
+       [](Database& db) { return db.Exec(kSchemaV1); }},
+  };
+  return *migrations;
+}
+
+absl::StatusOr<int> SchemaVersion(Database& db) {
+  RETURN_IF_ERROR(db.Exec("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"));
+  return MetaValue(db, "version");
+}
+
+absl::Status MigrateDatabase(Database& db, const std::vector<Migration>& migrations) {
+  const int target = migrations.empty() ? 0 : migrations.back().to_version;
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db));
+  ASSIGN_OR_RETURN(int version, SchemaVersion(db));
+  ASSIGN_OR_RETURN(int compatible, MetaValue(db, "compatible_version"));
+  if (compatible > target || (version > target && compatible == 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "database '", db.path(), "' has schema version ", version, " and needs code that reads version ",
+        compatible, " or newer; this fusor reads up to version ", target, ". Upgrade fusor or use another database."));
+  }
+  if (version >= target) return txn.Commit();
+  for (const Migration& m : migrations) {
+    if (m.to_version <= version) continue;
+    absl::Status st = m.apply(db);
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("migration to schema version ", m.to_version, " (",
+                                                  m.description, ") failed: ", st.message()));
+    }
+    RETURN_IF_ERROR(SetMeta(db, "version", m.to_version));
+    RETURN_IF_ERROR(SetMeta(db, "compatible_version", m.compatible_version));
+  }
+  return txn.Commit();
+}
+
+}  // namespace fusor::db

@@ -1,0 +1,155 @@
+#include "server/db/sqlite.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace fusor::db {
+namespace {
+
+absl::Status SqliteError(sqlite3* db, int rc, const std::string& what) {
+  std::string message = absl::StrCat(what, ": ", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED: return absl::UnavailableError(message);
+    case SQLITE_CONSTRAINT: return absl::AlreadyExistsError(message);
+    case SQLITE_CORRUPT:
+    case SQLITE_NOTADB: return absl::DataLossError(message);
+    case SQLITE_CANTOPEN:
+    case SQLITE_PERM:
+    case SQLITE_READONLY: return absl::PermissionDeniedError(message);
+    default: return absl::InternalError(message);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path) {
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &raw,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status st = SqliteError(raw, rc, absl::StrCat("cannot open database '", path, "'"));
+    sqlite3_close(raw);
+    return st;
+  }
+  std::unique_ptr<Database> db(new Database(raw, path));
+  sqlite3_busy_timeout(raw, 5000);
+  absl::Status st = db->Exec("PRAGMA foreign_keys = ON;");
+  if (!st.ok()) return st;
+  if (path != ":memory:") {
+    auto stmt = db->Prepare("PRAGMA journal_mode = WAL;");
+    if (!stmt.ok()) return stmt.status();
+    auto row = stmt->Step();
+    if (!row.ok()) return row.status();
+    if (*row && stmt->Text(0) != "wal") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("database '", path, "' cannot use WAL mode (journal mode is ", stmt->Text(0), ")"));
+    }
+    st = db->Exec("PRAGMA synchronous = NORMAL;");
+    if (!st.ok()) return st;
+  }
+  return db;
+}
+
+Database::~Database() { sqlite3_close(db_); }
+
+absl::Status Database::Exec(const std::string& sql) {
+  char* error = nullptr;
+  int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error);
+  if (rc != SQLITE_OK) {
+    std::string message = error ? error : sqlite3_errstr(rc);
+    sqlite3_free(error);
+    return SqliteError(nullptr, rc, absl::StrCat("SQL failed (", message, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Statement> Database::Prepare(const std::string& sql) {
+  sqlite3_stmt* stmt = nullptr;
+  int rc = sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr);
+  if (rc != SQLITE_OK) return SqliteError(db_, rc, absl::StrCat("cannot prepare '", sql, "'"));
+  return Statement(db_, stmt);
+}
+
+int64_t Database::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
+int Database::Changes() const { return sqlite3_changes(db_); }
+
+Statement::Statement(Statement&& other) noexcept
+    : db_(other.db_), stmt_(other.stmt_), bind_error_(other.bind_error_) {
+  other.stmt_ = nullptr;
+}
+
+Statement::~Statement() { sqlite3_finalize(stmt_); }
+
+Statement& Statement::Bind(int index, int64_t value) {
+  int rc = sqlite3_bind_int64(stmt_, index, value);
+  if (rc != SQLITE_OK) bind_error_ = rc;
+  return *this;
+}
+
+Statement& Statement::Bind(int index, double value) {
+  int rc = sqlite3_bind_double(stmt_, index, value);
+  if (rc != SQLITE_OK) bind_error_ = rc;
+  return *this;
+}
+
+Statement& Statement::Bind(int index, const std::string& value) {
+  int rc = sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
+  if (rc != SQLITE_OK) bind_error_ = rc;
+  return *this;
+}
+
+Statement& Statement::BindNull(int index) {
+  int rc = sqlite3_bind_null(stmt_, index);
+  if (rc != SQLITE_OK) bind_error_ = rc;
+  return *this;
+}
+
+absl::StatusOr<bool> Statement::Step() {
+  if (bind_error_ != SQLITE_OK) return SqliteError(db_, bind_error_, "bind failed");
+  int rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW) return true;
+  if (rc == SQLITE_DONE) return false;
+  return SqliteError(db_, rc, absl::StrCat("step failed for '", sqlite3_sql(stmt_), "'"));
+}
+
+absl::Status Statement::Run() {
+  while (true) {
+    auto row = Step();
+    if (!row.ok()) return row.status();
+    if (!*row) return absl::OkStatus();
+  }
+}
+
+int64_t Statement::Int(int column) const { return sqlite3_column_int64(stmt_, column); }
+double Statement::Double(int column) const { return sqlite3_column_double(stmt_, column); }
+std::string Statement::Text(int column) const {
+  const unsigned char* text = sqlite3_column_text(stmt_, column);
+  return text ? std::string(reinterpret_cast<const char*>(text), sqlite3_column_bytes(stmt_, column)) : "";
+}
+bool Statement::IsNull(int column) const { return sqlite3_column_type(stmt_, column) == SQLITE_NULL; }
+std::optional<int64_t> Statement::OptionalInt(int column) const {
+  if (IsNull(column)) return std::nullopt;
+  return Int(column);
+}
+
+absl::StatusOr<Transaction> Transaction::Begin(Database& db) {
+  absl::Status st = db.Exec("BEGIN IMMEDIATE;");
+  if (!st.ok()) return st;
+  return Transaction(&db);
+}
+
+Transaction::Transaction(Transaction&& other) noexcept : db_(other.db_), done_(other.done_) {
+  other.done_ = true;
+}
+
+Transaction::~Transaction() {
+  if (!done_) (void)db_->Exec("ROLLBACK;");
+}
+
+absl::Status Transaction::Commit() {
+  absl::Status st = db_->Exec("COMMIT;");
+  if (st.ok()) done_ = true;
+  return st;
+}
+
+}  // namespace fusor::db

@@ -1,0 +1,91 @@
+// Thin RAII wrappers over the SQLite C API. Not thread-safe: one Database
+// is used by one thread at a time (TuningDb serializes with a mutex).
+#pragma once
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace fusor::db {
+
+class Statement;
+
+class Database {
+ public:
+  // Opens (creating if needed) the database at `path`; ":memory:" works.
+  // Foreign keys on, WAL journal for files, a 5 s busy timeout.
+  static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  // Runs one or more statements that return no rows.
+  absl::Status Exec(const std::string& sql);
+  absl::StatusOr<Statement> Prepare(const std::string& sql);
+  int64_t LastInsertRowId() const;
+  int Changes() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  sqlite3* db_;
+  std::string path_;
+};
+
+class Statement {
+ public:
+  Statement(Statement&& other) noexcept;
+  Statement& operator=(Statement&&) = delete;
+  ~Statement();
+
+  // Binds are 1-based, as in SQLite. They return *this for chaining.
+  Statement& Bind(int index, int64_t value);
+  Statement& Bind(int index, int value) { return Bind(index, static_cast<int64_t>(value)); }
+  Statement& Bind(int index, double value);
+  Statement& Bind(int index, const std::string& value);
+  Statement& Bind(int index, const char* value) { return Bind(index, std::string(value)); }
+  Statement& BindNull(int index);
+  Statement& Bind(int index, const std::optional<int64_t>& value) {
+    return value ? Bind(index, *value) : BindNull(index);
+  }
+
+  // true when a row is available, false when done.
+  absl::StatusOr<bool> Step();
+  // Steps to completion, for statements that return no rows.
+  absl::Status Run();
+
+  int64_t Int(int column) const;
+  double Double(int column) const;
+  std::string Text(int column) const;
+  bool IsNull(int column) const;
+  std::optional<int64_t> OptionalInt(int column) const;
+
+ private:
+  friend class Database;
+  Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+  sqlite3* db_;
+  sqlite3_stmt* stmt_;
+  int bind_error_ = SQLITE_OK;
+};
+
+// BEGIN IMMEDIATE on creation; ROLLBACK on destruction unless committed.
+class Transaction {
+ public:
+  static absl::StatusOr<Transaction> Begin(Database& db);
+  Transaction(Transaction&& other) noexcept;
+  Transaction& operator=(Transaction&&) = delete;
+  ~Transaction();
+  absl::Status Commit();
+
+ private:
+  explicit Transaction(Database* db) : db_(db) {}
+  Database* db_;
+  bool done_ = false;
+};
+
+}  // namespace fusor::db

@@ -1,0 +1,542 @@
+#include "server/db/tuning_db.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#include "server/db/schema.h"
+
+namespace fusor::db {
+namespace {
+
+constexpr char kJobColumns[] =
+    "id, task_id, kind, candidate_id, target_fp, state, COALESCE(worker_id, ''), COALESCE(lease_id, ''), "
+    "COALESCE(lease_expires_ms, 0), attempts";
+
+JobRow ReadJob(const Statement& s) {
+  JobRow j;
+  j.id = s.Text(0);
+  j.task_id = s.Text(1);
+  j.kind = s.Text(2);
+  j.candidate_id = s.OptionalInt(3);
+  j.target_fp = s.Text(4);
+  j.state = s.Text(5);
+  j.worker_id = s.Text(6);
+  j.lease_id = s.Text(7);
+  j.lease_expires_ms = s.Int(8);
+  j.attempts = static_cast<int>(s.Int(9));
+  return j;
+}
+
+constexpr char kTaskColumns[] =
+    "id, workload_key, target_fp, salt, state, budget, batch_size, space_size, space_after_pruning, error, "
+    "created_ms, finished_ms";
+
+TaskRow ReadTask(const Statement& s) {
+  TaskRow t;
+  t.id = s.Text(0);
+  t.workload_key = s.Text(1);
+  t.target_fp = s.Text(2);
+  t.salt = s.Text(3);
+  t.state = s.Text(4);
+  t.budget = static_cast<int>(s.Int(5));
+  t.batch_size = static_cast<int>(s.Int(6));
+  t.space_size = s.Int(7);
+  t.space_after_pruning = s.Int(8);
+  t.error = s.Text(9);
+  t.created_ms = s.Int(10);
+  t.finished_ms = s.OptionalInt(11);
+  return t;
+}
+
+constexpr char kCandidateColumns[] = "id, task_id, schedule, mapping, t_mem_s, t_comp_s, alpha, t_estm_s, rank";
+
+CandidateRow ReadCandidate(const Statement& s) {
+  CandidateRow c;
+  c.id = s.Int(0);
+  c.task_id = s.Text(1);
+  c.schedule = s.Text(2);
+  c.mapping = s.Text(3);
+  c.t_mem_s = s.Double(4);
+  c.t_comp_s = s.Double(5);
+  c.alpha = s.Double(6);
+  c.t_estm_s = s.Double(7);
+  c.rank = static_cast<int>(s.Int(8));
+  return c;
+}
+
+constexpr char kMeasurementColumns[] =
+    "id, job_id, task_id, candidate_id, kind, workload_key, target_fp, worker_id, status, error, median_s, "
+    "samples_json, max_abs_error, max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms";
+
+MeasurementRow ReadMeasurement(const Statement& s) {
+  MeasurementRow m;
+  m.id = s.Int(0);
+  m.job_id = s.Text(1);
+  m.task_id = s.Text(2);
+  m.candidate_id = s.OptionalInt(3);
+  m.kind = s.Text(4);
+  m.workload_key = s.Text(5);
+  m.target_fp = s.Text(6);
+  m.worker_id = s.Text(7);
+  m.status = s.Text(8);
+  m.error = s.Text(9);
+  m.median_s = s.Double(10);
+  nlohmann::json samples = nlohmann::json::parse(s.Text(11), nullptr, false);
+  if (samples.is_array()) m.samples_s = samples.get<std::vector<double>>();
+  m.max_abs_error = s.Double(12);
+  m.max_rel_error = s.Double(13);
+  m.compile_s = s.Double(14);
+  m.compile_flags = s.Text(15);
+  m.compiler = s.Text(16);
+  m.code_bytes = s.Int(17);
+  m.measured_ms = s.Int(18);
+  return m;
+}
+
+absl::Status InsertMeasurementRow(Database& db, const MeasurementRow& m) {
+  ASSIGN_OR_RETURN(Statement s, db.Prepare(absl::StrCat(
+                                    "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
+                                    "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
+                                    "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms) "
+                                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
+  s.Bind(1, m.job_id).Bind(2, m.task_id).Bind(3, m.candidate_id).Bind(4, m.kind).Bind(5, m.workload_key);
+  s.Bind(6, m.target_fp).Bind(7, m.worker_id).Bind(8, m.status).Bind(9, m.error).Bind(10, m.median_s);
+  s.Bind(11, nlohmann::json(m.samples_s).dump()).Bind(12, m.max_abs_error).Bind(13, m.max_rel_error);
+  s.Bind(14, m.compile_s).Bind(15, m.compile_flags).Bind(16, m.compiler).Bind(17, m.code_bytes);
+  s.Bind(18, m.measured_ms);
+  return s.Run();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TuningDb>> TuningDb::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(path));
+  RETURN_IF_ERROR(MigrateDatabase(*db, SchemaMigrations()));
+  return std::unique_ptr<TuningDb>(new TuningDb(std::move(db)));
+}
+
+absl::Status TuningDb::UpsertWorkload(const WorkloadRow& w, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
+                                             "chain_json, created_ms) VALUES (?,?,?,?,?)"));
+  return s.Bind(1, w.key).Bind(2, w.name).Bind(3, w.canonical_text).Bind(4, w.chain_json).Bind(5, now_ms).Run();
+}
+
+absl::StatusOr<WorkloadRow> TuningDb::GetWorkload(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT key, name, canonical_text, chain_json FROM workloads WHERE key = ?"));
+  s.Bind(1, key);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no workload ", key));
+  return WorkloadRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3)};
+}
+
+absl::Status TuningDb::UpsertTarget(const TargetRow& t, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(
+                                    "INSERT INTO targets(fingerprint, backend, description_json, first_seen_ms, "
+                                    "last_seen_ms) VALUES (?,?,?,?,?) ON CONFLICT(fingerprint) DO UPDATE SET "
+                                    "description_json = excluded.description_json, last_seen_ms = excluded.last_seen_ms"));
+  return s.Bind(1, t.fingerprint).Bind(2, t.backend).Bind(3, t.description_json).Bind(4, now_ms).Bind(5, now_ms).Run();
+}
+
+absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
+                                             "targets ORDER BY last_seen_ms DESC"));
+  std::vector<TargetRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(TargetRow{s.Text(0), s.Text(1), s.Text(2), s.Int(3)});
+  }
+  return out;
+}
+
+absl::Status TuningDb::InsertWorker(const WorkerRow& w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO workers(id, name, target_fp, state, registered_ms, "
+                                             "last_seen_ms) VALUES (?,?,?,?,?,?)"));
+  return s.Bind(1, w.id).Bind(2, w.name).Bind(3, w.target_fp).Bind(4, w.state).Bind(5, w.registered_ms)
+      .Bind(6, w.last_seen_ms).Run();
+}
+
+absl::Status TuningDb::TouchWorker(const std::string& id, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET last_seen_ms = ?, state = 'alive' WHERE id = ?"));
+  RETURN_IF_ERROR(s.Bind(1, now_ms).Bind(2, id).Run());
+  if (db_->Changes() == 0) return absl::NotFoundError(absl::StrCat("unknown worker '", id, "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, target_fp, state, registered_ms, last_seen_ms "
+                                             "FROM workers WHERE id = ?"));
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("unknown worker '", id, "'"));
+  return WorkerRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5), 0};
+}
+
+absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(
+                                    "SELECT w.id, w.name, w.target_fp, w.state, w.registered_ms, w.last_seen_ms, "
+                                    "(SELECT COUNT(*) FROM measurements m WHERE m.worker_id = w.id) FROM workers w "
+                                    "ORDER BY w.registered_ms"));
+  std::vector<WorkerRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(WorkerRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5),
+                            static_cast<int>(s.Int(6))});
+  }
+  return out;
+}
+
+absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET state = 'lost' WHERE state = 'alive' AND "
+                                             "last_seen_ms < ?"));
+  RETURN_IF_ERROR(s.Bind(1, cutoff_ms).Run());
+  return db_->Changes();
+}
+
+absl::Status TuningDb::InsertTask(const TaskRow& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO tasks(", kTaskColumns,
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")));
+  s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, t.state).Bind(6, t.budget);
+  s.Bind(7, t.batch_size).Bind(8, t.space_size).Bind(9, t.space_after_pruning).Bind(10, t.error);
+  s.Bind(11, t.created_ms).Bind(12, t.finished_ms);
+  return s.Run();
+}
+
+absl::StatusOr<TaskRow> TuningDb::GetTask(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kTaskColumns, " FROM tasks WHERE id = ?")));
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no task '", id, "'"));
+  return ReadTask(s);
+}
+
+absl::StatusOr<std::vector<TaskRow>> TuningDb::ListTasksInState(const std::string& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kTaskColumns,
+                                                          " FROM tasks WHERE state = ? ORDER BY created_ms")));
+  s.Bind(1, state);
+  std::vector<TaskRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(ReadTask(s));
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<TaskRow>> TuningDb::FindRunningTask(const std::string& key, const std::string& fp,
+                                                                const std::string& salt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat(
+                                    "SELECT ", kTaskColumns,
+                                    " FROM tasks WHERE workload_key = ? AND target_fp = ? AND salt = ? AND "
+                                    "state = 'running' ORDER BY created_ms LIMIT 1")));
+  s.Bind(1, key).Bind(2, fp).Bind(3, salt);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<TaskRow>();
+  return std::optional<TaskRow>(ReadTask(s));
+}
+
+absl::Status TuningDb::FinishTask(const std::string& id, const std::string& state, const std::string& error,
+                                  int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE tasks SET state = ?, error = ?, finished_ms = ? WHERE id = ?"));
+  return s.Bind(1, state).Bind(2, error).Bind(3, now_ms).Bind(4, id).Run();
+}
+
+absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(const CandidateRow& c,
+                                                                               const std::string& job_id,
+                                                                               int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ASSIGN_OR_RETURN(Statement find, db_->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
+                                                             " FROM candidates WHERE task_id = ? AND schedule = ?")));
+  find.Bind(1, c.task_id).Bind(2, c.schedule);
+  ASSIGN_OR_RETURN(bool found, find.Step());
+  CandidateRow row = c;
+  if (found) {
+    row = ReadCandidate(find);
+  } else {
+    ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO candidates(task_id, schedule, mapping, t_mem_s, "
+                                                 "t_comp_s, alpha, t_estm_s, rank) VALUES (?,?,?,?,?,?,?,?)"));
+    ins.Bind(1, c.task_id).Bind(2, c.schedule).Bind(3, c.mapping).Bind(4, c.t_mem_s).Bind(5, c.t_comp_s);
+    ins.Bind(6, c.alpha).Bind(7, c.t_estm_s).Bind(8, c.rank);
+    RETURN_IF_ERROR(ins.Run());
+    row.id = db_->LastInsertRowId();
+  }
+  ASSIGN_OR_RETURN(Statement job, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
+                                                            " FROM jobs WHERE candidate_id = ?")));
+  job.Bind(1, row.id);
+  ASSIGN_OR_RETURN(bool has_job, job.Step());
+  JobRow j;
+  if (has_job) {
+    j = ReadJob(job);
+  } else {
+    ASSIGN_OR_RETURN(Statement task, db_->Prepare("SELECT target_fp FROM tasks WHERE id = ?"));
+    task.Bind(1, c.task_id);
+    ASSIGN_OR_RETURN(bool has_task, task.Step());
+    if (!has_task) return absl::NotFoundError(absl::StrCat("no task '", c.task_id, "'"));
+    j.id = job_id;
+    j.task_id = c.task_id;
+    j.kind = "candidate";
+    j.candidate_id = row.id;
+    j.target_fp = task.Text(0);
+    j.state = "queued";
+    ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO jobs(id, task_id, kind, candidate_id, target_fp, state, "
+                                                 "created_ms) VALUES (?,?,?,?,?,?,?)"));
+    RETURN_IF_ERROR(ins.Bind(1, j.id).Bind(2, j.task_id).Bind(3, j.kind).Bind(4, j.candidate_id)
+                        .Bind(5, j.target_fp).Bind(6, j.state).Bind(7, now_ms).Run());
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  return std::make_pair(row, j);
+}
+
+absl::StatusOr<CandidateRow> TuningDb::GetCandidate(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
+                                                          " FROM candidates WHERE id = ?")));
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no candidate ", id));
+  return ReadCandidate(s);
+}
+
+absl::Status TuningDb::InsertJob(const JobRow& j, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO jobs(id, task_id, kind, candidate_id, target_fp, state, "
+                                             "created_ms) VALUES (?,?,?,?,?,?,?)"));
+  return s.Bind(1, j.id).Bind(2, j.task_id).Bind(3, j.kind).Bind(4, j.candidate_id).Bind(5, j.target_fp)
+      .Bind(6, j.state).Bind(7, now_ms).Run();
+}
+
+absl::StatusOr<JobRow> TuningDb::GetJobLocked(const std::string& id) {
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE id = ?")));
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
+  return ReadJob(s);
+}
+
+absl::StatusOr<JobRow> TuningDb::GetJob(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return GetJobLocked(id);
+}
+
+absl::StatusOr<std::vector<JobRow>> TuningDb::JobsOfTask(const std::string& task_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
+                                                          " FROM jobs WHERE task_id = ? ORDER BY created_ms, id")));
+  s.Bind(1, task_id);
+  std::vector<JobRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(ReadJob(s));
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<JobRow>> TuningDb::FindBaselineJob(const std::string& workload_key,
+                                                               const std::string& fp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat(
+                                    "SELECT ", kJobColumns,
+                                    " FROM jobs WHERE kind = 'baseline' AND target_fp = ? AND state IN "
+                                    "('queued', 'leased') AND task_id IN (SELECT id FROM tasks WHERE "
+                                    "workload_key = ?) LIMIT 1")));
+  s.Bind(1, fp).Bind(2, workload_key);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<JobRow>();
+  return std::optional<JobRow>(ReadJob(s));
+}
+
+absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worker_id, const std::string& target_fp,
+                                                        int max_jobs, int64_t expires_ms,
+                                                        const std::function<std::string()>& make_lease_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
+                                                          " FROM jobs WHERE target_fp = ? AND state = 'queued' "
+                                                          "ORDER BY created_ms, id LIMIT ?")));
+  s.Bind(1, target_fp).Bind(2, max_jobs);
+  std::vector<JobRow> jobs;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    jobs.push_back(ReadJob(s));
+  }
+  for (JobRow& j : jobs) {
+    j.state = "leased";
+    j.worker_id = worker_id;
+    j.lease_id = make_lease_id();
+    j.lease_expires_ms = expires_ms;
+    j.attempts += 1;
+    ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'leased', worker_id = ?, lease_id = ?, "
+                                               "lease_expires_ms = ?, attempts = ? WHERE id = ?"));
+    RETURN_IF_ERROR(u.Bind(1, j.worker_id).Bind(2, j.lease_id).Bind(3, j.lease_expires_ms).Bind(4, j.attempts)
+                        .Bind(5, j.id).Run());
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  return jobs;
+}
+
+absl::Status TuningDb::ExtendLeases(const std::string& worker_id, int64_t expires_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE jobs SET lease_expires_ms = ? WHERE state = 'leased' AND "
+                                             "worker_id = ?"));
+  return s.Bind(1, expires_ms).Bind(2, worker_id).Run();
+}
+
+absl::StatusOr<std::vector<std::string>> TuningDb::ExpireLeases(int64_t now_ms, int max_attempts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
+                                                          " FROM jobs WHERE state = 'leased' AND "
+                                                          "lease_expires_ms < ?")));
+  s.Bind(1, now_ms);
+  std::vector<JobRow> expired;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    expired.push_back(ReadJob(s));
+  }
+  std::vector<std::string> tasks;
+  for (const JobRow& j : expired) {
+    if (j.attempts >= max_attempts) {
+      ASSIGN_OR_RETURN(Statement task, db_->Prepare("SELECT workload_key FROM tasks WHERE id = ?"));
+      task.Bind(1, j.task_id);
+      ASSIGN_OR_RETURN(bool has_task, task.Step());
+      MeasurementRow m;
+      m.job_id = j.id;
+      m.task_id = j.task_id;
+      m.candidate_id = j.candidate_id;
+      m.kind = j.kind;
+      m.workload_key = has_task ? task.Text(0) : "";
+      m.target_fp = j.target_fp;
+      m.worker_id = j.worker_id;
+      m.status = "crash";
+      m.error = absl::StrCat("lease expired ", j.attempts, " times: the workers running it went silent");
+      m.measured_ms = now_ms;
+      RETURN_IF_ERROR(InsertMeasurementRow(*db_, m));
+      ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'failed', finished_ms = ? WHERE id = ?"));
+      RETURN_IF_ERROR(u.Bind(1, now_ms).Bind(2, j.id).Run());
+    } else {
+      ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'queued', worker_id = NULL, "
+                                                 "lease_id = NULL, lease_expires_ms = NULL WHERE id = ?"));
+      RETURN_IF_ERROR(u.Bind(1, j.id).Run());
+    }
+    tasks.push_back(j.task_id);
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  return tasks;
+}
+
+absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& lease_id, const MeasurementRow& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ASSIGN_OR_RETURN(JobRow job, GetJobLocked(m.job_id));
+  if (job.state == "done" || job.state == "failed") return RecordResult{ReportOutcome::kDuplicate, 0};
+  if (job.state != "leased" || job.lease_id != lease_id || job.worker_id != m.worker_id) {
+    return RecordResult{ReportOutcome::kStaleLease, 0};
+  }
+  MeasurementRow row = m;
+  row.task_id = job.task_id;
+  row.candidate_id = job.candidate_id;
+  row.kind = job.kind;
+  row.target_fp = job.target_fp;
+  RETURN_IF_ERROR(InsertMeasurementRow(*db_, row));
+  const int64_t id = db_->LastInsertRowId();
+  ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'done', finished_ms = ? WHERE id = ?"));
+  RETURN_IF_ERROR(u.Bind(1, m.measured_ms).Bind(2, m.job_id).Run());
+  RETURN_IF_ERROR(txn.Commit());
+  return RecordResult{ReportOutcome::kRecorded, id};
+}
+
+absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const std::string& task_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
+                                                          " FROM measurements WHERE task_id = ? ORDER BY id")));
+  s.Bind(1, task_id);
+  std::vector<MeasurementRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(ReadMeasurement(s));
+  }
+  return out;
+}
+
+absl::StatusOr<MeasurementRow> TuningDb::GetMeasurement(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
+                                                          " FROM measurements WHERE id = ?")));
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("no measurement ", id));
+  return ReadMeasurement(s);
+}
+
+absl::StatusOr<int64_t> TuningDb::CountMeasurements() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT COUNT(*) FROM measurements"));
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : 0;
+}
+
+absl::StatusOr<std::optional<BestRow>> TuningDb::GetBest(const std::string& key, const std::string& fp,
+                                                         const std::string& salt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT task_id, candidate_id, measurement_id, median_s FROM best "
+                                             "WHERE workload_key = ? AND target_fp = ? AND salt = ?"));
+  s.Bind(1, key).Bind(2, fp).Bind(3, salt);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<BestRow>();
+  return std::optional<BestRow>(BestRow{s.Text(0), s.Int(1), s.Int(2), s.Double(3)});
+}
+
+absl::Status TuningDb::OfferBest(const std::string& key, const std::string& fp, const std::string& salt,
+                                 const BestRow& best, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(
+                                    "INSERT INTO best(workload_key, target_fp, salt, task_id, candidate_id, "
+                                    "measurement_id, median_s, updated_ms) VALUES (?,?,?,?,?,?,?,?) "
+                                    "ON CONFLICT(workload_key, target_fp, salt) DO UPDATE SET "
+                                    "task_id = excluded.task_id, candidate_id = excluded.candidate_id, "
+                                    "measurement_id = excluded.measurement_id, median_s = excluded.median_s, "
+                                    "updated_ms = excluded.updated_ms WHERE excluded.median_s < best.median_s"));
+  return s.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.task_id).Bind(5, best.candidate_id)
+      .Bind(6, best.measurement_id).Bind(7, best.median_s).Bind(8, now_ms).Run();
+}
+
+absl::StatusOr<std::optional<double>> TuningDb::GetBaseline(const std::string& key, const std::string& fp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT median_s FROM baselines WHERE workload_key = ? AND "
+                                             "target_fp = ?"));
+  s.Bind(1, key).Bind(2, fp);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::optional<double>();
+  return std::optional<double>(s.Double(0));
+}
+
+absl::Status TuningDb::SetBaseline(const std::string& key, const std::string& fp, int64_t measurement_id,
+                                   double median_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR REPLACE INTO baselines(workload_key, target_fp, "
+                                             "measurement_id, median_s) VALUES (?,?,?,?)"));
+  return s.Bind(1, key).Bind(2, fp).Bind(3, measurement_id).Bind(4, median_s).Run();
+}
+
+}  // namespace fusor::db

@@ -1,0 +1,189 @@
+// The tuning database: every workload, target, worker, task, candidate,
+// job and measurement, and the best record per (workload, target, salt).
+// Thread-safe: calls are serialized on one connection.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "server/db/sqlite.h"
+
+namespace fusor::db {
+
+struct WorkloadRow {
+  std::string key;
+  std::string name;
+  std::string canonical_text;
+  std::string chain_json;
+};
+
+struct TargetRow {
+  std::string fingerprint;
+  std::string backend;  // "cpu" or "cuda"
+  std::string description_json;
+  int64_t last_seen_ms = 0;
+};
+
+struct WorkerRow {
+  std::string id;
+  std::string name;
+  std::string target_fp;
+  std::string state;  // "alive" or "lost"
+  int64_t registered_ms = 0;
+  int64_t last_seen_ms = 0;
+  int jobs_done = 0;
+};
+
+struct TaskRow {
+  std::string id;
+  std::string workload_key;
+  std::string target_fp;
+  std::string salt;
+  std::string state;  // "running", "done", "failed"
+  int budget = 0;
+  int batch_size = 0;
+  int64_t space_size = 0;
+  int64_t space_after_pruning = 0;
+  std::string error;
+  int64_t created_ms = 0;
+  std::optional<int64_t> finished_ms;
+};
+
+struct CandidateRow {
+  int64_t id = 0;
+  std::string task_id;
+  std::string schedule;
+  std::string mapping;
+  double t_mem_s = 0, t_comp_s = 0, alpha = 1, t_estm_s = 0;
+  int rank = 0;
+};
+
+struct JobRow {
+  std::string id;
+  std::string task_id;
+  std::string kind;  // "candidate" or "baseline"
+  std::optional<int64_t> candidate_id;
+  std::string target_fp;
+  std::string state;  // "queued", "leased", "done", "failed"
+  std::string worker_id;
+  std::string lease_id;
+  int64_t lease_expires_ms = 0;
+  int attempts = 0;
+};
+
+struct MeasurementRow {
+  int64_t id = 0;
+  std::string job_id;
+  std::string task_id;
+  std::optional<int64_t> candidate_id;
+  std::string kind;
+  std::string workload_key;
+  std::string target_fp;
+  std::string worker_id;
+  std::string status;  // MeasurementStatus name without prefix, lower case: "ok", "crash", ...
+  std::string error;
+  double median_s = 0;
+  std::vector<double> samples_s;
+  double max_abs_error = 0, max_rel_error = 0;
+  double compile_s = 0;
+  std::string compile_flags;
+  std::string compiler;
+  int64_t code_bytes = 0;
+  int64_t measured_ms = 0;
+};
+
+struct BestRow {
+  std::string task_id;
+  int64_t candidate_id = 0;
+  int64_t measurement_id = 0;
+  double median_s = 0;
+};
+
+enum class ReportOutcome { kRecorded, kDuplicate, kStaleLease };
+
+struct RecordResult {
+  ReportOutcome outcome = ReportOutcome::kRecorded;
+  int64_t measurement_id = 0;  // when recorded
+};
+
+class TuningDb {
+ public:
+  // Opens and migrates the database; see schema.h for version handling.
+  static absl::StatusOr<std::unique_ptr<TuningDb>> Open(const std::string& path);
+
+  absl::Status UpsertWorkload(const WorkloadRow& w, int64_t now_ms);
+  absl::StatusOr<WorkloadRow> GetWorkload(const std::string& key);
+
+  absl::Status UpsertTarget(const TargetRow& t, int64_t now_ms);
+  absl::StatusOr<std::vector<TargetRow>> ListTargets();
+
+  absl::Status InsertWorker(const WorkerRow& w);
+  // Updates last_seen and revives a lost worker. NOT_FOUND if unknown.
+  absl::Status TouchWorker(const std::string& id, int64_t now_ms);
+  absl::StatusOr<WorkerRow> GetWorker(const std::string& id);
+  absl::StatusOr<std::vector<WorkerRow>> ListWorkers();
+  // Marks alive workers not seen since `cutoff_ms` lost; returns how many.
+  absl::StatusOr<int> MarkLostWorkers(int64_t cutoff_ms);
+
+  absl::Status InsertTask(const TaskRow& t);
+  absl::StatusOr<TaskRow> GetTask(const std::string& id);
+  absl::StatusOr<std::vector<TaskRow>> ListTasksInState(const std::string& state);
+  // The running task for this workload/target/salt, if any.
+  absl::StatusOr<std::optional<TaskRow>> FindRunningTask(const std::string& key, const std::string& fp,
+                                                        const std::string& salt);
+  absl::Status FinishTask(const std::string& id, const std::string& state, const std::string& error,
+                          int64_t now_ms);
+
+  // The candidate of `task` with this schedule, inserting it (and a queued
+  // job for it, with id `job_id`) if it is new, in one transaction.
+  absl::StatusOr<std::pair<CandidateRow, JobRow>> FindOrInsertCandidate(const CandidateRow& c,
+                                                                       const std::string& job_id,
+                                                                       int64_t now_ms);
+  absl::StatusOr<CandidateRow> GetCandidate(int64_t id);
+  absl::Status InsertJob(const JobRow& j, int64_t now_ms);
+  absl::StatusOr<JobRow> GetJob(const std::string& id);
+  absl::StatusOr<std::vector<JobRow>> JobsOfTask(const std::string& task_id);
+  absl::StatusOr<std::optional<JobRow>> FindBaselineJob(const std::string& workload_key, const std::string& fp);
+
+  // Leases up to `max_jobs` queued jobs for `target_fp` to `worker_id`,
+  // oldest first, with fresh lease ids from `make_lease_id`.
+  absl::StatusOr<std::vector<JobRow>> LeaseJobs(const std::string& worker_id, const std::string& target_fp,
+                                                int max_jobs, int64_t expires_ms,
+                                                const std::function<std::string()>& make_lease_id);
+  // Extends every lease `worker_id` holds to `expires_ms`.
+  absl::Status ExtendLeases(const std::string& worker_id, int64_t expires_ms);
+  // Requeues leased jobs whose lease expired before `now_ms`; a job that
+  // has been leased `max_attempts` times fails instead, with a crash
+  // measurement saying so. Returns the ids of tasks whose jobs changed.
+  absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_ms, int max_attempts);
+
+  // Records the measurement of a leased job and marks the job done, in one
+  // transaction. kDuplicate: the job was already reported (nothing
+  // written); kStaleLease: the job is not leased under `lease_id` any more.
+  absl::StatusOr<RecordResult> RecordMeasurement(const std::string& lease_id, const MeasurementRow& m);
+  absl::StatusOr<std::vector<MeasurementRow>> MeasurementsOfTask(const std::string& task_id);
+  absl::StatusOr<MeasurementRow> GetMeasurement(int64_t id);
+  absl::StatusOr<int64_t> CountMeasurements();
+
+  absl::StatusOr<std::optional<BestRow>> GetBest(const std::string& key, const std::string& fp,
+                                                 const std::string& salt);
+  // Sets the best record unless an existing one is faster.
+  absl::Status OfferBest(const std::string& key, const std::string& fp, const std::string& salt,
+                         const BestRow& best, int64_t now_ms);
+  absl::StatusOr<std::optional<double>> GetBaseline(const std::string& key, const std::string& fp);
+  absl::Status SetBaseline(const std::string& key, const std::string& fp, int64_t measurement_id,
+                           double median_s);
+
+ private:
+  explicit TuningDb(std::unique_ptr<Database> db) : db_(std::move(db)) {}
+  absl::StatusOr<JobRow> GetJobLocked(const std::string& id);
+  std::mutex mu_;
+  std::unique_ptr<Database> db_;
+};
+
+}  // namespace fusor::db

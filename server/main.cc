@@ -1,0 +1,86 @@
+// fusor-scheduler: the tuning service. Flags are read here and nowhere else.
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/util/log.h"
+#include "common/util/paths.h"
+#include "server/service.h"
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fusor-scheduler: tunes fused operator chains with the workers that dial in"};
+  std::string listen = "127.0.0.1:7788";
+  std::string db_path = fusor::DefaultDatabasePath(Env("XDG_DATA_HOME"), Env("HOME"));
+  std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? "info" : Env("FUSOR_LOG_LEVEL");
+  fusor::server::SchedulerOptions options;
+  double lease_s = 60, heartbeat_s = 2, worker_timeout_s = 20, time_budget_s = 0.3, job_timeout_s = 300;
+  app.add_option("--listen", listen, "address to serve on (host:port)")->capture_default_str();
+  app.add_option("--db", db_path, "SQLite tuning database")->capture_default_str();
+  app.add_option("--salt", options.salt, "cache salt: a new value starts a fresh cache, deleting nothing");
+  app.add_option("--budget", options.default_budget, "default candidates measured per task")->capture_default_str();
+  app.add_option("--batch-size", options.batch_size, "candidates per search round")->capture_default_str();
+  app.add_option("--lease-seconds", lease_s, "lease length; a silent worker's job requeues after it")
+      ->capture_default_str();
+  app.add_option("--heartbeat-seconds", heartbeat_s, "worker heartbeat interval")->capture_default_str();
+  app.add_option("--worker-timeout-seconds", worker_timeout_s, "silence after which a worker is listed lost")
+      ->capture_default_str();
+  app.add_option("--max-attempts", options.max_attempts, "leases of one job before it fails")->capture_default_str();
+  app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
+  app.add_option("--job-timeout", job_timeout_s, "seconds a worker may spend on one job")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (!fusor::SetLogLevel(log_level)) {
+    std::cerr << "unknown log level '" << log_level << "'\n";
+    return 2;
+  }
+  options.db_path = db_path;
+  options.lease = absl::Seconds(lease_s);
+  options.heartbeat_interval = absl::Seconds(heartbeat_s);
+  options.worker_timeout = absl::Seconds(worker_timeout_s);
+  options.measure.set_time_budget_s(time_budget_s);
+  options.measure.set_timeout_s(job_timeout_s);
+  auto log = fusor::Logger("scheduler");
+  if (absl::Status st = fusor::EnsureParentDirectory(db_path); !st.ok()) {
+    log->error("{}", st.ToString());
+    return 1;
+  }
+
+  // SIGINT/SIGTERM end the server cleanly; block them before threads start.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto server = fusor::server::SchedulerServer::Start(options, listen);
+  if (!server.ok()) {
+    log->error("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  log->info("serving on {}:{} with database {}", listen.substr(0, listen.rfind(':')), (*server)->port(), db_path);
+  std::cout << "fusor-scheduler listening on port " << (*server)->port() << std::endl;
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log->info("signal {}: shutting down", sig);
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  waiter.detach();
+  server->reset();
+  return 0;
+}

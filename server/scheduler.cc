@@ -1,0 +1,759 @@
+#include "server/scheduler.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/codegen/cpu/cpu_codegen.h"
+#include "common/ir/parse.h"
+#include "common/space/loop_nest.h"
+#include "common/space/schedule.h"
+#include "common/util/log.h"
+#include "common/util/status_macros.h"
+#include "proto/wire/convert.h"
+
+namespace fusor::server {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Scheduler::Task {
+  db::TaskRow row;
+  ir::Chain chain;  // canonical
+  hw::TargetDesc target;
+  std::unique_ptr<search::SearchStrategy> strategy;
+  std::vector<db::CandidateRow> batch;  // the round being measured
+  int issued = 0;
+  int64_t version = 1;
+  v1::TaskStarted started;
+  v1::TuneProgress progress;
+  std::optional<v1::TuneResult> result;
+  std::string baseline_job;  // this task's baseline job, if it made one
+};
+
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() { return Logger("scheduler"); }
+
+bool Finished(const std::string& job_state) { return job_state == "done" || job_state == "failed"; }
+
+v1::MeasureOptions WithDefaults(v1::MeasureOptions m) {
+  if (m.warmup() <= 0) m.set_warmup(2);
+  if (m.min_repeats() <= 0) m.set_min_repeats(5);
+  if (m.max_repeats() <= 0) m.set_max_repeats(100);
+  if (m.time_budget_s() <= 0) m.set_time_budget_s(0.3);
+  if (m.timeout_s() <= 0) m.set_timeout_s(300);
+  return m;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<db::TuningDb> db)
+    : options_(std::move(options)), db_(std::move(db)) {
+  std::random_device rd;
+  id_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowMs());
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<db::TuningDb> db, db::TuningDb::Open(options.db_path));
+  SchedulerOptions opts = options;
+  opts.measure = WithDefaults(opts.measure);
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(opts), std::move(db)));
+  // Workers of a previous run count as lost until they heartbeat again.
+  RETURN_IF_ERROR(s->db_->MarkLostWorkers(NowMs() + 1).status());
+  RETURN_IF_ERROR(s->ResumeTasks());
+  s->reaper_ = std::thread([p = s.get()] { p->ReaperLoop(); });
+  return s;
+}
+
+Scheduler::~Scheduler() {
+  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(reaper_mu_);
+    reaper_cv_.notify_all();
+  }
+  if (reaper_.joinable()) reaper_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  task_cv_.notify_all();
+  lease_cv_.notify_all();
+}
+
+std::string Scheduler::Salt() const {
+  return options_.salt.empty() ? kEngineVersion : absl::StrCat(kEngineVersion, "+", options_.salt);
+}
+
+std::string Scheduler::NewId(const char* prefix) {
+  std::lock_guard<std::mutex> lock(id_mu_);
+  // splitmix64: unique within the process and unpredictable enough for ids.
+  uint64_t z = (id_state_ += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(z));
+  return absl::StrCat(prefix, buf);
+}
+
+absl::StatusOr<v1::Target> Scheduler::TargetProto(const std::string& fp) {
+  ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, db_->ListTargets());
+  for (const db::TargetRow& t : targets) {
+    if (t.fingerprint != fp) continue;
+    v1::Target proto;
+    if (!google::protobuf::util::JsonStringToMessage(t.description_json, &proto).ok()) {
+      return absl::DataLossError(absl::StrCat("target ", fp, " has an unreadable description"));
+    }
+    return proto;
+  }
+  return absl::NotFoundError(absl::StrCat("unknown target ", fp));
+}
+
+// ------------------------------------------------------------- clients ---
+
+absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
+                                                   const v1::TargetSelector& selector) {
+  PreparedRequest req;
+  ASSIGN_OR_RETURN(req.chain, wire::ChainFromWorkload(workload));
+  req.canonical = ir::Canonicalize(req.chain);
+
+  const std::string backend =
+      selector.backend() == v1::BACKEND_UNSPECIFIED ? "cpu" : wire::BackendName(selector.backend());
+  ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, db_->ListTargets());
+  ASSIGN_OR_RETURN(std::vector<db::WorkerRow> workers, db_->ListWorkers());
+  std::set<std::string> alive;
+  for (const db::WorkerRow& w : workers) {
+    if (w.state == "alive") alive.insert(w.target_fp);
+  }
+  const db::TargetRow* chosen = nullptr;
+  for (bool want_alive : {true, false}) {
+    for (const db::TargetRow& t : targets) {
+      if (t.backend != backend) continue;
+      if (!selector.fingerprint().empty() && t.fingerprint != selector.fingerprint()) continue;
+      if (want_alive && !alive.count(t.fingerprint)) continue;
+      if (!selector.arch().empty()) {
+        v1::Target proto;
+        if (!google::protobuf::util::JsonStringToMessage(t.description_json, &proto).ok() ||
+            proto.arch() != selector.arch()) {
+          continue;
+        }
+      }
+      chosen = &t;
+      break;
+    }
+    if (chosen) break;
+  }
+  if (chosen == nullptr) {
+    std::string what = selector.fingerprint().empty() ? absl::StrCat("a ", backend, " target")
+                                                      : absl::StrCat("target ", selector.fingerprint());
+    if (!selector.arch().empty()) absl::StrAppend(&what, " with arch ", selector.arch());
+    return absl::FailedPreconditionError(
+        absl::StrCat("no worker has registered ", what, "; start fusor-worker pointed at this scheduler"));
+  }
+  req.target_fp = chosen->fingerprint;
+  ASSIGN_OR_RETURN(v1::Target proto, TargetProto(req.target_fp));
+  req.target = wire::TargetFromProto(proto);
+  return req;
+}
+
+absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key, const std::string& fp,
+                                                         bool from_cache) {
+  ASSIGN_OR_RETURN(std::optional<db::BestRow> best, db_->GetBest(key, fp, Salt()));
+  if (!best) return absl::NotFoundError(absl::StrCat("no tuned kernel for workload ", key, " on target ", fp));
+  ASSIGN_OR_RETURN(db::CandidateRow cand, db_->GetCandidate(best->candidate_id));
+  ASSIGN_OR_RETURN(db::MeasurementRow meas, db_->GetMeasurement(best->measurement_id));
+  ASSIGN_OR_RETURN(db::TaskRow task, db_->GetTask(best->task_id));
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> all, db_->MeasurementsOfTask(best->task_id));
+  v1::TuneResult r;
+  r.set_task_id(best->task_id);
+  r.set_from_cache(from_cache);
+  r.set_workload_key(key);
+  ASSIGN_OR_RETURN(*r.mutable_target(), TargetProto(fp));
+  v1::Candidate* c = r.mutable_best();
+  c->set_id(cand.id);
+  c->mutable_schedule()->set_text(cand.schedule);
+  c->mutable_mapping()->set_text(cand.mapping);
+  c->mutable_mapping()->set_intrinsic(cand.mapping.substr(0, cand.mapping.find(' ')));
+  c->mutable_prediction()->set_t_mem_s(cand.t_mem_s);
+  c->mutable_prediction()->set_t_comp_s(cand.t_comp_s);
+  c->mutable_prediction()->set_alpha(cand.alpha);
+  c->mutable_prediction()->set_t_estm_s(cand.t_estm_s);
+  v1::Measurement* m = r.mutable_best_measurement();
+  m->set_status(wire::MeasurementStatusFromName(meas.status));
+  m->set_error(meas.error);
+  for (double s : meas.samples_s) m->add_samples_s(s);
+  m->set_median_s(meas.median_s);
+  m->mutable_compile()->set_compile_s(meas.compile_s);
+  m->mutable_compile()->set_compiler(meas.compiler);
+  m->mutable_compile()->set_flags(meas.compile_flags);
+  m->mutable_compile()->set_code_bytes(meas.code_bytes);
+  m->set_max_abs_error(meas.max_abs_error);
+  m->set_max_rel_error(meas.max_rel_error);
+  m->set_worker_id(meas.worker_id);
+  m->set_measured_at_unix_ms(meas.measured_ms);
+  ASSIGN_OR_RETURN(std::optional<double> baseline, db_->GetBaseline(key, fp));
+  if (baseline && meas.median_s > 0) {
+    r.set_baseline_s(*baseline);
+    r.set_speedup(*baseline / meas.median_s);
+  }
+  int measured = 0, failed = 0;
+  for (const db::MeasurementRow& x : all) {
+    if (x.kind != "candidate") continue;
+    ++measured;
+    if (x.status != "ok") ++failed;
+  }
+  r.set_candidates_measured(measured);
+  r.set_candidates_failed(failed);
+  if (task.finished_ms) r.set_tuning_s(static_cast<double>(*task.finished_ms - task.created_ms) / 1000);
+  return r;
+}
+
+absl::StatusOr<v1::TuneResult> Scheduler::Lookup(const PreparedRequest& request) {
+  ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(request.canonical.key, request.target_fp, true));
+  return Translate(r, request);
+}
+
+std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
+                                         const PreparedRequest& request) const {
+  auto schedule = space::ParseSchedule(canonical_schedule, request.canonical.chain);
+  if (!schedule.ok()) return canonical_schedule;
+  std::vector<int> to_user(request.canonical.chain.dims.size(), -1);
+  for (size_t u = 0; u < request.canonical.dim_map.size(); ++u) {
+    if (request.canonical.dim_map[u] >= 0) to_user[request.canonical.dim_map[u]] = static_cast<int>(u);
+  }
+  return space::ScheduleToText(space::RemapSchedule(*schedule, to_user, request.chain), request.chain);
+}
+
+v1::TuneResult Scheduler::Translate(const v1::TuneResult& result, const PreparedRequest& request) const {
+  v1::TuneResult r = result;
+  r.mutable_best()->mutable_schedule()->set_text(TranslateSchedule(result.best().schedule().text(), request));
+  r.mutable_best()->mutable_mapping()->set_text(
+      search::DescribeMapping(request.chain, hw::SelectCpuMicroKernel(request.target)));
+  return r;
+}
+
+absl::StatusOr<v1::CompileResponse> Scheduler::BuildCompileResponse(const PreparedRequest& request,
+                                                                    const v1::TuneResult& result) const {
+  const std::string& text = result.best().schedule().text();
+  ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
+  ASSIGN_OR_RETURN(space::LoopNest nest,
+                   space::BuildLoopNest(request.chain, schedule, hw::SelectCpuMicroKernel(request.target)));
+  ASSIGN_OR_RETURN(codegen::KernelSource kernel,
+                   codegen::EmitCpuFusedKernel(request.chain, nest, text, result.best().mapping().text()));
+  v1::CompileResponse resp;
+  *resp.mutable_result() = result;
+  resp.set_language("c++");
+  resp.set_kernel_source(kernel.source);
+  resp.set_entry_point(kernel.entry_point);
+  resp.set_metadata_json(kernel.metadata_json);
+  return resp;
+}
+
+absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest& request,
+                                                         const v1::TuneOptions& options) {
+  const std::string& key = request.canonical.key;
+  const std::string& fp = request.target_fp;
+  TuneStart start;
+  if (!options.force()) {
+    auto cached = Lookup(request);
+    if (cached.ok()) {
+      start.cached = *cached;
+      return start;
+    }
+    if (!absl::IsNotFound(cached.status())) return cached.status();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  for (auto& [id, t] : tasks_) {
+    if (t->row.state == "running" && t->row.workload_key == key && t->row.target_fp == fp &&
+        t->row.salt == Salt()) {
+      start.started = t->started;
+      return start;
+    }
+  }
+  const int budget = options.budget() > 0 ? std::min(options.budget(), options_.max_budget) : options_.default_budget;
+  auto task = std::make_unique<Task>();
+  task->row.id = NewId("t-");
+  task->row.workload_key = key;
+  task->row.target_fp = fp;
+  task->row.salt = Salt();
+  task->row.state = "running";
+  task->row.budget = budget;
+  task->row.batch_size = options_.batch_size;
+  task->row.created_ms = NowMs();
+  task->chain = request.canonical.chain;
+  task->target = request.target;
+  task->strategy = search::MakeModelRankedTileSearch();
+  RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, budget}));
+  search::SpaceStats stats = task->strategy->Stats();
+  task->row.space_size = stats.total;
+  task->row.space_after_pruning = stats.after_pruning;
+
+  RETURN_IF_ERROR(db_->UpsertWorkload({key, request.chain.name, request.canonical.text,
+                                       ir::ChainToJson(request.canonical.chain)},
+                                      task->row.created_ms));
+  RETURN_IF_ERROR(db_->InsertTask(task->row));
+  ASSIGN_OR_RETURN(std::optional<double> baseline, db_->GetBaseline(key, fp));
+  ASSIGN_OR_RETURN(std::optional<db::JobRow> pending, db_->FindBaselineJob(key, fp));
+  if (!baseline && !pending) {
+    db::JobRow job;
+    job.id = NewId("j-");
+    job.task_id = task->row.id;
+    job.kind = "baseline";
+    job.target_fp = fp;
+    job.state = "queued";
+    RETURN_IF_ERROR(db_->InsertJob(job, task->row.created_ms));
+    task->baseline_job = job.id;
+  }
+  task->started.set_task_id(task->row.id);
+  task->started.set_workload_key(key);
+  task->started.set_target_fingerprint(fp);
+  task->started.set_space_size(stats.total);
+  task->started.set_space_after_pruning(stats.after_pruning);
+  task->started.set_budget(budget);
+  task->progress.set_budget(budget);
+  Log()->info("[task={}] started: workload {} ({}), target {}, space {} -> {} after pruning, budget {}",
+              task->row.id, key, request.chain.name, fp, stats.total, stats.after_pruning, budget);
+  Task& t = *task;
+  tasks_[task->row.id] = std::move(task);
+  RETURN_IF_ERROR(Advance(t));
+  lease_cv_.notify_all();
+  start.started = t.started;
+  return start;
+}
+
+absl::StatusOr<TaskSnapshot> Scheduler::WaitForTask(const std::string& task_id, int64_t after_version,
+                                                    absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = tasks_.find(task_id);
+  if (it == tasks_.end()) {
+    lock.unlock();
+    ASSIGN_OR_RETURN(db::TaskRow row, db_->GetTask(task_id));
+    TaskSnapshot snap;
+    snap.version = 1;
+    snap.state = row.state;
+    snap.error = row.error;
+    snap.started.set_task_id(row.id);
+    snap.started.set_workload_key(row.workload_key);
+    snap.started.set_target_fingerprint(row.target_fp);
+    snap.started.set_budget(row.budget);
+    if (row.state == "done") {
+      ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(row.workload_key, row.target_fp, false));
+      snap.result = r;
+    }
+    return snap;
+  }
+  Task* task = it->second.get();
+  auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(timeout);
+  task_cv_.wait_until(lock, deadline, [&] { return task->version > after_version || stop_; });
+  TaskSnapshot snap;
+  snap.version = task->version;
+  snap.state = task->row.state;
+  snap.started = task->started;
+  snap.progress = task->progress;
+  snap.result = task->result;
+  snap.error = task->row.error;
+  return snap;
+}
+
+absl::StatusOr<v1::TaskInfo> Scheduler::GetTask(const std::string& task_id) {
+  ASSIGN_OR_RETURN(TaskSnapshot snap, WaitForTask(task_id, INT64_MAX, absl::ZeroDuration()));
+  ASSIGN_OR_RETURN(db::TaskRow row, db_->GetTask(task_id));
+  v1::TaskInfo info;
+  info.set_task_id(task_id);
+  info.set_state(snap.state);
+  info.set_workload_key(row.workload_key);
+  info.set_target_fingerprint(row.target_fp);
+  *info.mutable_progress() = snap.progress;
+  info.set_error(snap.error);
+  info.set_created_unix_ms(row.created_ms);
+  if (row.finished_ms) info.set_finished_unix_ms(*row.finished_ms);
+  if (snap.result) *info.mutable_result() = *snap.result;
+  return info;
+}
+
+absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
+  ASSIGN_OR_RETURN(std::vector<db::WorkerRow> rows, db_->ListWorkers());
+  v1::ListWorkersResponse resp;
+  for (const db::WorkerRow& w : rows) {
+    v1::WorkerInfo* info = resp.add_workers();
+    info->set_worker_id(w.id);
+    info->set_name(w.name);
+    auto target = TargetProto(w.target_fp);
+    if (target.ok()) *info->mutable_target() = *target;
+    info->set_state(w.state);
+    info->set_registered_unix_ms(w.registered_ms);
+    info->set_last_seen_unix_ms(w.last_seen_ms);
+    info->set_jobs_done(w.jobs_done);
+  }
+  return resp;
+}
+
+// ------------------------------------------------------------- workers ---
+
+absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterRequest& request) {
+  if (request.target().backend() == v1::BACKEND_UNSPECIFIED) {
+    return absl::InvalidArgumentError("register: target.backend is required");
+  }
+  if (request.target().compute_units() <= 0) {
+    return absl::InvalidArgumentError("register: target.compute_units must be positive");
+  }
+  hw::TargetDesc desc = wire::TargetFromProto(request.target());
+  v1::Target proto = wire::TargetToProto(desc);  // sets the fingerprint
+  std::string json;
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  if (!google::protobuf::util::MessageToJsonString(proto, &json, print).ok()) {
+    return absl::InternalError("cannot serialize target");
+  }
+  const int64_t now = NowMs();
+  RETURN_IF_ERROR(db_->UpsertTarget({proto.fingerprint(), wire::BackendName(proto.backend()), json, now}, now));
+  db::WorkerRow w;
+  w.id = NewId("w-");
+  w.name = request.name().empty() ? w.id : request.name();
+  w.target_fp = proto.fingerprint();
+  w.state = "alive";
+  w.registered_ms = now;
+  w.last_seen_ms = now;
+  RETURN_IF_ERROR(db_->InsertWorker(w));
+  Log()->info("[worker={}] registered '{}' with target {} ({}, {} units, W={:.1f} GB/s, P={:.1f} GFLOP/s)", w.id,
+              w.name, w.target_fp, desc.arch, desc.compute_units, desc.bandwidth_bytes_per_s / 1e9,
+              desc.peak_flops / 1e9);
+  v1::RegisterResponse resp;
+  resp.set_worker_id(w.id);
+  resp.set_target_fingerprint(w.target_fp);
+  resp.set_heartbeat_interval_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  resp.set_lease_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.lease)));
+  return resp;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRequest& request) {
+  v1::HeartbeatResponse resp;
+  const int64_t now = NowMs();
+  absl::Status st = db_->TouchWorker(request.worker_id(), now);
+  if (absl::IsNotFound(st)) {
+    resp.set_reregister(true);
+    return resp;
+  }
+  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), now + absl::ToInt64Milliseconds(options_.lease)));
+  return resp;
+}
+
+absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& request,
+                                                   const std::function<bool()>& cancelled) {
+  ASSIGN_OR_RETURN(db::WorkerRow worker, db_->GetWorker(request.worker_id()));
+  RETURN_IF_ERROR(db_->TouchWorker(worker.id, NowMs()));
+  const int max_jobs = std::clamp(request.max_jobs(), 1, 16);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::clamp(request.wait_ms(), 0, 10000));
+  v1::LeaseResponse resp;
+  while (true) {
+    const int64_t now = NowMs();
+    ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs,
+                     db_->LeaseJobs(worker.id, worker.target_fp, max_jobs,
+                                    now + absl::ToInt64Milliseconds(options_.lease), [this] { return NewId("l-"); }));
+    if (!jobs.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const db::JobRow& j : jobs) {
+        auto it = tasks_.find(j.task_id);
+        if (it == tasks_.end()) {
+          // Not expected: jobs belong to running tasks, all of which are loaded.
+          return absl::InternalError(absl::StrCat("job ", j.id, " belongs to unknown task ", j.task_id));
+        }
+        const Task& task = *it->second;
+        v1::Job* job = resp.add_jobs();
+        job->set_job_id(j.id);
+        job->set_lease_id(j.lease_id);
+        job->set_lease_expires_unix_ms(j.lease_expires_ms);
+        job->set_task_id(j.task_id);
+        job->set_kind(j.kind == "baseline" ? v1::JOB_KIND_BASELINE : v1::JOB_KIND_CANDIDATE);
+        *job->mutable_chain() = wire::ChainToProto(task.chain);
+        *job->mutable_options() = options_.measure;
+        if (j.candidate_id) {
+          ASSIGN_OR_RETURN(db::CandidateRow c, db_->GetCandidate(*j.candidate_id));
+          v1::Candidate* pc = job->mutable_candidate();
+          pc->set_id(c.id);
+          pc->mutable_schedule()->set_text(c.schedule);
+          pc->mutable_mapping()->set_text(c.mapping);
+          pc->mutable_prediction()->set_t_mem_s(c.t_mem_s);
+          pc->mutable_prediction()->set_t_comp_s(c.t_comp_s);
+          pc->mutable_prediction()->set_alpha(c.alpha);
+          pc->mutable_prediction()->set_t_estm_s(c.t_estm_s);
+        }
+        Log()->debug("[task={} job={} worker={}] leased ({}, attempt {})", j.task_id, j.id, worker.id, j.kind,
+                     j.attempts);
+      }
+      return resp;
+    }
+    if (std::chrono::steady_clock::now() >= deadline || (cancelled && cancelled()) || stop_) return resp;
+    std::unique_lock<std::mutex> lock(mu_);
+    lease_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(
+                                 deadline - std::chrono::steady_clock::now(), std::chrono::milliseconds(200)));
+  }
+}
+
+absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& request) {
+  ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(request.job_id()));
+  ASSIGN_OR_RETURN(db::TaskRow task_row, db_->GetTask(job.task_id));
+  const v1::Measurement& pm = request.measurement();
+  db::MeasurementRow m;
+  m.job_id = job.id;
+  m.workload_key = task_row.workload_key;
+  m.worker_id = request.worker_id();
+  m.status = wire::MeasurementStatusName(pm.status());
+  if (m.status == "unspecified") return absl::InvalidArgumentError("report: measurement.status is required");
+  m.error = pm.error();
+  m.median_s = pm.median_s();
+  m.samples_s.assign(pm.samples_s().begin(), pm.samples_s().end());
+  m.max_abs_error = pm.max_abs_error();
+  m.max_rel_error = pm.max_rel_error();
+  m.compile_s = pm.compile().compile_s();
+  m.compile_flags = pm.compile().flags();
+  m.compiler = pm.compile().compiler();
+  m.code_bytes = pm.compile().code_bytes();
+  m.measured_ms = NowMs();
+  if (m.status == "ok" && (m.samples_s.empty() || m.median_s <= 0)) {
+    return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");
+  }
+  ASSIGN_OR_RETURN(db::RecordResult rec, db_->RecordMeasurement(request.lease_id(), m));
+  v1::ReportResponse resp;
+  if (rec.outcome == db::ReportOutcome::kDuplicate) {
+    Log()->info("[task={} job={}] duplicate report from {} ignored", job.task_id, job.id, request.worker_id());
+    resp.set_duplicate(true);
+    return resp;
+  }
+  if (rec.outcome == db::ReportOutcome::kStaleLease) {
+    return absl::FailedPreconditionError(absl::StrCat("lease ", request.lease_id(), " of job ", job.id,
+                                                      " is no longer valid: it expired and the job was requeued"));
+  }
+  Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(), job.kind, m.status,
+              m.status == "ok" ? absl::StrCat(m.median_s * 1e3, " ms") : m.error.substr(0, 200),
+              m.status == "ok" ? absl::StrCat(" (", m.samples_s.size(), " samples)") : "");
+  if (job.kind == "baseline" && m.status == "ok") {
+    RETURN_IF_ERROR(db_->SetBaseline(task_row.workload_key, job.target_fp, rec.measurement_id, m.median_s));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tasks_.find(job.task_id);
+  if (it != tasks_.end()) {
+    RETURN_IF_ERROR(RefreshProgress(*it->second));
+    RETURN_IF_ERROR(Advance(*it->second));
+  }
+  return resp;
+}
+
+// --------------------------------------------------------------- tasks ---
+
+absl::Status Scheduler::RefreshProgress(Task& task) {
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+  int measured = 0, failed = 0;
+  const db::MeasurementRow* best = nullptr;
+  for (const db::MeasurementRow& m : rows) {
+    if (m.kind != "candidate") continue;
+    ++measured;
+    if (m.status != "ok") {
+      ++failed;
+    } else if (best == nullptr || m.median_s < best->median_s) {
+      best = &m;
+    }
+  }
+  v1::TuneProgress p;
+  p.set_measured(measured);
+  p.set_failed(failed);
+  p.set_budget(task.row.budget);
+  if (best) {
+    p.set_best_s(best->median_s);
+    ASSIGN_OR_RETURN(db::CandidateRow c, db_->GetCandidate(*best->candidate_id));
+    p.set_best_schedule(c.schedule);
+  }
+  if (p.SerializeAsString() != task.progress.SerializeAsString()) {
+    task.progress = p;
+    ++task.version;
+    task_cv_.notify_all();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Advance(Task& task) {
+  if (task.row.state != "running") return absl::OkStatus();
+  while (true) {
+    if (!task.batch.empty()) {
+      ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(task.row.id));
+      std::map<int64_t, const db::JobRow*> by_candidate;
+      for (const db::JobRow& j : jobs) {
+        if (j.candidate_id) by_candidate[*j.candidate_id] = &j;
+      }
+      for (const db::CandidateRow& c : task.batch) {
+        auto it = by_candidate.find(c.id);
+        if (it == by_candidate.end() || !Finished(it->second->state)) return absl::OkStatus();
+      }
+      ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+      std::vector<search::MeasuredResult> results;
+      for (const db::CandidateRow& c : task.batch) {
+        search::MeasuredResult r;
+        r.schedule_text = c.schedule;
+        for (const db::MeasurementRow& m : rows) {
+          if (m.candidate_id == c.id) {
+            r.ok = m.status == "ok";
+            r.median_s = m.median_s;
+          }
+        }
+        results.push_back(r);
+      }
+      task.strategy->NotifyResults(results);
+      task.batch.clear();
+    }
+    if (task.strategy->Done() || task.issued >= task.row.budget) break;
+    std::vector<search::CandidateSpec> specs =
+        task.strategy->NextBatch(std::min(task.row.batch_size, task.row.budget - task.issued));
+    if (specs.empty()) break;
+    const int64_t now = NowMs();
+    for (const search::CandidateSpec& spec : specs) {
+      db::CandidateRow c;
+      c.task_id = task.row.id;
+      c.schedule = spec.schedule_text;
+      c.mapping = spec.mapping;
+      c.t_mem_s = spec.prediction.t_mem_s;
+      c.t_comp_s = spec.prediction.t_comp_s;
+      c.alpha = spec.prediction.alpha;
+      c.t_estm_s = spec.prediction.t_estm_s;
+      c.rank = task.issued++;
+      ASSIGN_OR_RETURN(auto inserted, db_->FindOrInsertCandidate(c, NewId("j-"), now));
+      task.batch.push_back(inserted.first);
+    }
+    lease_cv_.notify_all();
+  }
+  // Nothing more to propose: wait for this task's baseline, then finish.
+  if (!task.baseline_job.empty()) {
+    ASSIGN_OR_RETURN(db::JobRow baseline, db_->GetJob(task.baseline_job));
+    if (!Finished(baseline.state)) return absl::OkStatus();
+  }
+  return Finalize(task);
+}
+
+absl::Status Scheduler::Finalize(Task& task) {
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+  const db::MeasurementRow* best = nullptr;
+  const db::MeasurementRow* first_failure = nullptr;
+  int candidates = 0;
+  for (const db::MeasurementRow& m : rows) {
+    if (m.kind != "candidate") continue;
+    ++candidates;
+    if (m.status == "ok") {
+      if (best == nullptr || m.median_s < best->median_s) best = &m;
+    } else if (first_failure == nullptr) {
+      first_failure = &m;
+    }
+  }
+  const int64_t now = NowMs();
+  if (best == nullptr) {
+    task.row.state = "failed";
+    task.row.error = candidates == 0
+                         ? "the search proposed no candidates"
+                         : absl::StrCat("all ", candidates, " candidates failed; the first: ", first_failure->status,
+                                        ": ", first_failure->error.substr(0, 2000));
+  } else {
+    RETURN_IF_ERROR(db_->OfferBest(task.row.workload_key, task.row.target_fp, task.row.salt,
+                                   {task.row.id, *best->candidate_id, best->id, best->median_s}, now));
+    task.row.state = "done";
+  }
+  RETURN_IF_ERROR(db_->FinishTask(task.row.id, task.row.state, task.row.error, now));
+  task.row.finished_ms = now;
+  if (task.row.state == "done") {
+    ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(task.row.workload_key, task.row.target_fp, false));
+    // Report this task's work, whichever task found the best kernel.
+    r.set_candidates_measured(task.progress.measured());
+    r.set_candidates_failed(task.progress.failed());
+    r.set_tuning_s(static_cast<double>(now - task.row.created_ms) / 1000);
+    task.result = r;
+  }
+  task.strategy.reset();
+  ++task.version;
+  task_cv_.notify_all();
+  Log()->info("[task={}] {} after {:.1f} s: {}", task.row.id, task.row.state,
+              static_cast<double>(now - task.row.created_ms) / 1000,
+              task.row.state == "done" ? absl::StrCat("best ", best->median_s * 1e3, " ms") : task.row.error);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
+  auto task = std::make_unique<Task>();
+  task->row = row;
+  ASSIGN_OR_RETURN(db::WorkloadRow w, db_->GetWorkload(row.workload_key));
+  ASSIGN_OR_RETURN(task->chain, ir::ParseChainJson(w.chain_json));
+  ASSIGN_OR_RETURN(v1::Target target, TargetProto(row.target_fp));
+  task->target = wire::TargetFromProto(target);
+  task->strategy = search::MakeModelRankedTileSearch();
+  RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
+  ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
+  for (const db::JobRow& j : jobs) {
+    if (j.kind == "baseline") task->baseline_job = j.id;
+  }
+  task->started.set_task_id(row.id);
+  task->started.set_workload_key(row.workload_key);
+  task->started.set_target_fingerprint(row.target_fp);
+  task->started.set_space_size(row.space_size);
+  task->started.set_space_after_pruning(row.space_after_pruning);
+  task->started.set_budget(row.budget);
+  task->progress.set_budget(row.budget);
+  Task* raw = task.get();
+  tasks_[row.id] = std::move(task);
+  return raw;
+}
+
+absl::Status Scheduler::ResumeTasks() {
+  ASSIGN_OR_RETURN(std::vector<db::TaskRow> running, db_->ListTasksInState("running"));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const db::TaskRow& row : running) {
+    auto task = LoadTask(row);
+    if (!task.ok()) {
+      Log()->error("[task={}] cannot resume: {}", row.id, task.status().ToString());
+      RETURN_IF_ERROR(db_->FinishTask(row.id, "failed", absl::StrCat("could not resume: ", task.status().message()),
+                                      NowMs()));
+      continue;
+    }
+    // Replays the strategy against what the database already holds.
+    RETURN_IF_ERROR(RefreshProgress(**task));
+    RETURN_IF_ERROR(Advance(**task));
+    Log()->info("[task={}] resumed: {} of {} candidates measured", row.id, (*task)->progress.measured(), row.budget);
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::ReaperLoop() {
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> lock(reaper_mu_);
+      reaper_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.reaper_interval), [this] { return stop_.load(); });
+    }
+    if (stop_) break;
+    const int64_t now = NowMs();
+    auto touched = db_->ExpireLeases(now, options_.max_attempts);
+    if (!touched.ok()) {
+      Log()->error("expiring leases failed: {}", touched.status().ToString());
+      continue;
+    }
+    if (!touched->empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::set<std::string> ids(touched->begin(), touched->end());
+      for (const std::string& id : ids) {
+        Log()->warn("[task={}] a lease expired; its job went back to the queue (or failed after {} attempts)", id,
+                    options_.max_attempts);
+        auto it = tasks_.find(id);
+        if (it == tasks_.end()) continue;
+        absl::Status st = RefreshProgress(*it->second);
+        if (st.ok()) st = Advance(*it->second);
+        if (!st.ok()) Log()->error("[task={}] {}", id, st.ToString());
+      }
+      lease_cv_.notify_all();
+    }
+    auto lost = db_->MarkLostWorkers(now - absl::ToInt64Milliseconds(options_.worker_timeout));
+    if (lost.ok() && *lost > 0) Log()->warn("{} worker(s) went silent and are marked lost", *lost);
+  }
+}
+
+}  // namespace fusor::server

@@ -1,0 +1,148 @@
+// The scheduler's core logic, free of gRPC: tuning tasks, the job queue
+// with leases, workers, and the tuning cache, all kept in the TuningDb so
+// that a restarted scheduler carries on with the tasks it had.
+//
+// Tasks work on the canonical form of a chain (names t0.., d0..), so every
+// chain with the same canonical key shares one cache entry and one running
+// task; results are translated back to each requester's names.
+//
+// Thread-safe. Lease() and WaitForTask() block (up to their timeouts).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/hw/target.h"
+#include "common/ir/canonical.h"
+#include "common/ir/chain.h"
+#include "common/search/search_strategy.h"
+#include "fusor/v1/scheduler.pb.h"
+#include "fusor/v1/worker.pb.h"
+#include "server/db/tuning_db.h"
+
+namespace fusor::server {
+
+// Part of every cache key: bump it when a change makes old results wrong.
+inline constexpr char kEngineVersion[] = "fusor-engine-1";
+
+struct SchedulerOptions {
+  std::string db_path;
+  // Appended to kEngineVersion in cache keys: a new salt starts a fresh
+  // cache without deleting the old one.
+  std::string salt;
+  int default_budget = 16;
+  int max_budget = 512;
+  int batch_size = 4;
+  absl::Duration lease = absl::Seconds(60);
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  absl::Duration worker_timeout = absl::Seconds(20);
+  absl::Duration reaper_interval = absl::Milliseconds(250);
+  int max_attempts = 3;
+  v1::MeasureOptions measure;  // zero fields take the defaults in Create
+};
+
+// A request's workload and target, resolved: the user's chain, its
+// canonical form, and the target it will be tuned for.
+struct PreparedRequest {
+  ir::Chain chain;
+  ir::CanonicalForm canonical;
+  std::string target_fp;
+  hw::TargetDesc target;
+};
+
+struct TaskSnapshot {
+  int64_t version = 0;
+  std::string state;  // "running", "done", "failed"
+  v1::TaskStarted started;
+  v1::TuneProgress progress;      // canonical names
+  std::optional<v1::TuneResult> result;  // canonical names; set when done
+  std::string error;
+};
+
+class Scheduler {
+ public:
+  // Opens the database, resumes its running tasks and starts the reaper.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerOptions& options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // --- clients ---
+  // INVALID_ARGUMENT for a bad workload; FAILED_PRECONDITION when no
+  // worker has registered a matching target.
+  absl::StatusOr<PreparedRequest> Prepare(const v1::Workload& workload, const v1::TargetSelector& selector);
+  // The cached result (translated), or NOT_FOUND.
+  absl::StatusOr<v1::TuneResult> Lookup(const PreparedRequest& request);
+  // Starts a task (or joins the running one for the same key). When the
+  // cache answers (and !options.force) `cached` is set and no task starts.
+  struct TuneStart {
+    std::optional<v1::TuneResult> cached;
+    v1::TaskStarted started;
+  };
+  absl::StatusOr<TuneStart> StartTune(const PreparedRequest& request, const v1::TuneOptions& options);
+  // Blocks until the task's version exceeds `after_version` or `timeout`.
+  absl::StatusOr<TaskSnapshot> WaitForTask(const std::string& task_id, int64_t after_version,
+                                           absl::Duration timeout);
+  // Canonical-name result or progress -> the requester's names.
+  v1::TuneResult Translate(const v1::TuneResult& result, const PreparedRequest& request) const;
+  std::string TranslateSchedule(const std::string& canonical_schedule, const PreparedRequest& request) const;
+  // Kernel source and metadata for the requester's chain under `result`.
+  absl::StatusOr<v1::CompileResponse> BuildCompileResponse(const PreparedRequest& request,
+                                                          const v1::TuneResult& result) const;
+  absl::StatusOr<v1::TaskInfo> GetTask(const std::string& task_id);
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+
+  // --- workers ---
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // Waits up to wait_ms (capped at 10 s) for jobs; `cancelled` is polled.
+  absl::StatusOr<v1::LeaseResponse> Lease(const v1::LeaseRequest& request, const std::function<bool()>& cancelled);
+  // FAILED_PRECONDITION when the lease is no longer the job's (it expired).
+  absl::StatusOr<v1::ReportResponse> Report(const v1::ReportRequest& request);
+
+  db::TuningDb& db() { return *db_; }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Task;
+  explicit Scheduler(SchedulerOptions options, std::unique_ptr<db::TuningDb> db);
+  std::string Salt() const;
+  std::string NewId(const char* prefix);
+  absl::Status ResumeTasks();
+  absl::StatusOr<Task*> LoadTask(const db::TaskRow& row);
+  absl::Status Advance(Task& task);  // mu_ held
+  absl::Status Finalize(Task& task);  // mu_ held
+  absl::Status RefreshProgress(Task& task);  // mu_ held
+  absl::StatusOr<v1::TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
+  absl::StatusOr<v1::Target> TargetProto(const std::string& fp);
+  void ReaperLoop();
+
+  const SchedulerOptions options_;
+  std::unique_ptr<db::TuningDb> db_;
+
+  std::mutex mu_;
+  std::condition_variable task_cv_;
+  std::condition_variable lease_cv_;
+  std::map<std::string, std::unique_ptr<Task>> tasks_;
+
+  std::mutex id_mu_;
+  uint64_t id_state_;
+
+  std::atomic<bool> stop_{false};
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  std::thread reaper_;
+};
+
+int64_t NowMs();
+
+}  // namespace fusor::server

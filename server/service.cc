@@ -1,0 +1,194 @@
+#include "server/service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/util/log.h"
+#include "proto/wire/grpc_status.h"
+
+namespace fusor::server {
+namespace {
+
+using wire::ToGrpcStatus;
+
+// Polls `ctx` while waiting on the task, so a cancelled client frees its
+// handler within a second.
+constexpr absl::Duration kPoll = absl::Seconds(1);
+
+}  // namespace
+
+grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
+                                    grpc::ServerWriter<v1::TuneEvent>* writer) {
+  auto prepared = core_->Prepare(req->workload(), req->target());
+  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
+  auto start = core_->StartTune(*prepared, req->options());
+  if (!start.ok()) return ToGrpcStatus(start.status());
+  v1::TuneEvent event;
+  if (start->cached) {
+    *event.mutable_result() = *start->cached;
+    writer->Write(event);
+    return grpc::Status::OK;
+  }
+  *event.mutable_started() = start->started;
+  if (!writer->Write(event)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  const std::string task_id = start->started.task_id();
+  int64_t version = 0;
+  while (true) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    auto snap = core_->WaitForTask(task_id, version, kPoll);
+    if (!snap.ok()) return ToGrpcStatus(snap.status());
+    if (snap->version != version) {
+      version = snap->version;
+      v1::TuneEvent progress;
+      *progress.mutable_progress() = snap->progress;
+      if (!snap->progress.best_schedule().empty()) {
+        progress.mutable_progress()->set_best_schedule(
+            core_->TranslateSchedule(snap->progress.best_schedule(), *prepared));
+      }
+      writer->Write(progress);
+    }
+    if (snap->state == "failed") {
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat("tuning failed: ", snap->error)));
+    }
+    if (snap->state == "done" && snap->result) {
+      v1::TuneEvent done;
+      *done.mutable_result() = core_->Translate(*snap->result, *prepared);
+      writer->Write(done);
+      return grpc::Status::OK;
+    }
+  }
+}
+
+grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req,
+                                       v1::CompileResponse* resp) {
+  auto prepared = core_->Prepare(req->workload(), req->target());
+  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
+  absl::StatusOr<v1::TuneResult> result = core_->Lookup(*prepared);
+  if (!result.ok() && absl::IsNotFound(result.status()) && !req->cache_only()) {
+    auto start = core_->StartTune(*prepared, req->options());
+    if (!start.ok()) return ToGrpcStatus(start.status());
+    if (start->cached) {
+      result = *start->cached;
+    } else {
+      int64_t version = 0;
+      while (true) {
+        if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+        auto snap = core_->WaitForTask(start->started.task_id(), version, kPoll);
+        if (!snap.ok()) return ToGrpcStatus(snap.status());
+        version = snap->version;
+        if (snap->state == "failed") {
+          return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat("tuning failed: ", snap->error)));
+        }
+        if (snap->state == "done" && snap->result) {
+          result = core_->Translate(*snap->result, *prepared);
+          break;
+        }
+      }
+    }
+  }
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  auto response = core_->BuildCompileResponse(*prepared, *result);
+  if (!response.ok()) return ToGrpcStatus(response.status());
+  *resp = std::move(*response);
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+  auto prepared = core_->Prepare(req->workload(), req->target());
+  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
+  auto result = core_->Lookup(*prepared);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *resp->mutable_result() = std::move(*result);
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                           v1::ListWorkersResponse* resp) {
+  auto workers = core_->ListWorkers();
+  if (!workers.ok()) return ToGrpcStatus(workers.status());
+  *resp = std::move(*workers);
+  return grpc::Status::OK;
+}
+
+grpc::Status SchedulerService::GetTask(grpc::ServerContext*, const v1::GetTaskRequest* req, v1::TaskInfo* resp) {
+  if (req->task_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "task_id is required");
+  auto info = core_->GetTask(req->task_id());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  *resp = std::move(*info);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                                         v1::RegisterResponse* resp) {
+  auto r = core_->Register(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                                          v1::HeartbeatResponse* resp) {
+  auto r = core_->Heartbeat(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
+                                      v1::LeaseResponse* resp) {
+  if (req->worker_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id is required");
+  auto r = core_->Lease(*req, [ctx] { return ctx->IsCancelled(); });
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Report(grpc::ServerContext*, const v1::ReportRequest* req,
+                                       v1::ReportResponse* resp) {
+  if (req->job_id().empty() || req->lease_id().empty() || req->worker_id().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id, job_id and lease_id are required");
+  }
+  auto r = core_->Report(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = std::move(*r);
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const SchedulerOptions& options,
+                                                                       const std::string& address) {
+  std::unique_ptr<SchedulerServer> s(new SchedulerServer());
+  auto core = Scheduler::Create(options);
+  if (!core.ok()) return core.status();
+  s->core_ = std::move(*core);
+  s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get());
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get());
+  grpc::ServerBuilder builder;
+  if (!address.empty()) builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.RegisterService(s->scheduler_service_.get());
+  builder.RegisterService(s->worker_service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || (!address.empty() && s->port_ == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  return s;
+}
+
+std::shared_ptr<grpc::Channel> SchedulerServer::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxRequestBytes * 4);
+  return server_->InProcessChannel(args);
+}
+
+void SchedulerServer::Shutdown() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void SchedulerServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+SchedulerServer::~SchedulerServer() {
+  Shutdown();
+  core_.reset();
+}
+
+}  // namespace fusor::server

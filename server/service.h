@@ -1,0 +1,67 @@
+// The gRPC services of fusor-scheduler: thin handlers that validate,
+// call the Scheduler and convert statuses once, at this boundary.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "fusor/v1/scheduler.grpc.pb.h"
+#include "fusor/v1/worker.grpc.pb.h"
+#include "server/scheduler.h"
+
+namespace fusor::server {
+
+class SchedulerService final : public v1::Scheduler::Service {
+ public:
+  explicit SchedulerService(Scheduler* core) : core_(core) {}
+  grpc::Status Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
+                    grpc::ServerWriter<v1::TuneEvent>* writer) override;
+  grpc::Status Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req, v1::CompileResponse* resp) override;
+  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) override;
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
+                           v1::ListWorkersResponse* resp) override;
+  grpc::Status GetTask(grpc::ServerContext* ctx, const v1::GetTaskRequest* req, v1::TaskInfo* resp) override;
+
+ private:
+  Scheduler* core_;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(Scheduler* core) : core_(core) {}
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterResponse* resp) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override;
+  grpc::Status Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req, v1::LeaseResponse* resp) override;
+  grpc::Status Report(grpc::ServerContext* ctx, const v1::ReportRequest* req, v1::ReportResponse* resp) override;
+
+ private:
+  Scheduler* core_;
+};
+
+// A scheduler with its services on a gRPC server. Listens on `address`
+// (host:port; port 0 picks one) unless it is empty, and always serves an
+// in-process channel.
+class SchedulerServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const SchedulerOptions& options,
+                                                               const std::string& address);
+  ~SchedulerServer();
+  int port() const { return port_; }
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+  Scheduler& core() { return *core_; }
+  void Shutdown();
+  void Wait();
+
+ private:
+  SchedulerServer() = default;
+  std::unique_ptr<Scheduler> core_;
+  std::unique_ptr<SchedulerService> scheduler_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Largest request the server accepts, in bytes.
+inline constexpr int kMaxRequestBytes = 1 << 20;
+
+}  // namespace fusor::server

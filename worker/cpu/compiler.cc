@@ -1,0 +1,74 @@
+#include "worker/cpu/compiler.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "worker/process.h"
+
+namespace fusor::worker {
+
+CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
+                             const std::string& compiler, double timeout_s) {
+  CompileOutcome out;
+  const std::string src = workdir + "/kernel.cc";
+  const std::string so = workdir + "/kernel.so";
+  const std::string log = workdir + "/compile.log";
+  {
+    std::ofstream f(src);
+    f << kernel.source;
+    if (!f) {
+      out.error = "cannot write " + src;
+      return out;
+    }
+  }
+  std::vector<std::string> argv = {compiler};
+  argv.insert(argv.end(), kernel.compile_flags.begin(), kernel.compile_flags.end());
+  argv.insert(argv.end(), {"-shared", "-fPIC"});
+  out.flags = absl::StrJoin(std::vector<std::string>(argv.begin() + 1, argv.end()), " ");
+  argv.insert(argv.end(), {"-o", so, src});
+  for (const std::string& lib : kernel.link_libs) argv.push_back("-l" + lib);
+  for (const std::string& lib : kernel.link_libs) absl::StrAppend(&out.flags, " -l", lib);
+
+  auto run = RunProcess(argv, log, timeout_s);
+  if (!run.ok()) {
+    out.error = std::string(run.status().message());
+    return out;
+  }
+  out.seconds = run->seconds;
+  if (run->timed_out) {
+    out.error = absl::StrCat("compiler timed out after ", timeout_s, " s");
+    return out;
+  }
+  if (run->signaled || run->exit_code != 0) {
+    out.error = absl::StrCat("compiler failed (", run->signaled ? "signal " : "exit ",
+                             run->signaled ? run->signal : run->exit_code, "): ", ReadTail(log, 4000));
+    return out;
+  }
+  struct stat st;
+  if (stat(so.c_str(), &st) != 0) {
+    out.error = "compiler produced no shared object";
+    return out;
+  }
+  out.ok = true;
+  out.so_path = so;
+  out.code_bytes = st.st_size;
+  return out;
+}
+
+absl::StatusOr<std::string> CompilerVersion(const std::string& compiler, const std::string& workdir) {
+  const std::string log = workdir + "/version.log";
+  auto run = RunProcess({compiler, "--version"}, log, 30);
+  if (!run.ok()) return run.status();
+  if (run->timed_out || run->signaled || run->exit_code != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("'", compiler, " --version' failed"));
+  }
+  std::string text = ReadTail(log, 4096);
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  return lines.empty() ? std::string() : lines[0];
+}
+
+}  // namespace fusor::worker

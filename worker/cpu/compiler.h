@@ -1,0 +1,30 @@
+// Compiles an emitted CPU kernel into a shared object with the system
+// compiler, in a child process with a time limit.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/codegen/cpu/cpu_codegen.h"
+
+namespace fusor::worker {
+
+struct CompileOutcome {
+  bool ok = false;
+  std::string so_path;
+  std::string error;    // the compiler's output (tail) or the reason
+  double seconds = 0;
+  std::string flags;    // the full command line, minus file names
+  int64_t code_bytes = 0;  // size of the shared object
+};
+
+// Writes kernel.cc into `workdir` and runs `compiler` on it. Never fails as
+// a Status: a compile error, a missing compiler or a timeout is reported in
+// the outcome.
+CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
+                             const std::string& compiler, double timeout_s);
+
+// The first line of `compiler --version`, e.g. "c++ (Debian 12.2.0-14) 12.2.0".
+absl::StatusOr<std::string> CompilerVersion(const std::string& compiler, const std::string& workdir);
+
+}  // namespace fusor::worker

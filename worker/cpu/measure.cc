@@ -1,0 +1,207 @@
+#include "worker/cpu/measure.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/codegen/cpu/prelude.h"
+#include "common/ir/reference.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::worker {
+namespace {
+
+namespace rt = codegen::rt;
+
+// One tensor's bytes in the chain's dtype.
+struct HostTensor {
+  std::vector<unsigned char> bytes;
+  void* data() { return bytes.data(); }
+};
+
+int64_t Elements(const ir::Chain& chain, int t) { return chain.tensors[t].NumElements(); }
+
+double ToDouble(ir::DType dtype, const unsigned char* p, int64_t i) {
+  switch (dtype) {
+    case ir::DType::kF32: return reinterpret_cast<const float*>(p)[i];
+    case ir::DType::kF16: return rt::fusor_f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    case ir::DType::kBF16: return rt::fusor_bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+// Fills `t` with uniform values in [-1, 1] and returns them as doubles
+// (exactly the values stored, after rounding to the dtype).
+std::vector<double> FillRandom(ir::DType dtype, int64_t n, std::mt19937_64& rng, HostTensor& t) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int bytes = ir::DTypeBytes(dtype);
+  t.bytes.assign(static_cast<size_t>(n) * bytes, 0);
+  std::vector<double> values(n);
+  for (int64_t i = 0; i < n; ++i) {
+    float v = dist(rng);
+    if (dtype == ir::DType::kF32) {
+      reinterpret_cast<float*>(t.data())[i] = v;
+    } else {
+      uint16_t h = dtype == ir::DType::kF16 ? rt::fusor_f32_to_f16(v) : rt::fusor_f32_to_bf16(v);
+      reinterpret_cast<uint16_t*>(t.data())[i] = h;
+    }
+    values[i] = ToDouble(dtype, t.bytes.data(), i);
+  }
+  return values;
+}
+
+void Poison(ir::DType dtype, int64_t n, HostTensor& t) {
+  const int bytes = ir::DTypeBytes(dtype);
+  t.bytes.assign(static_cast<size_t>(n) * bytes, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == ir::DType::kF32) {
+      reinterpret_cast<float*>(t.data())[i] = std::nanf("");
+    } else {
+      reinterpret_cast<uint16_t*>(t.data())[i] = dtype == ir::DType::kF16 ? 0x7e00 : 0x7fc0;
+    }
+  }
+}
+
+std::vector<const void*> Pointers(std::vector<HostTensor>& ts) {
+  std::vector<const void*> p;
+  for (HostTensor& t : ts) p.push_back(t.data());
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedKernel> LoadedKernel::Open(const std::string& so_path, const std::string& entry) {
+  // RTLD_NODELETE: the kernel's OpenMP runtime keeps idle threads alive;
+  // unloading it under them would crash the process.
+  void* handle = dlopen(so_path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) return absl::FailedPreconditionError(absl::StrCat("dlopen: ", dlerror()));
+  void* sym = dlsym(handle, entry.c_str());
+  if (sym == nullptr) {
+    dlclose(handle);
+    return absl::FailedPreconditionError(absl::StrCat("kernel has no symbol '", entry, "'"));
+  }
+  return LoadedKernel(handle, reinterpret_cast<EntryFn>(sym));
+}
+
+LoadedKernel::LoadedKernel(LoadedKernel&& other) noexcept : handle_(other.handle_), entry_(other.entry_) {
+  other.handle_ = nullptr;
+}
+
+void* LoadedKernel::Symbol(const std::string& name) const { return dlsym(handle_, name.c_str()); }
+
+LoadedKernel::~LoadedKernel() {
+  if (handle_ != nullptr) dlclose(handle_);
+}
+
+double Tolerance(ir::DType dtype) {
+  switch (dtype) {
+    case ir::DType::kF32: return 1e-4;
+    case ir::DType::kF16: return 2e-3;
+    case ir::DType::kBF16: return 1e-2;
+  }
+  return 1e-4;
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
+                                          uint64_t seed, int num_threads) {
+  std::mt19937_64 rng(seed);
+  std::vector<HostTensor> inputs(chain.inputs.size()), outputs(chain.outputs.size());
+  std::vector<std::vector<double>> ref_inputs;
+  for (size_t i = 0; i < chain.inputs.size(); ++i) {
+    ref_inputs.push_back(FillRandom(chain.dtype, Elements(chain, chain.inputs[i]), rng, inputs[i]));
+  }
+  for (size_t i = 0; i < chain.outputs.size(); ++i) {
+    Poison(chain.dtype, Elements(chain, chain.outputs[i]), outputs[i]);
+  }
+  std::vector<const void*> in_ptrs = Pointers(inputs);
+  std::vector<void*> out_ptrs;
+  for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
+  int rc = kernel.entry()(in_ptrs.data(), out_ptrs.data(), num_threads);
+  if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc, " (out of memory?)"));
+
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> ref, ir::EvaluateReference(chain, ref_inputs));
+  const double rtol = Tolerance(chain.dtype);
+  Validation v;
+  v.ok = true;
+  for (size_t o = 0; o < chain.outputs.size(); ++o) {
+    const std::vector<double>& r = ref[o];
+    double sq = 0;
+    for (double x : r) sq += x * x;
+    const double rms = r.empty() ? 0 : std::sqrt(sq / static_cast<double>(r.size()));
+    for (size_t i = 0; i < r.size(); ++i) {
+      double got = ToDouble(chain.dtype, outputs[o].bytes.data(), static_cast<int64_t>(i));
+      double err = std::fabs(got - r[i]);
+      double scale = std::fabs(r[i]) + rms;
+      double rel = scale > 0 ? err / scale : err;
+      bool bad = !std::isfinite(got) || !(rel <= rtol);
+      if (std::isfinite(err)) {
+        v.max_abs_error = std::max(v.max_abs_error, err);
+        v.max_rel_error = std::max(v.max_rel_error, rel);
+      }
+      if (bad && v.ok) {
+        v.ok = false;
+        v.detail = absl::StrCat("output '", chain.tensors[chain.outputs[o]].name, "' element ", i, ": got ",
+                                got, ", expected ", r[i], " (relative error ", rel, " > tolerance ", rtol, ")");
+      }
+    }
+  }
+  return v;
+}
+
+absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
+                                  const TimingOptions& options) {
+  std::mt19937_64 rng(options.seed);
+  int64_t input_bytes = 0;
+  for (int t : chain.inputs) input_bytes += Elements(chain, t) * ir::DTypeBytes(chain.dtype);
+  int sets = 1;
+  if (input_bytes > 0 && options.rotate_bytes > input_bytes) {
+    sets = static_cast<int>(std::min<int64_t>(8, (options.rotate_bytes + input_bytes - 1) / input_bytes));
+  }
+  std::vector<std::vector<HostTensor>> inputs(sets, std::vector<HostTensor>(chain.inputs.size()));
+  for (auto& set : inputs) {
+    for (size_t i = 0; i < chain.inputs.size(); ++i) {
+      FillRandom(chain.dtype, Elements(chain, chain.inputs[i]), rng, set[i]);
+    }
+  }
+  std::vector<HostTensor> outputs(chain.outputs.size());
+  for (size_t i = 0; i < chain.outputs.size(); ++i) Poison(chain.dtype, Elements(chain, chain.outputs[i]), outputs[i]);
+  std::vector<void*> out_ptrs;
+  for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
+  std::vector<std::vector<const void*>> in_ptrs;
+  for (auto& set : inputs) in_ptrs.push_back(Pointers(set));
+
+  using Clock = std::chrono::steady_clock;
+  int run = 0;
+  auto call = [&]() -> absl::Status {
+    int rc = kernel.entry()(in_ptrs[run % sets].data(), out_ptrs.data(), options.num_threads);
+    ++run;
+    if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < options.warmup; ++i) RETURN_IF_ERROR(call());
+  Timing timing;
+  auto start = Clock::now();
+  while (static_cast<int>(timing.samples_s.size()) < options.max_repeats) {
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (static_cast<int>(timing.samples_s.size()) >= options.min_repeats && elapsed >= options.time_budget_s) break;
+    auto t0 = Clock::now();
+    RETURN_IF_ERROR(call());
+    auto t1 = Clock::now();
+    timing.samples_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  timing.median_s = Median(timing.samples_s);
+  return timing;
+}
+
+}  // namespace fusor::worker

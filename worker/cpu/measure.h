@@ -1,0 +1,74 @@
+// Validation and timing of a compiled CPU kernel, inside a runner process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/ir/chain.h"
+
+namespace fusor::worker {
+
+// A fusor_run entry point in a loaded shared object; dlclose on destruction.
+class LoadedKernel {
+ public:
+  using EntryFn = int (*)(const void* const*, void* const*, int);
+  static absl::StatusOr<LoadedKernel> Open(const std::string& so_path, const std::string& entry);
+  LoadedKernel(LoadedKernel&& other) noexcept;
+  LoadedKernel& operator=(LoadedKernel&&) = delete;
+  LoadedKernel(const LoadedKernel&) = delete;
+  ~LoadedKernel();
+  EntryFn entry() const { return entry_; }
+  // Another symbol of the same object; nullptr if absent.
+  void* Symbol(const std::string& name) const;
+
+ private:
+  LoadedKernel(void* handle, EntryFn entry) : handle_(handle), entry_(entry) {}
+  void* handle_ = nullptr;
+  EntryFn entry_ = nullptr;
+};
+
+// Relative tolerance per dtype: an element passes when
+// |out - ref| <= rtol * (|ref| + rms(ref)).
+double Tolerance(ir::DType dtype);
+
+struct Validation {
+  bool ok = false;
+  double max_abs_error = 0;
+  double max_rel_error = 0;  // |out - ref| / (|ref| + rms(ref))
+  std::string detail;        // the first failing element, when !ok
+};
+
+// Runs the kernel once on fresh random inputs (uniform in [-1, 1], rounded
+// to the chain's dtype) with its outputs poisoned with NaN, and checks every
+// output element against the float64 reference. Non-OK only when the
+// kernel reports an error or the reference cannot be computed.
+absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
+                                          uint64_t seed, int num_threads);
+
+struct TimingOptions {
+  int warmup = 2;
+  int min_repeats = 5;
+  int max_repeats = 200;
+  double time_budget_s = 0.5;
+  int num_threads = 1;
+  uint64_t seed = 1;
+  // Input sets are rotated until together they exceed this many bytes (the
+  // last-level cache), so repeats do not read inputs the last one cached.
+  int64_t rotate_bytes = 0;
+};
+
+struct Timing {
+  std::vector<double> samples_s;
+  double median_s = 0;
+};
+
+// Times the kernel with a monotonic clock after warm-up, repeating to the
+// time budget (within min/max repeats). Non-OK if the kernel reports an error.
+absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
+                                  const TimingOptions& options);
+
+double Median(std::vector<double> values);
+
+}  // namespace fusor::worker

@@ -1,0 +1,310 @@
+#include "worker/job.h"
+
+#include <signal.h>
+#include <string.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/codegen/cpu/cpu_codegen.h"
+#include "common/ir/parse.h"
+#include "common/space/loop_nest.h"
+#include "common/space/schedule.h"
+#include "common/util/status_macros.h"
+#include "worker/cpu/calibration.h"
+#include "worker/cpu/compiler.h"
+#include "worker/process.h"
+
+namespace fusor::worker {
+namespace {
+
+using Json = nlohmann::json;
+
+Json TargetToJson(const hw::TargetDesc& t) {
+  return {{"backend", t.backend == hw::Backend::kCpu ? "cpu" : "cuda"},
+          {"arch", t.arch},
+          {"device_name", t.device_name},
+          {"compute_units", t.compute_units},
+          {"vector_lanes_f32", t.vector_lanes_f32},
+          {"isa_features", t.isa_features},
+          {"l1d_bytes", t.l1d_bytes},
+          {"l2_bytes", t.l2_bytes},
+          {"l3_bytes", t.l3_bytes},
+          {"shared_mem_per_block", t.shared_mem_per_block},
+          {"compiler", t.compiler},
+          {"bandwidth_bytes_per_s", t.bandwidth_bytes_per_s},
+          {"peak_flops", t.peak_flops}};
+}
+
+hw::TargetDesc TargetFromJson(const Json& j) {
+  hw::TargetDesc t;
+  t.backend = j.at("backend").get<std::string>() == "cuda" ? hw::Backend::kCuda : hw::Backend::kCpu;
+  t.arch = j.at("arch");
+  t.device_name = j.at("device_name");
+  t.compute_units = j.at("compute_units");
+  t.vector_lanes_f32 = j.at("vector_lanes_f32");
+  t.isa_features = j.at("isa_features").get<std::vector<std::string>>();
+  t.l1d_bytes = j.at("l1d_bytes");
+  t.l2_bytes = j.at("l2_bytes");
+  t.l3_bytes = j.at("l3_bytes");
+  t.shared_mem_per_block = j.at("shared_mem_per_block");
+  t.compiler = j.at("compiler");
+  t.bandwidth_bytes_per_s = j.at("bandwidth_bytes_per_s");
+  t.peak_flops = j.at("peak_flops");
+  return t;
+}
+
+const char* KindName(JobKind k) {
+  switch (k) {
+    case JobKind::kCandidate: return "candidate";
+    case JobKind::kBaseline: return "baseline";
+    case JobKind::kCalibrate: return "calibrate";
+  }
+  return "?";
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) return absl::InternalError("cannot write " + path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+JobOutcome Fail(OutcomeStatus status, std::string error) {
+  JobOutcome o;
+  o.status = status;
+  o.error = std::move(error);
+  return o;
+}
+
+JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
+  codegen::KernelSource kernel;
+  ir::Chain chain;
+  if (spec.kind != JobKind::kCalibrate) {
+    auto parsed = ir::ParseChainJson(spec.chain_json);
+    if (!parsed.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(parsed.status().message()));
+    chain = std::move(*parsed);
+  }
+  if (spec.kind == JobKind::kCandidate) {
+    auto schedule = space::ParseSchedule(spec.schedule_text, chain);
+    if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
+    auto nest = space::BuildLoopNest(chain, *schedule, hw::SelectCpuMicroKernel(spec.target));
+    if (!nest.ok()) return Fail(OutcomeStatus::kCompileError, std::string(nest.status().message()));
+    auto emitted = codegen::EmitCpuFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
+    if (!emitted.ok()) return Fail(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
+    kernel = std::move(*emitted);
+  } else if (spec.kind == JobKind::kBaseline) {
+    auto emitted = codegen::EmitCpuUnfusedBaseline(chain);
+    if (!emitted.ok()) return Fail(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
+    kernel = std::move(*emitted);
+  } else {
+    kernel = CalibrationKernel(spec.target);
+  }
+
+  CompileOutcome compiled = CompileKernel(kernel, dir, spec.compiler, spec.compile_timeout_s);
+  JobOutcome out;
+  out.compile_s = compiled.seconds;
+  out.compile_flags = compiled.flags;
+  out.code_bytes = compiled.code_bytes;
+  if (!compiled.ok) {
+    out.status = OutcomeStatus::kCompileError;
+    out.error = compiled.error;
+    return out;
+  }
+  auto loaded = LoadedKernel::Open(compiled.so_path, kernel.entry_point);
+  if (!loaded.ok()) {
+    out.status = OutcomeStatus::kRuntimeError;
+    out.error = std::string(loaded.status().message());
+    return out;
+  }
+  const int threads = std::max(1, spec.target.compute_units);
+  if (spec.kind == JobKind::kCalibrate) {
+    using RateFn = double (*)(int, double);
+    auto peak = reinterpret_cast<RateFn>(loaded->Symbol("fusor_peak_flops"));
+    auto bandwidth = reinterpret_cast<RateFn>(loaded->Symbol("fusor_bandwidth"));
+    if (peak == nullptr || bandwidth == nullptr) {
+      return Fail(OutcomeStatus::kRuntimeError, "calibration kernel lacks its entry points");
+    }
+    out.peak_flops = peak(threads, spec.timing.time_budget_s);
+    out.bandwidth_bytes_per_s = bandwidth(threads, spec.timing.time_budget_s);
+    out.status = OutcomeStatus::kOk;
+    return out;
+  }
+
+  auto valid = ValidateKernel(*loaded, chain, spec.seed, threads);
+  if (!valid.ok()) {
+    out.status = OutcomeStatus::kRuntimeError;
+    out.error = std::string(valid.status().message());
+    return out;
+  }
+  out.max_abs_error = valid->max_abs_error;
+  out.max_rel_error = valid->max_rel_error;
+  if (!valid->ok) {
+    out.status = OutcomeStatus::kInvalidResult;
+    out.error = valid->detail;
+    return out;
+  }
+  TimingOptions timing = spec.timing;
+  timing.num_threads = threads;
+  timing.seed = spec.seed + 1;
+  auto timed = TimeKernel(*loaded, chain, timing);
+  if (!timed.ok()) {
+    out.status = OutcomeStatus::kRuntimeError;
+    out.error = std::string(timed.status().message());
+    return out;
+  }
+  out.samples_s = timed->samples_s;
+  out.median_s = timed->median_s;
+  out.status = OutcomeStatus::kOk;
+  return out;
+}
+
+}  // namespace
+
+const char* OutcomeStatusName(OutcomeStatus s) {
+  switch (s) {
+    case OutcomeStatus::kOk: return "ok";
+    case OutcomeStatus::kCompileError: return "compile_error";
+    case OutcomeStatus::kInvalidResult: return "invalid_result";
+    case OutcomeStatus::kTimeout: return "timeout";
+    case OutcomeStatus::kCrash: return "crash";
+    case OutcomeStatus::kRuntimeError: return "runtime_error";
+  }
+  return "?";
+}
+
+std::string JobSpecToJson(const JobSpec& s) {
+  Json j = {{"kind", KindName(s.kind)},
+            {"chain", s.chain_json},
+            {"schedule", s.schedule_text},
+            {"mapping", s.mapping},
+            {"target", TargetToJson(s.target)},
+            {"timing",
+             {{"warmup", s.timing.warmup},
+              {"min_repeats", s.timing.min_repeats},
+              {"max_repeats", s.timing.max_repeats},
+              {"time_budget_s", s.timing.time_budget_s},
+              {"rotate_bytes", s.timing.rotate_bytes}}},
+            {"compiler", s.compiler},
+            {"compile_timeout_s", s.compile_timeout_s},
+            {"run_timeout_s", s.run_timeout_s},
+            {"seed", s.seed}};
+  return j.dump();
+}
+
+absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
+  Json j = Json::parse(json, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("job spec is not JSON");
+  try {
+    JobSpec s;
+    std::string kind = j.at("kind");
+    s.kind = kind == "baseline" ? JobKind::kBaseline : kind == "calibrate" ? JobKind::kCalibrate : JobKind::kCandidate;
+    s.chain_json = j.at("chain");
+    s.schedule_text = j.at("schedule");
+    s.mapping = j.at("mapping");
+    s.target = TargetFromJson(j.at("target"));
+    const Json& t = j.at("timing");
+    s.timing.warmup = t.at("warmup");
+    s.timing.min_repeats = t.at("min_repeats");
+    s.timing.max_repeats = t.at("max_repeats");
+    s.timing.time_budget_s = t.at("time_budget_s");
+    s.timing.rotate_bytes = t.at("rotate_bytes");
+    s.compiler = j.at("compiler");
+    s.compile_timeout_s = j.at("compile_timeout_s");
+    s.run_timeout_s = j.at("run_timeout_s");
+    s.seed = j.at("seed");
+    return s;
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+}
+
+std::string JobOutcomeToJson(const JobOutcome& o) {
+  Json j = {{"status", OutcomeStatusName(o.status)},
+            {"error", o.error},
+            {"samples_s", o.samples_s},
+            {"median_s", o.median_s},
+            {"max_abs_error", o.max_abs_error},
+            {"max_rel_error", o.max_rel_error},
+            {"compile_s", o.compile_s},
+            {"compile_flags", o.compile_flags},
+            {"code_bytes", o.code_bytes},
+            {"bandwidth_bytes_per_s", o.bandwidth_bytes_per_s},
+            {"peak_flops", o.peak_flops}};
+  return j.dump();
+}
+
+absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json) {
+  Json j = Json::parse(json, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("job outcome is not JSON");
+  try {
+    JobOutcome o;
+    std::string status = j.at("status");
+    o.status = OutcomeStatus::kRuntimeError;
+    for (OutcomeStatus s : {OutcomeStatus::kOk, OutcomeStatus::kCompileError, OutcomeStatus::kInvalidResult,
+                            OutcomeStatus::kTimeout, OutcomeStatus::kCrash, OutcomeStatus::kRuntimeError}) {
+      if (status == OutcomeStatusName(s)) o.status = s;
+    }
+    o.error = j.at("error");
+    o.samples_s = j.at("samples_s").get<std::vector<double>>();
+    o.median_s = j.at("median_s");
+    o.max_abs_error = j.at("max_abs_error");
+    o.max_rel_error = j.at("max_rel_error");
+    o.compile_s = j.at("compile_s");
+    o.compile_flags = j.at("compile_flags");
+    o.code_bytes = j.at("code_bytes");
+    o.bandwidth_bytes_per_s = j.at("bandwidth_bytes_per_s");
+    o.peak_flops = j.at("peak_flops");
+    return o;
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job outcome: ", e.what()));
+  }
+}
+
+int RunJobMain(const std::string& dir) {
+  auto text = ReadFile(dir + "/job.json");
+  if (!text.ok()) return 2;
+  auto spec = JobSpecFromJson(*text);
+  JobOutcome outcome = spec.ok() ? Execute(*spec, dir)
+                                 : Fail(OutcomeStatus::kRuntimeError, std::string(spec.status().message()));
+  return WriteFile(dir + "/outcome.json", JobOutcomeToJson(outcome)).ok() ? 0 : 3;
+}
+
+JobOutcome RunJobIsolated(const JobSpec& spec, const std::string& self_exe, const std::string& scratch_dir) {
+  auto dir = TempDir::Create(scratch_dir, "fusor-job-");
+  if (!dir.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(dir.status().message()));
+  absl::Status written = WriteFile(dir->path() + "/job.json", JobSpecToJson(spec));
+  if (!written.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(written.message()));
+  const std::string log = dir->path() + "/runner.log";
+  const double timeout = spec.compile_timeout_s + spec.run_timeout_s;
+  auto run = RunProcess({self_exe, "__run-job", dir->path()}, log, timeout);
+  if (!run.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(run.status().message()));
+  if (run->timed_out) {
+    return Fail(OutcomeStatus::kTimeout, absl::StrCat("killed after ", timeout, " s"));
+  }
+  if (run->signaled) {
+    return Fail(OutcomeStatus::kCrash, absl::StrCat("runner died of signal ", run->signal, " (",
+                                                    strsignal(run->signal), ")"));
+  }
+  auto text = ReadFile(dir->path() + "/outcome.json");
+  if (!text.ok()) {
+    return Fail(OutcomeStatus::kCrash, absl::StrCat("runner exited with code ", run->exit_code,
+                                                    " and no outcome: ", ReadTail(log, 2000)));
+  }
+  auto outcome = JobOutcomeFromJson(*text);
+  if (!outcome.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(outcome.status().message()));
+  return *outcome;
+}
+
+}  // namespace fusor::worker

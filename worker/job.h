@@ -1,0 +1,67 @@
+// A unit of work for a worker (measure a candidate, measure the unfused
+// baseline, or calibrate), and the isolated child process that does it.
+//
+// The parent writes the JobSpec as JSON into a fresh directory and starts
+// its own executable with `__run-job <dir>`; the child compiles, validates
+// and measures, and writes outcome.json. Whatever the child does — crash,
+// hang, exhaust memory — the parent gets a JobOutcome.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/hw/target.h"
+#include "worker/cpu/measure.h"
+
+namespace fusor::worker {
+
+enum class JobKind { kCandidate, kBaseline, kCalibrate };
+
+// Mirrors fusor.v1.MeasurementStatus.
+enum class OutcomeStatus { kOk, kCompileError, kInvalidResult, kTimeout, kCrash, kRuntimeError };
+const char* OutcomeStatusName(OutcomeStatus s);
+
+struct JobSpec {
+  JobKind kind = JobKind::kCandidate;
+  std::string chain_json;     // the chain, as ir::ChainToJson writes it
+  std::string schedule_text;  // kCandidate
+  std::string mapping;        // kCandidate, for the kernel's header comment
+  hw::TargetDesc target;
+  TimingOptions timing;
+  std::string compiler = "c++";
+  double compile_timeout_s = 120;
+  double run_timeout_s = 120;  // validation + timing, after compiling
+  uint64_t seed = 1;
+};
+
+struct JobOutcome {
+  OutcomeStatus status = OutcomeStatus::kRuntimeError;
+  std::string error;
+  std::vector<double> samples_s;
+  double median_s = 0;
+  double max_abs_error = 0;
+  double max_rel_error = 0;
+  double compile_s = 0;
+  std::string compile_flags;
+  int64_t code_bytes = 0;
+  // kCalibrate
+  double bandwidth_bytes_per_s = 0;
+  double peak_flops = 0;
+};
+
+std::string JobSpecToJson(const JobSpec& spec);
+absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json);
+std::string JobOutcomeToJson(const JobOutcome& outcome);
+absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json);
+
+// In the child: does the job in `dir` (reads dir/job.json, writes
+// dir/outcome.json). Returns the process exit code.
+int RunJobMain(const std::string& dir);
+
+// In the parent: runs `spec` in a child started as `self_exe __run-job DIR`
+// inside a fresh directory under `scratch_dir`, killing it after the
+// compile and run timeouts.
+JobOutcome RunJobIsolated(const JobSpec& spec, const std::string& self_exe, const std::string& scratch_dir);
+
+}  // namespace fusor::worker

@@ -1,0 +1,89 @@
+// fusor-worker: compiles, validates and measures candidates for a scheduler.
+// Flags are read here and nowhere else.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "common/util/log.h"
+#include "worker/job.h"
+#include "worker/worker.h"
+
+namespace {
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "fusor-worker";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The isolated child that runs one job (see worker/job.h).
+  if (argc == 3 && std::string(argv[1]) == "__run-job") return fusor::worker::RunJobMain(argv[2]);
+
+  CLI::App app{"fusor-worker: measures candidates for a fusor-scheduler"};
+  std::string scheduler = "127.0.0.1:7788";
+  std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? "info" : Env("FUSOR_LOG_LEVEL");
+  char host[256] = "worker";
+  gethostname(host, sizeof(host) - 1);
+  fusor::worker::WorkerOptions options;
+  options.name = std::string(host) + ":" + std::to_string(getpid());
+  options.scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
+  options.self_exe = SelfExe();
+  app.add_option("--scheduler", scheduler, "scheduler address (host:port)")->capture_default_str();
+  app.add_option("--name", options.name, "name shown by `fusor workers`")->capture_default_str();
+  app.add_option("--compiler", options.compiler, "C++ compiler for CPU candidates")->capture_default_str();
+  app.add_option("--scratch-dir", options.scratch_dir, "where candidates are compiled (env TMPDIR)")
+      ->capture_default_str();
+  app.add_option("--calibration-seconds", options.calibration_s,
+                 "length of each calibration microbenchmark (0: skip, the model then uses defaults)")
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (!fusor::SetLogLevel(log_level)) {
+    std::cerr << "unknown log level '" << log_level << "'\n";
+    return 2;
+  }
+  auto log = fusor::Logger("worker");
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  log->info("CPU backend (this build measures candidates on the CPU)");
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  fusor::worker::Worker worker(grpc::CreateCustomChannel(scheduler, grpc::InsecureChannelCredentials(), args),
+                               options);
+  if (absl::Status st = worker.Prepare(); !st.ok()) {
+    log->error("cannot describe this machine: {}", st.ToString());
+    return 1;
+  }
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log->info("signal {}: finishing the job in hand, then exiting", sig);
+    worker.Stop();
+  });
+  waiter.detach();
+  absl::Status st = worker.Run();
+  if (!st.ok()) {
+    log->error("cannot reach the scheduler at {}: {}", scheduler, st.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,46 @@
+// Child processes with a time limit: the isolation unit for compiling and
+// running candidates. A child that crashes or hangs ends alone.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fusor::worker {
+
+struct ProcessResult {
+  int exit_code = -1;    // valid when !signaled && !timed_out
+  int signal = 0;        // the terminating signal, when signaled
+  bool signaled = false;
+  bool timed_out = false;
+  double seconds = 0;
+};
+
+// Runs argv[0] (searched in PATH) with stdout and stderr appended to
+// `log_path` (or discarded when empty), in its own process group. After
+// `timeout_s` the whole group is killed with SIGKILL and timed_out is set.
+// Fails only if the process could not be started.
+absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
+                                         const std::string& log_path, double timeout_s);
+
+// The last `max_bytes` of a file, for error messages; empty if unreadable.
+std::string ReadTail(const std::string& path, size_t max_bytes);
+
+// A fresh directory under `base_dir`, removed with its contents on
+// destruction.
+class TempDir {
+ public:
+  static absl::StatusOr<TempDir> Create(const std::string& base_dir, const std::string& prefix);
+  TempDir(TempDir&& other) noexcept;
+  TempDir& operator=(TempDir&&) = delete;
+  TempDir(const TempDir&) = delete;
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit TempDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+}  // namespace fusor::worker

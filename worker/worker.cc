@@ -1,0 +1,224 @@
+#include "worker/worker.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/ir/parse.h"
+#include "common/util/log.h"
+#include "proto/wire/convert.h"
+#include "proto/wire/grpc_status.h"
+#include "worker/cpu/cpu_target.h"
+#include "worker/process.h"
+
+namespace fusor::worker {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() { return Logger("worker"); }
+
+v1::MeasurementStatus ToProto(OutcomeStatus s) {
+  switch (s) {
+    case OutcomeStatus::kOk: return v1::MEASUREMENT_STATUS_OK;
+    case OutcomeStatus::kCompileError: return v1::MEASUREMENT_STATUS_COMPILE_ERROR;
+    case OutcomeStatus::kInvalidResult: return v1::MEASUREMENT_STATUS_INVALID_RESULT;
+    case OutcomeStatus::kTimeout: return v1::MEASUREMENT_STATUS_TIMEOUT;
+    case OutcomeStatus::kCrash: return v1::MEASUREMENT_STATUS_CRASH;
+    case OutcomeStatus::kRuntimeError: return v1::MEASUREMENT_STATUS_RUNTIME_ERROR;
+  }
+  return v1::MEASUREMENT_STATUS_UNSPECIFIED;
+}
+
+}  // namespace
+
+Worker::Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options)
+    : stub_(v1::WorkerService::NewStub(channel)), options_(std::move(options)) {}
+
+Worker::~Worker() {
+  Stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void Worker::Stop() {
+  stop_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lease_ctx_ != nullptr) lease_ctx_->TryCancel();
+  cv_.notify_all();
+}
+
+absl::Status Worker::Prepare() {
+  auto dir = TempDir::Create(options_.scratch_dir, "fusor-probe-");
+  if (!dir.ok()) return dir.status();
+  auto target = DescribeCpu(options_.compiler, dir->path());
+  if (!target.ok()) return target.status();
+  target_ = *target;
+  if (options_.calibration_s > 0) {
+    JobSpec spec;
+    spec.kind = JobKind::kCalibrate;
+    spec.target = target_;
+    spec.compiler = options_.compiler;
+    spec.timing.time_budget_s = options_.calibration_s;
+    spec.compile_timeout_s = 120;
+    spec.run_timeout_s = 60 + 4 * options_.calibration_s;
+    JobOutcome out = RunJobIsolated(spec, options_.self_exe, options_.scratch_dir);
+    if (out.status != OutcomeStatus::kOk) {
+      return absl::InternalError(absl::StrCat("calibration failed (", OutcomeStatusName(out.status), "): ", out.error));
+    }
+    target_.bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
+    target_.peak_flops = out.peak_flops;
+  }
+  Log()->info("{} ({}, {} cores, {}-lane f32 SIMD, L1d {} KiB, L2 {} KiB, L3 {} KiB); W = {:.1f} GB/s, P = {:.1f} "
+              "GFLOP/s; compiler: {}",
+              target_.device_name, target_.arch, target_.compute_units, target_.vector_lanes_f32,
+              target_.l1d_bytes / 1024, target_.l2_bytes / 1024, target_.l3_bytes / 1024,
+              target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e9, target_.compiler);
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Register() {
+  v1::RegisterRequest req;
+  req.set_name(options_.name);
+  *req.mutable_target() = wire::TargetToProto(target_);
+  req.set_version(FUSOR_VERSION);
+  v1::RegisterResponse resp;
+  wire::GrpcRetrier retrier(options_.rpc);
+  grpc::Status st = retrier.Run("register", [&](grpc::ClientContext& ctx) { return stub_->Register(&ctx, req, &resp); });
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  worker_id_ = resp.worker_id();
+  heartbeat_ms_ = std::max(100, resp.heartbeat_interval_ms());
+  reregister_ = false;
+  registered_ = true;
+  Log()->info("[worker={}] registered as '{}' for target {}", worker_id_, options_.name, resp.target_fingerprint());
+  return absl::OkStatus();
+}
+
+void Worker::HeartbeatLoop() {
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_.load()), [this] { return stop_.load(); });
+    }
+    if (stop_) return;
+    v1::HeartbeatRequest req;
+    req.set_worker_id(worker_id_);
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Status st = stub_->Heartbeat(&ctx, req, &resp);
+    if (!st.ok()) {
+      Log()->warn("[worker={}] heartbeat failed: {}", worker_id_, st.error_message());
+    } else if (resp.reregister()) {
+      reregister_ = true;
+    }
+  }
+}
+
+absl::Status Worker::Run() {
+  if (absl::Status st = Register(); !st.ok()) return st;
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (!stop_) {
+    if (reregister_) {
+      Log()->warn("[worker={}] the scheduler no longer knows this worker; registering again", worker_id_);
+      if (absl::Status st = Register(); !st.ok()) Log()->error("register failed: {}", st.ToString());
+    }
+    v1::LeaseRequest req;
+    req.set_worker_id(worker_id_);
+    req.set_max_jobs(1);
+    req.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.lease_wait)));
+    v1::LeaseResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.lease_wait + absl::Seconds(15)));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+      lease_ctx_ = &ctx;
+    }
+    grpc::Status st = stub_->Lease(&ctx, req, &resp);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lease_ctx_ = nullptr;
+    }
+    if (stop_) break;
+    if (!st.ok()) {
+      if (st.error_code() == grpc::StatusCode::NOT_FOUND) reregister_ = true;
+      Log()->warn("[worker={}] lease failed ({}); retrying in {}", worker_id_, st.error_message(),
+                  absl::FormatDuration(backoff));
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stop_.load(); });
+      backoff = std::min(backoff * 2, absl::Seconds(5));
+      continue;
+    }
+    backoff = absl::Milliseconds(200);
+    for (const v1::Job& job : resp.jobs()) Execute(job);
+  }
+  Stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  return absl::OkStatus();
+}
+
+void Worker::Execute(const v1::Job& job) {
+  const std::string context = absl::StrCat("[task=", job.task_id(), " job=", job.job_id(),
+                                           job.kind() == v1::JOB_KIND_BASELINE ? " baseline" : "",
+                                           job.has_candidate() ? absl::StrCat(" cand=", job.candidate().id()) : "", "]");
+  v1::Measurement m;
+  v1::Workload workload;
+  *workload.mutable_chain() = job.chain();
+  auto chain = wire::ChainFromWorkload(workload);
+  if (!chain.ok()) {
+    m.set_status(v1::MEASUREMENT_STATUS_RUNTIME_ERROR);
+    m.set_error(absl::StrCat("job carries an invalid chain: ", chain.status().message()));
+  } else {
+    JobSpec spec;
+    spec.kind = job.kind() == v1::JOB_KIND_BASELINE ? JobKind::kBaseline : JobKind::kCandidate;
+    spec.chain_json = ir::ChainToJson(*chain);
+    spec.schedule_text = job.candidate().schedule().text();
+    spec.mapping = job.candidate().mapping().text();
+    spec.target = target_;
+    spec.compiler = options_.compiler;
+    spec.timing.warmup = job.options().warmup();
+    spec.timing.min_repeats = job.options().min_repeats();
+    spec.timing.max_repeats = job.options().max_repeats();
+    spec.timing.time_budget_s = job.options().time_budget_s();
+    spec.timing.rotate_bytes = 2 * std::max(target_.l2_bytes * target_.compute_units, target_.l3_bytes);
+    spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
+    spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
+    spec.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+    Log()->debug("{} running {}", context, spec.schedule_text);
+    JobOutcome out = RunJobIsolated(spec, options_.self_exe, options_.scratch_dir);
+    m.set_status(ToProto(out.status));
+    m.set_error(out.error);
+    for (double s : out.samples_s) m.add_samples_s(s);
+    m.set_median_s(out.median_s);
+    m.set_max_abs_error(out.max_abs_error);
+    m.set_max_rel_error(out.max_rel_error);
+    m.mutable_compile()->set_compile_s(out.compile_s);
+    m.mutable_compile()->set_compiler(target_.compiler);
+    m.mutable_compile()->set_flags(out.compile_flags);
+    m.mutable_compile()->set_code_bytes(out.code_bytes);
+  }
+  m.set_worker_id(worker_id_);
+  m.set_measured_at_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (m.status() == v1::MEASUREMENT_STATUS_OK) {
+    Log()->info("{} ok: median {:.3f} ms over {} samples (max rel. error {:.1e})", context, m.median_s() * 1e3,
+                m.samples_s_size(), m.max_rel_error());
+  } else {
+    Log()->warn("{} {}: {}", context, wire::MeasurementStatusName(m.status()), m.error().substr(0, 300));
+  }
+
+  v1::ReportRequest req;
+  req.set_worker_id(worker_id_);
+  req.set_job_id(job.job_id());
+  req.set_lease_id(job.lease_id());
+  *req.mutable_measurement() = m;
+  v1::ReportResponse resp;
+  // Reports are idempotent (the scheduler records a job once), so retry.
+  wire::GrpcRetrier retrier(options_.rpc);
+  grpc::Status st = retrier.Run("report", [&](grpc::ClientContext& ctx) { return stub_->Report(&ctx, req, &resp); });
+  if (!st.ok()) {
+    Log()->warn("{} report not accepted: {}", context, st.error_message());
+    return;
+  }
+  if (resp.duplicate()) Log()->info("{} the scheduler already had this result", context);
+  ++jobs_done_;
+}
+
+}  // namespace fusor::worker

@@ -1,0 +1,71 @@
+// fusor-worker's daemon logic: describe and calibrate this machine,
+// register with the scheduler, then lease jobs, run each in an isolated
+// child process and report what it measured. Workers dial out; the
+// scheduler never connects to them.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "common/hw/target.h"
+#include "fusor/v1/worker.grpc.pb.h"
+#include "proto/wire/retry.h"
+#include "worker/job.h"
+
+namespace fusor::worker {
+
+struct WorkerOptions {
+  std::string name;               // shown by `fusor workers`
+  std::string compiler = "c++";
+  std::string scratch_dir = "/tmp";
+  std::string self_exe;           // this executable; runs jobs as `self_exe __run-job DIR`
+  double calibration_s = 0.4;     // per microbenchmark; 0 skips calibration
+  absl::Duration lease_wait = absl::Seconds(5);
+  wire::RetryPolicy rpc;
+};
+
+class Worker {
+ public:
+  Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options);
+  ~Worker();
+
+  // Describes this CPU and calibrates W and P (in a child process).
+  absl::Status Prepare();
+  // Registers and serves jobs until Stop(). Returns an error only if the
+  // scheduler cannot be reached for registration.
+  absl::Status Run();
+  // Asks Run() to return after the job in hand; safe from any thread.
+  void Stop();
+
+  const hw::TargetDesc& target() const { return target_; }
+  bool registered() const { return registered_; }
+  int jobs_done() const { return jobs_done_; }
+
+ private:
+  absl::Status Register();
+  void HeartbeatLoop();
+  void Execute(const v1::Job& job);
+
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  WorkerOptions options_;
+  hw::TargetDesc target_;
+  std::string worker_id_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> reregister_{false};
+  std::atomic<bool> registered_{false};
+  std::atomic<int> jobs_done_{0};
+  std::atomic<int> heartbeat_ms_{2000};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  grpc::ClientContext* lease_ctx_ = nullptr;  // the Lease call in flight, guarded by mu_
+  std::thread heartbeat_;
+};
+
+}  // namespace fusor::worker
