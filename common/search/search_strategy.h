@@ -60,8 +60,9 @@ class SearchStrategy {
 
 // Enumerates tile sizes of the chain's loops (block dims = every fusable
 // dim), prunes schedules whose per-thread scratch overflows the target's
-// private caches or that pad more than `max_padding` of their work, ranks
-// the rest by the analytical model and proposes them best first.
+// private caches or whose padded work exceeds the unavoidable padding (that
+// of full-extent tiles) by more than `max_padding`, ranks the rest by the
+// analytical model and proposes them best first.
 struct TileSearchOptions {
   double max_padding = 0.25;
 };

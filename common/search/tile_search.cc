@@ -40,6 +40,14 @@ class ModelRankedTileSearch : public SearchStrategy {
       options[d] = TileOptions(chain.dims[d].extent, is_block ? 1 : 16, is_block ? 256 : 1 << 30);
     }
 
+    // Padding at the edges of full-extent tiles cannot be avoided; the
+    // rule prunes schedules that pad much more than that.
+    space::Schedule untiled = space::UntiledSchedule(chain);
+    untiled.block_dims = block;
+    auto floor_nest = space::BuildLoopNest(chain, untiled, kernel_);
+    if (!floor_nest.ok()) return floor_nest.status();
+    const double min_work = SumWork(chain, *floor_nest);
+
     int64_t pruned_scratch = 0, pruned_padding = 0;
     std::vector<int64_t> tile(chain.dims.size());
     std::vector<size_t> pick(chain.dims.size(), 0);
@@ -53,7 +61,7 @@ class ModelRankedTileSearch : public SearchStrategy {
       if (!nest.ok()) return nest.status();
       if (nest->scratch_bytes > budget) {
         ++pruned_scratch;
-      } else if (PaddingFraction(chain, *nest) > options_.max_padding) {
+      } else if (SumWork(chain, *nest) > (1 + options_.max_padding) * min_work) {
         ++pruned_padding;
       } else {
         CandidateSpec c;
@@ -71,8 +79,10 @@ class ModelRankedTileSearch : public SearchStrategy {
                              {"excessive padding", pruned_padding}};
     stats_.after_pruning = static_cast<int64_t>(ranked_.size());
     if (ranked_.empty()) {
-      return absl::InvalidArgumentError(
-          "no schedule fits: every tiling needs more scratch than the target's private caches");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no schedule survives pruning: of ", stats_.total, " tilings ", pruned_scratch,
+          " need more scratch than the target's private caches (", budget, " bytes) and ", pruned_padding,
+          " pad more than ", options_.max_padding * 100, "% beyond the unavoidable"));
     }
     std::stable_sort(ranked_.begin(), ranked_.end(), [](const CandidateSpec& a, const CandidateSpec& b) {
       if (a.prediction.t_estm_s != b.prediction.t_estm_s) {
@@ -101,22 +111,15 @@ class ModelRankedTileSearch : public SearchStrategy {
   SpaceStats Stats() const override { return stats_; }
 
  private:
-  // Fraction of the sum ops' computed work that is padding.
-  static double PaddingFraction(const ir::Chain& chain, const space::LoopNest& nest) {
-    double padded = 0, useful = 0;
+  // FLOPs the sum ops compute, padding included.
+  static double SumWork(const ir::Chain& chain, const space::LoopNest& nest) {
+    double work = 0;
     for (const space::Statement& s : nest.statements) {
       if (s.kind == space::StmtKind::kCompute && chain.ops[s.op].kind == ir::OpKind::kSum) {
-        padded += s.flops * s.executions;
+        work += s.flops * s.executions;
       }
     }
-    for (const ir::Op& op : chain.ops) {
-      if (op.kind != ir::OpKind::kSum) continue;
-      double points = static_cast<double>(chain.tensors[op.output].NumElements());
-      for (int d : op.reduce) points *= static_cast<double>(chain.dims[d].extent);
-      useful += 2 * points;
-    }
-    if (padded <= 0) return 0;
-    return std::max(0.0, 1 - useful / padded);
+    return work;
   }
 
   TileSearchOptions options_;

@@ -1,0 +1,264 @@
+// End to end with the real binaries on 127.0.0.1: a scheduler, two CPU
+// workers and the CLI. One worker is killed (SIGKILL) while it holds a
+// lease; the task still completes on the other with nothing lost or
+// duplicated. A repeated request is a cache hit with no new measurement;
+// a malformed and an oversized request get clear errors and change nothing.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/db/sqlite.h"
+
+extern char** environ;
+
+namespace fusor {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+const std::string kBin = FUSOR_BINARY_DIR;
+
+// A background process with its output in a log file.
+class Daemon {
+ public:
+  Daemon(std::vector<std::string> argv, std::string log) : log_(std::move(log)) {
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    EXPECT_EQ(rc, 0) << "cannot start " << argv[0];
+  }
+  ~Daemon() {
+    if (running()) {
+      Signal(SIGKILL);
+      Wait(std::chrono::seconds(10));
+    }
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  bool running() const { return pid_ > 0 && !exited_; }
+  // Exit code, or -signal; nullopt if still running at the deadline.
+  std::optional<int> Wait(Clock::duration timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return std::nullopt;
+  }
+  std::string Log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+// Waits (bounded) until `pred` holds.
+bool WaitFor(const std::function<bool()>& pred, Clock::duration timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+class E2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("fusor-e2e-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    db_path_ = (dir_ / "tuning.db").string();
+    scheduler_ = std::make_unique<Daemon>(
+        std::vector<std::string>{kBin + "/server/fusor-scheduler", "--listen", "127.0.0.1:0", "--db", db_path_,
+                                 "--lease-seconds", "2", "--heartbeat-seconds", "0.3", "--worker-timeout-seconds",
+                                 "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120"},
+        (dir_ / "scheduler.log").string());
+    std::smatch match;
+    std::regex port_re("listening on port (\\d+)");
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          std::string log = scheduler_->Log();
+          if (!std::regex_search(log, match, port_re)) return false;
+          address_ = "127.0.0.1:" + match[1].str();
+          return true;
+        },
+        std::chrono::seconds(30)))
+        << scheduler_->Log();
+  }
+
+  void TearDown() override {
+    for (auto* d : {worker_a_.get(), worker_b_.get(), scheduler_.get()}) {
+      if (d && d->running()) d->Signal(SIGTERM);
+    }
+    for (auto* d : {worker_a_.get(), worker_b_.get(), scheduler_.get()}) {
+      if (d && d->running()) EXPECT_TRUE(d->Wait(std::chrono::seconds(20)).has_value());
+    }
+    if (HasFailure()) {
+      std::cerr << "--- scheduler log ---\n" << scheduler_->Log();
+      if (worker_b_) std::cerr << "--- worker B log ---\n" << worker_b_->Log();
+    }
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::unique_ptr<Daemon> StartWorker(const std::string& name) {
+    return std::make_unique<Daemon>(std::vector<std::string>{kBin + "/worker/fusor-worker", "--scheduler", address_,
+                                                             "--name", name, "--calibration-seconds", "0.05"},
+                                    (dir_ / (name + ".log")).string());
+  }
+
+  // Runs the CLI to completion (bounded); returns exit code and output.
+  std::pair<int, std::string> Cli(std::vector<std::string> args, Clock::duration timeout = std::chrono::seconds(180)) {
+    static int n = 0;
+    std::vector<std::string> argv = {kBin + "/client/fusor", "--server", address_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Daemon cli(argv, (dir_ / ("cli" + std::to_string(++n) + ".log")).string());
+    std::optional<int> rc = cli.Wait(timeout);
+    EXPECT_TRUE(rc.has_value()) << "the CLI did not finish in time";
+    return {rc.value_or(-1), cli.Log()};
+  }
+
+  int64_t Query(const std::string& sql) {
+    auto db = db::Database::Open(db_path_);
+    EXPECT_TRUE(db.ok()) << db.status();
+    auto stmt = (*db)->Prepare(sql);
+    EXPECT_TRUE(stmt.ok()) << stmt.status();
+    auto row = stmt->Step();
+    EXPECT_TRUE(row.ok() && *row) << sql;
+    return stmt->Int(0);
+  }
+
+  std::map<std::string, int64_t> TableCounts() {
+    std::map<std::string, int64_t> counts;
+    for (const char* t : {"workloads", "targets", "workers", "tasks", "candidates", "jobs", "measurements", "best",
+                          "baselines"}) {
+      counts[t] = Query(std::string("SELECT COUNT(*) FROM ") + t);
+    }
+    return counts;
+  }
+
+  std::string WriteFile(const std::string& name, const std::string& text) {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+  std::string db_path_, address_;
+  std::unique_ptr<Daemon> scheduler_, worker_a_, worker_b_;
+};
+
+constexpr char kChain[] = R"(chain e2e_attention
+dim b=4 m=96 n=96 k=32 h=32
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.17
+P[b,m,n] = softmax(n) S[b,m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+
+TEST_F(E2eTest, SurvivesAKilledWorkerAndServesTheCache) {
+  worker_a_ = StartWorker("A");
+  worker_b_ = StartWorker("B");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
+                      std::chrono::seconds(60)))
+      << worker_a_->Log() << worker_b_->Log();
+  const std::string spec = WriteFile("attention.fusor", kChain);
+
+  // Tune in the background; kill worker A the moment it holds a lease.
+  std::pair<int, std::string> tuned;
+  std::thread tuner([&] { tuned = Cli({"tune", spec, "--budget", "4"}); });
+  const std::string a_holds =
+      "SELECT COUNT(*) FROM jobs j JOIN workers w ON j.worker_id = w.id WHERE w.name = 'A' AND j.state = 'leased'";
+  bool killed = WaitFor(
+      [&] {
+        if (Query(a_holds) == 0) return false;
+        worker_a_->Signal(SIGKILL);
+        return true;
+      },
+      std::chrono::seconds(120));
+  tuner.join();
+  ASSERT_TRUE(killed) << "worker A never held a lease";
+  EXPECT_EQ(worker_a_->Wait(std::chrono::seconds(10)), std::optional<int>(-SIGKILL));
+  ASSERT_EQ(tuned.first, 0) << tuned.second;
+  EXPECT_THAT(tuned.second, HasSubstr("tuned now"));
+  EXPECT_THAT(tuned.second, HasSubstr("speedup"));
+
+  // Every job done once; the job A held was leased again and finished by B.
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 1);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate'"), 4);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline'"), 1);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM jobs WHERE state <> 'done'"), 0);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE status <> 'ok'"), 0);
+  EXPECT_GE(Query("SELECT COUNT(*) FROM jobs WHERE attempts >= 2"), 1);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE samples_json = '[]'"), 0);
+
+  // The same request again: answered from the cache, nothing measured.
+  auto before = TableCounts();
+  auto again = Cli({"tune", spec});
+  ASSERT_EQ(again.first, 0) << again.second;
+  EXPECT_THAT(again.second, HasSubstr("from the cache"));
+  EXPECT_EQ(TableCounts(), before);
+
+  // A malformed spec: a clear, located error; the database is unchanged.
+  auto bad = Cli({"tune", WriteFile("bad.fusor", "dim m=4\nin A[m]\nB[m] = A[m] *\nout B\n")});
+  EXPECT_EQ(bad.first, 1);
+  EXPECT_THAT(bad.second, HasSubstr("line 3, column 14"));
+  EXPECT_THAT(bad.second, HasSubstr("INVALID_ARGUMENT"));
+  // Oversized: past the workload limit, and past the server's message limit.
+  std::string padded = kChain;
+  padded += "#" + std::string(100 * 1024, 'x') + "\n";
+  auto big = Cli({"tune", WriteFile("big.fusor", padded)});
+  EXPECT_EQ(big.first, 1);
+  EXPECT_THAT(big.second, HasSubstr("bytes; the limit is 65536"));
+  padded += "#" + std::string(2 * 1024 * 1024, 'y') + "\n";
+  auto huge = Cli({"tune", WriteFile("huge.fusor", padded)});
+  EXPECT_EQ(huge.first, 1);
+  EXPECT_THAT(huge.second, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_EQ(TableCounts(), before);
+
+  // The CLI's other commands against the live scheduler.
+  auto lookup = Cli({"lookup", spec});
+  EXPECT_EQ(lookup.first, 0);
+  EXPECT_THAT(lookup.second, HasSubstr("from the cache"));
+  auto compiled = Cli({"compile", spec, "--cache-only", "-o", (dir_ / "out").string()});
+  EXPECT_EQ(compiled.first, 0) << compiled.second;
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "out" / "attention.cc"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "out" / "attention.json"));
+  auto workers = Cli({"workers"});
+  EXPECT_THAT(workers.second, HasSubstr("B"));
+  EXPECT_EQ(TableCounts(), before);
+}
+
+}  // namespace
+}  // namespace fusor

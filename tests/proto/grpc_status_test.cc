@@ -1,0 +1,89 @@
+#include "proto/wire/grpc_status.h"
+
+#include <gtest/gtest.h>
+
+#include "proto/wire/retry.h"
+
+namespace fusor::wire {
+namespace {
+
+struct Row {
+  absl::StatusCode absl_code;
+  grpc::StatusCode grpc_code;
+};
+
+class StatusConversionTest : public ::testing::TestWithParam<Row> {};
+
+TEST_P(StatusConversionTest, MapsBothWaysKeepingTheMessage) {
+  const Row& row = GetParam();
+  grpc::Status g = ToGrpcStatus(absl::Status(row.absl_code, row.absl_code == absl::StatusCode::kOk ? "" : "why"));
+  EXPECT_EQ(g.error_code(), row.grpc_code);
+  absl::Status back = FromGrpcStatus(g);
+  EXPECT_EQ(back.code(), row.absl_code);
+  if (row.absl_code != absl::StatusCode::kOk) EXPECT_EQ(back.message(), "why");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllCodes, StatusConversionTest,
+    ::testing::Values(Row{absl::StatusCode::kOk, grpc::StatusCode::OK},
+                      Row{absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
+                      Row{absl::StatusCode::kUnknown, grpc::StatusCode::UNKNOWN},
+                      Row{absl::StatusCode::kInvalidArgument, grpc::StatusCode::INVALID_ARGUMENT},
+                      Row{absl::StatusCode::kDeadlineExceeded, grpc::StatusCode::DEADLINE_EXCEEDED},
+                      Row{absl::StatusCode::kNotFound, grpc::StatusCode::NOT_FOUND},
+                      Row{absl::StatusCode::kAlreadyExists, grpc::StatusCode::ALREADY_EXISTS},
+                      Row{absl::StatusCode::kPermissionDenied, grpc::StatusCode::PERMISSION_DENIED},
+                      Row{absl::StatusCode::kResourceExhausted, grpc::StatusCode::RESOURCE_EXHAUSTED},
+                      Row{absl::StatusCode::kFailedPrecondition, grpc::StatusCode::FAILED_PRECONDITION},
+                      Row{absl::StatusCode::kAborted, grpc::StatusCode::ABORTED},
+                      Row{absl::StatusCode::kOutOfRange, grpc::StatusCode::OUT_OF_RANGE},
+                      Row{absl::StatusCode::kUnimplemented, grpc::StatusCode::UNIMPLEMENTED},
+                      Row{absl::StatusCode::kInternal, grpc::StatusCode::INTERNAL},
+                      Row{absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
+                      Row{absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
+                      Row{absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED}));
+
+TEST(GrpcRetrierTest, RetriesUnavailableWithGrowingBackoffAndFreshContexts) {
+  std::vector<absl::Duration> sleeps;
+  RetryPolicy policy;
+  policy.max_attempts = 4;
+  policy.initial_backoff = absl::Milliseconds(10);
+  policy.max_backoff = absl::Milliseconds(25);
+  GrpcRetrier retrier(policy, [&](absl::Duration d) { sleeps.push_back(d); });
+  std::set<grpc::ClientContext*> contexts;
+  int calls = 0;
+  grpc::Status st = retrier.Run("test", [&](grpc::ClientContext& ctx) {
+    contexts.insert(&ctx);
+    EXPECT_GT(ctx.deadline(), std::chrono::system_clock::now());
+    return ++calls < 3 ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "down") : grpc::Status::OK;
+  });
+  EXPECT_TRUE(st.ok());
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(retrier.attempts_made(), 3);
+  EXPECT_EQ(sleeps, (std::vector<absl::Duration>{absl::Milliseconds(10), absl::Milliseconds(20)}));
+}
+
+TEST(GrpcRetrierTest, GivesUpOnOtherCodesAndAfterMaxAttempts) {
+  RetryPolicy policy;
+  policy.max_attempts = 3;
+  int sleeps = 0;
+  GrpcRetrier retrier(policy, [&](absl::Duration) { ++sleeps; });
+  int calls = 0;
+  grpc::Status st = retrier.Run("test", [&](grpc::ClientContext&) {
+    ++calls;
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad");
+  });
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(calls, 1);
+  calls = 0;
+  st = retrier.Run("test", [&](grpc::ClientContext&) {
+    ++calls;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "down");
+  });
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(sleeps, 2);
+}
+
+}  // namespace
+}  // namespace fusor::wire

@@ -1,0 +1,146 @@
+#include "server/db/tuning_db.h"
+
+#include <gtest/gtest.h>
+
+namespace fusor::db {
+namespace {
+
+class TuningDbTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto db = TuningDb::Open(":memory:");
+    ASSERT_TRUE(db.ok()) << db.status();
+    db_ = std::move(*db);
+    ASSERT_TRUE(db_->UpsertWorkload({"wk", "chain", "canon", "{}"}, 1).ok());
+    ASSERT_TRUE(db_->UpsertTarget({"fp", "cpu", "{}", 1}, 1).ok());
+    ASSERT_TRUE(db_->InsertWorker({"w1", "one", "fp", "alive", 1, 1, 0}).ok());
+    ASSERT_TRUE(db_->InsertWorker({"w2", "two", "fp", "alive", 1, 1, 0}).ok());
+    TaskRow t;
+    t.id = "t1";
+    t.workload_key = "wk";
+    t.target_fp = "fp";
+    t.salt = "s";
+    t.state = "running";
+    t.budget = 4;
+    t.batch_size = 2;
+    t.created_ms = 1;
+    ASSERT_TRUE(db_->InsertTask(t).ok());
+  }
+
+  JobRow AddCandidate(const std::string& schedule, const std::string& job_id) {
+    CandidateRow c;
+    c.task_id = "t1";
+    c.schedule = schedule;
+    c.mapping = "m";
+    auto r = db_->FindOrInsertCandidate(c, job_id, 10);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->second;
+  }
+
+  MeasurementRow Ok(const std::string& job, const std::string& worker) {
+    MeasurementRow m;
+    m.job_id = job;
+    m.worker_id = worker;
+    m.workload_key = "wk";
+    m.status = "ok";
+    m.median_s = 0.5;
+    m.samples_s = {0.4, 0.5, 0.6};
+    m.measured_ms = 20;
+    return m;
+  }
+
+  int lease_counter_ = 0;
+  std::function<std::string()> lease_ids_ = [this] { return "l" + std::to_string(++lease_counter_); };
+  std::unique_ptr<TuningDb> db_;
+};
+
+TEST_F(TuningDbTest, CandidatesAreFoundNotDuplicated) {
+  JobRow a = AddCandidate("block[m=8]", "j1");
+  JobRow again = AddCandidate("block[m=8]", "j-other");
+  EXPECT_EQ(a.id, "j1");
+  EXPECT_EQ(again.id, "j1");
+  EXPECT_EQ(db_->JobsOfTask("t1")->size(), 1u);
+}
+
+TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
+  AddCandidate("block[m=8]", "j1");
+  auto leased = db_->LeaseJobs("w1", "fp", 4, /*expires_ms=*/100, lease_ids_);
+  ASSERT_EQ(leased->size(), 1u);
+  EXPECT_EQ(db_->LeaseJobs("w2", "fp", 4, 100, lease_ids_)->size(), 0u);  // nothing left
+
+  EXPECT_TRUE(db_->ExpireLeases(/*now_ms=*/50, 3)->empty());  // not yet
+  auto touched = db_->ExpireLeases(/*now_ms=*/150, 3);
+  ASSERT_EQ(touched->size(), 1u);
+  EXPECT_EQ((*touched)[0], "t1");
+  EXPECT_EQ(db_->GetJob("j1")->state, "queued");
+
+  auto second = db_->LeaseJobs("w2", "fp", 4, 300, lease_ids_);
+  ASSERT_EQ(second->size(), 1u);
+  EXPECT_EQ((*second)[0].attempts, 2);
+
+  // The silent first worker comes back: its report is refused, nothing written.
+  auto late = db_->RecordMeasurement((*leased)[0].lease_id, Ok("j1", "w1"));
+  EXPECT_EQ(late->outcome, ReportOutcome::kStaleLease);
+  EXPECT_EQ(*db_->CountMeasurements(), 0);
+
+  auto done = db_->RecordMeasurement((*second)[0].lease_id, Ok("j1", "w2"));
+  EXPECT_EQ(done->outcome, ReportOutcome::kRecorded);
+  // Reported twice: recorded once.
+  auto dup = db_->RecordMeasurement((*second)[0].lease_id, Ok("j1", "w2"));
+  EXPECT_EQ(dup->outcome, ReportOutcome::kDuplicate);
+  EXPECT_EQ(*db_->CountMeasurements(), 1);
+  auto rows = db_->MeasurementsOfTask("t1");
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].samples_s, (std::vector<double>{0.4, 0.5, 0.6}));
+  EXPECT_EQ(db_->GetJob("j1")->state, "done");
+}
+
+TEST_F(TuningDbTest, HeartbeatExtendsLeases) {
+  AddCandidate("block[m=8]", "j1");
+  ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, 100, lease_ids_)->size(), 1u);
+  ASSERT_TRUE(db_->ExtendLeases("w1", 1000).ok());
+  EXPECT_TRUE(db_->ExpireLeases(500, 3)->empty());
+  EXPECT_EQ(db_->GetJob("j1")->state, "leased");
+}
+
+TEST_F(TuningDbTest, JobFailsAfterMaxAttempts) {
+  AddCandidate("block[m=8]", "j1");
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, attempt * 100, lease_ids_)->size(), 1u);
+    ASSERT_EQ(db_->ExpireLeases(attempt * 100 + 1, 2)->size(), 1u);
+  }
+  JobRow job = *db_->GetJob("j1");
+  EXPECT_EQ(job.state, "failed");
+  auto rows = db_->MeasurementsOfTask("t1");
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].status, "crash");
+}
+
+TEST_F(TuningDbTest, LeasesOnlyJobsOfTheWorkersTarget) {
+  AddCandidate("block[m=8]", "j1");
+  EXPECT_TRUE(db_->LeaseJobs("w1", "other-fp", 4, 100, lease_ids_)->empty());
+}
+
+TEST_F(TuningDbTest, BestKeepsTheFastest) {
+  JobRow j = AddCandidate("block[m=8]", "j1");
+  auto leased = db_->LeaseJobs("w1", "fp", 1, 100, lease_ids_);
+  auto rec = db_->RecordMeasurement((*leased)[0].lease_id, Ok("j1", "w1"));
+  ASSERT_TRUE(db_->OfferBest("wk", "fp", "s", {"t1", *j.candidate_id, rec->measurement_id, 0.5}, 30).ok());
+  ASSERT_TRUE(db_->OfferBest("wk", "fp", "s", {"t1", *j.candidate_id, rec->measurement_id, 0.9}, 31).ok());
+  EXPECT_DOUBLE_EQ((*db_->GetBest("wk", "fp", "s"))->median_s, 0.5);
+  ASSERT_TRUE(db_->OfferBest("wk", "fp", "s", {"t1", *j.candidate_id, rec->measurement_id, 0.25}, 32).ok());
+  EXPECT_DOUBLE_EQ((*db_->GetBest("wk", "fp", "s"))->median_s, 0.25);
+  EXPECT_FALSE(db_->GetBest("wk", "fp", "other-salt")->has_value());
+}
+
+TEST_F(TuningDbTest, SilentWorkersAreMarkedLostAndRevivedByContact) {
+  ASSERT_TRUE(db_->TouchWorker("w1", 100).ok());
+  EXPECT_EQ(*db_->MarkLostWorkers(50), 1);  // w2 last seen at 1
+  EXPECT_EQ(db_->GetWorker("w2")->state, "lost");
+  ASSERT_TRUE(db_->TouchWorker("w2", 200).ok());
+  EXPECT_EQ(db_->GetWorker("w2")->state, "alive");
+  EXPECT_TRUE(absl::IsNotFound(db_->TouchWorker("nobody", 1)));
+}
+
+}  // namespace
+}  // namespace fusor::db

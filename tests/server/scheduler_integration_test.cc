@@ -1,0 +1,222 @@
+// Scheduler and worker in one process over in-process channels: a small
+// GEMM chain is tuned to completion through the real services, the cache
+// answers the same (renamed) chain, and a restarted scheduler resumes a
+// task from its database.
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "client/client.h"
+#include "server/service.h"
+#include "worker/worker.h"
+
+namespace fusor {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kChain[] = R"(
+chain small_gemm_chain
+dim m=64 k=16 n=48 h=16
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)";
+
+constexpr char kRenamed[] = R"(
+chain renamed
+dim rows=64 inner=16 mid=48 cols=16
+in X[rows,inner] Y[inner,mid] Z[mid,cols]
+T[rows,mid] = sum(inner) Y[inner,mid] * X[rows,inner]
+U[rows,cols] = sum(mid) T[rows,mid] * Z[mid,cols]
+out U
+)";
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return std::string(buf, n > 0 ? n : 0);
+}
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("fusor-it-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    options_.db_path = (dir_ / "tuning.db").string();
+    options_.batch_size = 2;
+    options_.measure.set_time_budget_s(0.02);
+    options_.measure.set_max_repeats(10);
+  }
+  void TearDown() override {
+    StopWorker();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void StartServer() {
+    auto s = server::SchedulerServer::Start(options_, "");
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+  }
+
+  void StartWorker() {
+    worker::WorkerOptions w;
+    w.name = "in-process";
+    w.self_exe = SelfExe();
+    w.calibration_s = 0.05;
+    w.lease_wait = absl::Milliseconds(200);
+    worker_ = std::make_unique<worker::Worker>(server_->InProcessChannel(), w);
+    ASSERT_TRUE(worker_->Prepare().ok());
+    worker_thread_ = std::thread([this] { EXPECT_TRUE(worker_->Run().ok()); });
+    for (int i = 0; i < 200 && !worker_->registered(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(worker_->registered());
+  }
+
+  void StopWorker() {
+    if (worker_) worker_->Stop();
+    if (worker_thread_.joinable()) worker_thread_.join();
+    worker_.reset();
+  }
+
+  v1::TuneRequest Request(const std::string& text, int budget) {
+    v1::TuneRequest req;
+    req.mutable_workload()->set_text(text);
+    req.mutable_options()->set_budget(budget);
+    return req;
+  }
+
+  std::filesystem::path dir_;
+  server::SchedulerOptions options_;
+  std::unique_ptr<server::SchedulerServer> server_;
+  std::unique_ptr<worker::Worker> worker_;
+  std::thread worker_thread_;
+};
+
+TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
+  StartServer();
+  StartWorker();
+  client::Client client(server_->InProcessChannel());
+  int progress_events = 0;
+  bool started = false;
+  auto result = client.Tune(
+      Request(kChain, 4),
+      [&](const v1::TuneEvent& e) {
+        started |= e.has_started();
+        progress_events += e.has_progress();
+      },
+      absl::Seconds(120));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(started);
+  EXPECT_GE(progress_events, 2);
+  EXPECT_FALSE(result->from_cache());
+  EXPECT_EQ(result->candidates_measured(), 4);
+  EXPECT_EQ(result->best_measurement().status(), v1::MEASUREMENT_STATUS_OK);
+  EXPECT_GT(result->best_measurement().samples_s_size(), 0);
+  EXPECT_GT(result->baseline_s(), 0);
+  EXPECT_NEAR(result->speedup(), result->baseline_s() / result->best_measurement().median_s(), 1e-9);
+  EXPECT_THAT(result->best().schedule().text(), HasSubstr("block[m="));
+  EXPECT_GT(result->best().prediction().t_estm_s(), 0);
+
+  // 4 candidates + 1 baseline, every sample kept.
+  auto& db = server_->core().db();
+  EXPECT_EQ(*db.CountMeasurements(), 5);
+  for (const auto& m : *db.MeasurementsOfTask(result->task_id())) {
+    EXPECT_EQ(m.status, "ok") << m.error;
+    EXPECT_FALSE(m.samples_s.empty());
+  }
+
+  // The same chain under other names: a cache hit in the requester's names.
+  auto cached = client.Tune(Request(kRenamed, 4), nullptr, absl::Seconds(30));
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_TRUE(cached->from_cache());
+  EXPECT_EQ(cached->workload_key(), result->workload_key());
+  EXPECT_THAT(cached->best().schedule().text(), HasSubstr("block[rows="));
+  EXPECT_EQ(*db.CountMeasurements(), 5);
+
+  v1::CompileRequest compile;
+  compile.mutable_workload()->set_text(kRenamed);
+  compile.set_cache_only(true);
+  auto kernel = client.Compile(compile, absl::Seconds(30));
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_THAT(kernel->kernel_source(), HasSubstr("extern \"C\" int fusor_run"));
+  EXPECT_THAT(kernel->kernel_source(), HasSubstr("g_X"));
+  EXPECT_THAT(kernel->metadata_json(), HasSubstr("\"name\": \"U\""));
+
+  auto task = client.GetTask(result->task_id());
+  ASSERT_TRUE(task.ok());
+  EXPECT_EQ(task->state(), "done");
+  auto workers = client.ListWorkers();
+  ASSERT_EQ(workers->workers_size(), 1);
+  EXPECT_EQ(workers->workers(0).jobs_done(), 5);
+}
+
+TEST_F(IntegrationTest, CacheOnlyMissIsNotFoundAndBadInputIsInvalid) {
+  StartServer();
+  StartWorker();
+  client::Client client(server_->InProcessChannel());
+  v1::CompileRequest compile;
+  compile.mutable_workload()->set_text(kChain);
+  compile.set_cache_only(true);
+  EXPECT_TRUE(absl::IsNotFound(client.Compile(compile, absl::Seconds(10)).status()));
+  auto bad = client.Tune(Request("dim m=4\nin A[m]\nB[m] = A[m] +\nout B", 4), nullptr, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 3, column 14"));
+  EXPECT_EQ(*server_->core().db().CountMeasurements(), 0);
+}
+
+TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
+  StartServer();
+  StartWorker();
+  // Let the first task get going, then take everything down mid-task.
+  client::Client client(server_->InProcessChannel());
+  std::string task_id;
+  std::thread tuner([&] {
+    (void)client.Tune(
+        Request(kChain, 6),
+        [&](const v1::TuneEvent& e) {
+          if (e.has_started()) task_id = e.started().task_id();
+        },
+        absl::Seconds(5));
+  });
+  for (int i = 0; i < 500; ++i) {
+    auto count = server_->core().db().CountMeasurements();
+    if (count.ok() && *count >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  StopWorker();
+  server_.reset();
+  tuner.join();
+  ASSERT_FALSE(task_id.empty());
+
+  StartServer();
+  const int64_t before = *server_->core().db().CountMeasurements();
+  EXPECT_LT(before, 7);  // not finished
+  StartWorker();
+  client::Client again(server_->InProcessChannel());
+  for (int i = 0; i < 1500; ++i) {
+    auto task = again.GetTask(task_id);
+    ASSERT_TRUE(task.ok()) << task.status();
+    if (task->state() != "running") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto task = again.GetTask(task_id);
+  EXPECT_EQ(task->state(), "done") << task->error();
+  // Six candidates and the baseline, each measured exactly once.
+  auto rows = server_->core().db().MeasurementsOfTask(task_id);
+  EXPECT_EQ(rows->size(), 7u);
+  std::set<std::string> jobs;
+  for (const auto& m : *rows) jobs.insert(m.job_id);
+  EXPECT_EQ(jobs.size(), rows->size());
+}
+
+}  // namespace
+}  // namespace fusor
