@@ -125,11 +125,8 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
   const std::string backend =
       selector.backend() == v1::BACKEND_UNSPECIFIED ? "cpu" : wire::BackendName(selector.backend());
   ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, db_->ListTargets());
-  ASSIGN_OR_RETURN(std::vector<db::WorkerRow> workers, db_->ListWorkers());
-  std::set<std::string> alive;
-  for (const db::WorkerRow& w : workers) {
-    if (w.state == "alive") alive.insert(w.target_fp);
-  }
+  ASSIGN_OR_RETURN(std::vector<std::string> alive_fps, db_->AliveTargets());
+  std::set<std::string> alive(alive_fps.begin(), alive_fps.end());
   const db::TargetRow* chosen = nullptr;
   for (bool want_alive : {true, false}) {
     for (const db::TargetRow& t : targets) {

@@ -196,6 +196,18 @@ absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
   return out;
 }
 
+absl::StatusOr<std::vector<std::string>> TuningDb::AliveTargets() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT DISTINCT target_fp FROM workers WHERE state = 'alive'"));
+  std::vector<std::string> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    out.push_back(s.Text(0));
+  }
+  return out;
+}
+
 absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET state = 'lost' WHERE state = 'alive' AND "

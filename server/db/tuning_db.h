@@ -127,6 +127,8 @@ class TuningDb {
   absl::Status TouchWorker(const std::string& id, int64_t now_ms);
   absl::StatusOr<WorkerRow> GetWorker(const std::string& id);
   absl::StatusOr<std::vector<WorkerRow>> ListWorkers();
+  // Fingerprints of the targets that have an alive worker.
+  absl::StatusOr<std::vector<std::string>> AliveTargets();
   // Marks alive workers not seen since `cutoff_ms` lost; returns how many.
   absl::StatusOr<int> MarkLostWorkers(int64_t cutoff_ms);
 

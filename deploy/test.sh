@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: build fusor if needed, then run every test (unit and
+# e2e; gpu-labelled tests only where an NVIDIA GPU answers nvidia-smi).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$root/deploy/build.sh"
+exclude=()
+if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi > /dev/null 2>&1; then
+  exclude=(-LE gpu)
+fi
+cd "$root/build"
+ctest --output-on-failure -j 2 --timeout 900 "${exclude[@]}"
