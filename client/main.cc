@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
       worker->self_exe = SelfExe();
       worker->scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
       worker->calibration_s = g.calibration_s;
+      worker->blas_dir = FUSOR_OPENBLAS_DIR;
       worker->lease_wait = absl::Milliseconds(500);
       std::cerr << "embedded scheduler on " << g.db_path << "; starting a local CPU worker (calibrating)\n";
     }

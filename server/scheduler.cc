@@ -102,16 +102,12 @@ std::string Scheduler::NewId(const char* prefix) {
 }
 
 absl::StatusOr<v1::Target> Scheduler::TargetProto(const std::string& fp) {
-  ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, db_->ListTargets());
-  for (const db::TargetRow& t : targets) {
-    if (t.fingerprint != fp) continue;
-    v1::Target proto;
-    if (!google::protobuf::util::JsonStringToMessage(t.description_json, &proto).ok()) {
-      return absl::DataLossError(absl::StrCat("target ", fp, " has an unreadable description"));
-    }
-    return proto;
+  ASSIGN_OR_RETURN(db::TargetRow t, db_->GetTarget(fp));
+  v1::Target proto;
+  if (!google::protobuf::util::JsonStringToMessage(t.description_json, &proto).ok()) {
+    return absl::DataLossError(absl::StrCat("target ", fp, " has an unreadable description"));
   }
-  return absl::NotFoundError(absl::StrCat("unknown target ", fp));
+  return proto;
 }
 
 // ------------------------------------------------------------- clients ---
@@ -165,7 +161,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   ASSIGN_OR_RETURN(db::CandidateRow cand, db_->GetCandidate(best->candidate_id));
   ASSIGN_OR_RETURN(db::MeasurementRow meas, db_->GetMeasurement(best->measurement_id));
   ASSIGN_OR_RETURN(db::TaskRow task, db_->GetTask(best->task_id));
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> all, db_->MeasurementsOfTask(best->task_id));
+  ASSIGN_OR_RETURN(auto counts, db_->CountCandidateMeasurements(best->task_id));
   v1::TuneResult r;
   r.set_task_id(best->task_id);
   r.set_from_cache(from_cache);
@@ -198,14 +194,8 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
     r.set_baseline_s(*baseline);
     r.set_speedup(*baseline / meas.median_s);
   }
-  int measured = 0, failed = 0;
-  for (const db::MeasurementRow& x : all) {
-    if (x.kind != "candidate") continue;
-    ++measured;
-    if (x.status != "ok") ++failed;
-  }
-  r.set_candidates_measured(measured);
-  r.set_candidates_failed(failed);
+  r.set_candidates_measured(counts.first);
+  r.set_candidates_failed(counts.second);
   if (task.finished_ms) r.set_tuning_s(static_cast<double>(*task.finished_ms - task.created_ms) / 1000);
   return r;
 }

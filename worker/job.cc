@@ -112,7 +112,7 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
     kernel = CalibrationKernel(spec.target);
   }
 
-  CompileOutcome compiled = CompileKernel(kernel, dir, spec.compiler, spec.compile_timeout_s);
+  CompileOutcome compiled = CompileKernel(kernel, dir, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
   JobOutcome out;
   out.compile_s = compiled.seconds;
   out.compile_flags = compiled.flags;
@@ -197,6 +197,7 @@ std::string JobSpecToJson(const JobSpec& s) {
               {"time_budget_s", s.timing.time_budget_s},
               {"rotate_bytes", s.timing.rotate_bytes}}},
             {"compiler", s.compiler},
+            {"blas_dir", s.blas_dir},
             {"compile_timeout_s", s.compile_timeout_s},
             {"run_timeout_s", s.run_timeout_s},
             {"seed", s.seed}};
@@ -221,6 +222,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
     s.timing.time_budget_s = t.at("time_budget_s");
     s.timing.rotate_bytes = t.at("rotate_bytes");
     s.compiler = j.at("compiler");
+    s.blas_dir = j.at("blas_dir");
     s.compile_timeout_s = j.at("compile_timeout_s");
     s.run_timeout_s = j.at("run_timeout_s");
     s.seed = j.at("seed");

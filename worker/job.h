@@ -30,6 +30,7 @@ struct JobSpec {
   hw::TargetDesc target;
   TimingOptions timing;
   std::string compiler = "c++";
+  std::string blas_dir;  // where the baseline's libopenblas is; empty: the linker's default
   double compile_timeout_s = 120;
   double run_timeout_s = 120;  // validation + timing, after compiling
   uint64_t seed = 1;

@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
   app.add_option("--scheduler", scheduler, "scheduler address (host:port)")->capture_default_str();
   app.add_option("--name", options.name, "name shown by `fusor workers`")->capture_default_str();
   app.add_option("--compiler", options.compiler, "C++ compiler for CPU candidates")->capture_default_str();
+  options.blas_dir = FUSOR_OPENBLAS_DIR;
+  app.add_option("--blas-dir", options.blas_dir, "directory of the libopenblas the unfused baselines link")
+      ->capture_default_str();
   app.add_option("--scratch-dir", options.scratch_dir, "where candidates are compiled (env TMPDIR)")
       ->capture_default_str();
   app.add_option("--calibration-seconds", options.calibration_s,

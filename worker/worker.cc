@@ -174,6 +174,7 @@ void Worker::Execute(const v1::Job& job) {
     spec.mapping = job.candidate().mapping().text();
     spec.target = target_;
     spec.compiler = options_.compiler;
+    spec.blas_dir = options_.blas_dir;
     spec.timing.warmup = job.options().warmup();
     spec.timing.min_repeats = job.options().min_repeats();
     spec.timing.max_repeats = job.options().max_repeats();

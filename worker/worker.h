@@ -24,6 +24,7 @@ namespace fusor::worker {
 struct WorkerOptions {
   std::string name;               // shown by `fusor workers`
   std::string compiler = "c++";
+  std::string blas_dir;           // OpenBLAS the baselines link; empty: the linker's default
   std::string scratch_dir = "/tmp";
   std::string self_exe;           // this executable; runs jobs as `self_exe __run-job DIR`
   double calibration_s = 0.4;     // per microbenchmark; 0 skips calibration

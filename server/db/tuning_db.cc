@@ -154,6 +154,16 @@ absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
   return out;
 }
 
+absl::StatusOr<TargetRow> TuningDb::GetTarget(const std::string& fingerprint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
+                                             "targets WHERE fingerprint = ?"));
+  s.Bind(1, fingerprint);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("unknown target ", fingerprint));
+  return TargetRow{s.Text(0), s.Text(1), s.Text(2), s.Int(3)};
+}
+
 absl::Status TuningDb::InsertWorker(const WorkerRow& w) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO workers(id, name, target_fp, state, registered_ms, "
@@ -489,6 +499,16 @@ absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const s
     out.push_back(ReadMeasurement(s));
   }
   return out;
+}
+
+absl::StatusOr<std::pair<int, int>> TuningDb::CountCandidateMeasurements(const std::string& task_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT COUNT(*), COALESCE(SUM(status <> 'ok'), 0) FROM measurements "
+                                             "WHERE task_id = ? AND kind = 'candidate'"));
+  s.Bind(1, task_id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::make_pair(0, 0);
+  return std::make_pair(static_cast<int>(s.Int(0)), static_cast<int>(s.Int(1)));
 }
 
 absl::StatusOr<MeasurementRow> TuningDb::GetMeasurement(int64_t id) {

@@ -121,6 +121,7 @@ class TuningDb {
 
   absl::Status UpsertTarget(const TargetRow& t, int64_t now_ms);
   absl::StatusOr<std::vector<TargetRow>> ListTargets();
+  absl::StatusOr<TargetRow> GetTarget(const std::string& fingerprint);
 
   absl::Status InsertWorker(const WorkerRow& w);
   // Updates last_seen and revives a lost worker. NOT_FOUND if unknown.
@@ -169,6 +170,8 @@ class TuningDb {
   // written); kStaleLease: the job is not leased under `lease_id` any more.
   absl::StatusOr<RecordResult> RecordMeasurement(const std::string& lease_id, const MeasurementRow& m);
   absl::StatusOr<std::vector<MeasurementRow>> MeasurementsOfTask(const std::string& task_id);
+  // Candidate measurements of a task: all, and those not ok.
+  absl::StatusOr<std::pair<int, int>> CountCandidateMeasurements(const std::string& task_id);
   absl::StatusOr<MeasurementRow> GetMeasurement(int64_t id);
   absl::StatusOr<int64_t> CountMeasurements();
 

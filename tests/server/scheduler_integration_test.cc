@@ -73,6 +73,7 @@ class IntegrationTest : public ::testing::Test {
     w.name = "in-process";
     w.self_exe = SelfExe();
     w.calibration_s = 0.05;
+    w.blas_dir = FUSOR_OPENBLAS_DIR;
     w.lease_wait = absl::Milliseconds(200);
     worker_ = std::make_unique<worker::Worker>(server_->InProcessChannel(), w);
     ASSERT_TRUE(worker_->Prepare().ok());

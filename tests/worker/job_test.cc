@@ -50,6 +50,7 @@ JobSpec Spec(JobKind kind, const std::string& schedule) {
   spec.chain_json = ir::ChainToJson(*ir::ParseChainText(kChain));
   spec.schedule_text = schedule;
   spec.target = Target();
+  spec.blas_dir = FUSOR_OPENBLAS_DIR;
   spec.timing.min_repeats = 3;
   spec.timing.max_repeats = 5;
   spec.timing.time_budget_s = 0.01;

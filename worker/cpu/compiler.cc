@@ -12,7 +12,7 @@
 namespace fusor::worker {
 
 CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
-                             const std::string& compiler, double timeout_s) {
+                             const std::string& compiler, double timeout_s, const std::string& lib_dir) {
   CompileOutcome out;
   const std::string src = workdir + "/kernel.cc";
   const std::string so = workdir + "/kernel.so";
@@ -29,9 +29,12 @@ CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::str
   argv.insert(argv.end(), kernel.compile_flags.begin(), kernel.compile_flags.end());
   argv.insert(argv.end(), {"-shared", "-fPIC"});
   out.flags = absl::StrJoin(std::vector<std::string>(argv.begin() + 1, argv.end()), " ");
+  std::vector<std::string> link;
+  if (!kernel.link_libs.empty() && !lib_dir.empty()) link = {"-L" + lib_dir, "-Wl,-rpath," + lib_dir};
+  for (const std::string& lib : kernel.link_libs) link.push_back("-l" + lib);
+  for (const std::string& l : link) absl::StrAppend(&out.flags, " ", l);
   argv.insert(argv.end(), {"-o", so, src});
-  for (const std::string& lib : kernel.link_libs) argv.push_back("-l" + lib);
-  for (const std::string& lib : kernel.link_libs) absl::StrAppend(&out.flags, " -l", lib);
+  argv.insert(argv.end(), link.begin(), link.end());
 
   auto run = RunProcess(argv, log, timeout_s);
   if (!run.ok()) {

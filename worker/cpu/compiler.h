@@ -18,11 +18,12 @@ struct CompileOutcome {
   int64_t code_bytes = 0;  // size of the shared object
 };
 
-// Writes kernel.cc into `workdir` and runs `compiler` on it. Never fails as
-// a Status: a compile error, a missing compiler or a timeout is reported in
-// the outcome.
+// Writes kernel.cc into `workdir` and runs `compiler` on it; the kernel's
+// link libraries are searched first in `lib_dir` (when not empty), which is
+// also the run-time path. Never fails as a Status: a compile error, a
+// missing compiler or a timeout is reported in the outcome.
 CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
-                             const std::string& compiler, double timeout_s);
+                             const std::string& compiler, double timeout_s, const std::string& lib_dir = "");
 
 // The first line of `compiler --version`, e.g. "c++ (Debian 12.2.0-14) 12.2.0".
 absl::StatusOr<std::string> CompilerVersion(const std::string& compiler, const std::string& workdir);
