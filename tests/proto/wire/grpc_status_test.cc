@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include "proto/wire/retry.h"
 
 namespace fusor::wire {
 namespace {
@@ -42,48 +41,6 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{absl::StatusCode::kUnavailable, grpc::StatusCode::UNAVAILABLE},
                       Row{absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
                       Row{absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED}));
-
-TEST(GrpcRetrierTest, RetriesUnavailableWithGrowingBackoffAndFreshContexts) {
-  std::vector<absl::Duration> sleeps;
-  RetryPolicy policy;
-  policy.max_attempts = 4;
-  policy.initial_backoff = absl::Milliseconds(10);
-  policy.max_backoff = absl::Milliseconds(25);
-  GrpcRetrier retrier(policy, [&](absl::Duration d) { sleeps.push_back(d); });
-  std::set<grpc::ClientContext*> contexts;
-  int calls = 0;
-  grpc::Status st = retrier.Run("test", [&](grpc::ClientContext& ctx) {
-    contexts.insert(&ctx);
-    EXPECT_GT(ctx.deadline(), std::chrono::system_clock::now());
-    return ++calls < 3 ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "down") : grpc::Status::OK;
-  });
-  EXPECT_TRUE(st.ok());
-  EXPECT_EQ(calls, 3);
-  EXPECT_EQ(retrier.attempts_made(), 3);
-  EXPECT_EQ(sleeps, (std::vector<absl::Duration>{absl::Milliseconds(10), absl::Milliseconds(20)}));
-}
-
-TEST(GrpcRetrierTest, GivesUpOnOtherCodesAndAfterMaxAttempts) {
-  RetryPolicy policy;
-  policy.max_attempts = 3;
-  int sleeps = 0;
-  GrpcRetrier retrier(policy, [&](absl::Duration) { ++sleeps; });
-  int calls = 0;
-  grpc::Status st = retrier.Run("test", [&](grpc::ClientContext&) {
-    ++calls;
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad");
-  });
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(calls, 1);
-  calls = 0;
-  st = retrier.Run("test", [&](grpc::ClientContext&) {
-    ++calls;
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "down");
-  });
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(calls, 3);
-  EXPECT_EQ(sleeps, 2);
-}
 
 }  // namespace
 }  // namespace fusor::wire

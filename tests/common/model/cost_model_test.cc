@@ -1,0 +1,54 @@
+#include "common/model/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include "common/ir/parse.h"
+#include "common/space/schedule.h"
+
+namespace fusor::model {
+namespace {
+
+// t_estm = (t_mem + t_comp) * alpha for block[m=16] n=32 h=16 of a GEMM
+// chain, with every statement's TS/Fp and trip counts worked out by hand
+// (the statements themselves are checked in loop_nest_test.cc).
+TEST(CostModelTest, FollowsTheFormulaTermByTerm) {
+  auto chain = ir::ParseChainText(R"(
+dim m=64 n=64 k=32 h=32
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)");
+  auto schedule = space::ParseSchedule("block[m=16] n=32 h=16", *chain);
+  auto nest = space::BuildLoopNest(*chain, *schedule, {"test.8x32", 8, 8, 32});
+  ASSERT_TRUE(nest.ok()) << nest.status();
+  hw::TargetDesc target;
+  target.bandwidth_bytes_per_s = 1e9;
+  target.peak_flops = 1e9;
+  target.compute_units = 4;
+  Prediction p = Predict(*nest, target);
+  // L(A) 2 KiB x 4 blocks, L(B) 4 KiB x 8, L(D) 2 KiB x 16, S(E) 1 KiB x 8.
+  EXPECT_DOUBLE_EQ(p.t_mem_s, (2048.0 * 4 + 4096.0 * 8 + 2048.0 * 16 + 1024.0 * 8) / 1e9);
+  // C(C): 2*16*32*32 FLOPs x 8; C(E): 16 x 32 (padded from 16) x 32 x 2 x 16.
+  EXPECT_DOUBLE_EQ(p.t_comp_s, (32768.0 * 8 + 32768.0 * 16) / 1e9);
+  // alpha = (N_block + N_SM) / N_block with 4 blocks on 4 cores.
+  EXPECT_DOUBLE_EQ(p.alpha, 2);
+  EXPECT_DOUBLE_EQ(p.t_estm_s, (p.t_mem_s + p.t_comp_s) * 2);
+}
+
+TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndDefaultsApply) {
+  auto chain = ir::ParseChainText("dim m=256 k=8\nin A[m,k]\nS[m] = sum(k) A[m,k] * A[m,k]\nout S");
+  space::Schedule s = space::UntiledSchedule(*chain);
+  s.block_dims = {chain->FindDim("m")};
+  s.tile[chain->FindDim("m")] = 1;
+  auto nest = space::BuildLoopNest(*chain, s, {"test.4x4", 4, 4, 4});
+  hw::TargetDesc target;  // no W or P: defaults
+  target.compute_units = 2;
+  Prediction p = Predict(*nest, target);
+  EXPECT_DOUBLE_EQ(p.alpha, (256.0 + 2) / 256);
+  EXPECT_GT(p.t_mem_s, 0);
+  EXPECT_GT(p.t_comp_s, 0);
+}
+
+}  // namespace
+}  // namespace fusor::model

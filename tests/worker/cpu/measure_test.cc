@@ -1,0 +1,72 @@
+#include "worker/cpu/measure.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/ir/parse.h"
+#include "worker/cpu/compiler.h"
+#include "worker/process.h"
+
+namespace fusor::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A kernel written by hand so that it is wrong in a known way.
+Validation ValidateSource(const std::string& body) {
+  codegen::KernelSource k;
+  k.source = "#include <math.h>\n#include <stdint.h>\nextern \"C\" int fusor_run(const void* const* in, void* const* out, "
+             "int) {\n  const float* a = (const float*)in[0];\n  float* o = (float*)out[0];\n" +
+             body + "\n  return 0;\n}\n";
+  k.compile_flags = {"-O1"};
+  auto dir = TempDir::Create("/tmp", "fusor-validate-");
+  CompileOutcome c = CompileKernel(k, dir->path(), "c++", 60);
+  EXPECT_TRUE(c.ok) << c.error;
+  auto loaded = LoadedKernel::Open(c.so_path, "fusor_run");
+  EXPECT_TRUE(loaded.ok());
+  auto chain = ir::ParseChainText("dim m=64\nin A[m]\nO[m] = relu(A[m]) * 2\nout O");
+  auto v = ValidateKernel(*loaded, *chain, 3, 1);
+  EXPECT_TRUE(v.ok());
+  return *v;
+}
+
+TEST(ValidateKernelTest, AcceptsACorrectKernel) {
+  Validation v = ValidateSource("for (int i = 0; i < 64; ++i) o[i] = (a[i] > 0 ? a[i] : 0) * 2;");
+  EXPECT_TRUE(v.ok) << v.detail;
+}
+
+TEST(ValidateKernelTest, RejectsWrongUnwrittenAndNanOutputs) {
+  Validation wrong = ValidateSource("for (int i = 0; i < 64; ++i) o[i] = (a[i] > 0 ? a[i] : 0) * 2.01f;");
+  EXPECT_FALSE(wrong.ok);
+  EXPECT_THAT(wrong.detail, HasSubstr("output 'O' element"));
+  // Skipping the last element leaves the poison in place.
+  EXPECT_FALSE(ValidateSource("for (int i = 0; i < 63; ++i) o[i] = (a[i] > 0 ? a[i] : 0) * 2;").ok);
+  EXPECT_FALSE(ValidateSource("for (int i = 0; i < 64; ++i) o[i] = NAN;").ok);
+}
+
+TEST(TimeKernelTest, KeepsEverySampleWithinTheRepeatBounds) {
+  codegen::KernelSource k;
+  k.source = "extern \"C\" int fusor_run(const void* const*, void* const* out, int) { ((float*)out[0])[0] = 1; return 0; }\n";
+  k.compile_flags = {"-O1"};
+  auto dir = TempDir::Create("/tmp", "fusor-time-");
+  CompileOutcome c = CompileKernel(k, dir->path(), "c++", 60);
+  ASSERT_TRUE(c.ok) << c.error;
+  auto loaded = LoadedKernel::Open(c.so_path, "fusor_run");
+  auto chain = ir::ParseChainText("dim m=1\nin A[m]\nO[m] = A[m]\nout O");
+  TimingOptions options;
+  options.min_repeats = 7;
+  options.max_repeats = 9;
+  options.time_budget_s = 10;
+  auto t = TimeKernel(*loaded, *chain, options);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->samples_s.size(), 9u);
+  EXPECT_DOUBLE_EQ(t->median_s, Median(t->samples_s));
+}
+
+TEST(MedianTest, OddAndEven) {
+  EXPECT_DOUBLE_EQ(Median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(Median({4, 1, 2, 3}), 2.5);
+}
+
+}  // namespace
+}  // namespace fusor::worker
