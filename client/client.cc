@@ -6,6 +6,8 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "proto/wire/grpc_status.h"
 
@@ -80,17 +82,19 @@ absl::StatusOr<v1::Workload> ReadWorkloadFile(const std::string& path) {
     workload.set_text(text);
     return workload;
   }
-  google::protobuf::util::JsonParseOptions options;
-  if (google::protobuf::util::JsonStringToMessage(text, &workload, options).ok() &&
-      workload.source_case() != v1::Workload::SOURCE_NOT_SET) {
-    return workload;
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not chain text and not a JSON object"));
   }
-  v1::Chain chain;
-  auto st = google::protobuf::util::JsonStringToMessage(text, &chain, options);
+  // A Workload wraps a chain or chain text; anything else must be a Chain.
+  const bool is_workload = json.contains("chain") || json.contains("text");
+  google::protobuf::Message* target = workload.mutable_chain();
+  if (is_workload) target = &workload;
+  auto st = google::protobuf::util::JsonStringToMessage(text, target, google::protobuf::util::JsonParseOptions());
   if (!st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a fusor.v1.Workload or Chain: ", st.ToString()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a valid fusor.v1.", is_workload ? "Workload" : "Chain",
+                                                   ": ", st.message().as_string()));
   }
-  *workload.mutable_chain() = chain;
   return workload;
 }
 
