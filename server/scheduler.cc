@@ -448,9 +448,11 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
       std::lock_guard<std::mutex> lock(mu_);
       for (const db::JobRow& j : jobs) {
         auto it = tasks_.find(j.task_id);
-        if (it == tasks_.end()) {
-          // Not expected: jobs belong to running tasks, all of which are loaded.
-          return absl::InternalError(absl::StrCat("job ", j.id, " belongs to unknown task ", j.task_id));
+        if (it == tasks_.end() || it->second->row.state != "running") {
+          // Not expected (finishing a task fails its open jobs): drop it.
+          Log()->error("[task={} job={}] leased a job of a task that is not running; failing it", j.task_id, j.id);
+          RETURN_IF_ERROR(db_->FailOpenJobs(j.task_id, NowMs()));
+          continue;
         }
         const Task& task = *it->second;
         v1::Job* job = resp.add_jobs();
@@ -475,7 +477,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
         Log()->debug("[task={} job={} worker={}] leased ({}, attempt {})", j.task_id, j.id, worker.id, j.kind,
                      j.attempts);
       }
-      return resp;
+      if (resp.jobs_size() > 0) return resp;
     }
     if (std::chrono::steady_clock::now() >= deadline || (cancelled && cancelled()) || stop_) return resp;
     std::unique_lock<std::mutex> lock(mu_);

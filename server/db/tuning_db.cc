@@ -275,8 +275,22 @@ absl::StatusOr<std::optional<TaskRow>> TuningDb::FindRunningTask(const std::stri
 absl::Status TuningDb::FinishTask(const std::string& id, const std::string& state, const std::string& error,
                                   int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE tasks SET state = ?, error = ?, finished_ms = ? WHERE id = ?"));
-  return s.Bind(1, state).Bind(2, error).Bind(3, now_ms).Bind(4, id).Run();
+  RETURN_IF_ERROR(s.Bind(1, state).Bind(2, error).Bind(3, now_ms).Bind(4, id).Run());
+  RETURN_IF_ERROR(FailOpenJobsLocked(id, now_ms));
+  return txn.Commit();
+}
+
+absl::Status TuningDb::FailOpenJobsLocked(const std::string& task_id, int64_t now_ms) {
+  ASSIGN_OR_RETURN(Statement jobs, db_->Prepare("UPDATE jobs SET state = 'failed', finished_ms = ? WHERE task_id = ? "
+                                                "AND state IN ('queued', 'leased')"));
+  return jobs.Bind(1, now_ms).Bind(2, task_id).Run();
+}
+
+absl::Status TuningDb::FailOpenJobs(const std::string& task_id, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FailOpenJobsLocked(task_id, now_ms);
 }
 
 absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(const CandidateRow& c,

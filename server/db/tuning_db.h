@@ -139,8 +139,11 @@ class TuningDb {
   // The running task for this workload/target/salt, if any.
   absl::StatusOr<std::optional<TaskRow>> FindRunningTask(const std::string& key, const std::string& fp,
                                                         const std::string& salt);
+  // Sets the task's final state; its unfinished jobs fail with it.
   absl::Status FinishTask(const std::string& id, const std::string& state, const std::string& error,
                           int64_t now_ms);
+  // Fails the task's queued and leased jobs.
+  absl::Status FailOpenJobs(const std::string& task_id, int64_t now_ms);
 
   // The candidate of `task` with this schedule, inserting it (and a queued
   // job for it, with id `job_id`) if it is new, in one transaction.
@@ -187,6 +190,7 @@ class TuningDb {
  private:
   explicit TuningDb(std::unique_ptr<Database> db) : db_(std::move(db)) {}
   absl::StatusOr<JobRow> GetJobLocked(const std::string& id);
+  absl::Status FailOpenJobsLocked(const std::string& task_id, int64_t now_ms);
   std::mutex mu_;
   std::unique_ptr<Database> db_;
 };
