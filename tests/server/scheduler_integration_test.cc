@@ -53,6 +53,10 @@ class IntegrationTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
     options_.db_path = (dir_ / "tuning.db").string();
     options_.batch_size = 2;
+    // A lease whose response a stopped worker never read must expire
+    // quickly for the restart test; live workers heartbeat well within it.
+    options_.lease = absl::Seconds(3);
+    options_.heartbeat_interval = absl::Milliseconds(300);
     options_.measure.set_time_budget_s(0.02);
     options_.measure.set_max_repeats(10);
   }
