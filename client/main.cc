@@ -19,6 +19,7 @@
 #include "common/util/log.h"
 #include "common/util/paths.h"
 #include "worker/job.h"
+#include "worker/process.h"
 
 namespace {
 
@@ -27,12 +28,6 @@ using fusor::client::Client;
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
-}
-
-std::string SelfExe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : "fusor";
 }
 
 int64_t NowMs() {
@@ -220,7 +215,7 @@ int main(int argc, char** argv) {
     if (*tune || (*compile && !cache_only)) {
       worker.emplace();
       worker->name = "embedded";
-      worker->self_exe = SelfExe();
+      worker->self_exe = fusor::worker::CurrentExecutable("fusor");
       worker->scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
       worker->calibration_s = g.calibration_s;
       worker->blas_dir = FUSOR_OPENBLAS_DIR;

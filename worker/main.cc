@@ -11,6 +11,7 @@
 
 #include "common/util/log.h"
 #include "worker/job.h"
+#include "worker/process.h"
 #include "worker/worker.h"
 
 namespace {
@@ -18,12 +19,6 @@ namespace {
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
-}
-
-std::string SelfExe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : "fusor-worker";
 }
 
 }  // namespace
@@ -40,7 +35,7 @@ int main(int argc, char** argv) {
   fusor::worker::WorkerOptions options;
   options.name = std::string(host) + ":" + std::to_string(getpid());
   options.scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
-  options.self_exe = SelfExe();
+  options.self_exe = fusor::worker::CurrentExecutable("fusor-worker");
   app.add_option("--scheduler", scheduler, "scheduler address (host:port)")->capture_default_str();
   app.add_option("--name", options.name, "name shown by `fusor workers`")->capture_default_str();
   app.add_option("--compiler", options.compiler, "C++ compiler for CPU candidates")->capture_default_str();

@@ -82,6 +82,12 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
   return result;
 }
 
+std::string CurrentExecutable(const std::string& fallback) {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : fallback;
+}
+
 std::string ReadTail(const std::string& path, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return "";

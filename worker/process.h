@@ -24,6 +24,9 @@ struct ProcessResult {
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          const std::string& log_path, double timeout_s);
 
+// The path of the running executable (from /proc/self/exe), or `fallback`.
+std::string CurrentExecutable(const std::string& fallback);
+
 // The last `max_bytes` of a file, for error messages; empty if unreadable.
 std::string ReadTail(const std::string& path, size_t max_bytes);
 

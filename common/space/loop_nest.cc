@@ -160,14 +160,33 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
     locals += floats;
   }
 
-  auto executions = [&](const std::vector<int>& loops) {
-    double n = 1;
-    for (int d : loops) n *= static_cast<double>(nest.trips[d]);
-    return n;
-  };
-  auto add_statement = [&](Statement s) {
-    s.executions = executions(s.loops);
+  // Adds a statement; C statements are named after the op's output.
+  auto add_statement = [&](StmtKind kind, int op, int tensor, double bytes, double flops, std::vector<int> loops) {
+    Statement s;
+    s.kind = kind;
+    s.op = op;
+    s.tensor = tensor;
+    const char* prefix = kind == StmtKind::kLoad ? "L(" : kind == StmtKind::kCompute ? "C(" : "S(";
+    s.label = absl::StrCat(prefix, chain.tensors[tensor >= 0 ? tensor : chain.ops[op].output].name, ")");
+    s.bytes = bytes;
+    s.flops = flops;
+    s.executions = 1;
+    for (int d : loops) s.executions *= static_cast<double>(nest.trips[d]);
+    s.loops = std::move(loops);
     nest.statements.push_back(std::move(s));
+  };
+  // Loads of the inputs among `reads` (intermediates are block-local).
+  auto add_loads = [&](int op, const std::vector<ir::Access>& reads, const std::vector<int64_t>& range,
+                       const std::vector<int>& loops) {
+    for (const ir::Access& a : reads) {
+      if (chain.tensors[a.tensor].role != ir::TensorRole::kInput) continue;
+      add_statement(StmtKind::kLoad, op, a.tensor, Footprint(a, chain, range), 0, loops);
+    }
+  };
+  auto points_of = [](const std::vector<int>& dims, const std::vector<int64_t>& range) {
+    double points = 1;
+    for (int d : dims) points *= static_cast<double>(range[d]);
+    return points;
   };
   const std::vector<int>& block_loops = schedule.block_dims;
 
@@ -176,7 +195,6 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
     const ir::Op& op = chain.ops[o];
     OpNest on;
     on.op = static_cast<int>(o);
-    const std::string out_name = chain.tensors[op.output].name;
     const bool global_out = chain.tensors[op.output].role == ir::TensorRole::kOutput;
 
     if (op.kind == ir::OpKind::kSum) {
@@ -192,10 +210,6 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
       std::vector<int64_t> range = block_range;
       for (int d : op.index) range[d] = schedule.tile[d];
       for (int d : op.reduce) range[d] = schedule.tile[d];
-      std::vector<int> all_loops = block_loops;
-      all_loops.insert(all_loops.end(), on.loops.begin(), on.loops.end());
-      std::vector<int> out_loops = block_loops;
-      out_loops.insert(out_loops.end(), on.loops.begin(), on.loops.begin() + on.num_out_loops);
 
       // A pack covers batch x (rows or cols) x reduced dims; it sits just
       // inside the innermost loop over one of those.
@@ -207,19 +221,10 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
         }
         return depth;
       };
-      auto add_loads = [&](const std::vector<ir::Access>& side, int depth) {
-        for (const ir::Access& a : side) {
-          if (chain.tensors[a.tensor].role != ir::TensorRole::kInput) continue;
-          Statement s;
-          s.kind = StmtKind::kLoad;
-          s.op = on.op;
-          s.tensor = a.tensor;
-          s.label = absl::StrCat("L(", chain.tensors[a.tensor].name, ")");
-          s.bytes = Footprint(a, chain, range);
-          s.loops = block_loops;
-          s.loops.insert(s.loops.end(), on.loops.begin(), on.loops.begin() + depth);
-          add_statement(std::move(s));
-        }
+      auto loops_to = [&](int depth) {
+        std::vector<int> loops = block_loops;
+        loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + depth);
+        return loops;
       };
 
       double flops;
@@ -235,55 +240,27 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
         on.pack_b_floats = on.batch_tile * on.k_tile * on.cols_pad;
         on.a_depth = depth_of(on.gemm.rows);
         on.b_depth = depth_of(on.gemm.cols);
-        add_loads(on.gemm.a_side, on.a_depth);
-        add_loads(on.gemm.b_side, on.b_depth);
+        add_loads(on.op, on.gemm.a_side, range, loops_to(on.a_depth));
+        add_loads(on.op, on.gemm.b_side, range, loops_to(on.b_depth));
         flops = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(on.k_tile);
       } else {
         std::vector<ir::Access> reads;
         ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
-        add_loads(reads, static_cast<int>(on.loops.size()));
-        double points = 1;
-        for (int d : op.index) points *= static_cast<double>(range[d]);
-        on.acc_floats = static_cast<int64_t>(points);
-        for (int d : op.reduce) points *= static_cast<double>(range[d]);
-        flops = 2.0 * points;
+        add_loads(on.op, reads, range, loops_to(static_cast<int>(on.loops.size())));
+        on.acc_floats = static_cast<int64_t>(points_of(op.index, range));
+        flops = 2.0 * points_of(op.index, range) * points_of(op.reduce, range);
       }
-      Statement c;
-      c.kind = StmtKind::kCompute;
-      c.op = on.op;
-      c.label = absl::StrCat("C(", out_name, ")");
-      c.flops = flops;
-      c.loops = all_loops;
-      add_statement(std::move(c));
+      add_statement(StmtKind::kCompute, on.op, -1, 0, flops, loops_to(static_cast<int>(on.loops.size())));
       if (global_out) {
-        Statement s;
-        s.kind = StmtKind::kStore;
-        s.op = on.op;
-        s.tensor = op.output;
-        s.label = absl::StrCat("S(", out_name, ")");
-        double elems = 1;
-        for (int d : op.index) elems *= static_cast<double>(range[d]);
-        s.bytes = elems * ir::DTypeBytes(chain.dtype);
-        s.loops = out_loops;
-        add_statement(std::move(s));
+        add_statement(StmtKind::kStore, on.op, op.output, points_of(op.index, range) * ir::DTypeBytes(chain.dtype),
+                      0, loops_to(on.num_out_loops));
       }
     } else {
       // Map and softmax ops sweep the block's whole range in one go.
       std::vector<ir::Access> reads;
       ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
-      for (const ir::Access& a : reads) {
-        if (chain.tensors[a.tensor].role != ir::TensorRole::kInput) continue;
-        Statement s;
-        s.kind = StmtKind::kLoad;
-        s.op = on.op;
-        s.tensor = a.tensor;
-        s.label = absl::StrCat("L(", chain.tensors[a.tensor].name, ")");
-        s.bytes = Footprint(a, chain, block_range);
-        s.loops = block_loops;
-        add_statement(std::move(s));
-      }
-      double points = 1;
-      for (int d : op.index) points *= static_cast<double>(block_range[d]);
+      add_loads(on.op, reads, block_range, block_loops);
+      const double points = points_of(op.index, block_range);
       int nodes = 0;
       std::vector<const ir::Expr*> stack = {&op.body};
       while (!stack.empty()) {
@@ -292,24 +269,12 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
         if (e->kind != ir::Expr::Kind::kAccess && e->kind != ir::Expr::Kind::kConst) ++nodes;
         for (const ir::Expr& arg : e->args) stack.push_back(&arg);
       }
-      Statement c;
-      c.kind = StmtKind::kCompute;
-      c.op = on.op;
-      c.label = absl::StrCat("C(", out_name, ")");
-      c.flops = points * (std::max(nodes, 1) + (op.kind == ir::OpKind::kSoftmax ? 4 : 0));
-      c.loops = block_loops;
-      add_statement(std::move(c));
+      const double per_point = std::max(nodes, 1) + (op.kind == ir::OpKind::kSoftmax ? 4 : 0);
+      add_statement(StmtKind::kCompute, on.op, -1, 0, points * per_point, block_loops);
       if (global_out) {
-        Statement s;
-        s.kind = StmtKind::kStore;
-        s.op = on.op;
-        s.tensor = op.output;
-        s.label = absl::StrCat("S(", out_name, ")");
-        s.bytes = points * ir::DTypeBytes(chain.dtype);
-        s.loops = block_loops;
-        add_statement(std::move(s));
+        add_statement(StmtKind::kStore, on.op, op.output, points * ir::DTypeBytes(chain.dtype), 0, block_loops);
       }
-      if (op.kind == ir::OpKind::kSoftmax) on.row_floats = chain.dims[op.axis].extent;
+    if (op.kind == ir::OpKind::kSoftmax) on.row_floats = chain.dims[op.axis].extent;
     }
     max_temp = std::max(max_temp, on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats);
     nest.ops.push_back(std::move(on));

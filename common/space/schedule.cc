@@ -35,11 +35,15 @@ std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
 
 namespace {
 
-absl::Status ParseEntry(absl::string_view entry, const ir::Chain& chain, Schedule& s, int& dim) {
+// Parses "name=tile" into `s`; `seen` guards against a dim named twice.
+absl::StatusOr<int> ParseEntry(absl::string_view entry, const ir::Chain& chain, Schedule& s,
+                               std::vector<bool>& seen) {
   std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
   absl::string_view name = absl::StripAsciiWhitespace(kv.first);
-  dim = chain.FindDim(name);
+  int dim = chain.FindDim(name);
   if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("schedule: unknown dim '", name, "'"));
+  if (seen[dim]) return absl::InvalidArgumentError(absl::StrCat("schedule: dim '", name, "' appears twice"));
+  seen[dim] = true;
   int64_t tile = 0;
   if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(kv.second), &tile) || tile < 1 ||
       tile > chain.dims[dim].extent) {
@@ -48,7 +52,7 @@ absl::Status ParseEntry(absl::string_view entry, const ir::Chain& chain, Schedul
                      chain.dims[dim].extent, "], got '", kv.second, "'"));
   }
   s.tile[dim] = tile;
-  return absl::OkStatus();
+  return dim;
 }
 
 }  // namespace
@@ -65,25 +69,13 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& 
   rest = rest.substr(close + 1);
   std::vector<bool> seen(chain.dims.size(), false);
   for (absl::string_view entry : absl::StrSplit(block, ',', absl::SkipWhitespace())) {
-    int dim = -1;
-    absl::Status st = ParseEntry(entry, chain, s, dim);
-    if (!st.ok()) return st;
-    if (seen[dim]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule: dim '", chain.dims[dim].name, "' appears twice"));
-    }
-    seen[dim] = true;
-    s.block_dims.push_back(dim);
+    auto dim = ParseEntry(entry, chain, s, seen);
+    if (!dim.ok()) return dim.status();
+    s.block_dims.push_back(*dim);
   }
   for (absl::string_view entry : absl::StrSplit(rest, ' ', absl::SkipWhitespace())) {
-    int dim = -1;
-    absl::Status st = ParseEntry(entry, chain, s, dim);
-    if (!st.ok()) return st;
-    if (seen[dim]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule: dim '", chain.dims[dim].name, "' appears twice"));
-    }
-    seen[dim] = true;
+    auto dim = ParseEntry(entry, chain, s, seen);
+    if (!dim.ok()) return dim.status();
   }
   return s;
 }

@@ -12,6 +12,7 @@
 
 #include "client/client.h"
 #include "server/service.h"
+#include "worker/process.h"
 #include "worker/worker.h"
 
 namespace fusor {
@@ -36,12 +37,6 @@ T[rows,mid] = sum(inner) Y[inner,mid] * X[rows,inner]
 U[rows,cols] = sum(mid) T[rows,mid] * Z[mid,cols]
 out U
 )";
-
-std::string SelfExe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return std::string(buf, n > 0 ? n : 0);
-}
 
 class IntegrationTest : public ::testing::Test {
  protected:
@@ -75,7 +70,7 @@ class IntegrationTest : public ::testing::Test {
   void StartWorker() {
     worker::WorkerOptions w;
     w.name = "in-process";
-    w.self_exe = SelfExe();
+    w.self_exe = worker::CurrentExecutable("");
     w.calibration_s = 0.05;
     w.blas_dir = FUSOR_OPENBLAS_DIR;
     w.lease_wait = absl::Milliseconds(200);

@@ -18,12 +18,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string SelfExe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return std::string(buf, n > 0 ? n : 0);
-}
-
 hw::TargetDesc Target() {
   hw::TargetDesc t;
   t.compute_units = 2;
@@ -66,7 +60,7 @@ std::string FakeRunner(const std::string& dir, const std::string& body) {
 }
 
 TEST(RunJobIsolatedTest, MeasuresARealCandidate) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[m=8] n=32"), SelfExe(), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[m=8] n=32"), worker::CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_GE(out.samples_s.size(), 3u);
   EXPECT_GT(out.median_s, 0);
@@ -76,13 +70,13 @@ TEST(RunJobIsolatedTest, MeasuresARealCandidate) {
 }
 
 TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kBaseline, ""), SelfExe(), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kBaseline, ""), worker::CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_THAT(out.compile_flags, HasSubstr("-lopenblas"));
 }
 
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[k=4]"), SelfExe(), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[k=4]"), worker::CurrentExecutable(""), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCompileError);
   EXPECT_THAT(out.error, HasSubstr("cannot be a block dim"));
 }

@@ -3,21 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "common/ir/parse.h"
+#include "tests/test_chains.h"
 
 namespace fusor::search {
 namespace {
 
-constexpr char kGemmChain[] = R"(
-chain gemm2
-dim m=64 n=64 k=32 h=32
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)";
-
 TEST(TileSearchTest, DeterministicRankedWithinBudgetAndCountsPruning) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   hw::TargetDesc target;
   target.compute_units = 2;
   target.isa_features = {"avx2", "fma"};
@@ -52,7 +44,7 @@ TEST(TileSearchTest, DeterministicRankedWithinBudgetAndCountsPruning) {
 }
 
 TEST(TileSearchTest, FailsClearlyWhenNothingFits) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   hw::TargetDesc tiny;
   tiny.l1d_bytes = 64;
   tiny.l2_bytes = 64;
@@ -80,7 +72,7 @@ out E
 }
 
 TEST(DescribeMappingTest, NamesTheDimsOfEachRole) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   EXPECT_EQ(DescribeMapping(*chain, {"k.8x32", 8, 8, 32}),
             "k.8x32 C[batch=- rows=m cols=n k=k] E[batch=- rows=m cols=h k=n]");
 }

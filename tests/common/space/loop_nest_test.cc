@@ -3,19 +3,11 @@
 #include <gtest/gtest.h>
 
 #include "common/ir/parse.h"
+#include "tests/test_chains.h"
 #include "common/space/schedule.h"
 
 namespace fusor::space {
 namespace {
-
-constexpr char kGemmChain[] = R"(
-chain gemm2
-dim m=64 n=64 k=32 h=32
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)";
 
 const hw::CpuMicroKernel kKernel{"test.8x32", 8, 8, 32};
 
@@ -27,7 +19,7 @@ const Statement* Find(const LoopNest& nest, const std::string& label) {
 }
 
 TEST(FusableDimsTest, FindsDimsSharedByEveryOp) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   ASSERT_TRUE(chain.ok());
   EXPECT_EQ(FusableDims(*chain), (std::vector<int>{chain->FindDim("m")}));
   auto attention = ir::ParseChainText(R"(
@@ -72,7 +64,7 @@ out S
 // The statements and their LP_sets after hoisting, worked out by hand for block[m=16] n=32 h=16 (k and the n of the second
 // op's reduction keep one trip or two as noted).
 TEST(LoopNestTest, HoistsLoadsAndCountsTrafficByHand) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   ASSERT_TRUE(chain.ok());
   auto schedule = ParseSchedule("block[m=16] n=32 h=16", *chain);
   ASSERT_TRUE(schedule.ok()) << schedule.status();
@@ -111,7 +103,7 @@ TEST(LoopNestTest, HoistsLoadsAndCountsTrafficByHand) {
 }
 
 TEST(LoopNestTest, RejectsSchedulesThatDoNotFit) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   Schedule s = UntiledSchedule(*chain);
   s.block_dims = {chain->FindDim("n")};
   EXPECT_FALSE(BuildLoopNest(*chain, s, kKernel).ok());

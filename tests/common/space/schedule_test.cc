@@ -3,21 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "common/ir/parse.h"
+#include "tests/test_chains.h"
 
 namespace fusor::space {
 namespace {
 
-constexpr char kGemmChain[] = R"(
-chain gemm2
-dim m=64 n=64 k=32 h=32
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)";
-
 TEST(ScheduleTest, PrintsParsesAndRemaps) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   auto s = ParseSchedule("block[m=16] n=32 h=16", *chain);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(ScheduleToText(*s, *chain), "block[m=16] n=32 h=16");
@@ -33,7 +25,7 @@ out E
 }
 
 TEST(ScheduleTest, RejectsMalformedText) {
-  auto chain = ir::ParseChainText(kGemmChain);
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   for (const char* bad : {"m=16", "block[m=16", "block[m=0]", "block[m=65]", "block[m=16] q=4",
                           "block[m=16] m=4", "block[m=x]"}) {
     EXPECT_TRUE(absl::IsInvalidArgument(ParseSchedule(bad, *chain).status())) << bad;

@@ -11,6 +11,7 @@
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "tests/test_chains.h"
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
 #include "worker/process.h"
@@ -86,16 +87,7 @@ TEST(CpuCodegenTest, AttentionAvx512AndScalarMicroKernels) {
 }
 
 TEST(CpuCodegenTest, MaskedF16AttentionWithBothOutputs) {
-  CheckFused(R"(
-chain attn_f16
-dtype f16
-dim b=2 m=33 n=47 k=16 h=24
-in Q[b,m,k] K[b,n,k] V[b,n,h] M[m,n]
-S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.25
-P[b,m,n] = softmax(n) S[b,m,n] + M[m,n] * 4
-O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
-out O P
-)",
+  CheckFused(std::string(testing::kMaskedF16Attention) + "out P\n",
              "block[b=1,m=16] n=16", TestTarget());
 }
 
@@ -128,16 +120,7 @@ out G E
 }
 
 TEST(CpuCodegenTest, ConvChainWithAffineIndices) {
-  CheckFused(R"(
-chain conv
-dtype f32
-dim n=2 c=8 k=16 p=9 q=11 r=3 s=3 j=12 y=19 x=23
-in I[n,c,y,x] W1[k,c,r,s] W2[j,k]
-T[n,k,p,q] = sum(c,r,s) I[n,c,p*2+r,q*2+s] * W1[k,c,r,s]
-U[n,k,p,q] = relu(T[n,k,p,q])
-O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k]
-out O
-)",
+  CheckFused(testing::kConvChain,
              "block[n=1,p=4,q=8] c=4", TestTarget());
 }
 
@@ -172,26 +155,8 @@ TEST(CpuCodegenTest, BaselineAttentionUsesDirectSgemm) {
 }
 
 TEST(CpuCodegenTest, BaselinesOfF16AndConvChains) {
-  CheckBaseline(R"(
-chain attn_f16
-dtype f16
-dim b=2 m=33 n=47 k=16 h=24
-in Q[b,m,k] K[b,n,k] V[b,n,h] M[m,n]
-S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.25
-P[b,m,n] = softmax(n) S[b,m,n] + M[m,n] * 4
-O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
-out O
-)");
-  CheckBaseline(R"(
-chain conv
-dtype f32
-dim n=2 c=8 k=16 p=9 q=11 r=3 s=3 j=12 y=19 x=23
-in I[n,c,y,x] W1[k,c,r,s] W2[j,k]
-T[n,k,p,q] = sum(c,r,s) I[n,c,p*2+r,q*2+s] * W1[k,c,r,s]
-U[n,k,p,q] = relu(T[n,k,p,q])
-O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k]
-out O
-)");
+  CheckBaseline(testing::kMaskedF16Attention);
+  CheckBaseline(testing::kConvChain);
 }
 
 }  // namespace
