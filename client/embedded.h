@@ -21,7 +21,6 @@ class Embedded {
       const server::SchedulerOptions& options, const std::optional<worker::WorkerOptions>& worker_options);
   ~Embedded();
   std::shared_ptr<grpc::Channel> channel() { return server_->InProcessChannel(); }
-  server::SchedulerServer& server() { return *server_; }
 
  private:
   Embedded() = default;

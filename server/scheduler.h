@@ -110,7 +110,6 @@ class Scheduler {
   absl::StatusOr<v1::ReportResponse> Report(const v1::ReportRequest& request);
 
   db::TuningDb& db() { return *db_; }
-  const SchedulerOptions& options() const { return options_; }
 
  private:
   struct Task;

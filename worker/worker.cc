@@ -219,7 +219,6 @@ void Worker::Execute(const v1::Job& job) {
     return;
   }
   if (resp.duplicate()) Log()->info("{} the scheduler already had this result", context);
-  ++jobs_done_;
 }
 
 }  // namespace fusor::worker

@@ -47,7 +47,6 @@ class Worker {
 
   const hw::TargetDesc& target() const { return target_; }
   bool registered() const { return registered_; }
-  int jobs_done() const { return jobs_done_; }
 
  private:
   absl::Status Register();
@@ -61,7 +60,6 @@ class Worker {
   std::atomic<bool> stop_{false};
   std::atomic<bool> reregister_{false};
   std::atomic<bool> registered_{false};
-  std::atomic<int> jobs_done_{0};
   std::atomic<int> heartbeat_ms_{2000};
   std::mutex mu_;
   std::condition_variable cv_;

@@ -160,7 +160,7 @@ absl::StatusOr<Chain> ParseChainJson(absl::string_view json, const Limits& limit
   if (root.is_discarded()) {
     // Re-parse with exceptions only to get the position of the syntax error.
     try {
-      (void)Json::parse(json);
+      Json reparsed = Json::parse(json);
     } catch (const Json::parse_error& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("workload JSON is malformed at byte ", e.byte, ": ", e.what()));

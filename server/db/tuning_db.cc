@@ -259,19 +259,6 @@ absl::StatusOr<std::vector<TaskRow>> TuningDb::ListTasksInState(const std::strin
   return out;
 }
 
-absl::StatusOr<std::optional<TaskRow>> TuningDb::FindRunningTask(const std::string& key, const std::string& fp,
-                                                                const std::string& salt) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat(
-                                    "SELECT ", kTaskColumns,
-                                    " FROM tasks WHERE workload_key = ? AND target_fp = ? AND salt = ? AND "
-                                    "state = 'running' ORDER BY created_ms LIMIT 1")));
-  s.Bind(1, key).Bind(2, fp).Bind(3, salt);
-  ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return std::optional<TaskRow>();
-  return std::optional<TaskRow>(ReadTask(s));
-}
-
 absl::Status TuningDb::FinishTask(const std::string& id, const std::string& state, const std::string& error,
                                   int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -136,9 +136,6 @@ class TuningDb {
   absl::Status InsertTask(const TaskRow& t);
   absl::StatusOr<TaskRow> GetTask(const std::string& id);
   absl::StatusOr<std::vector<TaskRow>> ListTasksInState(const std::string& state);
-  // The running task for this workload/target/salt, if any.
-  absl::StatusOr<std::optional<TaskRow>> FindRunningTask(const std::string& key, const std::string& fp,
-                                                        const std::string& salt);
   // Sets the task's final state; its unfinished jobs fail with it.
   absl::Status FinishTask(const std::string& id, const std::string& state, const std::string& error,
                           int64_t now_ms);

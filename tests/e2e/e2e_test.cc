@@ -121,7 +121,9 @@ class E2eTest : public ::testing::Test {
       if (d && d->running()) d->Signal(SIGTERM);
     }
     for (auto* d : {worker_a_.get(), worker_b_.get(), scheduler_.get()}) {
-      if (d && d->running()) EXPECT_TRUE(d->Wait(std::chrono::seconds(20)).has_value());
+      if (d && d->running()) {
+        EXPECT_TRUE(d->Wait(std::chrono::seconds(20)).has_value());
+      }
     }
     if (HasFailure()) {
       std::cerr << "--- scheduler log ---\n" << scheduler_->Log();

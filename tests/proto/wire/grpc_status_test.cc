@@ -19,7 +19,9 @@ TEST_P(StatusConversionTest, MapsBothWaysKeepingTheMessage) {
   EXPECT_EQ(g.error_code(), row.grpc_code);
   absl::Status back = FromGrpcStatus(g);
   EXPECT_EQ(back.code(), row.absl_code);
-  if (row.absl_code != absl::StatusCode::kOk) EXPECT_EQ(back.message(), "why");
+  if (row.absl_code != absl::StatusCode::kOk) {
+    EXPECT_EQ(back.message(), "why");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
