@@ -210,6 +210,10 @@ int main(int argc, char** argv) {
     if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
     fusor::server::SchedulerOptions options;
     options.db_path = g.db_path;
+    // The worker is in this process: a short lease lets a run interrupted
+    // mid-job resume quickly next time.
+    options.lease = absl::Seconds(10);
+    options.heartbeat_interval = absl::Seconds(1);
     // Only commands that may measure need the local worker.
     std::optional<fusor::worker::WorkerOptions> worker;
     if (*tune || (*compile && !cache_only)) {

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -275,6 +277,10 @@ absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json) {
 }
 
 int RunJobMain(const std::string& dir) {
+  // A runner outlives neither its worker nor a candidate that would hang
+  // it: die with the parent (the worker kills us at the timeout anyway).
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() == 1) return 1;
   auto text = ReadFile(dir + "/job.json");
   if (!text.ok()) return 2;
   auto spec = JobSpecFromJson(*text);

@@ -137,7 +137,13 @@ absl::Status Worker::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       lease_ctx_ = nullptr;
     }
-    if (stop_) break;
+    if (stop_) {
+      if (st.ok() && resp.jobs_size() > 0) {
+        Log()->info("[worker={}] stopping: {} leased job(s) go back to the queue when the lease expires", worker_id_,
+                    resp.jobs_size());
+      }
+      break;
+    }
     if (!st.ok()) {
       if (st.error_code() == grpc::StatusCode::NOT_FOUND) reregister_ = true;
       Log()->warn("[worker={}] lease failed ({}); retrying in {}", worker_id_, st.error_message(),
