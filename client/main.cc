@@ -13,11 +13,17 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/embedded.h"
+#include "client/explain.h"
 #include "client/report.h"
 #include "common/util/log.h"
+#include "common/hw/devices.h"
+#include "common/space/space.h"
 #include "common/util/paths.h"
+#include "proto/wire/convert.h"
+#include "worker/cpu/cpu_target.h"
 #include "worker/job.h"
 #include "worker/process.h"
 
@@ -155,6 +161,63 @@ int Lookup(Client& client, const GlobalOptions& g, const std::vector<std::string
   return rc;
 }
 
+// The target explain describes: a device from the table, this CPU
+// (described and briefly calibrated), or a target a worker registered.
+absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
+  if (auto device = fusor::hw::LookupDevice(g.target_fp)) return *device;
+  if (g.target_fp.empty() || g.target_fp == "local") {
+    const std::string scratch = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
+    auto dir = fusor::worker::TempDir::Create(scratch, "fusor-explain-");
+    if (!dir.ok()) return dir.status();
+    auto target = fusor::worker::DescribeCpu("c++", dir->path());
+    if (!target.ok()) return target.status();
+    fusor::worker::JobSpec spec;
+    spec.kind = fusor::worker::JobKind::kCalibrate;
+    spec.target = *target;
+    spec.timing.time_budget_s = std::min(g.calibration_s, 0.1);
+    fusor::worker::JobOutcome out =
+        fusor::worker::RunJobIsolated(spec, fusor::worker::CurrentExecutable("fusor"), scratch);
+    if (out.status == fusor::worker::OutcomeStatus::kOk) {
+      target->bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
+      target->peak_flops = out.peak_flops;
+    }
+    return *target;
+  }
+  // A fingerprint: ask the scheduler (remote, or embedded on --db).
+  std::unique_ptr<fusor::client::Embedded> embedded;
+  std::shared_ptr<grpc::Channel> channel;
+  if (!g.server.empty()) {
+    channel = grpc::CreateChannel(g.server, grpc::InsecureChannelCredentials());
+  } else {
+    fusor::server::SchedulerOptions options;
+    options.db_path = g.db_path;
+    auto started = fusor::client::Embedded::Start(options, std::nullopt);
+    if (!started.ok()) return started.status();
+    embedded = std::move(*started);
+    channel = embedded->channel();
+  }
+  auto workers = Client(channel).ListWorkers();
+  if (!workers.ok()) return workers.status();
+  for (const auto& w : workers->workers()) {
+    if (w.target().fingerprint() == g.target_fp) return fusor::wire::TargetFromProto(w.target());
+  }
+  return absl::NotFoundError(absl::StrCat("no device or registered target called '", g.target_fp, "'"));
+}
+
+int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
+  fusor::SetLogLevel("warn");
+  auto workload = fusor::client::ReadWorkloadFile(file);
+  if (!workload.ok()) return Fail(workload.status());
+  auto chain = fusor::wire::ChainFromWorkload(*workload);
+  if (!chain.ok()) return Fail(chain.status());
+  auto target = ExplainTarget(g);
+  if (!target.ok()) return Fail(target.status());
+  auto space = fusor::space::BuildSpace(*chain, *target, options);
+  if (!space.ok()) return Fail(space.status());
+  std::cout << fusor::client::FormatExplain(*chain, *target, *space, top);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,7 +231,8 @@ int main(int argc, char** argv) {
   app.add_option("--server", g.server, "scheduler address (host:port); without it, run an embedded scheduler");
   app.add_option("--db", g.db_path, "tuning database of the embedded scheduler")->capture_default_str();
   app.add_option("--backend", g.backend, "target backend")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app.add_option("--target", g.target_fp, "target fingerprint (default: the backend's registered target)");
+  app.add_option("--target", g.target_fp,
+                 "target fingerprint (default: the backend's registered target); explain also takes local or a device");
   app.add_option("--timeout", g.timeout_s, "seconds to wait for an answer")->capture_default_str();
   app.add_option("--calibration-seconds", g.calibration_s, "embedded worker: length of each calibration run")
       ->capture_default_str();
@@ -192,7 +256,21 @@ int main(int argc, char** argv) {
   CLI::App* workers = app.add_subcommand("workers", "list the workers the scheduler knows");
   CLI::App* task = app.add_subcommand("task", "show a tuning task");
   task->add_option("id", task_id, "task id")->required();
+  int top = 10;
+  fusor::space::SpaceOptions space_options;
+  CLI::App* explain = app.add_subcommand(
+      "explain", "show the schedule space at every pruning stage and the best predicted schedules (no measuring); "
+                 "--target takes local (default), a device (" + absl::StrJoin(fusor::hw::DeviceNames(), ", ") +
+                     ") or a registered target's fingerprint");
+  explain->add_option("file", file, "workload file")->required()->check(CLI::ExistingFile);
+  explain->add_option("--top", top, "candidates to list")->capture_default_str();
+  explain->add_option("--target", g.target_fp, "local (default), a device name, or a registered fingerprint");
+  explain->add_flag("!--no-dedupe", space_options.dedupe, "keep equivalent schedules (rule 1 off)");
+  explain->add_flag("!--no-intermediates-rule", space_options.limit_intermediates, "rule 2 off");
+  explain->add_flag("!--no-padding-rule", space_options.limit_padding, "rule 3 off");
+  explain->add_flag("!--no-scratch-rule", space_options.limit_scratch, "rule 4 off");
   CLI11_PARSE(app, argc, argv);
+  if (*explain) return Explain(g, file, top, space_options);
 
   const std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? (g.verbose ? "info" : "warn") : Env("FUSOR_LOG_LEVEL");
   if (!fusor::SetLogLevel(log_level)) {

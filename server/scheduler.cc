@@ -207,20 +207,26 @@ absl::StatusOr<v1::TuneResult> Scheduler::Lookup(const PreparedRequest& request)
 
 std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
                                          const PreparedRequest& request) const {
-  auto schedule = space::ParseSchedule(canonical_schedule, request.canonical.chain);
+  const ir::Chain& canonical = request.canonical.chain;
+  auto schedule = space::ParseSchedule(canonical_schedule, canonical);
   if (!schedule.ok()) return canonical_schedule;
-  std::vector<int> to_user(request.canonical.chain.dims.size(), -1);
+  std::vector<int> dims(canonical.dims.size(), -1);
   for (size_t u = 0; u < request.canonical.dim_map.size(); ++u) {
-    if (request.canonical.dim_map[u] >= 0) to_user[request.canonical.dim_map[u]] = static_cast<int>(u);
+    if (request.canonical.dim_map[u] >= 0) dims[request.canonical.dim_map[u]] = static_cast<int>(u);
   }
-  return space::ScheduleToText(space::RemapSchedule(*schedule, to_user, request.chain), request.chain);
+  std::vector<int> ops(canonical.ops.size(), -1);
+  for (size_t o = 0; o < request.chain.ops.size(); ++o) {
+    int t = request.canonical.tensor_map[request.chain.ops[o].output];
+    ops[canonical.tensors[t].producer] = static_cast<int>(o);
+  }
+  return space::ScheduleToText(space::RemapSchedule(*schedule, dims, ops, request.chain), request.chain);
 }
 
 v1::TuneResult Scheduler::Translate(const v1::TuneResult& result, const PreparedRequest& request) const {
   v1::TuneResult r = result;
   r.mutable_best()->mutable_schedule()->set_text(TranslateSchedule(result.best().schedule().text(), request));
   r.mutable_best()->mutable_mapping()->set_text(
-      search::DescribeMapping(request.chain, hw::SelectCpuMicroKernel(request.target)));
+      search::DescribeMapping(request.chain, hw::SelectMicroKernel(request.target)));
   return r;
 }
 
@@ -229,7 +235,7 @@ absl::StatusOr<v1::CompileResponse> Scheduler::BuildCompileResponse(const Prepar
   const std::string& text = result.best().schedule().text();
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
   ASSIGN_OR_RETURN(space::LoopNest nest,
-                   space::BuildLoopNest(request.chain, schedule, hw::SelectCpuMicroKernel(request.target)));
+                   space::BuildLoopNest(request.chain, schedule, hw::SelectMicroKernel(request.target)));
   ASSIGN_OR_RETURN(codegen::KernelSource kernel,
                    codegen::EmitCpuFusedKernel(request.chain, nest, text, result.best().mapping().text()));
   v1::CompileResponse resp;
@@ -274,11 +280,11 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->row.created_ms = NowMs();
   task->chain = request.canonical.chain;
   task->target = request.target;
-  task->strategy = search::MakeModelRankedTileSearch();
+  task->strategy = search::MakeMcfuserSearch();
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, budget}));
-  search::SpaceStats stats = task->strategy->Stats();
-  task->row.space_size = stats.total;
-  task->row.space_after_pruning = stats.after_pruning;
+  const space::SpaceStats stats = task->strategy->Stats();
+  task->row.space_size = stats.enumerated;
+  task->row.space_after_pruning = stats.stages.back().remaining;
 
   RETURN_IF_ERROR(db_->UpsertWorkload({key, request.chain.name, request.canonical.text,
                                        ir::ChainToJson(request.canonical.chain)},
@@ -299,12 +305,13 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->started.set_task_id(task->row.id);
   task->started.set_workload_key(key);
   task->started.set_target_fingerprint(fp);
-  task->started.set_space_size(stats.total);
-  task->started.set_space_after_pruning(stats.after_pruning);
+  task->started.set_space_size(task->row.space_size);
+  task->started.set_space_after_pruning(task->row.space_after_pruning);
   task->started.set_budget(budget);
   task->progress.set_budget(budget);
-  Log()->info("[task={}] started: workload {} ({}), target {}, space {} -> {} after pruning, budget {}",
-              task->row.id, key, request.chain.name, fp, stats.total, stats.after_pruning, budget);
+  Log()->info("[task={}] started: workload {} ({}), target {}, space {} -> {} after pruning ({:.2f} s), budget {}",
+              task->row.id, key, request.chain.name, fp, stats.enumerated, stats.stages.back().remaining,
+              stats.seconds, budget);
   Task& t = *task;
   tasks_[task->row.id] = std::move(task);
   RETURN_IF_ERROR(Advance(t));
@@ -676,7 +683,7 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   ASSIGN_OR_RETURN(task->chain, ir::ParseChainJson(w.chain_json));
   ASSIGN_OR_RETURN(v1::Target target, TargetProto(row.target_fp));
   task->target = wire::TargetFromProto(target);
-  task->strategy = search::MakeModelRankedTileSearch();
+  task->strategy = search::MakeMcfuserSearch();
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {

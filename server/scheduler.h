@@ -32,7 +32,7 @@
 namespace fusor::server {
 
 // Part of every cache key: bump it when a change makes old results wrong.
-inline constexpr char kEngineVersion[] = "fusor-engine-1";
+inline constexpr char kEngineVersion[] = "fusor-engine-2";
 
 struct SchedulerOptions {
   std::string db_path;

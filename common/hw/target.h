@@ -31,20 +31,22 @@ struct TargetDesc {
 // but the calibrated W and P, which vary from run to run).
 std::string TargetFingerprint(const TargetDesc& target);
 
-// The register-blocked SIMD FMA outer-product micro-kernel a CPU target's
-// GEMM-shaped compute maps onto: an mr x nr block of C kept in registers,
-// updated by one column of packed A and one row of packed B per step.
-struct CpuMicroKernel {
+// The matrix unit a target's GEMM-shaped compute maps onto. On a CPU, the
+// register-blocked SIMD FMA outer-product micro-kernel: an mr x nr block of
+// C kept in registers, updated by one column of packed A and one row of
+// packed B per step. On a GPU, the tensor-core tile (mr x nr per warp
+// instruction group); tiles are padded to multiples of mr and nr.
+struct MicroKernel {
   std::string name;  // e.g. "fma.avx2.6x16"
-  int lanes = 1;     // f32 lanes per vector register
+  int lanes = 1;     // f32 lanes per vector register (CPU)
   int mr = 1;
   int nr = 1;        // a multiple of lanes
 };
 
-CpuMicroKernel SelectCpuMicroKernel(const TargetDesc& target);
+MicroKernel SelectMicroKernel(const TargetDesc& target);
 
-// Per-thread scratch a CPU candidate may use for intermediates and packed
-// tiles before it spills out of the core's private caches.
-int64_t CpuScratchBudget(const TargetDesc& target);
+// Scratch one block may use for intermediates and packed tiles: the
+// core's private caches (CPU) or the shared memory per block (GPU).
+int64_t ScratchBudget(const TargetDesc& target);
 
 }  // namespace fusor::hw

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 
+#include "common/hw/devices.h"
+
 namespace fusor::model {
 
 Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target) {
-  const double w = target.bandwidth_bytes_per_s > 0 ? target.bandwidth_bytes_per_s : 10e9;
-  const double p = target.peak_flops > 0 ? target.peak_flops : 50e9;
+  const hw::ModelRates rates = hw::RatesFor(target);
+  const double w = rates.bandwidth_bytes_per_s;
+  const double p = rates.peak_flops;
   Prediction pred;
   for (const space::Statement& s : nest.statements) {
     if (s.kind == space::StmtKind::kCompute) {
@@ -16,7 +19,7 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target) {
     }
   }
   const double blocks = static_cast<double>(std::max<int64_t>(nest.num_blocks, 1));
-  pred.alpha = (blocks + std::max(target.compute_units, 1)) / blocks;
+  pred.alpha = (blocks + rates.compute_units) / blocks;
   pred.t_estm_s = (pred.t_mem_s + pred.t_comp_s) * pred.alpha;
   return pred;
 }

@@ -21,7 +21,7 @@ struct Prediction {
   double t_estm_s = 0;
 };
 
-// W and P default to 10 GB/s and 50 GFLOP/s when the target has none.
+// W, P and N_SM from hw::RatesFor(target): calibrated, device table or estimate.
 Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target);
 
 }  // namespace fusor::model

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +17,7 @@
 #include "common/ir/chain.h"
 #include "common/model/cost_model.h"
 #include "common/space/schedule.h"
+#include "common/space/space.h"
 
 namespace fusor::search {
 
@@ -30,7 +30,7 @@ struct SearchTask {
 struct CandidateSpec {
   space::Schedule schedule;
   std::string schedule_text;
-  std::string mapping;  // how each op maps onto the micro-kernel
+  std::string mapping;  // how each op maps onto the matrix unit
   model::Prediction prediction;
 };
 
@@ -40,36 +40,38 @@ struct MeasuredResult {
   double median_s = 0;
 };
 
-struct SpaceStats {
-  int64_t total = 0;          // schedules enumerated
-  int64_t after_pruning = 0;  // left after every rule
-  std::vector<std::pair<std::string, int64_t>> pruned_by_rule;
-};
-
 class SearchStrategy {
  public:
   virtual ~SearchStrategy() = default;
-  // INVALID_ARGUMENT if the chain cannot be scheduled on the target.
+  // INVALID_ARGUMENT if no schedule of the chain survives on the target.
   virtual absl::Status Initialize(const SearchTask& task) = 0;
   // At most `max_count` candidates not proposed before; empty when none are left.
   virtual std::vector<CandidateSpec> NextBatch(int max_count) = 0;
   virtual void NotifyResults(const std::vector<MeasuredResult>& results) = 0;
   virtual bool Done() const = 0;
-  virtual SpaceStats Stats() const = 0;
+  virtual space::SpaceStats Stats() const = 0;
 };
 
-// Enumerates tile sizes of the chain's loops (block dims = every fusable
-// dim), prunes schedules whose per-thread scratch overflows the target's
-// private caches or whose padded work exceeds the unavoidable padding (that
-// of full-extent tiles) by more than `max_padding`, ranks the rest by the
-// analytical model and proposes them best first.
-struct TileSearchOptions {
-  double max_padding = 0.25;
+// MCFuser's exploration: the pruned space is ranked by the analytical
+// model. A space of at most `exhaustive_limit` schedules is proposed in
+// model order; a larger one by an evolutionary search around what was
+// measured best (mutating tile sizes, loop placements and own-loop order,
+// crossing good parents), selecting by the model's prediction corrected by
+// measurements: each tiling expression's predictions are scaled by how far
+// its measured candidates were from their predictions, so schedules the
+// model over-rated sink. Stops at the budget, when the space is exhausted,
+// or after `patience` rounds without a better measurement.
+struct McfuserSearchOptions {
+  space::SpaceOptions space;
+  int exhaustive_limit = 64;
+  int patience = 4;
+  int population = 64;
+  uint64_t seed = 1;
 };
-std::unique_ptr<SearchStrategy> MakeModelRankedTileSearch(const TileSearchOptions& options = {});
+std::unique_ptr<SearchStrategy> MakeMcfuserSearch(const McfuserSearchOptions& options = {});
 
-// The mapping of each op onto the micro-kernel, e.g.
+// The mapping of each sum op onto the matrix unit, e.g.
 // "fma.avx2.6x16 S[batch=b rows=m cols=n k=k] O[...]".
-std::string DescribeMapping(const ir::Chain& chain, const hw::CpuMicroKernel& kernel);
+std::string DescribeMapping(const ir::Chain& chain, const hw::MicroKernel& kernel);
 
 }  // namespace fusor::search

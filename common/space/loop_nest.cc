@@ -50,34 +50,40 @@ double Footprint(const ir::Access& a, const ir::Chain& chain, const std::vector<
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-}  // namespace
-
-bool NeedsLocalBuffer(const ir::Chain& chain, int t) {
-  if (chain.tensors[t].role == ir::TensorRole::kInput) return false;
-  bool read = false;
-  for (const ir::Op& op : chain.ops) {
-    ir::ForEachAccess(op.body, [&](const ir::Access& a) { read = read || a.tensor == t; });
+// Whether every read of a result of `chain` along `dim` is the plain dim at
+// the producer's axis of `dim` (and no other axis depends on it).
+bool ReadsAlong(const ir::Chain& chain, const ir::Access& a, int dim) {
+  const ir::Tensor& t = chain.tensors[a.tensor];
+  if (t.role == ir::TensorRole::kInput) return true;
+  const std::vector<int>& producer_index = chain.ops[t.producer].index;
+  for (size_t axis = 0; axis < a.index.size(); ++axis) {
+    bool is_dim_axis = producer_index[axis] == dim;
+    if (is_dim_axis && !(a.index[axis] == ir::AffineExpr::OfDim(dim))) return false;
+    if (!is_dim_axis && a.index[axis].DependsOn(dim)) return false;
   }
-  return read;
+  return true;
 }
 
-std::vector<int> FusableDims(const ir::Chain& chain) {
+absl::Status Illegal(const ir::Chain& chain, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("schedule: ", message));
+}
+
+std::vector<int> ReadTensors(const ir::Op& op) {
+  std::vector<int> t;
+  ir::ForEachAccess(op.body, [&](const ir::Access& a) { t.push_back(a.tensor); });
+  return t;
+}
+
+}  // namespace
+
+std::vector<int> BlockEligibleDims(const ir::Chain& chain) {
   std::vector<int> result;
   for (int d = 0; d < static_cast<int>(chain.dims.size()); ++d) {
     bool ok = true;
+    for (int t : chain.outputs) ok = ok && Contains(chain.ops[chain.tensors[t].producer].index, d);
     for (const ir::Op& op : chain.ops) {
-      if (!Contains(op.index, d) || op.axis == d) ok = false;
-      ir::ForEachAccess(op.body, [&](const ir::Access& a) {
-        const ir::Tensor& t = chain.tensors[a.tensor];
-        if (t.role == ir::TensorRole::kInput) return;
-        const std::vector<int>& producer_index = chain.ops[t.producer].index;
-        for (size_t axis = 0; axis < a.index.size(); ++axis) {
-          bool is_d_axis = producer_index[axis] == d;
-          if (is_d_axis && !(a.index[axis] == ir::AffineExpr::OfDim(d))) ok = false;
-          if (!is_d_axis && a.index[axis].DependsOn(d)) ok = false;
-        }
-      });
-      if (!ok) break;
+      if (Contains(op.reduce, d) || op.axis == d) ok = false;
+      ir::ForEachAccess(op.body, [&](const ir::Access& a) { ok = ok && ReadsAlong(chain, a, d); });
     }
     if (ok) result.push_back(d);
   }
@@ -109,73 +115,186 @@ GemmForm AnalyzeGemmForm(const ir::Op& op, const ir::Chain& chain) {
   return g;
 }
 
-absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
-                                       const hw::CpuMicroKernel& kernel) {
+absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::MicroKernel& kernel) {
   const int num_dims = static_cast<int>(chain.dims.size());
-  if (static_cast<int>(schedule.tile.size()) != num_dims) {
-    return absl::InvalidArgumentError("schedule has the wrong number of tile sizes");
-  }
-  std::vector<int> fusable = FusableDims(chain);
-  std::set<int> block_set;
-  for (int d : schedule.block_dims) {
-    if (d < 0 || d >= num_dims) return absl::InvalidArgumentError("schedule: block dim out of range");
-    if (!Contains(fusable, d)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "schedule: dim '", chain.dims[d].name, "' cannot be a block dim (not fusable)"));
-    }
-    if (!block_set.insert(d).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule: block dim '", chain.dims[d].name, "' appears twice"));
+  if (static_cast<int>(input.tile.size()) != num_dims) return Illegal(chain, "wrong number of tile sizes");
+  for (int d = 0; d < num_dims; ++d) {
+    if (input.tile[d] < 1 || input.tile[d] > chain.dims[d].extent) {
+      return Illegal(chain, absl::StrCat("tile ", input.tile[d], " of '", chain.dims[d].name, "' out of range"));
     }
   }
-
+  if (input.own.size() > chain.ops.size()) return Illegal(chain, "loops given for more ops than the chain has");
+  const Schedule s = Canonical(input, chain);
   LoopNest nest;
-  nest.schedule = schedule;
+  nest.schedule = s;
   nest.kernel = kernel;
   nest.trips.resize(num_dims);
-  for (int d = 0; d < num_dims; ++d) {
-    int64_t tile = schedule.tile[d];
-    if (tile < 1 || tile > chain.dims[d].extent) {
-      return absl::InvalidArgumentError(absl::StrCat("schedule: tile ", tile, " of dim '",
-                                                     chain.dims[d].name, "' out of range"));
+  for (int d = 0; d < num_dims; ++d) nest.trips[d] = (chain.dims[d].extent + s.tile[d] - 1) / s.tile[d];
+
+  // Block loops.
+  const std::vector<int> eligible = BlockEligibleDims(chain);
+  for (int d : s.block) {
+    if (!Contains(eligible, d)) {
+      return Illegal(chain, absl::StrCat("'", chain.dims[d].name,
+                                         "' cannot be a block loop: an output lacks it, an op reduces or normalizes "
+                                         "along it, or a result is read across it"));
     }
-    nest.trips[d] = (chain.dims[d].extent + tile - 1) / tile;
+    nest.num_blocks *= nest.trips[d];
   }
-  for (int d : schedule.block_dims) nest.num_blocks *= nest.trips[d];
-  auto is_block = [&](int d) { return block_set.count(d) > 0; };
+  auto is_block = [&](int d) { return Contains(s.block, d); };
 
-  // The range one block covers along each dim: its tile for block dims, the
-  // full extent otherwise (per-op loops narrow it further below).
-  std::vector<int64_t> block_range(num_dims);
-  for (int d = 0; d < num_dims; ++d) block_range[d] = is_block(d) ? schedule.tile[d] : chain.dims[d].extent;
+  // The stream loop.
+  if (s.stream.size() > 1) return Illegal(chain, "at most one stream loop");
+  const int sd = s.stream.empty() ? -1 : s.stream[0];
+  nest.stream_dim = sd;
+  if (sd >= 0 && is_block(sd)) return Illegal(chain, "a dim cannot be both a block and a stream loop");
 
-  // Block-local buffers of intermediates.
-  nest.local_floats.assign(chain.tensors.size(), 0);
-  int64_t locals = 0;
-  for (size_t t = 0; t < chain.tensors.size(); ++t) {
-    if (!NeedsLocalBuffer(chain, static_cast<int>(t))) continue;
-    int64_t floats = 1;
-    for (int d : chain.ops[chain.tensors[t].producer].index) floats *= block_range[d];
-    nest.local_floats[t] = floats;
-    locals += floats;
+  // Own loops.
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    const ir::Op& op = chain.ops[o];
+    const std::vector<int>& own = s.own[o];
+    if (!own.empty() && op.kind != ir::OpKind::kSum) {
+      return Illegal(chain, absl::StrCat("only sum ops have own loops ('", chain.tensors[op.output].name, "')"));
+    }
+    bool seen_reduce = false;
+    for (int d : own) {
+      bool out = Contains(op.index, d), red = Contains(op.reduce, d);
+      if (!out && !red) {
+        return Illegal(chain, absl::StrCat("'", chain.dims[d].name, "' is not a loop of '",
+                                           chain.tensors[op.output].name, "'"));
+      }
+      if (is_block(d) || d == sd) {
+        return Illegal(chain, absl::StrCat("'", chain.dims[d].name, "' is already a block or stream loop"));
+      }
+      if (out && seen_reduce) {
+        return Illegal(chain, absl::StrCat("loops of '", chain.tensors[op.output].name,
+                                           "': output dims come before reduced dims"));
+      }
+      seen_reduce = seen_reduce || red;
+    }
   }
 
-  // Adds a statement; C statements are named after the op's output.
-  auto add_statement = [&](StmtKind kind, int op, int tensor, double bytes, double flops, std::vector<int> loops) {
-    Statement s;
-    s.kind = kind;
-    s.op = op;
-    s.tensor = tensor;
-    const char* prefix = kind == StmtKind::kLoad ? "L(" : kind == StmtKind::kCompute ? "C(" : "S(";
-    s.label = absl::StrCat(prefix, chain.tensors[tensor >= 0 ? tensor : chain.ops[op].output].name, ")");
-    s.bytes = bytes;
-    s.flops = flops;
-    s.executions = 1;
-    for (int d : loops) s.executions *= static_cast<double>(nest.trips[d]);
-    s.loops = std::move(loops);
-    nest.statements.push_back(std::move(s));
+  // Regions, by the dependencies between ops.
+  nest.ops.resize(chain.ops.size());
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    const ir::Op& op = chain.ops[o];
+    OpNest& on = nest.ops[o];
+    on.op = static_cast<int>(o);
+    bool uses_stream = sd >= 0 && (Contains(op.index, sd) || Contains(op.reduce, sd));
+    bool tile_read = false, needs_after = false;
+    std::string tile_tensor;
+    bool aligned = true;
+    ir::ForEachAccess(op.body, [&](const ir::Access& a) {
+      const ir::Tensor& t = chain.tensors[a.tensor];
+      if (t.role == ir::TensorRole::kInput) return;
+      const OpNest& p = nest.ops[t.producer];
+      if (p.region == Region::kAfter || (p.region == Region::kStream && p.accumulates)) needs_after = true;
+      if (p.region == Region::kStream && !p.accumulates) {
+        tile_read = true;
+        tile_tensor = t.name;
+        aligned = aligned && ReadsAlong(chain, a, sd);
+      }
+    });
+    if (needs_after && tile_read) {
+      return Illegal(chain, absl::StrCat("'", chain.tensors[op.output].name, "' needs both a result complete after the '",
+                                         chain.dims[sd].name, "' loop and a tile of '", tile_tensor, "' made inside it"));
+    }
+    if (tile_read && !aligned) {
+      return Illegal(chain, absl::StrCat("'", chain.tensors[op.output].name, "' reads '", tile_tensor, "' across the '",
+                                         chain.dims[sd].name, "' loop"));
+    }
+    on.region = needs_after ? Region::kAfter : (uses_stream || tile_read) ? Region::kStream : Region::kBefore;
+    on.accumulates = on.region == Region::kStream && Contains(op.reduce, sd);
+    on.online = on.region == Region::kStream && op.kind == ir::OpKind::kSoftmax && op.axis == sd;
+  }
+  // A stream loop must fuse something: ops that only loop over it alone.
+  if (sd >= 0) {
+    int in_stream = 0;
+    for (const OpNest& on : nest.ops) in_stream += on.region == Region::kStream;
+    if (in_stream < 2) {
+      return Illegal(chain, absl::StrCat("the '", chain.dims[sd].name, "' stream loop encloses fewer than two ops"));
+    }
+  }
+  // An online softmax feeds exactly one sum that accumulates along its axis
+  // with the softmax as a factor, and whose output holds the softmax rows.
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    if (!nest.ops[o].online) continue;
+    const ir::Op& sm = chain.ops[o];
+    const std::string& name = chain.tensors[sm.output].name;
+    if (chain.tensors[sm.output].role == ir::TensorRole::kOutput) {
+      return Illegal(chain, absl::StrCat("softmax '", name, "' along the stream loop is an output; it cannot be online"));
+    }
+    int consumer = -1, reads = 0;
+    for (size_t c = o + 1; c < chain.ops.size(); ++c) {
+      for (int t : ReadTensors(chain.ops[c])) {
+        if (t == sm.output) {
+          ++reads;
+          consumer = static_cast<int>(c);
+        }
+      }
+    }
+    bool ok = reads == 1 && nest.ops[consumer].accumulates;
+    if (ok) {
+      GemmForm g = AnalyzeGemmForm(chain.ops[consumer], chain);
+      int as_factor = 0;
+      for (const auto* side : {&g.a_side, &g.b_side}) {
+        for (const ir::Access& a : *side) as_factor += a.tensor == sm.output;
+      }
+      ok = g.ok && as_factor == 1;
+      for (int d : sm.index) ok = ok && (d == sm.axis || Contains(chain.ops[consumer].index, d));
+    }
+    if (!ok) {
+      return Illegal(chain, absl::StrCat("softmax '", name, "' along the stream loop must feed exactly one sum over '",
+                                         chain.dims[sd].name, "' as a factor"));
+    }
+    nest.ops[consumer].online_softmax = static_cast<int>(o);
+  }
+
+  // The range an op sees of each dim inside all its loops.
+  auto range_of = [&](int o) {
+    std::vector<int64_t> range(num_dims);
+    for (int d = 0; d < num_dims; ++d) {
+      bool tiled = is_block(d) || (d == sd && nest.ops[o].region == Region::kStream) || Contains(s.own[o], d);
+      range[d] = tiled ? s.tile[d] : chain.dims[d].extent;
+    }
+    return range;
   };
-  // Loads of the inputs among `reads` (intermediates are block-local).
+
+  // Block-local buffers.
+  nest.local.resize(chain.tensors.size());
+  std::vector<bool> read(chain.tensors.size(), false);
+  for (const ir::Op& op : chain.ops) {
+    for (int t : ReadTensors(op)) read[t] = true;
+  }
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    const ir::Op& op = chain.ops[o];
+    if (!read[op.output] && !nest.ops[o].accumulates) continue;
+    LocalBuffer& b = nest.local[op.output];
+    b.floats = 1;
+    for (int d : op.index) {
+      bool tile_axis = is_block(d) || (d == sd && nest.ops[o].region == Region::kStream && !nest.ops[o].accumulates);
+      b.shape.push_back(tile_axis ? s.tile[d] : chain.dims[d].extent);
+      b.relative.push_back(tile_axis);
+      b.floats *= b.shape.back();
+    }
+    nest.intermediate_bytes += b.floats * static_cast<int64_t>(sizeof(float));
+  }
+
+  // Statements and per-op scratch.
+  auto add_statement = [&](StmtKind kind, int op, int tensor, double bytes, double flops, std::vector<int> loops) {
+    Statement st;
+    st.kind = kind;
+    st.op = op;
+    st.tensor = tensor;
+    const char* prefix = kind == StmtKind::kLoad ? "L(" : kind == StmtKind::kCompute ? "C(" : "S(";
+    st.label = absl::StrCat(prefix, chain.tensors[tensor >= 0 ? tensor : chain.ops[op].output].name, ")");
+    st.bytes = bytes;
+    st.flops = flops;
+    st.executions = 1;
+    for (int d : loops) st.executions *= static_cast<double>(nest.trips[d]);
+    st.loops = std::move(loops);
+    nest.statements.push_back(std::move(st));
+  };
   auto add_loads = [&](int op, const std::vector<ir::Access>& reads, const std::vector<int64_t>& range,
                        const std::vector<int>& loops) {
     for (const ir::Access& a : reads) {
@@ -188,45 +307,29 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
     for (int d : dims) points *= static_cast<double>(range[d]);
     return points;
   };
-  const std::vector<int>& block_loops = schedule.block_dims;
 
-  int64_t max_temp = 0;
+  int64_t stream_temps = 0, shared_temps = 0;
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];
-    OpNest on;
-    on.op = static_cast<int>(o);
+    OpNest& on = nest.ops[o];
+    const bool in_stream = on.region == Region::kStream;
     const bool global_out = chain.tensors[op.output].role == ir::TensorRole::kOutput;
+    const std::vector<int64_t> range = range_of(static_cast<int>(o));
+    // The loops around this op's work: block, then stream, then own.
+    std::vector<int> outer = s.block;
+    if (in_stream) outer.push_back(sd);
+    on.loops = s.own[o];
+    for (int d : on.loops) on.num_out_loops += Contains(op.index, d);
+    std::vector<int> all = outer;
+    all.insert(all.end(), on.loops.begin(), on.loops.end());
 
     if (op.kind == ir::OpKind::kSum) {
       on.gemm = AnalyzeGemmForm(op, chain);
-      for (int d : op.index) {
-        if (!is_block(d) && nest.trips[d] > 1) on.loops.push_back(d);
-      }
-      on.num_out_loops = static_cast<int>(on.loops.size());
-      for (int d : op.reduce) {
-        if (nest.trips[d] > 1) on.loops.push_back(d);
-      }
-      // The range of every dim inside the innermost loop.
-      std::vector<int64_t> range = block_range;
-      for (int d : op.index) range[d] = schedule.tile[d];
-      for (int d : op.reduce) range[d] = schedule.tile[d];
-
-      // A pack covers batch x (rows or cols) x reduced dims; it sits just
-      // inside the innermost loop over one of those.
-      auto depth_of = [&](const std::vector<int>& own) {
-        int depth = 0;
-        for (int i = 0; i < static_cast<int>(on.loops.size()); ++i) {
-          int d = on.loops[i];
-          if (Contains(on.gemm.batch, d) || Contains(own, d) || Contains(op.reduce, d)) depth = i + 1;
-        }
-        return depth;
-      };
-      auto loops_to = [&](int depth) {
-        std::vector<int> loops = block_loops;
-        loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + depth);
+      auto loops_to = [&](int own_depth) {
+        std::vector<int> loops = outer;
+        loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + own_depth);
         return loops;
       };
-
       double flops;
       if (on.gemm.ok) {
         for (int d : on.gemm.batch) on.batch_tile *= range[d];
@@ -238,29 +341,58 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
         on.acc_floats = on.batch_tile * on.rows_pad * on.cols_pad;
         on.pack_a_floats = on.batch_tile * on.k_tile * on.rows_pad;
         on.pack_b_floats = on.batch_tile * on.k_tile * on.cols_pad;
-        on.a_depth = depth_of(on.gemm.rows);
-        on.b_depth = depth_of(on.gemm.cols);
-        add_loads(on.op, on.gemm.a_side, range, loops_to(on.a_depth));
-        add_loads(on.op, on.gemm.b_side, range, loops_to(on.b_depth));
+        // A pack covers batch x (rows or cols) x reduced dims and sits just
+        // inside the innermost loop over one of them.
+        auto place = [&](const std::vector<int>& own_side, int& depth, bool& hoisted) {
+          int d_own = 0;
+          for (int i = 0; i < static_cast<int>(on.loops.size()); ++i) {
+            int d = on.loops[i];
+            if (Contains(on.gemm.batch, d) || Contains(own_side, d) || Contains(op.reduce, d)) d_own = i + 1;
+          }
+          bool needs_stream = in_stream && (Contains(on.gemm.batch, sd) || Contains(own_side, sd) ||
+                                            Contains(op.reduce, sd));
+          depth = d_own;
+          hoisted = in_stream && d_own == 0 && !needs_stream;
+        };
+        place(on.gemm.rows, on.a_depth, on.a_hoisted);
+        place(on.gemm.cols, on.b_depth, on.b_hoisted);
+        auto pack_loops = [&](int depth, bool hoisted) {
+          std::vector<int> loops = loops_to(depth);
+          if (hoisted) loops.pop_back();  // the stream dim, last of `outer`
+          return loops;
+        };
+        add_loads(on.op, on.gemm.a_side, range, pack_loops(on.a_depth, on.a_hoisted));
+        add_loads(on.op, on.gemm.b_side, range, pack_loops(on.b_depth, on.b_hoisted));
         flops = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(on.k_tile);
       } else {
         std::vector<ir::Access> reads;
         ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
-        add_loads(on.op, reads, range, loops_to(static_cast<int>(on.loops.size())));
+        add_loads(on.op, reads, range, all);
         on.acc_floats = static_cast<int64_t>(points_of(op.index, range));
         flops = 2.0 * points_of(op.index, range) * points_of(op.reduce, range);
       }
-      add_statement(StmtKind::kCompute, on.op, -1, 0, flops, loops_to(static_cast<int>(on.loops.size())));
+      add_statement(StmtKind::kCompute, on.op, -1, 0, flops, all);
+      nest.padded_flops += flops * nest.statements.back().executions;
+      if (on.online_softmax >= 0) {
+        // Rescaling the accumulator at every stream step, dividing once after.
+        const double elems = static_cast<double>(nest.local[op.output].floats);
+        add_statement(StmtKind::kCompute, on.op, -1, 0, 2 * elems, outer);
+        add_statement(StmtKind::kCompute, on.op, -1, 0, elems, s.block);
+      }
       if (global_out) {
-        add_statement(StmtKind::kStore, on.op, op.output, points_of(op.index, range) * ir::DTypeBytes(chain.dtype),
-                      0, loops_to(on.num_out_loops));
+        if (on.accumulates) {
+          add_statement(StmtKind::kStore, on.op, op.output, points_of(op.index, range) * ir::DTypeBytes(chain.dtype),
+                        0, s.block);
+        } else {
+          add_statement(StmtKind::kStore, on.op, op.output, points_of(op.index, range) * ir::DTypeBytes(chain.dtype),
+                        0, loops_to(on.num_out_loops));
+        }
       }
     } else {
-      // Map and softmax ops sweep the block's whole range in one go.
       std::vector<ir::Access> reads;
       ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
-      add_loads(on.op, reads, block_range, block_loops);
-      const double points = points_of(op.index, block_range);
+      add_loads(on.op, reads, range, outer);
+      const double points = points_of(op.index, range);
       int nodes = 0;
       std::vector<const ir::Expr*> stack = {&op.body};
       while (!stack.empty()) {
@@ -270,16 +402,25 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
         for (const ir::Expr& arg : e->args) stack.push_back(&arg);
       }
       const double per_point = std::max(nodes, 1) + (op.kind == ir::OpKind::kSoftmax ? 4 : 0);
-      add_statement(StmtKind::kCompute, on.op, -1, 0, points * per_point, block_loops);
-      if (global_out) {
-        add_statement(StmtKind::kStore, on.op, op.output, points * ir::DTypeBytes(chain.dtype), 0, block_loops);
+      add_statement(StmtKind::kCompute, on.op, -1, 0, points * per_point, outer);
+      if (global_out) add_statement(StmtKind::kStore, on.op, op.output, points * ir::DTypeBytes(chain.dtype), 0, outer);
+      if (op.kind == ir::OpKind::kSoftmax) {
+        on.row_floats = range[op.axis];
+        if (on.online) {
+          int64_t rows = 1;
+          for (int d : op.index) rows *= d == op.axis ? 1 : range[d];
+          on.state_floats = 3 * rows;  // running max, running sum, rescale
+        }
       }
-    if (op.kind == ir::OpKind::kSoftmax) on.row_floats = chain.dims[op.axis].extent;
     }
-    max_temp = std::max(max_temp, on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats);
-    nest.ops.push_back(std::move(on));
+    const int64_t temps = on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats + on.state_floats;
+    if (in_stream) {
+      stream_temps += temps;
+    } else {
+      shared_temps = std::max(shared_temps, temps);
+    }
   }
-  nest.scratch_bytes = (locals + max_temp) * static_cast<int64_t>(sizeof(float));
+  nest.scratch_bytes = nest.intermediate_bytes + (stream_temps + shared_temps) * static_cast<int64_t>(sizeof(float));
   return nest;
 }
 

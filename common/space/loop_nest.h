@@ -1,25 +1,30 @@
-// The fused loop nest of a chain under a schedule: which dims are fused,
-// how each op's compute maps onto the target's micro-kernel, where each
-// Load/Compute/Store statement sits after hoisting, and how much per-thread
-// scratch a block needs. The cost model and the code generator both read
-// it, so what is predicted is what is emitted.
+// The fused loop nest of a chain under a schedule, after statement
+// placement: which region each op runs in, where each Load / Compute /
+// Store statement sits (its LP_set, the loops that still enclose it), and
+// the per-thread scratch a block needs. The cost model and the code
+// generator both read it, so what is predicted is what is emitted.
 //
-// Structure of the emitted nest (CPU):
-//   parallel for each block (tiles of the block dims):
-//     for each op, in chain order:
-//       sum op:  for each tile of its non-block output dims   (out loops)
-//                  zero acc
-//                  for each tile of its reduced dims          (reduce loops)
-//                    pack A side; pack B side                 (hoisted, see below)
-//                    micro-kernel: acc += A * B
-//                  store acc
-//       map / softmax op: over the block's tile x full extents of other dims
-// A loop whose tile equals its extent has one trip and vanishes. A pack
-// holds batch x (rows or cols) x reduced dims of its side and sits just
-// inside the innermost remaining loop over one of those dims, so it is
-// hoisted out of the loops over the other side's dims (MCFuser's
-// memory-access optimization: with one reduce tile, A is loaded once per
-// block instead of once per column tile), and its LP_set shrinks with it.
+// Placement follows the dependencies between statements (MCFuser's scope
+// and order dependencies):
+//  - An op runs BEFORE the stream loops when it uses no stream dim and
+//    reads nothing produced inside them (it is hoisted out of them), INSIDE
+//    them when it produces or reduces along a stream dim or reads a tile
+//    produced there, and AFTER them when it reads a result accumulated
+//    across them.
+//  - A sum op whose body is a product maps onto the micro-kernel: rows x
+//    columns of its output, packed A and B operands (see GemmForm). A pack
+//    holds batch x (rows or cols) x reduced dims of its side and sits just
+//    inside the innermost loop (stream or own) over one of those dims: it
+//    is hoisted out of every other loop, e.g. out of the stream loop when
+//    it does not depend on it (L_A leaves n in m/n/C(k) when k has one
+//    tile). A loop of one trip vanishes and what it enclosed hoists.
+//  - A store leaves the loops of the dims it reduces: an op accumulating
+//    across the stream loop stores after it (S_E leaves n and k).
+//  - An op inside a block dim or stream loop it does not use is recomputed
+//    for every iteration: its C statement keeps the loop in its LP_set and
+//    the model charges for it.
+//  - A softmax along the stream dim is computed online: a running max and
+//    sum per row, and the consuming sum rescales its accumulator.
 #pragma once
 
 #include <cstdint>
@@ -33,13 +38,13 @@
 
 namespace fusor::space {
 
-// Dims every op can be tiled along together: each op's output has the dim,
-// every read of an op result indexes that axis with the plain dim (and no
-// other axis with it), and no softmax normalizes along it.
-std::vector<int> FusableDims(const ir::Chain& chain);
+// Dims that can be block loops: an output dim of every op whose result is
+// a chain output, never reduced or normalized by any op, and read
+// unchanged (plain index, same axis) wherever an op result is read.
+std::vector<int> BlockEligibleDims(const ir::Chain& chain);
 
 // How a sum op's body maps onto a GEMM-shaped micro-kernel: the product of
-// the A-side factors (which do not depend on the op's last output dim) times
+// the A-side factors (which do not depend on the op's last output dim) and
 // the B-side factors (which do). Output dims read by both sides are batch
 // dims, by the B side only column dims, the rest row dims.
 struct GemmForm {
@@ -50,6 +55,7 @@ struct GemmForm {
 };
 GemmForm AnalyzeGemmForm(const ir::Op& op, const ir::Chain& chain);
 
+enum class Region { kBefore, kStream, kAfter };
 enum class StmtKind { kLoad, kCompute, kStore };
 
 struct Statement {
@@ -59,46 +65,58 @@ struct Statement {
   std::string label;       // e.g. "L(K)", "C(S)", "S(O)"
   double bytes = 0;        // TS, per execution
   double flops = 0;        // Fp, per execution
-  std::vector<int> loops;  // LP_set: dims whose loops still enclose it
+  std::vector<int> loops;  // LP_set: dims whose loops enclose it
   double executions = 0;   // product of the trip counts of `loops`
 };
 
 struct OpNest {
   int op = -1;
+  Region region = Region::kBefore;
+  bool accumulates = false;   // reduces along the stream dim: result complete after the loop
+  bool online = false;        // softmax op normalized online along the stream dim
+  int online_softmax = -1;    // sum op: the online softmax op whose rows it rescales
   GemmForm gemm;
-  // The op's own tile loops (trip count > 1), outermost first: non-block
-  // output dims, then reduced dims.
-  std::vector<int> loops;
+  std::vector<int> loops;     // own loops (trip count > 1): output dims, then reduced dims
   int num_out_loops = 0;
-  // Packs of the A and B sides sit inside the first a_depth / b_depth loops.
-  int a_depth = 0;
-  int b_depth = 0;
-  // Tile sizes of the GEMM view, and the scratch they take (floats).
+  // Packs sit inside the first a_depth / b_depth own loops, or before the
+  // stream loop when hoisted out of it.
+  int a_depth = 0, b_depth = 0;
+  bool a_hoisted = false, b_hoisted = false;
+  // GEMM view of the innermost tile, and the op's scratch (floats).
   int64_t batch_tile = 1, rows_tile = 1, cols_tile = 1, k_tile = 1;
   int64_t rows_pad = 1, cols_pad = 1;
   int64_t acc_floats = 0, pack_a_floats = 0, pack_b_floats = 0, row_floats = 0;
+  int64_t state_floats = 0;   // online softmax: running max, sum and rescale per row
+};
+
+// A block-local buffer of an op result, laid out over the producer's
+// output dims: block dims (and the stream dim, for a tile produced inside
+// the stream loop) span their tile, counted from the loop's origin; the
+// rest span their extent.
+struct LocalBuffer {
+  int64_t floats = 0;             // 0: no buffer
+  std::vector<int64_t> shape;     // per axis
+  std::vector<bool> relative;     // per axis: indexed from the loop origin
 };
 
 struct LoopNest {
-  Schedule schedule;
-  hw::CpuMicroKernel kernel;
-  std::vector<int64_t> trips;  // per dim: ceil(extent / tile)
+  Schedule schedule;              // canonical
+  hw::MicroKernel kernel;
+  std::vector<int64_t> trips;     // per dim: ceil(extent / tile)
   int64_t num_blocks = 1;
-  std::vector<OpNest> ops;     // parallel to chain.ops
+  int stream_dim = -1;            // at most one stream loop
+  std::vector<OpNest> ops;        // parallel to chain.ops
+  std::vector<LocalBuffer> local; // per tensor
   std::vector<Statement> statements;
-  // Per tensor: floats of its block-local buffer (intermediates and outputs
-  // read by a later op), 0 for tensors without one.
-  std::vector<int64_t> local_floats;
-  int64_t scratch_bytes = 0;   // per thread: local buffers + largest op temporaries
+  int64_t intermediate_bytes = 0; // block-local buffers
+  int64_t scratch_bytes = 0;      // everything a thread holds for a block
+  double padded_flops = 0;        // sum ops' compute, padding included
 };
 
-// INVALID_ARGUMENT when the schedule does not fit the chain (unknown or
-// non-fusable block dim, tile out of range).
+// INVALID_ARGUMENT when the schedule cannot be a legal nest for the chain
+// (an ineligible block dim, a stream loop a result would be read across
+// before it is complete, own loops over foreign dims, ...).
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
-                                       const hw::CpuMicroKernel& kernel);
-
-// Whether tensor `t` needs a block-local buffer: it is computed by an op
-// and read by a later one.
-bool NeedsLocalBuffer(const ir::Chain& chain, int t);
+                                       const hw::MicroKernel& kernel);
 
 }  // namespace fusor::space

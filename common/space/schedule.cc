@@ -1,7 +1,6 @@
 #include "common/space/schedule.h"
 
 #include <algorithm>
-#include <cctype>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,83 +9,155 @@
 #include "absl/strings/strip.h"
 
 namespace fusor::space {
-
-Schedule UntiledSchedule(const ir::Chain& chain) {
-  Schedule s;
-  for (const ir::Dim& d : chain.dims) s.tile.push_back(d.extent);
-  return s;
-}
-
-std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
-  std::vector<std::string> block;
-  for (int d : schedule.block_dims) {
-    block.push_back(absl::StrCat(chain.dims[d].name, "=", schedule.tile[d]));
-  }
-  std::string out = absl::StrCat("block[", absl::StrJoin(block, ","), "]");
-  for (size_t d = 0; d < chain.dims.size(); ++d) {
-    bool is_block = std::find(schedule.block_dims.begin(), schedule.block_dims.end(),
-                              static_cast<int>(d)) != schedule.block_dims.end();
-    if (!is_block && schedule.tile[d] != chain.dims[d].extent) {
-      absl::StrAppend(&out, " ", chain.dims[d].name, "=", schedule.tile[d]);
-    }
-  }
-  return out;
-}
-
 namespace {
 
-// Parses "name=tile" into `s`; `seen` guards against a dim named twice.
-absl::StatusOr<int> ParseEntry(absl::string_view entry, const ir::Chain& chain, Schedule& s,
-                               std::vector<bool>& seen) {
-  std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
-  absl::string_view name = absl::StripAsciiWhitespace(kv.first);
-  int dim = chain.FindDim(name);
-  if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("schedule: unknown dim '", name, "'"));
-  if (seen[dim]) return absl::InvalidArgumentError(absl::StrCat("schedule: dim '", name, "' appears twice"));
-  seen[dim] = true;
-  int64_t tile = 0;
-  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(kv.second), &tile) || tile < 1 ||
-      tile > chain.dims[dim].extent) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule: tile of '", name, "' must be an integer in [1, ",
-                     chain.dims[dim].extent, "], got '", kv.second, "'"));
+absl::Status Error(absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("schedule: ", message));
+}
+
+std::string Entries(const std::vector<int>& dims, const Schedule& s, const ir::Chain& chain) {
+  std::vector<std::string> parts;
+  for (int d : dims) parts.push_back(absl::StrCat(chain.dims[d].name, "=", s.tile[d]));
+  return absl::StrJoin(parts, " ");
+}
+
+// Reads "name=tile" entries into `dims`, recording each dim's tile.
+absl::Status ParseEntries(absl::string_view text, const ir::Chain& chain, Schedule& s,
+                          std::vector<bool>& tile_set, std::vector<int>& dims) {
+  for (absl::string_view entry : absl::StrSplit(text, ' ', absl::SkipWhitespace())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    int d = chain.FindDim(kv.first);
+    if (d < 0) return Error(absl::StrCat("unknown dim '", kv.first, "'"));
+    int64_t tile = 0;
+    if (!absl::SimpleAtoi(kv.second, &tile) || tile < 1 || tile > chain.dims[d].extent) {
+      return Error(absl::StrCat("tile of '", kv.first, "' must be an integer in [1, ", chain.dims[d].extent,
+                                "], got '", kv.second, "'"));
+    }
+    if (tile_set[d] && s.tile[d] != tile) {
+      return Error(absl::StrCat("dim '", kv.first, "' has two tile sizes (", s.tile[d], " and ", tile, ")"));
+    }
+    if (std::find(dims.begin(), dims.end(), d) != dims.end()) {
+      return Error(absl::StrCat("dim '", kv.first, "' appears twice in one loop list"));
+    }
+    s.tile[d] = tile;
+    tile_set[d] = true;
+    dims.push_back(d);
   }
-  s.tile[dim] = tile;
-  return dim;
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& chain) {
-  Schedule s = UntiledSchedule(chain);
-  absl::string_view rest = absl::StripAsciiWhitespace(text);
-  if (!absl::ConsumePrefix(&rest, "block[")) {
-    return absl::InvalidArgumentError("schedule: expected 'block[' at the start");
+Schedule UntiledSchedule(const ir::Chain& chain) {
+  Schedule s;
+  for (const ir::Dim& d : chain.dims) s.tile.push_back(d.extent);
+  s.own.resize(chain.ops.size());
+  return s;
+}
+
+Schedule Canonical(const Schedule& schedule, const ir::Chain& chain) {
+  Schedule s = schedule;
+  auto one_trip = [&](int d) { return s.tile[d] >= chain.dims[d].extent; };
+  std::erase_if(s.block, one_trip);
+  std::sort(s.block.begin(), s.block.end());
+  std::erase_if(s.stream, one_trip);
+  s.own.resize(chain.ops.size());
+  for (auto& loops : s.own) std::erase_if(loops, one_trip);
+  // A tile nobody loops over is the full extent.
+  std::vector<bool> used(chain.dims.size(), false);
+  for (int d : s.block) used[d] = true;
+  for (int d : s.stream) used[d] = true;
+  for (const auto& loops : s.own) {
+    for (int d : loops) used[d] = true;
   }
-  size_t close = rest.find(']');
-  if (close == absl::string_view::npos) return absl::InvalidArgumentError("schedule: missing ']'");
-  absl::string_view block = rest.substr(0, close);
-  rest = rest.substr(close + 1);
-  std::vector<bool> seen(chain.dims.size(), false);
-  for (absl::string_view entry : absl::StrSplit(block, ',', absl::SkipWhitespace())) {
-    auto dim = ParseEntry(entry, chain, s, seen);
-    if (!dim.ok()) return dim.status();
-    s.block_dims.push_back(*dim);
-  }
-  for (absl::string_view entry : absl::StrSplit(rest, ' ', absl::SkipWhitespace())) {
-    auto dim = ParseEntry(entry, chain, s, seen);
-    if (!dim.ok()) return dim.status();
+  for (size_t d = 0; d < chain.dims.size(); ++d) {
+    if (!used[d]) s.tile[d] = chain.dims[d].extent;
   }
   return s;
 }
 
-Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map,
+std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
+  Schedule s = Canonical(schedule, chain);
+  std::string block = s.block.empty() ? "-" : Entries(s.block, s, chain);
+  std::string stream = s.stream.empty() ? "-" : Entries(s.stream, s, chain);
+  std::vector<std::string> own;
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    if (s.own[o].empty()) continue;
+    own.push_back(absl::StrCat(chain.tensors[chain.ops[o].output].name, "(", Entries(s.own[o], s, chain), ")"));
+  }
+  return absl::StrCat(block, " / ", stream, " / ", own.empty() ? "-" : absl::StrJoin(own, " "));
+}
+
+std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain) {
+  Schedule s = Canonical(schedule, chain);
+  bool short_names = std::all_of(chain.dims.begin(), chain.dims.end(), [](const ir::Dim& d) { return d.name.size() == 1; });
+  const char* sep = short_names ? "" : " ";
+  auto names = [&](const std::vector<int>& dims) {
+    std::vector<std::string> n;
+    for (int d : dims) n.push_back(chain.dims[d].name);
+    return absl::StrJoin(n, sep);
+  };
+  std::vector<int> deep = s.block;
+  deep.insert(deep.end(), s.stream.begin(), s.stream.end());
+  std::vector<std::string> groups;
+  for (const auto& loops : s.own) {
+    if (!loops.empty()) groups.push_back(names(loops));
+  }
+  std::string out = names(deep);
+  if (groups.size() == 1) absl::StrAppend(&out, sep, groups[0]);
+  if (groups.size() > 1) absl::StrAppend(&out, "(", absl::StrJoin(groups, ","), ")");
+  return out.empty() ? "-" : out;
+}
+
+absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& chain) {
+  Schedule s = UntiledSchedule(chain);
+  std::vector<absl::string_view> parts = absl::StrSplit(text, '/');
+  if (parts.size() != 3) return Error("expected three parts 'BLOCK / STREAM / OWN' (use - for an empty one)");
+  std::vector<bool> tile_set(chain.dims.size(), false);
+  auto level = [](absl::string_view p) {
+    p = absl::StripAsciiWhitespace(p);
+    return p == "-" ? absl::string_view() : p;
+  };
+  absl::Status st = ParseEntries(level(parts[0]), chain, s, tile_set, s.block);
+  if (!st.ok()) return st;
+  st = ParseEntries(level(parts[1]), chain, s, tile_set, s.stream);
+  if (!st.ok()) return st;
+  absl::string_view own = level(parts[2]);
+  while (!own.empty()) {
+    size_t open = own.find('(');
+    size_t close = own.find(')');
+    if (open == absl::string_view::npos || close == absl::string_view::npos || close < open) {
+      return Error(absl::StrCat("expected OP(dim=tile ...) in '", own, "'"));
+    }
+    absl::string_view name = absl::StripAsciiWhitespace(own.substr(0, open));
+    int t = chain.FindTensor(name);
+    if (t < 0 || chain.tensors[t].producer < 0) return Error(absl::StrCat("'", name, "' is not the result of an op"));
+    int op = chain.tensors[t].producer;
+    if (!s.own[op].empty()) return Error(absl::StrCat("loops of '", name, "' given twice"));
+    st = ParseEntries(own.substr(open + 1, close - open - 1), chain, s, tile_set, s.own[op]);
+    if (!st.ok()) return st;
+    own = absl::StripAsciiWhitespace(own.substr(close + 1));
+  }
+  for (int d : s.block) {
+    if (std::find(s.stream.begin(), s.stream.end(), d) != s.stream.end()) {
+      return Error(absl::StrCat("dim '", chain.dims[d].name, "' is both a block and a stream loop"));
+    }
+  }
+  return s;
+}
+
+Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map, const std::vector<int>& op_map,
                        const ir::Chain& to) {
   Schedule out = UntiledSchedule(to);
   for (size_t d = 0; d < dim_map.size() && d < schedule.tile.size(); ++d) {
     if (dim_map[d] >= 0) out.tile[dim_map[d]] = schedule.tile[d];
   }
-  for (int d : schedule.block_dims) out.block_dims.push_back(dim_map[d]);
+  for (int d : schedule.block) out.block.push_back(dim_map[d]);
+  std::sort(out.block.begin(), out.block.end());
+  for (int d : schedule.stream) out.stream.push_back(dim_map[d]);
+  for (size_t o = 0; o < schedule.own.size() && o < op_map.size(); ++o) {
+    for (int d : schedule.own[o]) out.own[op_map[o]].push_back(dim_map[d]);
+  }
   return out;
 }
 

@@ -1,41 +1,67 @@
-// A fused schedule: which dims are tiled at block level (the parallel,
-// fused loops) and the tile size of every dim.
+// A fused schedule of a chain: its tiling expression and tile sizes.
 //
-// Text form (dims not named keep their full extent):
-//   block[b=1,m=64] n=128 k=64 h=64
-// Block dims are the fused outer loops, outermost first; they must be
-// fusable dims of the chain (see loop_nest.h). The other entries size the
-// per-op tile loops inside a block.
+// The fused loop nest has three levels:
+//   block loops  - tiles distributed over cores (GPU: thread blocks); every
+//                  op runs inside them, so an op that lacks a block dim is
+//                  recomputed for each of its tiles;
+//   stream loops - serial loops inside a block around the ops that use the
+//                  dim: ops that produce along it compute one tile per
+//                  iteration, ops that reduce along it accumulate across
+//                  iterations (an intermediate is then never materialized
+//                  beyond one tile, and a softmax along it is computed
+//                  online);
+//   own loops    - each sum op's remaining tile loops, output dims first.
+// Dims placed nowhere run at full extent. In MCFuser's notation the block
+// and stream loops are the deep part and the own loops the flat groups:
+// `m h / n / C(k)` is the deep tiling mhnk of C = A·B, E = C·D, and
+// `m / n / C(k) E(h)` is the flat tiling mn(k,h).
+//
+// Text form (one tile size per dim; "-" for an empty level):
+//   b=1 m=64 / n=32 / S(k=32) O(h=32)
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/ir/chain.h"
 
 namespace fusor::space {
 
 struct Schedule {
-  std::vector<int> block_dims;  // outermost first
-  std::vector<int64_t> tile;    // per chain dim, in [1, extent]
+  std::vector<int> block;              // dim ids, ascending
+  std::vector<int> stream;             // dim ids, outermost first
+  std::vector<std::vector<int>> own;   // per op: dim ids, outermost first
+  std::vector<int64_t> tile;           // per dim, in [1, extent]
 
   bool operator==(const Schedule& other) const = default;
 };
 
-// A schedule with no block dims and every tile at full extent.
+// Every dim at full extent, no loops.
 Schedule UntiledSchedule(const ir::Chain& chain);
 
+// The canonical text: loops of one trip are left out (they vanish), block
+// dims in chain order.
 std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain);
-// INVALID_ARGUMENT naming the offending token on a malformed text.
+
+// INVALID_ARGUMENT naming the offending part. Checks the syntax and the
+// tile sizes; BuildLoopNest checks that the nest is legal for the chain.
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& chain);
 
-// The same schedule for chain `to` whose dims are a renumbering of this
-// schedule's: `dim_map` maps this schedule's dim ids to `to`'s (-1: none).
-// Dims of `to` that nothing maps onto keep their full extent.
+// MCFuser's tiling expression of the schedule, e.g. "mhn(k)" or "mn(k,h)";
+// for people (dims with names longer than one letter are spaced).
+std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain);
+
+// Drops loops of one trip and sorts the block dims: equal canonical forms
+// are the same nest.
+Schedule Canonical(const Schedule& schedule, const ir::Chain& chain);
+
+// The same schedule for chain `to`, whose dims and ops are a renumbering of
+// this schedule's chain: `dim_map` maps dim ids (-1: none) and `op_map` op
+// ids. Dims nothing maps onto keep their full extent.
 Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map,
-                       const ir::Chain& to);
+                       const std::vector<int>& op_map, const ir::Chain& to);
 
 }  // namespace fusor::space

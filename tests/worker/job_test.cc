@@ -60,7 +60,7 @@ std::string FakeRunner(const std::string& dir, const std::string& body) {
 }
 
 TEST(RunJobIsolatedTest, MeasuresARealCandidate) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[m=8] n=32"), worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / S(n=32)"), worker::CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_GE(out.samples_s.size(), 3u);
   EXPECT_GT(out.median_s, 0);
@@ -76,14 +76,14 @@ TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
 }
 
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[k=4]"), worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "k=8 / - / -"), worker::CurrentExecutable(""), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCompileError);
-  EXPECT_THAT(out.error, HasSubstr("cannot be a block dim"));
+  EXPECT_THAT(out.error, HasSubstr("cannot be a block loop"));
 }
 
 TEST(RunJobIsolatedTest, ACrashingRunnerIsRecordedAsACrash) {
   auto dir = TempDir::Create("/tmp", "fusor-fake-");
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "block[m=8]"), FakeRunner(dir->path(), "kill -SEGV $$"),
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / -"), FakeRunner(dir->path(), "kill -SEGV $$"),
                                   "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCrash);
   EXPECT_THAT(out.error, HasSubstr("signal 11"));
@@ -91,7 +91,7 @@ TEST(RunJobIsolatedTest, ACrashingRunnerIsRecordedAsACrash) {
 
 TEST(RunJobIsolatedTest, AHangingRunnerIsKilledAtTheTimeout) {
   auto dir = TempDir::Create("/tmp", "fusor-fake-");
-  JobSpec spec = Spec(JobKind::kCandidate, "block[m=8]");
+  JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / -");
   spec.compile_timeout_s = 0.2;
   spec.run_timeout_s = 0.2;
   JobOutcome out = RunJobIsolated(spec, FakeRunner(dir->path(), "sleep 30"), "/tmp");
@@ -101,7 +101,7 @@ TEST(RunJobIsolatedTest, AHangingRunnerIsKilledAtTheTimeout) {
 TEST(RunJobIsolatedTest, ARunnerThatExitsWithoutAnOutcomeIsACrash) {
   auto dir = TempDir::Create("/tmp", "fusor-fake-");
   JobOutcome out =
-      RunJobIsolated(Spec(JobKind::kCandidate, "block[m=8]"), FakeRunner(dir->path(), "echo oops; exit 4"), "/tmp");
+      RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / -"), FakeRunner(dir->path(), "echo oops; exit 4"), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCrash);
   EXPECT_THAT(out.error, HasSubstr("oops"));
 }

@@ -34,24 +34,30 @@ double ToDouble(ir::DType dtype, const unsigned char* p, int64_t i) {
   return 0;
 }
 
-// Fills `t` with uniform values in [-1, 1] and returns them as doubles
-// (exactly the values stored, after rounding to the dtype).
-std::vector<double> FillRandom(ir::DType dtype, int64_t n, std::mt19937_64& rng, HostTensor& t) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+// Stores `values` in `t` in the chain's dtype and returns the values as
+// stored (after rounding to the dtype), as doubles.
+std::vector<double> Store(ir::DType dtype, const std::vector<double>& values, HostTensor& t) {
   const int bytes = ir::DTypeBytes(dtype);
-  t.bytes.assign(static_cast<size_t>(n) * bytes, 0);
-  std::vector<double> values(n);
-  for (int64_t i = 0; i < n; ++i) {
-    float v = dist(rng);
+  t.bytes.assign(values.size() * bytes, 0);
+  std::vector<double> stored(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    float v = static_cast<float>(values[i]);
     if (dtype == ir::DType::kF32) {
       reinterpret_cast<float*>(t.data())[i] = v;
     } else {
       uint16_t h = dtype == ir::DType::kF16 ? rt::fusor_f32_to_f16(v) : rt::fusor_f32_to_bf16(v);
       reinterpret_cast<uint16_t*>(t.data())[i] = h;
     }
-    values[i] = ToDouble(dtype, t.bytes.data(), i);
+    stored[i] = ToDouble(dtype, t.bytes.data(), static_cast<int64_t>(i));
   }
-  return values;
+  return stored;
+}
+
+void FillRandom(ir::DType dtype, int64_t n, std::mt19937_64& rng, HostTensor& t) {
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> values(n);
+  for (double& v : values) v = dist(rng);
+  Store(dtype, values, t);
 }
 
 void Poison(ir::DType dtype, int64_t n, HostTensor& t) {
@@ -116,10 +122,26 @@ double Median(std::vector<double> values) {
 absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
                                           uint64_t seed, int num_threads) {
   std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<std::vector<double>> inputs;
+  for (int t : chain.inputs) {
+    std::vector<double> values(Elements(chain, t));
+    for (double& v : values) v = dist(rng);
+    inputs.push_back(std::move(values));
+  }
+  return ValidateKernelOn(kernel, chain, inputs, num_threads);
+}
+
+absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
+                                            const std::vector<std::vector<double>>& values, int num_threads) {
+  if (values.size() != chain.inputs.size()) return absl::InvalidArgumentError("wrong number of inputs");
   std::vector<HostTensor> inputs(chain.inputs.size()), outputs(chain.outputs.size());
   std::vector<std::vector<double>> ref_inputs;
   for (size_t i = 0; i < chain.inputs.size(); ++i) {
-    ref_inputs.push_back(FillRandom(chain.dtype, Elements(chain, chain.inputs[i]), rng, inputs[i]));
+    if (static_cast<int64_t>(values[i].size()) != Elements(chain, chain.inputs[i])) {
+      return absl::InvalidArgumentError("wrong input size");
+    }
+    ref_inputs.push_back(Store(chain.dtype, values[i], inputs[i]));
   }
   for (size_t i = 0; i < chain.outputs.size(); ++i) {
     Poison(chain.dtype, Elements(chain, chain.outputs[i]), outputs[i]);
@@ -151,8 +173,8 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
       }
       if (bad && v.ok) {
         v.ok = false;
-        v.detail = absl::StrCat("output '", chain.tensors[chain.outputs[o]].name, "' element ", i, ": got ",
-                                got, ", expected ", r[i], " (relative error ", rel, " > tolerance ", rtol, ")");
+        v.detail = absl::StrCat("output '", chain.tensors[chain.outputs[o]].name, "' element ", i, ": got ", got,
+                                ", expected ", r[i], " (relative error ", rel, " > tolerance ", rtol, ")");
       }
     }
   }

@@ -47,6 +47,11 @@ struct Validation {
 absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
                                           uint64_t seed, int num_threads);
 
+// The same check on given inputs (one buffer per chain input, in order;
+// values are rounded to the chain's dtype first).
+absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
+                                            const std::vector<std::vector<double>>& inputs, int num_threads);
+
 struct TimingOptions {
   int warmup = 2;
   int min_repeats = 5;

@@ -214,7 +214,7 @@ void CloseScopes(Writer& w, int count) {
   for (int i = 0; i < count; ++i) w.Close();
 }
 
-std::string MicroKernel(const hw::CpuMicroKernel& k) {
+std::string MicroKernel(const hw::MicroKernel& k) {
   const int vecs = k.nr / k.lanes;
   Writer w;
   if (k.lanes > 1) {
@@ -291,37 +291,52 @@ void DeclareArguments(Writer& w, const Chain& chain, const Names& n) {
 class FusedEmitter {
  public:
   FusedEmitter(const Chain& chain, const space::LoopNest& nest)
-      : chain_(chain), nest_(nest), n_{chain} {
+      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain} {
     block_.assign(chain.dims.size(), false);
-    for (int d : nest.schedule.block_dims) block_[d] = true;
-    // Scratch layout: block-local buffers, then the op temporaries.
+    for (int d : s_.block) block_[d] = true;
+    // Scratch layout: block-local buffers, then the temporaries of the ops
+    // inside the stream loop (each its own: hoisted packs live across
+    // iterations), then one area the other ops share in turn.
     int64_t offset = 0;
+    auto take = [&](int64_t floats) {
+      int64_t at = offset;
+      offset += (floats + 15) / 16 * 16;
+      return at;
+    };
     local_offset_.assign(chain.tensors.size(), -1);
     for (size_t t = 0; t < chain.tensors.size(); ++t) {
-      if (nest.local_floats[t] == 0) continue;
-      local_offset_[t] = offset;
-      offset += (nest.local_floats[t] + 15) / 16 * 16;
+      if (nest.local[t].floats > 0) local_offset_[t] = take(nest.local[t].floats);
     }
-    temp_offset_ = offset;
+    temp_offset_.assign(chain.ops.size(), 0);
+    for (const space::OpNest& on : nest.ops) {
+      if (on.region == space::Region::kStream) temp_offset_[on.op] = take(Temps(on));
+    }
+    const int64_t shared = offset;
+    int64_t shared_floats = 0;
+    for (const space::OpNest& on : nest.ops) {
+      if (on.region != space::Region::kStream) {
+        temp_offset_[on.op] = shared;
+        shared_floats = std::max(shared_floats, Temps(on));
+      }
+    }
+    scratch_floats_ = shared + shared_floats;
   }
 
   std::string Emit(const std::string& schedule_text, const std::string& mapping) {
-    const hw::CpuMicroKernel& k = nest_.kernel;
     std::string title = absl::StrCat(
-        "// fusor fused CPU kernel for chain '", chain_.name, "'\n",
-        "// schedule: ", schedule_text, "\n", "// mapping:  ", mapping, "\n",
-        "// blocks: ", nest_.num_blocks, ", scratch per thread: ", nest_.scratch_bytes, " bytes\n",
-        "// chain:\n");
+        "// fusor fused CPU kernel for chain '", chain_.name, "'\n", "// schedule: ", schedule_text, "  (",
+        space::TilingExpression(s_, chain_), ")\n", "// mapping:  ", mapping, "\n", "// blocks: ", nest_.num_blocks,
+        ", scratch per thread: ", nest_.scratch_bytes, " bytes\n", "// chain:\n");
     for (const Op& op : chain_.ops) absl::StrAppend(&title, "//   ", ir::OpToString(op, chain_), "\n");
     std::string out = Preamble(title + "\n");
-    out += MicroKernel(k);
+    out += MicroKernel(nest_.kernel);
     out += "\n";
 
     Writer& w = w_;
     w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
            "int num_threads)");
     DeclareArguments(w, chain_, n_);
-    int64_t scratch_bytes = std::max<int64_t>(64, (nest_.scratch_bytes + 63) / 64 * 64);
+    const int64_t scratch_bytes = std::max<int64_t>(64, (scratch_floats_ * 4 + 63) / 64 * 64);
     w.Line("int failed = 0;");
     w.Line(absl::StrCat("#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1) if (",
                         nest_.num_blocks, " > 1)"));
@@ -334,24 +349,18 @@ class FusedEmitter {
     w.Line("#pragma omp for schedule(dynamic, 1)");
     w.Open(absl::StrCat("for (long blk = 0; blk < ", nest_.num_blocks, "L; ++blk)"));
     w.Line("if (!scratch) continue;");
-    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
-      if (local_offset_[t] < 0) continue;
-      w.Line(absl::StrCat("float* const ", n_.Local(static_cast<int>(t)), " = scratch + ",
-                          local_offset_[t], ";"));
-    }
-    w.Line(absl::StrCat("float* const tmp = scratch + ", temp_offset_, ";"));
+    DeclareScratchPointers();
     w.Line("long rest = blk;");
-    const std::vector<int>& bd = nest_.schedule.block_dims;
-    for (int i = static_cast<int>(bd.size()) - 1; i >= 0; --i) {
-      int d = bd[i];
-      int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
-      w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", tile,
-                          "L; rest /= ", nest_.trips[d], "L;"));
-      w.Line(absl::StrCat("const long ", n_.N(d), " = ", extent, "L - ", n_.O(d), " < ", tile, "L ? ",
-                          extent, "L - ", n_.O(d), " : ", tile, "L;"));
+    for (int i = static_cast<int>(s_.block.size()) - 1; i >= 0; --i) {
+      int d = s_.block[i];
+      w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d], "L; rest /= ",
+                          nest_.trips[d], "L;"));
+      w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
     }
-    w.Line("(void)rest; (void)tmp;");
-    for (size_t o = 0; o < chain_.ops.size(); ++o) EmitOp(static_cast<int>(o));
+    w.Line("(void)rest;");
+    EmitRegion(space::Region::kBefore);
+    if (nest_.stream_dim >= 0) EmitStream();
+    EmitRegion(space::Region::kAfter);
     w.Close();  // block loop
     w.Line("free(scratch);");
     w.Close();  // parallel
@@ -361,58 +370,164 @@ class FusedEmitter {
   }
 
  private:
+  static int64_t Temps(const space::OpNest& on) {
+    return on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats + on.state_floats;
+  }
+
+  // min(tile, extent - origin)
+  std::string RangeOf(int d, const std::string& origin) const {
+    const int64_t tile = s_.tile[d], extent = chain_.dims[d].extent;
+    return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
+  }
+
+  std::string Sfx(int o) const { return absl::StrCat(o); }
+
+  void DeclareScratchPointers() {
+    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
+      if (local_offset_[t] < 0) continue;
+      w_.Line(absl::StrCat("float* const ", n_.Local(static_cast<int>(t)), " = scratch + ", local_offset_[t], ";"));
+    }
+    for (const space::OpNest& on : nest_.ops) {
+      const std::string o = Sfx(on.op);
+      int64_t at = temp_offset_[on.op];
+      auto ptr = [&](const char* name, int64_t floats) {
+        if (floats == 0) return;
+        w_.Line(absl::StrCat("float* const ", name, o, " = scratch + ", at, "; (void)", name, o, ";"));
+        at += floats;
+      };
+      ptr("acc", on.acc_floats);
+      ptr("pa", on.pack_a_floats);
+      ptr("pb", on.pack_b_floats);
+      ptr("row", on.row_floats);
+      ptr("smax", on.state_floats / 3);
+      ptr("ssum", on.state_floats / 3);
+      ptr("sscale", on.state_floats / 3);
+    }
+  }
+
+  void EmitRegion(space::Region region) {
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region == region) EmitOp(on.op);
+    }
+  }
+
+  void EmitStream() {
+    const int sd = nest_.stream_dim;
+    w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.accumulates) {
+        w_.Line(absl::StrCat("memset(", n_.Local(chain_.ops[on.op].output), ", 0, sizeof(float) * ",
+                             nest_.local[chain_.ops[on.op].output].floats, ");"));
+      }
+      if (on.online) {
+        w_.Line(absl::StrCat("for (long i = 0; i < ", on.state_floats / 3, "L; ++i) { smax", Sfx(on.op),
+                             "[i] = -INFINITY; ssum", Sfx(on.op), "[i] = 0.0f; }"));
+      }
+    }
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region != space::Region::kStream || !on.gemm.ok || !(on.a_hoisted || on.b_hoisted)) continue;
+      const Op& op = chain_.ops[on.op];
+      w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": packs hoisted out of the stream loop"));
+      w_.Open("");
+      DefineFullRanges(on);
+      if (on.a_hoisted) Pack(op, on, true);
+      if (on.b_hoisted) Pack(op, on, false);
+      w_.Close();
+    }
+    w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
+                         " += ", s_.tile[sd], "L)"));
+    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", RangeOf(sd, n_.O(sd)), ";"));
+    EmitRegion(space::Region::kStream);
+    w_.Close();
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.accumulates) EmitFinalize(on);
+    }
+  }
+
   // The value of an access inside an op: block-local buffer or global.
   std::string Load(const Access& a) const {
     if (local_offset_[a.tensor] >= 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
     return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
   }
 
-  // Offset into a block-local buffer laid out over the producer's output
-  // dims: block dims span their tile (relative to o_d), others their extent.
+  // Offset into a block-local buffer (see space::LocalBuffer).
   std::string LocalOffset(const Access& a) const {
+    const space::LocalBuffer& b = nest_.local[a.tensor];
     const std::vector<int>& index = chain_.ops[chain_.tensors[a.tensor].producer].index;
-    std::vector<int64_t> shape;
-    for (int d : index) shape.push_back(block_[d] ? nest_.schedule.tile[d] : chain_.dims[d].extent);
-    std::vector<int64_t> strides = RowMajorStrides(shape);
+    std::vector<int64_t> strides = RowMajorStrides(b.shape);
     std::vector<std::pair<int64_t, std::string>> terms;
     int64_t constant = 0;
     for (size_t axis = 0; axis < a.index.size(); ++axis) {
       constant += a.index[axis].constant * strides[axis];
       for (const auto& [d, c] : a.index[axis].terms) terms.push_back({c * strides[axis], n_.V(d)});
-      if (block_[index[axis]]) terms.push_back({-strides[axis], n_.O(index[axis])});
+      if (b.relative[axis]) terms.push_back({-strides[axis], n_.O(index[axis])});
     }
     return LinearToC(terms, constant);
   }
 
-  // Writes `value` (a float) to the op's output at the current point.
-  void Store(const Op& op, const std::string& value) {
+  static Access SelfAccess(const Op& op) {
     Access self;
     self.tensor = op.output;
     for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    if (local_offset_[op.output] >= 0) {
-      w_.Line(absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "] = ", value, ";"));
+    return self;
+  }
+
+  // Offset into an online softmax's per-row state (its dims but the axis).
+  std::string StateOffset(const Op& softmax) const {
+    std::vector<std::pair<int64_t, std::string>> terms;
+    int64_t stride = 1;
+    for (int i = static_cast<int>(softmax.index.size()) - 1; i >= 0; --i) {
+      int d = softmax.index[i];
+      if (d == softmax.axis) continue;
+      terms.push_back({stride, n_.V(d)});
+      if (block_[d]) terms.push_back({-stride, n_.O(d)});
+      stride *= block_[d] ? s_.tile[d] : chain_.dims[d].extent;
     }
-    if (chain_.tensors[op.output].role == TensorRole::kOutput) {
-      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ",
-                           StoreConvert(chain_.dtype, value), ";"));
+    return LinearToC(terms, 0);
+  }
+
+  // Writes `value` to the op's result at the current point: its local
+  // buffer (accumulating across the stream loop when the op does, rescaled
+  // by an online softmax) and its global output (unless that waits for the
+  // end of the stream loop).
+  void Store(const space::OpNest& on, const std::string& value) {
+    const Op& op = chain_.ops[on.op];
+    Access self = SelfAccess(op);
+    if (local_offset_[op.output] >= 0) {
+      std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
+      if (on.online_softmax >= 0) {
+        w_.Line(absl::StrCat(at, " = ", at, " * sscale", Sfx(on.online_softmax), "[",
+                             StateOffset(chain_.ops[on.online_softmax]), "] + ", value, ";"));
+      } else if (on.accumulates) {
+        w_.Line(absl::StrCat(at, " += ", value, ";"));
+      } else {
+        w_.Line(absl::StrCat(at, " = ", value, ";"));
+      }
+    }
+    if (chain_.tensors[op.output].role == TensorRole::kOutput && !on.accumulates) {
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ", StoreConvert(chain_.dtype, value),
+                           ";"));
     }
   }
 
-  // Defines o_d = 0, n_d = extent for the op's dims that neither the block
-  // nor one of the op's own loops ranges over.
-  void DefineFullRanges(const std::vector<int>& dims, const std::vector<int>& loops) {
+  // o_d = 0, n_d = extent for the op's dims no block, stream or own loop
+  // ranges over.
+  void DefineFullRanges(const space::OpNest& on) {
+    const Op& op = chain_.ops[on.op];
+    std::vector<int> dims = op.index;
+    dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
     for (int d : dims) {
-      if (block_[d] || std::find(loops.begin(), loops.end(), d) != loops.end()) continue;
+      bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
+                    std::find(on.loops.begin(), on.loops.end(), d) != on.loops.end();
+      if (looped) continue;
       w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
     }
   }
 
   void OpenTileLoop(int d) {
-    int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
-    w_.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", extent, "L; ", n_.O(d),
-                         " += ", tile, "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(d), " = ", extent, "L - ", n_.O(d), " < ", tile, "L ? ",
-                         extent, "L - ", n_.O(d), " : ", tile, "L;"));
+    w_.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", chain_.dims[d].extent, "L; ", n_.O(d),
+                         " += ", s_.tile[d], "L)"));
+    w_.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
   }
 
   void EmitOp(int o) {
@@ -420,77 +535,94 @@ class FusedEmitter {
     const space::OpNest& on = nest_.ops[o];
     w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
     w_.Open("");
-    std::vector<int> dims = op.index;
-    dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
-    DefineFullRanges(dims, on.loops);
+    DefineFullRanges(on);
     if (op.kind == OpKind::kSum && on.gemm.ok) {
       EmitGemmSum(op, on);
     } else if (op.kind == OpKind::kSum) {
       EmitGenericSum(op, on);
     } else if (op.kind == OpKind::kMap) {
       int opened = OpenPointLoops(w_, op.index, n_);
-      Store(op, ExprToC(op.body, [this](const Access& a) { return Load(a); }));
+      Store(on, ExprToC(op.body, [this](const Access& a) { return Load(a); }));
       CloseScopes(w_, opened);
+    } else if (on.online) {
+      EmitOnlineSoftmax(op, on);
     } else {
-      EmitSoftmax(op);
+      EmitSoftmax(op, on);
     }
+    w_.Close();
+  }
+
+  struct GemmNames {
+    std::string rows, cols, kc, nbatch, rows_pad, cols_pad, mr, nr;
+  };
+
+  GemmNames Gemm(const Op& op, const space::OpNest& on) const {
+    const hw::MicroKernel& k = nest_.kernel;
+    GemmNames g;
+    g.mr = absl::StrCat(k.mr, "L");
+    g.nr = absl::StrCat(k.nr, "L");
+    g.rows = Count(on.gemm.rows, n_);
+    g.cols = Count(on.gemm.cols, n_);
+    g.kc = Count(op.reduce, n_);
+    g.nbatch = Count(on.gemm.batch, n_);
+    g.rows_pad = absl::StrCat("((", g.rows, " + ", k.mr - 1, "L) / ", g.mr, " * ", g.mr, ")");
+    g.cols_pad = absl::StrCat("((", g.cols, " + ", k.nr - 1, "L) / ", g.nr, " * ", g.nr, ")");
+    return g;
+  }
+
+  // Packs one side of a GEMM-shaped sum for the current tile:
+  // [batch][panel][k][mr or nr], zero-padded to whole panels.
+  void Pack(const Op& op, const space::OpNest& on, bool a_side) {
+    const space::GemmForm& g = on.gemm;
+    const GemmNames names = Gemm(op, on);
+    const std::vector<int>& own = a_side ? g.rows : g.cols;
+    const std::string& pad = a_side ? names.rows_pad : names.cols_pad;
+    const std::string& width = a_side ? names.mr : names.nr;
+    const std::string buf = (a_side ? "pa" : "pb") + Sfx(on.op);
+    auto load = [this](const Access& a) { return Load(a); };
+    w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
+    w_.Open("");
+    w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ", pad,
+                         ", kc = ", names.kc, ";"));
+    int opened = OpenPointLoops(w_, g.batch, n_);
+    opened += OpenPointLoops(w_, op.reduce, n_);
+    w_.Line(absl::StrCat("float* const dst = ", buf, " + ((", FlatIndex(g.batch, n_), ") * (own_pad / ", width,
+                         ") * kc + (", FlatIndex(op.reduce, n_), ")) * ", width, ";"));
+    int inner = OpenPointLoops(w_, own, n_);
+    w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
+    w_.Line(absl::StrCat("dst[(x / ", width, ") * kc * ", width, " + x % ", width, "] = ",
+                         ProductToC(a_side ? g.a_side : g.b_side, a_side ? g.scale : 1, load), ";"));
+    CloseScopes(w_, inner);
+    w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, ") * kc * ", width, " + x % ",
+                         width, "] = 0.0f;"));
+    CloseScopes(w_, opened);
     w_.Close();
   }
 
   void EmitGemmSum(const Op& op, const space::OpNest& on) {
     const space::GemmForm& g = on.gemm;
-    const hw::CpuMicroKernel& k = nest_.kernel;
-    const std::string mr = absl::StrCat(k.mr, "L"), nr = absl::StrCat(k.nr, "L");
-    w_.Line(absl::StrCat("float* const acc = tmp;"));
-    w_.Line(absl::StrCat("float* const pa = tmp + ", on.acc_floats, ";"));
-    w_.Line(absl::StrCat("float* const pb = tmp + ", on.acc_floats + on.pack_a_floats, ";"));
-    const std::string rows = Count(g.rows, n_), cols = Count(g.cols, n_), kc = Count(op.reduce, n_),
-                      nbatch = Count(g.batch, n_);
-    const std::string rows_pad = absl::StrCat("((", rows, " + ", k.mr - 1, "L) / ", mr, " * ", mr, ")");
-    const std::string cols_pad = absl::StrCat("((", cols, " + ", k.nr - 1, "L) / ", nr, " * ", nr, ")");
-    auto load = [this](const Access& a) { return Load(a); };
-
-    auto pack = [&](bool a_side) {
-      const std::vector<int>& own = a_side ? g.rows : g.cols;
-      const std::string& pad = a_side ? rows_pad : cols_pad;
-      const std::string& width = a_side ? mr : nr;
-      const std::string buf = a_side ? "pa" : "pb";
-      w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side: [batch][panel][k][", a_side ? k.mr : k.nr, "]"));
-      w_.Open("");
-      w_.Line(absl::StrCat("const long own = ", a_side ? rows : cols, ", own_pad = ", pad, ", kc = ", kc, ";"));
-      int opened = OpenPointLoops(w_, g.batch, n_);
-      opened += OpenPointLoops(w_, op.reduce, n_);
-      w_.Line(absl::StrCat("float* const dst = ", buf, " + ((", FlatIndex(g.batch, n_), ") * (own_pad / ",
-                           width, ") * kc + (", FlatIndex(op.reduce, n_), ")) * ", width, ";"));
-      int inner = OpenPointLoops(w_, own, n_);
-      w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
-      w_.Line(absl::StrCat("dst[(x / ", width, ") * kc * ", width, " + x % ", width, "] = ",
-                           ProductToC(a_side ? g.a_side : g.b_side, a_side ? g.scale : 1, load), ";"));
-      CloseScopes(w_, inner);
-      w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, ") * kc * ", width,
-                           " + x % ", width, "] = 0.0f;"));
-      CloseScopes(w_, opened);
-      w_.Close();
-    };
-
+    const GemmNames names = Gemm(op, on);
+    const std::string o = Sfx(on.op);
     const int num_loops = static_cast<int>(on.loops.size());
     for (int level = 0; level <= num_loops; ++level) {
       if (level == on.num_out_loops) {
-        w_.Line(absl::StrCat("memset(acc, 0, sizeof(float) * ", nbatch, " * ", rows_pad, " * ", cols_pad, ");"));
+        w_.Line(absl::StrCat("memset(acc", o, ", 0, sizeof(float) * ", names.nbatch, " * ", names.rows_pad, " * ",
+                             names.cols_pad, ");"));
       }
-      if (on.a_depth == level) pack(true);
-      if (on.b_depth == level) pack(false);
+      if (on.a_depth == level && !on.a_hoisted) Pack(op, on, true);
+      if (on.b_depth == level && !on.b_hoisted) Pack(op, on, false);
       if (level < num_loops) OpenTileLoop(on.loops[level]);
     }
     // Innermost: the micro-kernel over the whole tile.
     w_.Open("");
-    w_.Line(absl::StrCat("const long rows_pad = ", rows_pad, ", cols_pad = ", cols_pad, ", kc = ", kc, ";"));
-    w_.Open(absl::StrCat("for (long bi = 0; bi < ", nbatch, "; ++bi)"));
-    w_.Open(absl::StrCat("for (long r = 0; r < rows_pad; r += ", mr, ")"));
-    w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", nr, ")"));
-    w_.Line(absl::StrCat("fusor_mk(kc, pa + (bi * (rows_pad / ", mr, ") + r / ", mr, ") * kc * ", mr,
-                         ", pb + (bi * (cols_pad / ", nr, ") + c / ", nr, ") * kc * ", nr,
-                         ", acc + (bi * rows_pad + r) * cols_pad + c, cols_pad);"));
+    w_.Line(absl::StrCat("const long rows_pad = ", names.rows_pad, ", cols_pad = ", names.cols_pad, ", kc = ",
+                         names.kc, ";"));
+    w_.Open(absl::StrCat("for (long bi = 0; bi < ", names.nbatch, "; ++bi)"));
+    w_.Open(absl::StrCat("for (long r = 0; r < rows_pad; r += ", names.mr, ")"));
+    w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", names.nr, ")"));
+    w_.Line(absl::StrCat("fusor_mk(kc, pa", o, " + (bi * (rows_pad / ", names.mr, ") + r / ", names.mr, ") * kc * ",
+                         names.mr, ", pb", o, " + (bi * (cols_pad / ", names.nr, ") + c / ", names.nr, ") * kc * ",
+                         names.nr, ", acc", o, " + (bi * rows_pad + r) * cols_pad + c, cols_pad);"));
     w_.Close();
     w_.Close();
     w_.Close();
@@ -498,11 +630,11 @@ class FusedEmitter {
     for (int level = num_loops; level > on.num_out_loops; --level) w_.Close();
     // Store the finished tile.
     w_.Open("");
-    w_.Line(absl::StrCat("const long rows_pad = ", rows_pad, ", cols_pad = ", cols_pad, ";"));
+    w_.Line(absl::StrCat("const long rows_pad = ", names.rows_pad, ", cols_pad = ", names.cols_pad, ";"));
     int opened = OpenPointLoops(w_, g.batch, n_);
     opened += OpenPointLoops(w_, g.rows, n_);
     opened += OpenPointLoops(w_, g.cols, n_);
-    Store(op, absl::StrCat("acc[((", FlatIndex(g.batch, n_), ") * rows_pad + (", FlatIndex(g.rows, n_),
+    Store(on, absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * rows_pad + (", FlatIndex(g.rows, n_),
                            ")) * cols_pad + (", FlatIndex(g.cols, n_), ")]"));
     CloseScopes(w_, opened);
     w_.Close();
@@ -511,62 +643,133 @@ class FusedEmitter {
 
   void EmitGenericSum(const Op& op, const space::OpNest& on) {
     auto load = [this](const Access& a) { return Load(a); };
-    w_.Line("float* const acc = tmp;");
+    const std::string acc = "acc" + Sfx(on.op);
     for (int i = 0; i < on.num_out_loops; ++i) OpenTileLoop(on.loops[i]);
-    w_.Line(absl::StrCat("memset(acc, 0, sizeof(float) * ", Count(op.index, n_), ");"));
+    w_.Line(absl::StrCat("memset(", acc, ", 0, sizeof(float) * ", Count(op.index, n_), ");"));
     for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) OpenTileLoop(on.loops[i]);
     int opened = OpenPointLoops(w_, op.index, n_);
     w_.Line("float s = 0.0f;");
     int inner = OpenPointLoops(w_, op.reduce, n_);
     w_.Line(absl::StrCat("s += ", ExprToC(op.body, load), ";"));
     CloseScopes(w_, inner);
-    w_.Line(absl::StrCat("acc[", FlatIndex(op.index, n_), "] += s;"));
+    w_.Line(absl::StrCat(acc, "[", FlatIndex(op.index, n_), "] += s;"));
     CloseScopes(w_, opened);
     for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) w_.Close();
     opened = OpenPointLoops(w_, op.index, n_);
-    Store(op, absl::StrCat("acc[", FlatIndex(op.index, n_), "]"));
+    Store(on, absl::StrCat(acc, "[", FlatIndex(op.index, n_), "]"));
     CloseScopes(w_, opened);
     for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
   }
 
-  void EmitSoftmax(const Op& op) {
-    auto load = [this](const Access& a) { return Load(a); };
-    std::vector<int> others;
+  std::vector<int> SoftmaxRows(const Op& op) const {
+    std::vector<int> rows;
     for (int d : op.index) {
-      if (d != op.axis) others.push_back(d);
+      if (d != op.axis) rows.push_back(d);
     }
+    return rows;
+  }
+
+  // The axis loop of a softmax over [o_axis, o_axis + n_axis).
+  std::string AxisLoop(int ax) const {
+    return absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", n_.N(ax), "; ++", n_.I(ax), ")");
+  }
+  std::string AxisVar(int ax) const {
+    return absl::StrCat("const long ", n_.V(ax), " = ", n_.O(ax), " + ", n_.I(ax), ";");
+  }
+
+  void EmitSoftmax(const Op& op, const space::OpNest& on) {
+    auto load = [this](const Access& a) { return Load(a); };
     const int ax = op.axis;
-    const std::string extent = absl::StrCat(chain_.dims[ax].extent, "L");
-    w_.Line("float* const row = tmp;");
-    int opened = OpenPointLoops(w_, others, n_);
+    const std::string row = "row" + Sfx(on.op);
+    int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
     w_.Line("float mx = -INFINITY;");
-    w_.Open(absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", extent, "; ++", n_.I(ax), ")"));
-    w_.Line(absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";"));
+    w_.Open(AxisLoop(ax));
+    w_.Line(AxisVar(ax));
     w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, load), ";"));
-    w_.Line(absl::StrCat("row[", n_.I(ax), "] = x;"));
+    w_.Line(absl::StrCat(row, "[", n_.I(ax), "] = x;"));
     w_.Line("mx = x > mx ? x : mx;");
     w_.Close();
     w_.Line("float total = 0.0f;");
-    w_.Open(absl::StrCat("for (long j = 0; j < ", extent, "; ++j)"));
-    w_.Line("const float e = expf(row[j] - mx);");
-    w_.Line("row[j] = e;");
+    w_.Open(absl::StrCat("for (long j = 0; j < ", n_.N(ax), "; ++j)"));
+    w_.Line(absl::StrCat("const float e = expf(", row, "[j] - mx);"));
+    w_.Line(absl::StrCat(row, "[j] = e;"));
     w_.Line("total += e;");
     w_.Close();
     w_.Line("const float inv = 1.0f / total;");
-    w_.Open(absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", extent, "; ++", n_.I(ax), ")"));
-    w_.Line(absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";"));
-    Store(op, absl::StrCat("row[", n_.I(ax), "] * inv"));
+    w_.Open(AxisLoop(ax));
+    w_.Line(AxisVar(ax));
+    Store(on, absl::StrCat(row, "[", n_.I(ax), "] * inv"));
     w_.Close();
     CloseScopes(w_, opened);
   }
 
+  // One stream step of a softmax along the stream dim: the tile's
+  // exponentials against the running max; the running sum, and the factor
+  // by which the consumer rescales what it accumulated so far.
+  void EmitOnlineSoftmax(const Op& op, const space::OpNest& on) {
+    auto load = [this](const Access& a) { return Load(a); };
+    const int ax = op.axis;
+    const std::string o = Sfx(on.op), row = "row" + o;
+    int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
+    w_.Line(absl::StrCat("const long sr = ", StateOffset(op), ";"));
+    w_.Line("float mt = -INFINITY;");
+    w_.Open(AxisLoop(ax));
+    w_.Line(AxisVar(ax));
+    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, load), ";"));
+    w_.Line(absl::StrCat(row, "[", n_.I(ax), "] = x;"));
+    w_.Line("mt = x > mt ? x : mt;");
+    w_.Close();
+    w_.Line(absl::StrCat("const float m_old = smax", o, "[sr];"));
+    w_.Line("const float m_new = m_old > mt ? m_old : mt;");
+    w_.Line("const float rescale = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);");
+    w_.Line("float total = 0.0f;");
+    w_.Open(AxisLoop(ax));
+    w_.Line(AxisVar(ax));
+    w_.Line(absl::StrCat("const float e = m_new == -INFINITY ? 0.0f : expf(", row, "[", n_.I(ax), "] - m_new);"));
+    w_.Line("total += e;");
+    Store(on, "e");
+    w_.Close();
+    w_.Line(absl::StrCat("ssum", o, "[sr] = ssum", o, "[sr] * rescale + total;"));
+    w_.Line(absl::StrCat("smax", o, "[sr] = m_new;"));
+    w_.Line(absl::StrCat("sscale", o, "[sr] = rescale;"));
+    CloseScopes(w_, opened);
+  }
+
+  // After the stream loop: an accumulated result is complete; divide by
+  // the online softmax's sums and write it out.
+  void EmitFinalize(const space::OpNest& on) {
+    const Op& op = chain_.ops[on.op];
+    const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
+    if (on.online_softmax < 0 && !output) return;
+    w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
+    w_.Open("");
+    for (int d : op.index) {
+      if (!block_[d]) w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+    }
+    int opened = OpenPointLoops(w_, op.index, n_);
+    Access self = SelfAccess(op);
+    const std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
+    if (on.online_softmax >= 0) {
+      w_.Line(absl::StrCat(at, " /= ssum", Sfx(on.online_softmax), "[", StateOffset(chain_.ops[on.online_softmax]),
+                           "];"));
+    }
+    if (output) {
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ", StoreConvert(chain_.dtype, at),
+                           ";"));
+    }
+    CloseScopes(w_, opened);
+    w_.Close();
+  }
+
   const Chain& chain_;
   const space::LoopNest& nest_;
+  const space::Schedule& s_;
   Names n_;
   Writer w_;
   std::vector<bool> block_;
   std::vector<int64_t> local_offset_;
-  int64_t temp_offset_ = 0;
+  std::vector<int64_t> temp_offset_;
+  int64_t scratch_floats_ = 0;
 };
 
 // ------------------------------------------------------------- baseline ---

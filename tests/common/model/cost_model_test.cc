@@ -3,12 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "common/ir/parse.h"
+#include "common/hw/devices.h"
 #include "common/space/schedule.h"
 
 namespace fusor::model {
 namespace {
 
-// t_estm = (t_mem + t_comp) * alpha for block[m=16] n=32 h=16 of a GEMM
+// t_estm = (t_mem + t_comp) * alpha for m=16 / - / C(n=32) E(h=16 n=32) of a GEMM
 // chain, with every statement's TS/Fp and trip counts worked out by hand
 // (the statements themselves are checked in loop_nest_test.cc).
 TEST(CostModelTest, FollowsTheFormulaTermByTerm) {
@@ -19,7 +20,7 @@ C[m,n] = sum(k) A[m,k] * B[k,n]
 E[m,h] = sum(n) C[m,n] * D[n,h]
 out E
 )");
-  auto schedule = space::ParseSchedule("block[m=16] n=32 h=16", *chain);
+  auto schedule = space::ParseSchedule("m=16 / - / C(n=32) E(h=16 n=32)", *chain);
   auto nest = space::BuildLoopNest(*chain, *schedule, {"test.8x32", 8, 8, 32});
   ASSERT_TRUE(nest.ok()) << nest.status();
   hw::TargetDesc target;
@@ -36,13 +37,13 @@ out E
   EXPECT_DOUBLE_EQ(p.t_estm_s, (p.t_mem_s + p.t_comp_s) * 2);
 }
 
-TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndDefaultsApply) {
+TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndEstimatesApply) {
   auto chain = ir::ParseChainText("dim m=256 k=8\nin A[m,k]\nS[m] = sum(k) A[m,k] * A[m,k]\nout S");
   space::Schedule s = space::UntiledSchedule(*chain);
-  s.block_dims = {chain->FindDim("m")};
+  s.block = {chain->FindDim("m")};
   s.tile[chain->FindDim("m")] = 1;
   auto nest = space::BuildLoopNest(*chain, s, {"test.4x4", 4, 4, 4});
-  hw::TargetDesc target;  // no W or P: defaults
+  hw::TargetDesc target;  // no W or P: estimated from the cores
   target.compute_units = 2;
   Prediction p = Predict(*nest, target);
   EXPECT_DOUBLE_EQ(p.alpha, (256.0 + 2) / 256);
@@ -52,3 +53,30 @@ TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndDefaultsApply) {
 
 }  // namespace
 }  // namespace fusor::model
+
+namespace fusor::hw {
+namespace {
+
+TEST(RatesTest, CalibratedThenDeviceTableThenEstimate) {
+  TargetDesc cpu;
+  cpu.compute_units = 4;
+  cpu.vector_lanes_f32 = 8;
+  ModelRates est = RatesFor(cpu);
+  EXPECT_EQ(est.source, RateSource::kEstimate);
+  EXPECT_DOUBLE_EQ(est.peak_flops, 4 * 8 * 2 * 2 * 2.5e9);
+  cpu.bandwidth_bytes_per_s = 12e9;
+  cpu.peak_flops = 300e9;
+  EXPECT_EQ(RatesFor(cpu).source, RateSource::kCalibrated);
+  EXPECT_DOUBLE_EQ(RatesFor(cpu).bandwidth_bytes_per_s, 12e9);
+  auto h200 = LookupDevice("H200");
+  ASSERT_TRUE(h200.has_value());
+  ModelRates table = RatesFor(*h200);
+  EXPECT_EQ(table.source, RateSource::kDeviceTable);
+  EXPECT_DOUBLE_EQ(table.bandwidth_bytes_per_s, 4.8e12);
+  EXPECT_EQ(table.compute_units, 132);
+  EXPECT_EQ(ScratchBudget(*h200), 227 << 10);
+  EXPECT_FALSE(LookupDevice("tpu").has_value());
+}
+
+}  // namespace
+}  // namespace fusor::hw

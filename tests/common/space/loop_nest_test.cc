@@ -1,15 +1,19 @@
 #include "common/space/loop_nest.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/ir/parse.h"
-#include "tests/test_chains.h"
+#include "common/model/cost_model.h"
 #include "common/space/schedule.h"
+#include "tests/test_chains.h"
 
 namespace fusor::space {
 namespace {
 
-const hw::CpuMicroKernel kKernel{"test.8x32", 8, 8, 32};
+using ::testing::HasSubstr;
+
+const hw::MicroKernel kKernel{"test.8x32", 8, 8, 32};
 
 const Statement* Find(const LoopNest& nest, const std::string& label) {
   for (const Statement& s : nest.statements) {
@@ -18,21 +22,24 @@ const Statement* Find(const LoopNest& nest, const std::string& label) {
   return nullptr;
 }
 
-TEST(FusableDimsTest, FindsDimsSharedByEveryOp) {
+LoopNest Nest(const ir::Chain& chain, const std::string& text) {
+  auto schedule = ParseSchedule(text, chain);
+  EXPECT_TRUE(schedule.ok()) << schedule.status();
+  auto nest = BuildLoopNest(chain, *schedule, kKernel);
+  EXPECT_TRUE(nest.ok()) << text << ": " << nest.status();
+  return *nest;
+}
+
+std::vector<int> Dims(const ir::Chain& chain, std::initializer_list<const char*> names) {
+  std::vector<int> out;
+  for (const char* n : names) out.push_back(chain.FindDim(n));
+  return out;
+}
+
+TEST(BlockEligibleDimsTest, OutputDimsNeverReducedAndReadUnchanged) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  ASSERT_TRUE(chain.ok());
-  EXPECT_EQ(FusableDims(*chain), (std::vector<int>{chain->FindDim("m")}));
-  auto attention = ir::ParseChainText(R"(
-dim b=2 m=8 n=8 k=4 h=4
-in Q[b,m,k] K[b,n,k] V[b,n,h]
-S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k]
-P[b,m,n] = softmax(n) S[b,m,n]
-O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
-out O
-)");
-  ASSERT_TRUE(attention.ok());
-  EXPECT_EQ(FusableDims(*attention), (std::vector<int>{attention->FindDim("b"), attention->FindDim("m")}));
-  // Reading the intermediate transposed breaks fusion along m and n.
+  // h is E's: C lacks it and is simply recomputed per h block.
+  EXPECT_EQ(BlockEligibleDims(*chain), Dims(*chain, {"m", "h"}));
   auto transposed = ir::ParseChainText(R"(
 dim m=8 n=8
 in A[m,n]
@@ -40,8 +47,7 @@ T[m,n] = relu(A[m,n])
 U[m,n] = T[n,m] * 2
 out U
 )");
-  ASSERT_TRUE(transposed.ok());
-  EXPECT_TRUE(FusableDims(*transposed).empty());
+  EXPECT_TRUE(BlockEligibleDims(*transposed).empty());
 }
 
 TEST(GemmFormTest, ClassifiesBatchRowsAndColumns) {
@@ -54,62 +60,148 @@ out S
   GemmForm g = AnalyzeGemmForm(chain->ops[0], *chain);
   ASSERT_TRUE(g.ok);
   EXPECT_DOUBLE_EQ(g.scale, 0.5);
-  EXPECT_EQ(g.batch, (std::vector<int>{chain->FindDim("b")}));
-  EXPECT_EQ(g.rows, (std::vector<int>{chain->FindDim("m")}));
-  EXPECT_EQ(g.cols, (std::vector<int>{chain->FindDim("n")}));
+  EXPECT_EQ(g.batch, Dims(*chain, {"b"}));
+  EXPECT_EQ(g.rows, Dims(*chain, {"m"}));
+  EXPECT_EQ(g.cols, Dims(*chain, {"n"}));
   auto generic = ir::ParseChainText("dim m=4 k=4\nin A[m,k]\nS[m] = sum(k) relu(A[m,k])\nout S");
   EXPECT_FALSE(AnalyzeGemmForm(generic->ops[0], *generic).ok);
 }
 
-// The statements and their LP_sets after hoisting, worked out by hand for block[m=16] n=32 h=16 (k and the n of the second
-// op's reduction keep one trip or two as noted).
+// The statements and their LP_sets after hoisting, worked out by hand for
+// m/-/C(n=32) E(h=16 n=32) of the 64x64x32x32 GEMM chain.
 TEST(LoopNestTest, HoistsLoadsAndCountsTrafficByHand) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  ASSERT_TRUE(chain.ok());
-  auto schedule = ParseSchedule("block[m=16] n=32 h=16", *chain);
-  ASSERT_TRUE(schedule.ok()) << schedule.status();
-  auto nest = BuildLoopNest(*chain, *schedule, kKernel);
-  ASSERT_TRUE(nest.ok()) << nest.status();
+  LoopNest nest = Nest(*chain, "m=16 / - / C(n=32) E(h=16 n=32)");
   const int m = chain->FindDim("m"), n = chain->FindDim("n"), h = chain->FindDim("h");
-  EXPECT_EQ(nest->num_blocks, 4);
+  EXPECT_EQ(nest.num_blocks, 4);
   // Op C: k has one tile, so its loop vanishes and A hoists out of n.
-  EXPECT_EQ(nest->ops[0].loops, (std::vector<int>{n}));
-  EXPECT_EQ(nest->ops[0].a_depth, 0);
-  EXPECT_EQ(nest->ops[0].b_depth, 1);
-  const Statement* la = Find(*nest, "L(A)");
+  EXPECT_EQ(nest.ops[0].loops, (std::vector<int>{n}));
+  EXPECT_EQ(nest.ops[0].a_depth, 0);
+  EXPECT_EQ(nest.ops[0].b_depth, 1);
+  const Statement* la = Find(nest, "L(A)");
   ASSERT_NE(la, nullptr);
   EXPECT_EQ(la->loops, (std::vector<int>{m}));
   EXPECT_DOUBLE_EQ(la->bytes, 16 * 32 * 4);
   EXPECT_DOUBLE_EQ(la->executions, 4);
-  const Statement* lb = Find(*nest, "L(B)");
+  const Statement* lb = Find(nest, "L(B)");
   EXPECT_EQ(lb->loops, (std::vector<int>{m, n}));
   EXPECT_DOUBLE_EQ(lb->bytes, 32 * 32 * 4);
   EXPECT_DOUBLE_EQ(lb->executions, 8);
   // Op E: loops h then n (reduced); D depends on both; C is block-local.
-  EXPECT_EQ(nest->ops[1].loops, (std::vector<int>{h, n}));
-  EXPECT_EQ(Find(*nest, "L(C)"), nullptr);
-  const Statement* ld = Find(*nest, "L(D)");
+  EXPECT_EQ(nest.ops[1].loops, (std::vector<int>{h, n}));
+  EXPECT_EQ(Find(nest, "L(C)"), nullptr);
+  const Statement* ld = Find(nest, "L(D)");
   EXPECT_EQ(ld->loops, (std::vector<int>{m, h, n}));
   EXPECT_DOUBLE_EQ(ld->bytes, 32 * 16 * 4);
   EXPECT_DOUBLE_EQ(ld->executions, 16);
-  const Statement* se = Find(*nest, "S(E)");
+  const Statement* se = Find(nest, "S(E)");
   EXPECT_EQ(se->loops, (std::vector<int>{m, h}));
   EXPECT_DOUBLE_EQ(se->bytes, 16 * 16 * 4);
-  // Padded compute: C's tile is 16 x 32 (n=32), E's 16 x 16 padded to 32 columns.
-  EXPECT_DOUBLE_EQ(Find(*nest, "C(C)")->flops, 2.0 * 16 * 32 * 32);
-  EXPECT_DOUBLE_EQ(Find(*nest, "C(E)")->flops, 2.0 * 16 * 32 * 32);
-  EXPECT_EQ(nest->local_floats[chain->FindTensor("C")], 16 * 64);
-
+  // Padded compute: C's tile is 16 x 32, E's 16 x 16 padded to 32 columns.
+  EXPECT_DOUBLE_EQ(Find(nest, "C(C)")->flops, 2.0 * 16 * 32 * 32);
+  EXPECT_DOUBLE_EQ(Find(nest, "C(E)")->flops, 2.0 * 16 * 32 * 32);
+  EXPECT_EQ(nest.local[chain->FindTensor("C")].floats, 16 * 64);
 }
 
-TEST(LoopNestTest, RejectsSchedulesThatDoNotFit) {
+// mhnk: m and h are block loops, n the stream loop, k C's own loop.
+TEST(LoopNestTest, DeepTilingStoresEOutsideNAndK) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  Schedule s = UntiledSchedule(*chain);
-  s.block_dims = {chain->FindDim("n")};
-  EXPECT_FALSE(BuildLoopNest(*chain, s, kKernel).ok());
-  EXPECT_FALSE(ParseSchedule("block[m=0]", *chain).ok());
-  EXPECT_FALSE(ParseSchedule("block[m=16] q=4", *chain).ok());
-  EXPECT_FALSE(ParseSchedule("block[m=16] m=4", *chain).ok());
+  LoopNest nest = Nest(*chain, "m=16 h=16 / n=32 / C(k=16)");
+  const int m = chain->FindDim("m"), n = chain->FindDim("n"), k = chain->FindDim("k"), h = chain->FindDim("h");
+  EXPECT_EQ(TilingExpression(nest.schedule, *chain), "mhnk");
+  EXPECT_EQ(nest.ops[0].region, Region::kStream);
+  EXPECT_TRUE(nest.ops[1].accumulates);
+  // S_E leaves the n and k loops: it runs once per block, after the stream.
+  EXPECT_EQ(Find(nest, "S(E)")->loops, (std::vector<int>{m, h}));
+  // C is computed inside n and k, and (lacking h) once per h block.
+  EXPECT_EQ(Find(nest, "C(C)")->loops, (std::vector<int>{m, h, n, k}));
+  // L_A depends on k, so it stays inside the k loop.
+  EXPECT_EQ(Find(nest, "L(A)")->loops, (std::vector<int>{m, h, n, k}));
+  EXPECT_EQ(Find(nest, "L(D)")->loops, (std::vector<int>{m, h, n}));
+}
+
+TEST(LoopNestTest, FullKTileRemovesTheLoopAndHoistsLoadA) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  LoopNest nest = Nest(*chain, "m=16 h=16 / n=32 / -");
+  const int m = chain->FindDim("m"), h = chain->FindDim("h");
+  EXPECT_TRUE(nest.ops[0].loops.empty());
+  EXPECT_TRUE(nest.ops[0].a_hoisted);
+  EXPECT_FALSE(nest.ops[0].b_hoisted);
+  EXPECT_EQ(Find(nest, "L(A)")->loops, (std::vector<int>{m, h}));
+  EXPECT_DOUBLE_EQ(Find(nest, "L(A)")->bytes, 16 * 32 * 4);
+}
+
+// With h a block loop outside n, every h block computes C again; with h
+// inside E's own loop, C is computed once per m block. The model charges
+// exactly the recomputation.
+TEST(LoopNestTest, HOutsideNRecomputesCAndTheModelCharges) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  LoopNest deep = Nest(*chain, "m=16 h=16 / n=32 / -");
+  LoopNest flat = Nest(*chain, "m=16 / n=32 / E(h=16)");
+  const Statement* c_deep = Find(deep, "C(C)");
+  const Statement* c_flat = Find(flat, "C(C)");
+  EXPECT_DOUBLE_EQ(c_deep->executions, 4 * 2 * 2);  // m, h, n
+  EXPECT_DOUBLE_EQ(c_flat->executions, 4 * 2);      // m, n
+  EXPECT_DOUBLE_EQ(c_deep->flops, c_flat->flops);
+  hw::TargetDesc target;
+  target.bandwidth_bytes_per_s = 1e9;
+  target.peak_flops = 1e9;
+  target.compute_units = 1;
+  model::Prediction p_deep = model::Predict(deep, target);
+  model::Prediction p_flat = model::Predict(flat, target);
+  const double extra_c = c_deep->flops * (c_deep->executions - c_flat->executions) / 1e9;
+  // E's compute is the same work tiled differently (16 x 32 padded tiles either way).
+  EXPECT_DOUBLE_EQ(p_deep.t_comp_s - p_flat.t_comp_s, extra_c);
+  // A and B are also loaded once per h block instead of once per m block.
+  EXPECT_GT(p_deep.t_mem_s, p_flat.t_mem_s);
+}
+
+TEST(LoopNestTest, RegionsFollowDependencies) {
+  auto chain = ir::ParseChainText(R"(
+dim m=32 n=32 k=16 h=16
+in A[m,k] B[k,n] D[n,h] Z[h] W[m]
+V[m] = W[m] * 2
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+G[m,h] = relu(E[m,h] + Z[h]) * V[m]
+out G
+)");
+  LoopNest nest = Nest(*chain, "m=16 / n=16 / -");
+  EXPECT_EQ(nest.ops[0].region, Region::kBefore);  // V: no n, hoisted out of the stream loop
+  EXPECT_EQ(nest.ops[1].region, Region::kStream);  // C: a tile per n step
+  EXPECT_EQ(nest.ops[2].region, Region::kStream);  // E: accumulates across n
+  EXPECT_TRUE(nest.ops[2].accumulates);
+  EXPECT_EQ(nest.ops[3].region, Region::kAfter);   // G: needs all of E
+  EXPECT_EQ(nest.local[chain->FindTensor("C")].shape, (std::vector<int64_t>{16, 16}));
+}
+
+TEST(LoopNestTest, OnlineSoftmaxAlongTheStreamLoop) {
+  auto chain = ir::ParseChainText(testing::kMaskedF16Attention);
+  LoopNest nest = Nest(*chain, "b=1 m=16 / n=16 / -");
+  EXPECT_TRUE(nest.ops[1].online);
+  EXPECT_EQ(nest.ops[2].online_softmax, 1);
+  EXPECT_GT(nest.ops[1].state_floats, 0);
+  EXPECT_EQ(TilingExpression(nest.schedule, *chain), "bmn");
+}
+
+TEST(LoopNestTest, RejectsIllegalNests) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto error = [&](const std::string& text) {
+    auto schedule = ParseSchedule(text, *chain);
+    if (!schedule.ok()) return std::string(schedule.status().message());
+    auto nest = BuildLoopNest(*chain, *schedule, kKernel);
+    EXPECT_FALSE(nest.ok()) << text;
+    return std::string(nest.status().message());
+  };
+  EXPECT_THAT(error("n=16 / - / -"), HasSubstr("cannot be a block loop"));
+  EXPECT_THAT(error("- / k=16 / -"), HasSubstr("fewer than two ops"));
+  EXPECT_THAT(error("- / - / C(h=16)"), HasSubstr("is not a loop of 'C'"));
+  EXPECT_THAT(error("- / - / E(n=16 m=16)"), HasSubstr("output dims come before reduced dims"));
+  EXPECT_THAT(error("m=16 / - / C(m=16)"), HasSubstr("already a block or stream loop"));
+  auto attention = ir::ParseChainText(std::string(testing::kMaskedF16Attention) + "out P\n");
+  auto s = ParseSchedule("b=1 / n=16 / -", *attention);
+  EXPECT_THAT(std::string(BuildLoopNest(*attention, *s, kKernel).status().message()),
+              HasSubstr("is an output; it cannot be online"));
 }
 
 }  // namespace

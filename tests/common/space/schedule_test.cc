@@ -8,26 +8,41 @@
 namespace fusor::space {
 namespace {
 
-TEST(ScheduleTest, PrintsParsesAndRemaps) {
+TEST(ScheduleTest, PrintsParsesAndCanonicalizes) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  auto s = ParseSchedule("block[m=16] n=32 h=16", *chain);
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(ScheduleToText(*s, *chain), "block[m=16] n=32 h=16");
+  auto s = ParseSchedule(" h=16 m=16 / n=32 / C(k=16) ", *chain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(ScheduleToText(*s, *chain), "m=16 h=16 / n=32 / C(k=16)");
+  EXPECT_EQ(TilingExpression(*s, *chain), "mhnk");
+  // Loops of one trip vanish: h=32 is the full extent.
+  auto t = ParseSchedule("m=16 h=32 / n=32 / C(k=16) E(h=32)", *chain);
+  EXPECT_EQ(ScheduleToText(*t, *chain), "m=16 / n=32 / C(k=16)");
+  EXPECT_EQ(ScheduleToText(UntiledSchedule(*chain), *chain), "- / - / -");
+  auto flat = ParseSchedule("m=16 / n=32 / C(k=16) E(h=16)", *chain);
+  EXPECT_EQ(TilingExpression(*flat, *chain), "mn(k,h)");
+  auto back = ParseSchedule(ScheduleToText(*flat, *chain), *chain);
+  EXPECT_EQ(Canonical(*back, *chain), Canonical(*flat, *chain));
+}
+
+TEST(ScheduleTest, RemapsToRenamedChains) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto s = ParseSchedule("m=16 / n=32 / C(k=16) E(h=16)", *chain);
   auto renamed = ir::ParseChainText(R"(
 dim i=64 j=64 l=32 o=32
 in A[i,l] B[l,j] D[j,o]
-C[i,j] = sum(l) A[i,l] * B[l,j]
-E[i,o] = sum(j) C[i,j] * D[j,o]
-out E
+X[i,j] = sum(l) A[i,l] * B[l,j]
+Y[i,o] = sum(j) X[i,j] * D[j,o]
+out Y
 )");
-  std::vector<int> map = {0, 1, 2, 3};  // m->i, n->j, k->l, h->o
-  EXPECT_EQ(ScheduleToText(RemapSchedule(*s, map, *renamed), *renamed), "block[i=16] j=32 o=16");
+  EXPECT_EQ(ScheduleToText(RemapSchedule(*s, {0, 1, 2, 3}, {0, 1}, *renamed), *renamed),
+            "i=16 / j=32 / X(l=16) Y(o=16)");
 }
 
 TEST(ScheduleTest, RejectsMalformedText) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  for (const char* bad : {"m=16", "block[m=16", "block[m=0]", "block[m=65]", "block[m=16] q=4",
-                          "block[m=16] m=4", "block[m=x]"}) {
+  for (const char* bad : {"m=16", "m=16 / -", "m=0 / - / -", "m=65 / - / -", "q=4 / - / -", "m=16 m=16 / - / -",
+                          "m=16 / - / C(m=8)", "m=x / - / -", "- / - / Q(k=16)", "- / - / A(k=16)",
+                          "- / - / C(k=16", "m=16 / m=16 / -", "- / - / C(k=16) C(n=16)"}) {
     EXPECT_TRUE(absl::IsInvalidArgument(ParseSchedule(bad, *chain).status())) << bad;
   }
 }

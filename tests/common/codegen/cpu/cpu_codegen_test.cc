@@ -4,6 +4,7 @@
 #include "common/codegen/cpu/cpu_codegen.h"
 
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -46,7 +47,7 @@ void CheckFused(const std::string& text, const std::string& schedule_text, const
   ASSERT_TRUE(chain.ok()) << chain.status();
   auto schedule = space::ParseSchedule(schedule_text, *chain);
   ASSERT_TRUE(schedule.ok()) << schedule.status();
-  auto nest = space::BuildLoopNest(*chain, *schedule, hw::SelectCpuMicroKernel(target));
+  auto nest = space::BuildLoopNest(*chain, *schedule, hw::SelectMicroKernel(target));
   ASSERT_TRUE(nest.ok()) << nest.status();
   auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule_text, "test");
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -65,30 +66,30 @@ O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
 out O
 )";
 
-TEST(CpuCodegenTest, AttentionUntiledInnerLoops) { CheckFused(kAttention, "block[b=1,m=16]", TestTarget()); }
+TEST(CpuCodegenTest, AttentionUntiledInnerLoops) { CheckFused(kAttention, "b=1 m=16 / - / -", TestTarget()); }
 
 TEST(CpuCodegenTest, AttentionEveryLoopTiledWithRemainders) {
-  CheckFused(kAttention, "block[b=2,m=24] n=16 k=16 h=16", TestTarget());
+  CheckFused(kAttention, "b=2 m=24 / - / S(n=16 k=16) O(h=16 n=16)", TestTarget());
 }
 
 TEST(CpuCodegenTest, AttentionWholeProblemInOneBlock) {
-  CheckFused(kAttention, "block[b=3,m=40]", TestTarget());
+  CheckFused(kAttention, "- / - / -", TestTarget());
 }
 
 TEST(CpuCodegenTest, AttentionAvx512AndScalarMicroKernels) {
   hw::TargetDesc wide = TestTarget();
   wide.isa_features = {"avx512f"};
   wide.vector_lanes_f32 = 16;
-  CheckFused(kAttention, "block[b=1,m=8] n=32 k=16", wide);
+  CheckFused(kAttention, "b=1 m=8 / - / S(n=32 k=16) O(n=32)", wide);
   hw::TargetDesc narrow = TestTarget();
   narrow.isa_features = {};
   narrow.vector_lanes_f32 = 4;
-  CheckFused(kAttention, "block[b=1,m=8] n=32 k=16", narrow);
+  CheckFused(kAttention, "b=1 m=8 / - / S(n=32 k=16) O(n=32)", narrow);
 }
 
 TEST(CpuCodegenTest, MaskedF16AttentionWithBothOutputs) {
   CheckFused(std::string(testing::kMaskedF16Attention) + "out P\n",
-             "block[b=1,m=16] n=16", TestTarget());
+             "b=1 m=16 / - / S(n=16) O(n=16)", TestTarget());
 }
 
 TEST(CpuCodegenTest, Bf16GemmChainWithEpilogues) {
@@ -102,7 +103,7 @@ G[m,f] = gelu(H[m,f] + B1[f])
 Y[m,o] = sum(f) G[m,f] * W2[f,o]
 out Y
 )",
-             "block[m=16] f=32 c=16", TestTarget());
+             "m=16 / - / H(f=32 c=16) Y(f=32)", TestTarget());
 }
 
 TEST(CpuCodegenTest, TransposedOperandsAndThreeGemms) {
@@ -116,12 +117,86 @@ E[m,h] = sum(n) C[m,n] * D[n,h]
 G[m,g] = sum(h) E[m,h] * F[g,h]
 out G E
 )",
-             "block[m=8] n=16 h=16", TestTarget());
+             "m=8 / - / C(n=16) E(h=16 n=16) G(h=16)", TestTarget());
 }
 
 TEST(CpuCodegenTest, ConvChainWithAffineIndices) {
   CheckFused(testing::kConvChain,
-             "block[n=1,p=4,q=8] c=4", TestTarget());
+             "n=1 p=4 q=8 / - / T(c=4)", TestTarget());
+}
+
+// The stream loop: intermediates exist one tile at a time.
+TEST(CpuCodegenTest, AttentionStreamedWithOnlineSoftmax) {
+  CheckFused(kAttention, "b=1 m=16 / n=16 / S(k=16) O(h=16)", TestTarget());
+  CheckFused(kAttention, "b=2 m=8 / n=32 / -", TestTarget());
+  CheckFused(kAttention, "m=16 / n=24 / -", TestTarget());
+}
+
+TEST(CpuCodegenTest, MaskedF16AttentionStreamed) {
+  CheckFused(testing::kMaskedF16Attention, "b=1 m=16 / n=16 / O(h=16)", TestTarget());
+}
+
+TEST(CpuCodegenTest, GemmChainDeepAndFlatTilings) {
+  // mhnk: C recomputed for every h block, E accumulated across n.
+  CheckFused(testing::kGemmChain, "h=16 m=16 / n=16 / C(k=16)", TestTarget());
+  // mn(k,h): C once per m block, E's h loop inside the n loop.
+  CheckFused(testing::kGemmChain, "m=16 / n=16 / C(k=16) E(h=16)", TestTarget());
+  // A GEMM with its own output loops in the other order.
+  CheckFused(testing::kGemmChain, "- / - / C(n=16 m=32) E(m=32 n=16)", TestTarget());
+}
+
+TEST(CpuCodegenTest, EpilogueAfterTheStreamLoop) {
+  CheckFused(R"(
+dim m=40 n=56 k=24 h=20
+in A[m,k] B[k,n] D[n,h] Z[h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+G[m,h] = gelu(E[m,h] + Z[h])
+out G E
+)",
+             "m=16 / n=16 / -", TestTarget());
+}
+
+// Large scores and masked rows (every column masked in some rows, some
+// columns in others): the online softmax and the plain one both match the
+// float64 reference.
+TEST(CpuCodegenTest, OnlineAndPlainSoftmaxOnLargeAndMaskedInputs) {
+  auto chain = ir::ParseChainText(R"(
+dim b=2 m=20 n=70 k=16 h=8
+in Q[b,m,k] K[b,n,k] V[b,n,h] M[m,n]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k]
+P[b,m,n] = softmax(n) S[b,m,n] + M[m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)");
+  ASSERT_TRUE(chain.ok());
+  std::vector<std::vector<double>> inputs(4);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int i = 0; i < 3; ++i) {
+    inputs[i].resize(chain->tensors[chain->inputs[i]].NumElements());
+    for (double& x : inputs[i]) x = (i < 2 ? 30 : 1) * u(rng);  // scores up to ~14000
+  }
+  inputs[3].assign(20 * 70, 0.0);
+  for (int m = 0; m < 20; ++m) {
+    for (int n = 0; n < 70; ++n) {
+      bool masked = m % 5 == 0 || (n * 7 + m) % 3 == 0;  // rows 0, 5, 10, 15 fully masked
+      inputs[3][m * 70 + n] = masked ? -1e30 : 0.0;
+    }
+  }
+  for (const char* schedule : {"b=1 m=8 / n=16 / -", "b=1 m=8 / n=32 / O(h=8)", "b=1 m=8 / - / S(n=16) O(n=16)"}) {
+    auto s = space::ParseSchedule(schedule, *chain);
+    auto nest = space::BuildLoopNest(*chain, *s, hw::SelectMicroKernel(TestTarget()));
+    ASSERT_TRUE(nest.ok()) << nest.status();
+    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
+    auto dir = worker::TempDir::Create("/tmp", "fusor-softmax-");
+    worker::CompileOutcome c = worker::CompileKernel(*kernel, dir->path(), "c++", 120);
+    ASSERT_TRUE(c.ok) << c.error;
+    auto loaded = worker::LoadedKernel::Open(c.so_path, kernel->entry_point);
+    auto v = worker::ValidateKernelOn(*loaded, *chain, inputs, 2);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_TRUE(v->ok) << schedule << ": " << v->detail;
+  }
 }
 
 TEST(CpuCodegenTest, NonProductBodyTakesTheGenericPath) {
@@ -133,7 +208,7 @@ in A[m,k] B[n,k]
 D[m,n] = sum(k) (A[m,k] - B[n,k]) * (A[m,k] - B[n,k])
 out D
 )",
-             "block[m=8,n=16] k=8", TestTarget());
+             "m=8 n=16 / - / D(k=8)", TestTarget());
 }
 
 void CheckBaseline(const std::string& text) {

@@ -1,0 +1,268 @@
+// MakeMcfuserSearch: model-ranked exhaustive or evolutionary exploration.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/search/search_strategy.h"
+#include "common/space/loop_nest.h"
+
+namespace fusor::search {
+namespace {
+
+class McfuserSearch : public SearchStrategy {
+ public:
+  explicit McfuserSearch(const McfuserSearchOptions& options) : options_(options), rng_(options.seed) {}
+
+  absl::Status Initialize(const SearchTask& task) override {
+    task_ = task;
+    auto space = space::BuildSpace(*task.chain, task.target, options_.space);
+    if (!space.ok()) return space.status();
+    space_ = std::move(*space);
+    mapping_ = DescribeMapping(*task.chain, space_.kernel);
+    for (size_t i = 0; i < space_.ranked.size(); ++i) {
+      const std::string text = space::ScheduleToText(space_.ranked[i].schedule, *task.chain);
+      index_.emplace(text, static_cast<int>(i));
+      texts_.push_back(text);
+      classes_.push_back(space::TilingExpression(space_.ranked[i].schedule, *task.chain));
+    }
+    proposed_.assign(space_.ranked.size(), false);
+    return absl::OkStatus();
+  }
+
+  std::vector<CandidateSpec> NextBatch(int max_count) override {
+    std::vector<int> picks;
+    const int room = std::min(max_count, task_.budget - num_proposed_);
+    if (room <= 0 || Done()) return {};
+    std::vector<int> pool;
+    if (Exhaustive() || measured_.empty()) {
+      pool = Unproposed(static_cast<size_t>(room) * 4 + options_.population);
+    } else {
+      pool = Evolve();
+      std::vector<int> top = Unproposed(static_cast<size_t>(options_.population));
+      pool.insert(pool.end(), top.begin(), top.end());
+    }
+    std::sort(pool.begin(), pool.end(), [&](int a, int b) {
+      double sa = Score(a), sb = Score(b);
+      return sa != sb ? sa < sb : a < b;
+    });
+    pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+    std::vector<CandidateSpec> batch;
+    for (int i : pool) {
+      if (static_cast<int>(batch.size()) >= room) break;
+      if (proposed_[i]) continue;
+      proposed_[i] = true;
+      ++num_proposed_;
+      CandidateSpec c;
+      c.schedule = space_.ranked[i].schedule;
+      c.schedule_text = texts_[i];
+      c.mapping = mapping_;
+      c.prediction = space_.ranked[i].prediction;
+      batch.push_back(std::move(c));
+    }
+    return batch;
+  }
+
+  void NotifyResults(const std::vector<MeasuredResult>& results) override {
+    bool improved = false;
+    for (const MeasuredResult& r : results) {
+      auto it = index_.find(r.schedule_text);
+      if (it == index_.end()) continue;
+      const int i = it->second;
+      const double predicted = space_.ranked[i].prediction.t_estm_s;
+      // A failed candidate counts as ten times slower than predicted.
+      const double ratio = r.ok && r.median_s > 0 && predicted > 0 ? r.median_s / predicted : 10.0;
+      measured_.push_back({i, r.ok ? r.median_s : 0, ratio});
+      auto& cls = class_ratios_[classes_[i]];
+      cls.first += std::log(ratio);
+      cls.second += 1;
+      if (r.ok && (best_s_ == 0 || r.median_s < best_s_)) {
+        best_s_ = r.median_s;
+        improved = true;
+      }
+    }
+    ++rounds_;
+    stale_rounds_ = improved ? 0 : stale_rounds_ + 1;
+  }
+
+  bool Done() const override {
+    return num_proposed_ >= task_.budget || num_proposed_ >= static_cast<int>(space_.ranked.size()) ||
+           (rounds_ >= 2 && stale_rounds_ >= options_.patience);
+  }
+
+  space::SpaceStats Stats() const override { return space_.stats; }
+
+ private:
+  bool Exhaustive() const { return static_cast<int>(space_.ranked.size()) <= options_.exhaustive_limit; }
+
+  // The model's prediction scaled by its tiling expression's measured
+  // error (or the typical error, for expressions not measured yet).
+  double Score(int i) const {
+    double log_ratio = 0;
+    auto it = class_ratios_.find(classes_[i]);
+    if (it != class_ratios_.end()) {
+      log_ratio = it->second.first / it->second.second;
+    } else if (!measured_.empty()) {
+      std::vector<double> all;
+      for (const auto& m : measured_) all.push_back(std::log(m.ratio));
+      std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
+      log_ratio = all[all.size() / 2];
+    }
+    return space_.ranked[i].prediction.t_estm_s * std::exp(log_ratio);
+  }
+
+  std::vector<int> Unproposed(size_t count) const {
+    std::vector<int> out;
+    for (size_t i = 0; i < proposed_.size() && out.size() < count; ++i) {
+      if (!proposed_[i]) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
+  // Children of the best measured schedules that are in the pruned space.
+  std::vector<int> Evolve() {
+    std::vector<Measured> parents = measured_;
+    std::sort(parents.begin(), parents.end(), [](const Measured& a, const Measured& b) {
+      double ta = a.median_s > 0 ? a.median_s : 1e30, tb = b.median_s > 0 ? b.median_s : 1e30;
+      return ta != tb ? ta < tb : a.index < b.index;
+    });
+    parents.resize(std::min<size_t>(parents.size(), 4));
+    std::vector<int> children;
+    const int attempts = options_.population * 4;
+    for (int a = 0; a < attempts && static_cast<int>(children.size()) < options_.population; ++a) {
+      const space::Schedule& p = space_.ranked[parents[rng_() % parents.size()].index].schedule;
+      space::Schedule child = (rng_() % 4 == 0 && parents.size() > 1)
+                                  ? Crossover(p, space_.ranked[parents[rng_() % parents.size()].index].schedule)
+                                  : Mutate(p);
+      auto it = index_.find(space::ScheduleToText(child, *task_.chain));
+      if (it != index_.end() && !proposed_[it->second]) children.push_back(it->second);
+    }
+    return children;
+  }
+
+  enum Place { kOwn, kBlock, kStream };
+
+  Place PlaceOf(const space::Schedule& s, int d) const {
+    if (std::find(s.block.begin(), s.block.end(), d) != s.block.end()) return kBlock;
+    if (std::find(s.stream.begin(), s.stream.end(), d) != s.stream.end()) return kStream;
+    return kOwn;
+  }
+
+  // Rebuilds a schedule from per-dim tiles and places, own loops in chain
+  // order (output dims, then reduced dims).
+  space::Schedule Assemble(const std::vector<int64_t>& tile, const std::vector<Place>& place) const {
+    const ir::Chain& chain = *task_.chain;
+    space::Schedule s = space::UntiledSchedule(chain);
+    s.tile = tile;
+    for (size_t d = 0; d < chain.dims.size(); ++d) {
+      if (place[d] == kBlock) s.block.push_back(static_cast<int>(d));
+      if (place[d] == kStream) s.stream.push_back(static_cast<int>(d));
+    }
+    for (size_t o = 0; o < chain.ops.size(); ++o) {
+      const ir::Op& op = chain.ops[o];
+      if (op.kind != ir::OpKind::kSum) continue;
+      for (const std::vector<int>* dims : {&op.index, &op.reduce}) {
+        std::vector<int> sorted = *dims;
+        std::sort(sorted.begin(), sorted.end());
+        for (int d : sorted) {
+          if (place[d] == kOwn && tile[d] < chain.dims[d].extent) s.own[o].push_back(d);
+        }
+      }
+    }
+    return s;
+  }
+
+  space::Schedule Mutate(const space::Schedule& p) {
+    const ir::Chain& chain = *task_.chain;
+    std::vector<int64_t> tile = p.tile;
+    std::vector<Place> place(chain.dims.size());
+    for (size_t d = 0; d < chain.dims.size(); ++d) place[d] = PlaceOf(p, static_cast<int>(d));
+    const int d = static_cast<int>(rng_() % chain.dims.size());
+    switch (rng_() % 3) {
+      case 0: {  // a neighbouring tile size
+        std::vector<int64_t> opts = space::TileOptions(chain, d);
+        auto at = std::find(opts.begin(), opts.end(), tile[d]);
+        int64_t i = at - opts.begin() + (rng_() % 2 ? 1 : -1);
+        if (i >= 0 && i < static_cast<int64_t>(opts.size())) tile[d] = opts[i];
+        break;
+      }
+      case 1:  // another place for the loop
+        place[d] = static_cast<Place>(rng_() % 3);
+        break;
+      default: {  // another order of an op's own output loops
+        space::Schedule s = p;
+        const size_t o = rng_() % chain.ops.size();
+        if (s.own[o].size() >= 2) std::swap(s.own[o][0], s.own[o][1]);
+        return s;
+      }
+    }
+    return Assemble(tile, place);
+  }
+
+  space::Schedule Crossover(const space::Schedule& a, const space::Schedule& b) {
+    const ir::Chain& chain = *task_.chain;
+    std::vector<int64_t> tile(chain.dims.size());
+    std::vector<Place> place(chain.dims.size());
+    for (size_t d = 0; d < chain.dims.size(); ++d) {
+      const space::Schedule& from = rng_() % 2 ? a : b;
+      tile[d] = from.tile[d];
+      place[d] = PlaceOf(from, static_cast<int>(d));
+    }
+    return Assemble(tile, place);
+  }
+
+  struct Measured {
+    int index;
+    double median_s;  // 0 when it failed
+    double ratio;     // measured / predicted
+  };
+
+  McfuserSearchOptions options_;
+  SearchTask task_;
+  space::Space space_;
+  std::string mapping_;
+  std::unordered_map<std::string, int> index_;
+  std::vector<std::string> texts_;
+  std::vector<std::string> classes_;
+  std::vector<bool> proposed_;
+  int num_proposed_ = 0;
+  std::vector<Measured> measured_;
+  std::map<std::string, std::pair<double, int>> class_ratios_;  // sum of log ratios, count
+  double best_s_ = 0;
+  int rounds_ = 0;
+  int stale_rounds_ = 0;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+std::unique_ptr<SearchStrategy> MakeMcfuserSearch(const McfuserSearchOptions& options) {
+  return std::make_unique<McfuserSearch>(options);
+}
+
+std::string DescribeMapping(const ir::Chain& chain, const hw::MicroKernel& kernel) {
+  auto names = [&](const std::vector<int>& dims) {
+    std::vector<std::string> n;
+    for (int d : dims) n.push_back(chain.dims[d].name);
+    return n.empty() ? std::string("-") : absl::StrJoin(n, ",");
+  };
+  std::string out = kernel.name;
+  for (const ir::Op& op : chain.ops) {
+    if (op.kind != ir::OpKind::kSum) continue;
+    space::GemmForm g = space::AnalyzeGemmForm(op, chain);
+    absl::StrAppend(&out, " ", chain.tensors[op.output].name);
+    if (!g.ok) {
+      out += "[scalar]";
+      continue;
+    }
+    absl::StrAppend(&out, "[batch=", names(g.batch), " rows=", names(g.rows), " cols=", names(g.cols),
+                    " k=", names(op.reduce), "]");
+  }
+  return out;
+}
+
+}  // namespace fusor::search

@@ -1,0 +1,199 @@
+#include "common/space/space.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::space {
+namespace {
+
+bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+enum Placement : uint8_t { kOwn = 0, kBlock = 1, kStream = 2 };
+
+// Dims that may be a stream loop: not a block dim, and used by two ops or
+// more (otherwise the loop is just that op's own loop).
+std::vector<bool> StreamCandidates(const ir::Chain& chain, const std::vector<int>& block_eligible) {
+  std::vector<bool> out(chain.dims.size(), false);
+  for (size_t d = 0; d < chain.dims.size(); ++d) {
+    if (Contains(block_eligible, static_cast<int>(d))) continue;
+    int users = 0;
+    for (const ir::Op& op : chain.ops) users += Contains(op.index, static_cast<int>(d)) || Contains(op.reduce, static_cast<int>(d));
+    out[d] = users >= 2;
+  }
+  return out;
+}
+
+// Why a legal nest is pruned, or "" if it is kept.
+const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_work) {
+  if (options.limit_intermediates &&
+      static_cast<double>(nest.intermediate_bytes) > options.intermediate_fraction * static_cast<double>(budget)) {
+    return "intermediates";
+  }
+  if (options.limit_padding && nest.padded_flops > (1 + options.max_padding) * min_work) return "padding";
+  if (options.limit_scratch && static_cast<double>(nest.scratch_bytes) * options.scratch_margin > budget) {
+    return "scratch";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<int64_t> TileOptions(const ir::Chain& chain, int dim) {
+  const int64_t extent = chain.dims[dim].extent;
+  // Only a dim that can carry a loop is tiled: one a sum op loops over, a
+  // block dim or a stream dim (a tile nothing loops over is the full
+  // extent). Dims under 8 are not worth a loop.
+  const std::vector<int> block = BlockEligibleDims(chain);
+  bool loopable = Contains(block, dim) || StreamCandidates(chain, block)[dim];
+  bool intrinsic = false;
+  for (const ir::Op& op : chain.ops) {
+    if (op.kind != ir::OpKind::kSum) continue;
+    loopable = loopable || Contains(op.index, dim) || Contains(op.reduce, dim);
+    // A dim that alone makes up rows, columns or the reduction of a GEMM-
+    // shaped op is tiled in multiples of the intrinsic's 16.
+    GemmForm g = AnalyzeGemmForm(op, chain);
+    if (!g.ok) continue;
+    const std::vector<int>* groups[] = {&g.rows, &g.cols, &op.reduce};
+    for (const std::vector<int>* group : groups) {
+      if (group->size() == 1 && (*group)[0] == dim) intrinsic = true;
+    }
+  }
+  std::set<int64_t> opts = {extent};
+  if (loopable && extent >= 8) {
+    for (int64_t t = intrinsic ? 16 : 1; t < extent; t *= 2) opts.insert(t);
+  }
+  return {opts.begin(), opts.end()};
+}
+
+double MinimalPaddedFlops(const ir::Chain& chain, const hw::MicroKernel& kernel) {
+  auto nest = BuildLoopNest(chain, UntiledSchedule(chain), kernel);
+  return nest.ok() ? nest->padded_flops : 0;
+}
+
+absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw::TargetDesc& target,
+                                                const Schedule& schedule, const SpaceOptions& options) {
+  const hw::MicroKernel kernel = hw::SelectMicroKernel(target);
+  ASSIGN_OR_RETURN(LoopNest nest, BuildLoopNest(chain, schedule, kernel));
+  const char* why = Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddedFlops(chain, kernel));
+  if (*why) return absl::FailedPreconditionError(absl::StrCat("pruned by the ", why, " rule"));
+  return RankedSchedule{nest.schedule, model::Predict(nest, target)};
+}
+
+absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  Space space;
+  space.kernel = hw::SelectMicroKernel(target);
+  const int64_t budget = hw::ScratchBudget(target);
+  const double min_work = MinimalPaddedFlops(chain, space.kernel);
+  const int num_dims = static_cast<int>(chain.dims.size());
+  const std::vector<int> block_eligible = BlockEligibleDims(chain);
+  const std::vector<bool> stream_ok = StreamCandidates(chain, block_eligible);
+
+  std::vector<std::vector<int64_t>> tiles(num_dims);
+  std::vector<std::vector<Placement>> places(num_dims);
+  for (int d = 0; d < num_dims; ++d) {
+    tiles[d] = TileOptions(chain, d);
+    places[d] = {kOwn};
+    if (Contains(block_eligible, d)) places[d].push_back(kBlock);
+    if (stream_ok[d]) places[d].push_back(kStream);
+  }
+
+  int64_t deduped = 0, legal = 0, after_intermediates = 0, after_padding = 0, after_scratch = 0;
+  std::vector<size_t> tile_pick(num_dims, 0);
+  while (true) {
+    std::vector<int64_t> tile(num_dims);
+    std::vector<int> tiled;
+    int64_t duplicates = 1;  // placements of untiled dims: all the same nest
+    for (int d = 0; d < num_dims; ++d) {
+      tile[d] = tiles[d][tile_pick[d]];
+      if (tile[d] < chain.dims[d].extent) {
+        tiled.push_back(d);
+      } else {
+        duplicates *= static_cast<int64_t>(places[d].size());
+      }
+    }
+    std::vector<size_t> place_pick(tiled.size(), 0);
+    while (true) {
+      Schedule base = UntiledSchedule(chain);
+      base.tile = tile;
+      for (size_t i = 0; i < tiled.size(); ++i) {
+        int d = tiled[i];
+        Placement p = places[d][place_pick[i]];
+        if (p == kBlock) base.block.push_back(d);
+        if (p == kStream) base.stream.push_back(d);
+      }
+      // Own loops: each sum op loops over its tiled dims placed nowhere
+      // else, output dims (in every order) before reduced dims.
+      std::vector<std::vector<int>> outs(chain.ops.size()), reds(chain.ops.size());
+      for (size_t o = 0; o < chain.ops.size(); ++o) {
+        const ir::Op& op = chain.ops[o];
+        if (op.kind != ir::OpKind::kSum) continue;
+        for (size_t i = 0; i < tiled.size(); ++i) {
+          if (places[tiled[i]][place_pick[i]] != kOwn) continue;
+          if (Contains(op.index, tiled[i])) outs[o].push_back(tiled[i]);
+          if (Contains(op.reduce, tiled[i])) reds[o].push_back(tiled[i]);
+        }
+        std::sort(outs[o].begin(), outs[o].end());
+      }
+      while (true) {
+        Schedule s = base;
+        for (size_t o = 0; o < chain.ops.size(); ++o) {
+          s.own[o] = outs[o];
+          s.own[o].insert(s.own[o].end(), reds[o].begin(), reds[o].end());
+        }
+        space.stats.enumerated += duplicates;
+        // Without rule 1 every equivalent copy goes on through the stages.
+        const int64_t copies = options.dedupe ? 1 : duplicates;
+        deduped += copies;
+        auto nest = BuildLoopNest(chain, s, space.kernel);
+        if (nest.ok()) {
+          legal += copies;
+          const std::string_view why = Pruned(*nest, options, budget, min_work);
+          after_intermediates += why != "intermediates" ? copies : 0;
+          after_padding += why.empty() || why == "scratch" ? copies : 0;
+          if (why.empty()) {
+            after_scratch += copies;
+            RankedSchedule r{nest->schedule, model::Predict(*nest, target)};
+            for (int64_t c = 0; c < copies; ++c) space.ranked.push_back(r);
+          }
+        }
+        // Next order of own output loops (odometer over permutations).
+        size_t o = 0;
+        for (; o < outs.size(); ++o) {
+          if (std::next_permutation(outs[o].begin(), outs[o].end())) break;
+        }
+        if (o == outs.size()) break;
+      }
+      size_t i = 0;
+      while (i < place_pick.size() && ++place_pick[i] == places[tiled[i]].size()) place_pick[i++] = 0;
+      if (i == place_pick.size()) break;
+    }
+    int d = 0;
+    while (d < num_dims && ++tile_pick[d] == tiles[d].size()) tile_pick[d++] = 0;
+    if (d == num_dims) break;
+  }
+  space.stats.stages = {{"1 dedupe (equivalent nests merged)", deduped},
+                        {"legal nests", legal},
+                        {"2 intermediates fit", after_intermediates},
+                        {"3 padding bounded", after_padding},
+                        {"4 scratch fits", after_scratch}};
+  if (space.ranked.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", legal, " legal, ",
+        after_intermediates, " with intermediates within ", options.intermediate_fraction, " of ", budget,
+        " bytes, ", after_padding, " with bounded padding, ", after_scratch, " fitting the scratch budget"));
+  }
+  std::stable_sort(space.ranked.begin(), space.ranked.end(), [](const RankedSchedule& a, const RankedSchedule& b) {
+    return a.prediction.t_estm_s < b.prediction.t_estm_s;
+  });
+  space.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return space;
+}
+
+}  // namespace fusor::space

@@ -1,0 +1,82 @@
+// The space of fused schedules of a chain on a target: every tiling
+// expression (where each tiled dim's loop goes: block, stream or the ops'
+// own loops, and the order of own loops) times every tile size, reduced by
+// MCFuser's four pruning rules and ranked by the analytical model.
+//
+// Stages, each counted (and each rule switchable):
+//   enumerated      tile sizes x placements of every dim x own-loop orders
+//   1 dedupe        equivalent nests merged (a loop of one trip vanishes,
+//                   so where an untiled dim was placed does not matter)
+//   legal           nests the dependencies allow (see loop_nest.h)
+//   2 intermediates block-local intermediates within a fraction of the
+//                   scratch budget (shared memory / private caches)
+//   3 padding       padded compute within a margin of the unavoidable
+//   4 scratch       everything a block holds, with a margin, within the
+//                   scratch budget
+// Tile sizes of dims that map onto the matrix unit's rows, columns or
+// reduction alone are multiples of 16 (the intrinsic's granularity) or the
+// full extent; other dims that can carry a loop take powers of two or the
+// full extent; dims no loop can go over, or under 8, keep their extent.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/hw/target.h"
+#include "common/ir/chain.h"
+#include "common/model/cost_model.h"
+#include "common/space/loop_nest.h"
+#include "common/space/schedule.h"
+
+namespace fusor::space {
+
+struct SpaceOptions {
+  bool dedupe = true;               // rule 1
+  bool limit_intermediates = true;  // rule 2
+  bool limit_padding = true;        // rule 3
+  bool limit_scratch = true;        // rule 4
+  double intermediate_fraction = 0.5;
+  double max_padding = 0.25;
+  double scratch_margin = 1.1;
+};
+
+struct SpaceStage {
+  std::string name;
+  int64_t remaining = 0;
+};
+
+struct SpaceStats {
+  int64_t enumerated = 0;
+  std::vector<SpaceStage> stages;  // in order: dedupe, legal, intermediates, padding, scratch
+  double seconds = 0;              // to enumerate, prune and rank
+};
+
+struct RankedSchedule {
+  Schedule schedule;  // canonical
+  model::Prediction prediction;
+};
+
+struct Space {
+  hw::MicroKernel kernel;
+  std::vector<RankedSchedule> ranked;  // best predicted first
+  SpaceStats stats;
+};
+
+// The tile sizes considered for `dim`.
+std::vector<int64_t> TileOptions(const ir::Chain& chain, int dim);
+
+absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target,
+                                 const SpaceOptions& options = SpaceOptions());
+
+// Checks one schedule against the same legality and pruning rules and
+// predicts its time; FAILED_PRECONDITION naming the rule that prunes it.
+absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw::TargetDesc& target,
+                                                const Schedule& schedule, const SpaceOptions& options = SpaceOptions());
+
+// Padded compute of the schedule with every dim at full extent: the
+// padding no tiling avoids.
+double MinimalPaddedFlops(const ir::Chain& chain, const hw::MicroKernel& kernel);
+
+}  // namespace fusor::space

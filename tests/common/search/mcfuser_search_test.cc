@@ -1,0 +1,125 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "common/ir/parse.h"
+#include "common/search/search_strategy.h"
+#include "tests/test_chains.h"
+
+namespace fusor::search {
+namespace {
+
+hw::TargetDesc Cpu() {
+  hw::TargetDesc t;
+  t.compute_units = 2;
+  t.isa_features = {"avx2", "fma"};
+  t.vector_lanes_f32 = 8;
+  t.l1d_bytes = 32 << 10;
+  t.l2_bytes = 1 << 20;
+  t.bandwidth_bytes_per_s = 20e9;
+  t.peak_flops = 200e9;
+  return t;
+}
+
+// Runs a strategy to the end, reporting each candidate as `time(c)`.
+std::vector<std::string> Drive(SearchStrategy& s, int batch,
+                               const std::function<double(const CandidateSpec&)>& time) {
+  std::vector<std::string> order;
+  for (int round = 0; round < 100 && !s.Done(); ++round) {
+    std::vector<CandidateSpec> b = s.NextBatch(batch);
+    if (b.empty()) break;
+    std::vector<MeasuredResult> results;
+    for (const CandidateSpec& c : b) {
+      order.push_back(c.schedule_text);
+      results.push_back({c.schedule_text, true, time(c)});
+    }
+    s.NotifyResults(results);
+  }
+  return order;
+}
+
+TEST(McfuserSearchTest, DeterministicWithinBudgetAndNeverRepeats) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto a = MakeMcfuserSearch(), b = MakeMcfuserSearch();
+  ASSERT_TRUE(a->Initialize({&*chain, Cpu(), 12}).ok());
+  ASSERT_TRUE(b->Initialize({&*chain, Cpu(), 12}).ok());
+  auto t = [](const CandidateSpec& c) { return c.prediction.t_estm_s * 1.5; };
+  std::vector<std::string> x = Drive(*a, 4, t), y = Drive(*b, 4, t);
+  EXPECT_EQ(x, y);
+  EXPECT_LE(x.size(), 12u);
+  EXPECT_EQ(std::set<std::string>(x.begin(), x.end()).size(), x.size());
+  EXPECT_TRUE(a->NextBatch(4).empty());
+}
+
+TEST(McfuserSearchTest, FirstRoundIsTheModelsTopK) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto space = space::BuildSpace(*chain, Cpu());
+  ASSERT_TRUE(space.ok());
+  auto s = MakeMcfuserSearch();
+  ASSERT_TRUE(s->Initialize({&*chain, Cpu(), 8}).ok());
+  std::vector<CandidateSpec> first = s->NextBatch(4);
+  ASSERT_EQ(first.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(first[i].schedule_text, space::ScheduleToText(space->ranked[i].schedule, *chain));
+  }
+}
+
+// Measurements that contradict the model move the search: a tiling
+// expression measured far slower than predicted is not proposed again
+// while others are left.
+TEST(McfuserSearchTest, PenalizesWhatTheModelOverRated) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  McfuserSearchOptions options;
+  options.exhaustive_limit = 0;  // evolutionary
+  options.patience = 100;
+  auto s = MakeMcfuserSearch(options);
+  ASSERT_TRUE(s->Initialize({&*chain, Cpu(), 40}).ok());
+  std::vector<CandidateSpec> first = s->NextBatch(4);
+  ASSERT_FALSE(first.empty());
+  const std::string bad = space::TilingExpression(first[0].schedule, *chain);
+  std::vector<MeasuredResult> results;
+  for (const CandidateSpec& c : first) {
+    bool is_bad = space::TilingExpression(c.schedule, *chain) == bad;
+    results.push_back({c.schedule_text, true, c.prediction.t_estm_s * (is_bad ? 50 : 1)});
+  }
+  s->NotifyResults(results);
+  int bad_next = 0;
+  std::vector<CandidateSpec> second = s->NextBatch(8);
+  for (const CandidateSpec& c : second) bad_next += space::TilingExpression(c.schedule, *chain) == bad;
+  EXPECT_EQ(bad_next, 0);
+  EXPECT_EQ(second.size(), 8u);
+}
+
+TEST(McfuserSearchTest, StopsAfterRoundsWithoutImprovement) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  McfuserSearchOptions options;
+  options.patience = 2;
+  auto s = MakeMcfuserSearch(options);
+  ASSERT_TRUE(s->Initialize({&*chain, Cpu(), 100}).ok());
+  int calls = 0;
+  // Every candidate after the first round is slower than the first one.
+  std::vector<std::string> order = Drive(*s, 2, [&](const CandidateSpec&) { return ++calls == 1 ? 1e-6 : 1.0; });
+  EXPECT_EQ(order.size(), 2u * 3);  // round 1, then two stale rounds
+  EXPECT_TRUE(s->Done());
+}
+
+TEST(McfuserSearchTest, FailsClearlyWhenNothingFits) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  hw::TargetDesc tiny = Cpu();
+  tiny.l1d_bytes = 64;
+  tiny.l2_bytes = 64;
+  auto s = MakeMcfuserSearch();
+  absl::Status st = s->Initialize({&*chain, tiny, 4});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("no schedule survives pruning"));
+}
+
+TEST(DescribeMappingTest, NamesTheDimsOfEachRole) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  EXPECT_EQ(DescribeMapping(*chain, {"k.8x32", 8, 8, 32}),
+            "k.8x32 C[batch=- rows=m cols=n k=k] E[batch=- rows=m cols=h k=n]");
+}
+
+}  // namespace
+}  // namespace fusor::search

@@ -1,0 +1,252 @@
+// The space's stage counts against an independent brute-force enumerator:
+// every placement of every dim (tiled or not) and every order of each op's
+// tiled own output loops is built as a plain schedule, equivalent nests are
+// merged through their canonical text, and every stage is recounted from
+// the nests. The production enumerator instead builds only canonical
+// schedules and counts equivalents arithmetically.
+#include "common/space/space.h"
+
+#include <algorithm>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "common/hw/devices.h"
+#include "common/ir/parse.h"
+
+namespace fusor::space {
+namespace {
+
+struct Counts {
+  int64_t enumerated = 0, distinct = 0, legal = 0, intermediates = 0, padding = 0, scratch = 0;
+};
+
+Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
+  const hw::MicroKernel kernel = hw::SelectMicroKernel(target);
+  const int n = static_cast<int>(chain.dims.size());
+  const std::vector<int> block_ok = BlockEligibleDims(chain);
+  // Placements: 0 own, 1 block, 2 stream.
+  std::vector<std::vector<int>> places(n);
+  for (int d = 0; d < n; ++d) {
+    places[d] = {0};
+    bool block = std::count(block_ok.begin(), block_ok.end(), d) > 0;
+    int users = 0;
+    for (const ir::Op& op : chain.ops) {
+      users += std::count(op.index.begin(), op.index.end(), d) + std::count(op.reduce.begin(), op.reduce.end(), d) > 0;
+    }
+    if (block) places[d].push_back(1);
+    if (!block && users >= 2) places[d].push_back(2);
+  }
+  Counts c;
+  std::set<std::string> seen;
+  std::vector<Schedule> distinct;
+  std::vector<std::vector<int64_t>> tiles(n);
+  for (int d = 0; d < n; ++d) tiles[d] = TileOptions(chain, d);
+  // All combinations of (tile, place) per dim, by recursion.
+  std::vector<int64_t> tile(n);
+  std::vector<int> place(n);
+  std::function<void(int)> rec = [&](int d) {
+    if (d == n) {
+      // Own loops of each sum op: its tiled dims placed nowhere else;
+      // output loops in every order, then reduced loops in chain order.
+      std::vector<std::vector<int>> outs(chain.ops.size()), reds(chain.ops.size());
+      for (size_t o = 0; o < chain.ops.size(); ++o) {
+        const ir::Op& op = chain.ops[o];
+        if (op.kind != ir::OpKind::kSum) continue;
+        for (int x = 0; x < n; ++x) {
+          if (place[x] != 0 || tile[x] == chain.dims[x].extent) continue;
+          if (std::count(op.index.begin(), op.index.end(), x)) outs[o].push_back(x);
+        }
+        for (int x = 0; x < n; ++x) {
+          if (place[x] == 0 && tile[x] < chain.dims[x].extent && std::count(op.reduce.begin(), op.reduce.end(), x)) {
+            reds[o].push_back(x);
+          }
+        }
+      }
+      while (true) {
+        Schedule s = UntiledSchedule(chain);
+        s.tile = tile;
+        for (int x = 0; x < n; ++x) {
+          if (place[x] == 1) s.block.push_back(x);
+          if (place[x] == 2) s.stream.push_back(x);
+        }
+        for (size_t o = 0; o < chain.ops.size(); ++o) {
+          s.own[o] = outs[o];
+          s.own[o].insert(s.own[o].end(), reds[o].begin(), reds[o].end());
+        }
+        ++c.enumerated;
+        if (seen.insert(ScheduleToText(s, chain)).second) distinct.push_back(s);
+        size_t o = 0;
+        for (; o < outs.size(); ++o) {
+          if (std::next_permutation(outs[o].begin(), outs[o].end())) break;
+        }
+        if (o == outs.size()) break;
+      }
+      return;
+    }
+    for (int64_t t : tiles[d]) {
+      for (int p : places[d]) {
+        tile[d] = t;
+        place[d] = p;
+        rec(d + 1);
+      }
+    }
+  };
+  rec(0);
+  c.distinct = static_cast<int64_t>(distinct.size());
+  const int64_t budget = hw::ScratchBudget(target);
+  auto untiled = BuildLoopNest(chain, UntiledSchedule(chain), kernel);
+  const double min_work = untiled->padded_flops;
+  for (const Schedule& s : distinct) {
+    auto nest = BuildLoopNest(chain, s, kernel);
+    if (!nest.ok()) continue;
+    ++c.legal;
+    if (nest->intermediate_bytes > options.intermediate_fraction * budget) continue;
+    ++c.intermediates;
+    if (nest->padded_flops > (1 + options.max_padding) * min_work) continue;
+    ++c.padding;
+    if (nest->scratch_bytes * options.scratch_margin > budget) continue;
+    ++c.scratch;
+  }
+  return c;
+}
+
+void Check(const char* text, const hw::TargetDesc& target) {
+  auto chain = ir::ParseChainText(text);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  SpaceOptions options;
+  auto space = BuildSpace(*chain, target, options);
+  ASSERT_TRUE(space.ok()) << space.status();
+  Counts expected = BruteForce(*chain, target, options);
+  EXPECT_EQ(space->stats.enumerated, expected.enumerated);
+  ASSERT_EQ(space->stats.stages.size(), 5u);
+  EXPECT_EQ(space->stats.stages[0].remaining, expected.distinct);
+  EXPECT_EQ(space->stats.stages[1].remaining, expected.legal);
+  EXPECT_EQ(space->stats.stages[2].remaining, expected.intermediates);
+  EXPECT_EQ(space->stats.stages[3].remaining, expected.padding);
+  EXPECT_EQ(space->stats.stages[4].remaining, expected.scratch);
+  EXPECT_EQ(static_cast<int64_t>(space->ranked.size()), expected.scratch);
+  EXPECT_GT(expected.scratch, 0);
+  EXPECT_LT(expected.distinct, expected.enumerated);  // rule 1 merges something
+  for (size_t i = 1; i < space->ranked.size(); ++i) {
+    EXPECT_LE(space->ranked[i - 1].prediction.t_estm_s, space->ranked[i].prediction.t_estm_s);
+  }
+}
+
+hw::TargetDesc Cpu() {
+  hw::TargetDesc t;
+  t.compute_units = 2;
+  t.isa_features = {"avx512f"};
+  t.vector_lanes_f32 = 16;
+  t.l1d_bytes = 48 << 10;
+  t.l2_bytes = 2 << 20;
+  return t;
+}
+
+TEST(SpaceTest, ReferenceGemmChainStageByStage) {
+  Check(R"(
+dtype f16
+dim m=1024 n=1024 k=512 h=512
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)",
+        Cpu());
+}
+
+TEST(SpaceTest, BertBaseAttentionStageByStageOnCpuAndH100) {
+  const char* attention = R"(
+dtype f16
+dim b=12 m=128 n=128 k=64 h=64
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.125
+P[b,m,n] = softmax(n) S[b,m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+  Check(attention, Cpu());
+  Check(attention, *hw::LookupDevice("h100"));
+}
+
+TEST(SpaceTest, ConvChainWithDimsNoLoopUses) {
+  // y and x only shape the input; r and s are too short to loop over.
+  Check(R"(
+dim n=1 c=16 k=32 p=14 q=14 r=3 s=3 j=16 y=16 x=16
+in I[n,c,y,x] W1[k,c,r,s] W2[j,k]
+T[n,k,p,q] = sum(c,r,s) I[n,c,p+r,q+s] * W1[k,c,r,s]
+U[n,k,p,q] = relu(T[n,k,p,q])
+O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k]
+out O
+)",
+        Cpu());
+}
+
+TEST(SpaceTest, RulesSwitchOffOneByOne) {
+  auto chain = ir::ParseChainText(R"(
+dim m=256 n=256 k=64 h=64
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)");
+  auto all = BuildSpace(*chain, Cpu());
+  ASSERT_TRUE(all.ok());
+  SpaceOptions no_dedupe;
+  no_dedupe.dedupe = false;
+  auto dup = BuildSpace(*chain, Cpu(), no_dedupe);
+  EXPECT_EQ(dup->stats.stages[0].remaining, all->stats.enumerated);
+  EXPECT_GT(dup->ranked.size(), all->ranked.size());
+  for (auto flag : {&SpaceOptions::limit_intermediates, &SpaceOptions::limit_padding, &SpaceOptions::limit_scratch}) {
+    SpaceOptions off;
+    off.*flag = false;
+    auto more = BuildSpace(*chain, Cpu(), off);
+    EXPECT_GE(more->ranked.size(), all->ranked.size());
+  }
+  SpaceOptions none;
+  none.limit_intermediates = none.limit_padding = none.limit_scratch = false;
+  auto everything = BuildSpace(*chain, Cpu(), none);
+  EXPECT_EQ(static_cast<int64_t>(everything->ranked.size()), everything->stats.stages[1].remaining);
+}
+
+TEST(SpaceTest, EvaluateScheduleAppliesTheSameRules) {
+  auto chain = ir::ParseChainText(R"(
+dim m=256 n=256 k=64 h=64
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)");
+  auto space = BuildSpace(*chain, Cpu());
+  auto best = EvaluateSchedule(*chain, Cpu(), space->ranked[0].schedule);
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_DOUBLE_EQ(best->prediction.t_estm_s, space->ranked[0].prediction.t_estm_s);
+  hw::TargetDesc small = Cpu();
+  small.l2_bytes = 0;
+  small.l1d_bytes = 8 << 10;
+  EXPECT_TRUE(absl::IsFailedPrecondition(EvaluateSchedule(*chain, small, UntiledSchedule(*chain)).status()));
+}
+
+TEST(TileOptionsTest, IntrinsicDimsTakeMultiplesOf16) {
+  auto chain = ir::ParseChainText(R"(
+dim b=12 m=100 k=64 n=8
+in A[b,m,k] B[b,k,n]
+C[b,m,n] = sum(k) A[b,m,k] * B[b,k,n]
+out C
+)");
+  EXPECT_EQ(TileOptions(*chain, chain->FindDim("b")), (std::vector<int64_t>{1, 2, 4, 8, 12}));
+  EXPECT_EQ(TileOptions(*chain, chain->FindDim("m")), (std::vector<int64_t>{16, 32, 64, 100}));
+  EXPECT_EQ(TileOptions(*chain, chain->FindDim("n")), (std::vector<int64_t>{8}));
+  auto conv = ir::ParseChainText(R"(
+dim c=16 k=16 p=8 r=3 y=10
+in I[c,y] W[k,c,r]
+T[k,p] = sum(c,r) I[c,p+r] * W[k,c,r]
+out T
+)");
+  EXPECT_EQ(TileOptions(*conv, conv->FindDim("y")), (std::vector<int64_t>{10}));  // no loop uses y
+  EXPECT_EQ(TileOptions(*conv, conv->FindDim("r")), (std::vector<int64_t>{3}));
+  EXPECT_EQ(TileOptions(*conv, conv->FindDim("c")), (std::vector<int64_t>{1, 2, 4, 8, 16}));
+}
+
+}  // namespace
+}  // namespace fusor::space
