@@ -85,6 +85,12 @@ class McfuserSearch : public SearchStrategy {
         improved = true;
       }
     }
+    std::vector<double> logs;
+    for (const Measured& m : measured_) logs.push_back(std::log(m.ratio));
+    if (!logs.empty()) {
+      std::nth_element(logs.begin(), logs.begin() + logs.size() / 2, logs.end());
+      typical_log_ratio_ = logs[logs.size() / 2];
+    }
     ++rounds_;
     stale_rounds_ = improved ? 0 : stale_rounds_ + 1;
   }
@@ -102,16 +108,8 @@ class McfuserSearch : public SearchStrategy {
   // The model's prediction scaled by its tiling expression's measured
   // error (or the typical error, for expressions not measured yet).
   double Score(int i) const {
-    double log_ratio = 0;
     auto it = class_ratios_.find(classes_[i]);
-    if (it != class_ratios_.end()) {
-      log_ratio = it->second.first / it->second.second;
-    } else if (!measured_.empty()) {
-      std::vector<double> all;
-      for (const auto& m : measured_) all.push_back(std::log(m.ratio));
-      std::nth_element(all.begin(), all.begin() + all.size() / 2, all.end());
-      log_ratio = all[all.size() / 2];
-    }
+    const double log_ratio = it != class_ratios_.end() ? it->second.first / it->second.second : typical_log_ratio_;
     return space_.ranked[i].prediction.t_estm_s * std::exp(log_ratio);
   }
 
@@ -232,6 +230,7 @@ class McfuserSearch : public SearchStrategy {
   int num_proposed_ = 0;
   std::vector<Measured> measured_;
   std::map<std::string, std::pair<double, int>> class_ratios_;  // sum of log ratios, count
+  double typical_log_ratio_ = 0;  // median over everything measured
   double best_s_ = 0;
   int rounds_ = 0;
   int stale_rounds_ = 0;

@@ -1,0 +1,216 @@
+// Benchmarks of the MCFuser engine on this CPU (results in RESULTS.md):
+//   space       generate + place + prune + rank, with schedules/s
+//   fidelity    measure schedules spread over the ranked space; Spearman
+//               rank correlation of t_estm with the measured median, and
+//               how far the model's top-1 is from the best measured
+//   convergence the default search against a much longer one: how many
+//               candidates and seconds until within 5% of the long
+//               search's best, against measuring the whole pruned space
+// Candidates are measured exactly as a worker does (isolated child,
+// validation first, median of repeats).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_format.h"
+#include "common/ir/parse.h"
+#include "common/search/search_strategy.h"
+#include "common/space/space.h"
+#include "worker/cpu/cpu_target.h"
+#include "worker/job.h"
+#include "worker/process.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using fusor::worker::JobOutcome;
+
+struct Bench {
+  fusor::ir::Chain chain;
+  fusor::hw::TargetDesc target;
+  std::string self, scratch = "/tmp", blas_dir;
+  double time_budget_s = 0.2;
+
+  // Median seconds of one schedule (0 if it failed) and the wall time spent.
+  std::pair<double, double> Measure(const std::string& schedule) const {
+    fusor::worker::JobSpec spec;
+    spec.kind = fusor::worker::JobKind::kCandidate;
+    spec.chain_json = fusor::ir::ChainToJson(chain);
+    spec.schedule_text = schedule;
+    spec.target = target;
+    spec.blas_dir = blas_dir;
+    spec.timing.time_budget_s = time_budget_s;
+    spec.timing.max_repeats = 50;
+    spec.timing.rotate_bytes = 2 * std::max(target.l2_bytes * target.compute_units, target.l3_bytes);
+    auto start = Clock::now();
+    JobOutcome out = fusor::worker::RunJobIsolated(spec, self, scratch);
+    double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    if (out.status != fusor::worker::OutcomeStatus::kOk) {
+      std::cerr << "  " << schedule << ": " << fusor::worker::OutcomeStatusName(out.status) << " " << out.error << "\n";
+      return {0, wall};
+    }
+    return {out.median_s, wall};
+  }
+};
+
+std::vector<double> Ranks(const std::vector<double>& v) {
+  std::vector<size_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < idx.size();) {
+    size_t j = i;
+    while (j + 1 < idx.size() && v[idx[j + 1]] == v[idx[i]]) ++j;
+    for (size_t k = i; k <= j; ++k) r[idx[k]] = (i + j) / 2.0;  // ties share their mean rank
+    i = j + 1;
+  }
+  return r;
+}
+
+double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ra = Ranks(a), rb = Ranks(b);
+  double ma = std::accumulate(ra.begin(), ra.end(), 0.0) / ra.size();
+  double mb = std::accumulate(rb.begin(), rb.end(), 0.0) / rb.size();
+  double num = 0, da = 0, db = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    num += (ra[i] - ma) * (rb[i] - mb);
+    da += (ra[i] - ma) * (ra[i] - ma);
+    db += (rb[i] - mb) * (rb[i] - mb);
+  }
+  return num / std::sqrt(da * db);
+}
+
+int Fidelity(const Bench& b, int samples) {
+  auto space = fusor::space::BuildSpace(b.chain, b.target);
+  if (!space.ok()) return std::cerr << space.status() << "\n", 1;
+  const size_t n = space->ranked.size();
+  // The model's top 10, then the rest of the ranking at an even stride.
+  std::vector<size_t> picks;
+  for (size_t i = 0; i < std::min<size_t>(10, n); ++i) picks.push_back(i);
+  const size_t rest = std::max<int>(samples - static_cast<int>(picks.size()), 0);
+  for (size_t k = 0; k < rest && n > 10; ++k) picks.push_back(10 + k * (n - 10) / rest);
+  std::sort(picks.begin(), picks.end());
+  picks.erase(std::unique(picks.begin(), picks.end()), picks.end());
+  std::vector<double> predicted, measured;
+  double best = 0, top1 = 0;
+  for (size_t i : picks) {
+    const std::string text = fusor::space::ScheduleToText(space->ranked[i].schedule, b.chain);
+    auto [median, wall] = b.Measure(text);
+    if (median <= 0) continue;
+    predicted.push_back(space->ranked[i].prediction.t_estm_s);
+    measured.push_back(median);
+    if (i == 0) top1 = median;
+    if (best == 0 || median < best) best = median;
+    std::cerr << absl::StrFormat("  #%-5zu %-44s predicted %9.3f ms  measured %9.3f ms\n", i + 1, text,
+                                 space->ranked[i].prediction.t_estm_s * 1e3, median * 1e3);
+  }
+  std::cout << absl::StrFormat("| %s | %zu of %zu | %.2f | %.3f ms | %.3f ms | %.2fx |\n", b.chain.name,
+                               measured.size(), n, Spearman(predicted, measured), top1 * 1e3, best * 1e3,
+                               best > 0 ? top1 / best : 0);
+  return 0;
+}
+
+// Runs a search measuring for real; returns (median, seconds since start) per candidate.
+std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int patience) {
+  fusor::search::McfuserSearchOptions options;
+  options.patience = patience;
+  auto s = fusor::search::MakeMcfuserSearch(options);
+  std::vector<std::pair<double, double>> trace;
+  if (!s->Initialize({&b.chain, b.target, budget}).ok()) return trace;
+  auto start = Clock::now();
+  while (!s->Done()) {
+    auto batch = s->NextBatch(4);
+    if (batch.empty()) break;
+    std::vector<fusor::search::MeasuredResult> results;
+    for (const auto& c : batch) {
+      double median = b.Measure(c.schedule_text).first;
+      trace.push_back({median, std::chrono::duration<double>(Clock::now() - start).count()});
+      results.push_back({c.schedule_text, median > 0, median});
+    }
+    s->NotifyResults(results);
+  }
+  return trace;
+}
+
+int Convergence(const Bench& b, int budget, int long_budget) {
+  auto space = fusor::space::BuildSpace(b.chain, b.target);
+  if (!space.ok()) return std::cerr << space.status() << "\n", 1;
+  auto long_trace = Search(b, long_budget, 1000);
+  double best_long = 0, spent_long = long_trace.empty() ? 0 : long_trace.back().second;
+  for (auto [m, t] : long_trace) {
+    if (m > 0 && (best_long == 0 || m < best_long)) best_long = m;
+  }
+  auto trace = Search(b, budget, fusor::search::McfuserSearchOptions().patience);
+  double best = 0;
+  int reached_n = -1;
+  double reached_s = 0;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    if (trace[i].first > 0 && (best == 0 || trace[i].first < best)) best = trace[i].first;
+    if (reached_n < 0 && best > 0 && best <= 1.05 * best_long) {
+      reached_n = static_cast<int>(i + 1);
+      reached_s = trace[i].second;
+    }
+  }
+  const double per_candidate = long_trace.empty() ? 0 : spent_long / long_trace.size();
+  std::cout << absl::StrFormat("| %s | %.3f ms (%zu measured, %.0f s) | %.3f ms after %zu (%.0f s) | %s | %.0f s |\n",
+                               b.chain.name, best_long * 1e3, long_trace.size(), spent_long, best * 1e3, trace.size(),
+                               trace.empty() ? 0 : trace.back().second,
+                               reached_n > 0 ? absl::StrFormat("%d candidates, %.0f s", reached_n, reached_s)
+                                             : std::string("not reached"),
+                               per_candidate * space->ranked.size());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "__run-job") return fusor::worker::RunJobMain(argv[2]);
+  CLI::App app{"fusor search benchmarks"};
+  std::string mode, file;
+  int samples = 60, budget = 16, long_budget = 64;
+  Bench b;
+  b.blas_dir = FUSOR_OPENBLAS_DIR;
+  app.add_option("mode", mode, "space | fidelity | convergence")->required();
+  app.add_option("chain", file, "chain file")->required();
+  app.add_option("--samples", samples, "fidelity: schedules to measure")->capture_default_str();
+  app.add_option("--budget", budget, "convergence: the default search's budget")->capture_default_str();
+  app.add_option("--long-budget", long_budget, "convergence: the long search's budget")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto chain = fusor::ir::ParseChain(text.str());
+  if (!chain.ok()) return std::cerr << chain.status() << "\n", 1;
+  b.chain = *chain;
+  b.self = fusor::worker::CurrentExecutable("fusor-bench-search");
+  auto dir = fusor::worker::TempDir::Create("/tmp", "fusor-bench-");
+  auto target = fusor::worker::DescribeCpu("c++", dir->path());
+  if (!target.ok()) return std::cerr << target.status() << "\n", 1;
+  b.target = *target;
+  if (mode == "space") {
+    auto space = fusor::space::BuildSpace(b.chain, b.target);
+    if (!space.ok()) return std::cerr << space.status() << "\n", 1;
+    std::cout << absl::StrFormat("| %s | %d | %d | %d | %.3f s | %.0f |\n", b.chain.name, space->stats.enumerated,
+                                 space->stats.stages[0].remaining, space->ranked.size(), space->stats.seconds,
+                                 space->stats.stages[0].remaining / space->stats.seconds);
+    return 0;
+  }
+  // Calibrate W and P as a worker would.
+  fusor::worker::JobSpec cal;
+  cal.kind = fusor::worker::JobKind::kCalibrate;
+  cal.target = b.target;
+  cal.timing.time_budget_s = 0.4;
+  JobOutcome out = fusor::worker::RunJobIsolated(cal, b.self, b.scratch);
+  b.target.bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
+  b.target.peak_flops = out.peak_flops;
+  if (mode == "fidelity") return Fidelity(b, samples);
+  if (mode == "convergence") return Convergence(b, budget, long_budget);
+  std::cerr << "unknown mode " << mode << "\n";
+  return 2;
+}
