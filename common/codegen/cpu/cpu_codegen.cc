@@ -677,18 +677,25 @@ class FusedEmitter {
     return absl::StrCat("const long ", n_.V(ax), " = ", n_.O(ax), " + ", n_.I(ax), ";");
   }
 
-  void EmitSoftmax(const Op& op, const space::OpNest& on) {
+  // The softmax's inputs along its axis (within the current range) into
+  // `row`, and their maximum into `max_var`.
+  void EmitRowAndMax(const Op& op, const std::string& row, const std::string& max_var) {
     auto load = [this](const Access& a) { return Load(a); };
     const int ax = op.axis;
-    const std::string row = "row" + Sfx(on.op);
-    int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
-    w_.Line("float mx = -INFINITY;");
+    w_.Line(absl::StrCat("float ", max_var, " = -INFINITY;"));
     w_.Open(AxisLoop(ax));
     w_.Line(AxisVar(ax));
     w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, load), ";"));
     w_.Line(absl::StrCat(row, "[", n_.I(ax), "] = x;"));
-    w_.Line("mx = x > mx ? x : mx;");
+    w_.Line(absl::StrCat(max_var, " = x > ", max_var, " ? x : ", max_var, ";"));
     w_.Close();
+  }
+
+  void EmitSoftmax(const Op& op, const space::OpNest& on) {
+    const int ax = op.axis;
+    const std::string row = "row" + Sfx(on.op);
+    int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
+    EmitRowAndMax(op, row, "mx");
     w_.Line("float total = 0.0f;");
     w_.Open(absl::StrCat("for (long j = 0; j < ", n_.N(ax), "; ++j)"));
     w_.Line(absl::StrCat("const float e = expf(", row, "[j] - mx);"));
@@ -707,18 +714,11 @@ class FusedEmitter {
   // exponentials against the running max; the running sum, and the factor
   // by which the consumer rescales what it accumulated so far.
   void EmitOnlineSoftmax(const Op& op, const space::OpNest& on) {
-    auto load = [this](const Access& a) { return Load(a); };
     const int ax = op.axis;
     const std::string o = Sfx(on.op), row = "row" + o;
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
     w_.Line(absl::StrCat("const long sr = ", StateOffset(op), ";"));
-    w_.Line("float mt = -INFINITY;");
-    w_.Open(AxisLoop(ax));
-    w_.Line(AxisVar(ax));
-    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, load), ";"));
-    w_.Line(absl::StrCat(row, "[", n_.I(ax), "] = x;"));
-    w_.Line("mt = x > mt ? x : mt;");
-    w_.Close();
+    EmitRowAndMax(op, row, "mt");
     w_.Line(absl::StrCat("const float m_old = smax", o, "[sr];"));
     w_.Line("const float m_new = m_old > mt ? m_old : mt;");
     w_.Line("const float rescale = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);");

@@ -133,6 +133,14 @@ void Check(const char* text, const hw::TargetDesc& target) {
   }
 }
 
+constexpr char kSmallGemmChain[] = R"(
+dim m=256 n=256 k=64 h=64
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)";
+
 hw::TargetDesc Cpu() {
   hw::TargetDesc t;
   t.compute_units = 2;
@@ -183,13 +191,7 @@ out O
 }
 
 TEST(SpaceTest, RulesSwitchOffOneByOne) {
-  auto chain = ir::ParseChainText(R"(
-dim m=256 n=256 k=64 h=64
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)");
+  auto chain = ir::ParseChainText(kSmallGemmChain);
   auto all = BuildSpace(*chain, Cpu());
   ASSERT_TRUE(all.ok());
   SpaceOptions no_dedupe;
@@ -210,13 +212,7 @@ out E
 }
 
 TEST(SpaceTest, EvaluateScheduleAppliesTheSameRules) {
-  auto chain = ir::ParseChainText(R"(
-dim m=256 n=256 k=64 h=64
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)");
+  auto chain = ir::ParseChainText(kSmallGemmChain);
   auto space = BuildSpace(*chain, Cpu());
   auto best = EvaluateSchedule(*chain, Cpu(), space->ranked[0].schedule);
   ASSERT_TRUE(best.ok()) << best.status();
