@@ -44,6 +44,13 @@ std::shared_ptr<spdlog::logger> Log() { return Logger("scheduler"); }
 
 bool Finished(const std::string& job_state) { return job_state == "done" || job_state == "failed"; }
 
+// The intrinsic of the first mapped op in a space::DescribeMappings text.
+std::string FirstIntrinsic(const std::string& mappings) {
+  const size_t eq = mappings.find('='), open = mappings.find('[');
+  if (eq == std::string::npos || open == std::string::npos || open < eq) return "scalar";
+  return mappings.substr(eq + 1, open - eq - 1);
+}
+
 v1::MeasureOptions WithDefaults(v1::MeasureOptions m) {
   if (m.warmup() <= 0) m.set_warmup(2);
   if (m.min_repeats() <= 0) m.set_min_repeats(5);
@@ -171,7 +178,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   c->set_id(cand.id);
   c->mutable_schedule()->set_text(cand.schedule);
   c->mutable_mapping()->set_text(cand.mapping);
-  c->mutable_mapping()->set_intrinsic(cand.mapping.substr(0, cand.mapping.find(' ')));
+  c->mutable_mapping()->set_intrinsic(FirstIntrinsic(cand.mapping));
   c->mutable_prediction()->set_t_mem_s(cand.t_mem_s);
   c->mutable_prediction()->set_t_comp_s(cand.t_comp_s);
   c->mutable_prediction()->set_alpha(cand.alpha);
@@ -224,9 +231,13 @@ std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
 
 v1::TuneResult Scheduler::Translate(const v1::TuneResult& result, const PreparedRequest& request) const {
   v1::TuneResult r = result;
-  r.mutable_best()->mutable_schedule()->set_text(TranslateSchedule(result.best().schedule().text(), request));
-  r.mutable_best()->mutable_mapping()->set_text(
-      search::DescribeMapping(request.chain, hw::SelectMicroKernel(request.target)));
+  const std::string schedule = TranslateSchedule(result.best().schedule().text(), request);
+  r.mutable_best()->mutable_schedule()->set_text(schedule);
+  auto parsed = space::ParseSchedule(schedule, request.chain);
+  if (parsed.ok()) {
+    auto nest = space::BuildLoopNest(request.chain, *parsed, request.target);
+    if (nest.ok()) r.mutable_best()->mutable_mapping()->set_text(space::DescribeMappings(request.chain, *nest));
+  }
   return r;
 }
 
@@ -234,8 +245,7 @@ absl::StatusOr<v1::CompileResponse> Scheduler::BuildCompileResponse(const Prepar
                                                                     const v1::TuneResult& result) const {
   const std::string& text = result.best().schedule().text();
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
-  ASSIGN_OR_RETURN(space::LoopNest nest,
-                   space::BuildLoopNest(request.chain, schedule, hw::SelectMicroKernel(request.target)));
+  ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(request.chain, schedule, request.target));
   ASSIGN_OR_RETURN(codegen::KernelSource kernel,
                    codegen::EmitCpuFusedKernel(request.chain, nest, text, result.best().mapping().text()));
   v1::CompileResponse resp;

@@ -101,7 +101,7 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
   if (spec.kind == JobKind::kCandidate) {
     auto schedule = space::ParseSchedule(spec.schedule_text, chain);
     if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
-    auto nest = space::BuildLoopNest(chain, *schedule, hw::SelectMicroKernel(spec.target));
+    auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
     if (!nest.ok()) return Fail(OutcomeStatus::kCompileError, std::string(nest.status().message()));
     auto emitted = codegen::EmitCpuFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
     if (!emitted.ok()) return Fail(OutcomeStatus::kCompileError, std::string(emitted.status().message()));

@@ -23,16 +23,6 @@ std::string TargetFingerprint(const TargetDesc& t) {
                       Sha256Hex(identity).substr(0, 16));
 }
 
-MicroKernel SelectMicroKernel(const TargetDesc& t) {
-  if (t.backend == Backend::kCuda) return {"mma.m16n8k16", 1, 16, 16};
-  // 16 (AVX2) or 32 (AVX-512) vector registers: keep mr x (nr/lanes)
-  // accumulators plus nr/lanes B vectors and one broadcast A in registers.
-  if (t.HasFeature("avx512f")) return {"fma.avx512.8x32", 16, 8, 32};
-  if (t.HasFeature("avx2") && t.HasFeature("fma")) return {"fma.avx2.6x16", 8, 6, 16};
-  if (t.vector_lanes_f32 >= 4) return {"simd4.4x8", 4, 4, 8};
-  return {"scalar.4x4", 1, 4, 4};
-}
-
 int64_t ScratchBudget(const TargetDesc& t) {
   if (t.backend == Backend::kCuda) return t.shared_mem_per_block > 0 ? t.shared_mem_per_block : 48 << 10;
   int64_t private_cache = t.l1d_bytes + t.l2_bytes;

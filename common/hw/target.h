@@ -43,8 +43,6 @@ struct MicroKernel {
   int nr = 1;        // a multiple of lanes
 };
 
-MicroKernel SelectMicroKernel(const TargetDesc& target);
-
 // Scratch one block may use for intermediates and packed tiles: the
 // core's private caches (CPU) or the shared memory per block (GPU).
 int64_t ScratchBudget(const TargetDesc& target);

@@ -13,7 +13,7 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target) {
   Prediction pred;
   for (const space::Statement& s : nest.statements) {
     if (s.kind == space::StmtKind::kCompute) {
-      pred.t_comp_s += s.flops * s.executions / p;
+      pred.t_comp_s += s.flops * s.executions / (p * s.rate);
     } else {
       pred.t_mem_s += s.bytes * s.executions / w;
     }

@@ -5,8 +5,10 @@
 //   alpha  = (N_block + N_SM) / N_block
 // TS is a statement's tile in bytes, Fp its FLOPs per execution (padded
 // tiles count in full, so padding costs time), W and P the target's
-// calibrated bandwidth and peak rate. alpha charges the last partial wave of
-// blocks over the N_SM compute units (cores on a CPU).
+// calibrated bandwidth and peak rate; a compute statement runs at its
+// intrinsic's share of P (scalar code at the scalar share). alpha charges
+// the last partial wave of blocks over the N_SM compute units (cores on a
+// CPU).
 #pragma once
 
 #include "common/hw/target.h"

@@ -23,12 +23,13 @@ class McfuserSearch : public SearchStrategy {
     auto space = space::BuildSpace(*task.chain, task.target, options_.space);
     if (!space.ok()) return space.status();
     space_ = std::move(*space);
-    mapping_ = DescribeMapping(*task.chain, space_.kernel);
     for (size_t i = 0; i < space_.ranked.size(); ++i) {
       const std::string text = space::ScheduleToText(space_.ranked[i].schedule, *task.chain);
       index_.emplace(text, static_cast<int>(i));
       texts_.push_back(text);
-      classes_.push_back(space::TilingExpression(space_.ranked[i].schedule, *task.chain));
+      // The budget spreads over tiling expressions and mappings by how each proved.
+      classes_.push_back(space::TilingExpression(space_.ranked[i].schedule, *task.chain) + " " +
+                         space_.ranked[i].mappings);
     }
     proposed_.assign(space_.ranked.size(), false);
     return absl::OkStatus();
@@ -60,7 +61,7 @@ class McfuserSearch : public SearchStrategy {
       CandidateSpec c;
       c.schedule = space_.ranked[i].schedule;
       c.schedule_text = texts_[i];
-      c.mapping = mapping_;
+      c.mapping = space_.ranked[i].mappings;
       c.prediction = space_.ranked[i].prediction;
       batch.push_back(std::move(c));
     }
@@ -222,7 +223,6 @@ class McfuserSearch : public SearchStrategy {
   McfuserSearchOptions options_;
   SearchTask task_;
   space::Space space_;
-  std::string mapping_;
   std::unordered_map<std::string, int> index_;
   std::vector<std::string> texts_;
   std::vector<std::string> classes_;
@@ -241,27 +241,6 @@ class McfuserSearch : public SearchStrategy {
 
 std::unique_ptr<SearchStrategy> MakeMcfuserSearch(const McfuserSearchOptions& options) {
   return std::make_unique<McfuserSearch>(options);
-}
-
-std::string DescribeMapping(const ir::Chain& chain, const hw::MicroKernel& kernel) {
-  auto names = [&](const std::vector<int>& dims) {
-    std::vector<std::string> n;
-    for (int d : dims) n.push_back(chain.dims[d].name);
-    return n.empty() ? std::string("-") : absl::StrJoin(n, ",");
-  };
-  std::string out = kernel.name;
-  for (const ir::Op& op : chain.ops) {
-    if (op.kind != ir::OpKind::kSum) continue;
-    space::GemmForm g = space::AnalyzeGemmForm(op, chain);
-    absl::StrAppend(&out, " ", chain.tensors[op.output].name);
-    if (!g.ok) {
-      out += "[scalar]";
-      continue;
-    }
-    absl::StrAppend(&out, "[batch=", names(g.batch), " rows=", names(g.rows), " cols=", names(g.cols),
-                    " k=", names(op.reduce), "]");
-  }
-  return out;
 }
 
 }  // namespace fusor::search

@@ -30,7 +30,7 @@ struct SearchTask {
 struct CandidateSpec {
   space::Schedule schedule;
   std::string schedule_text;
-  std::string mapping;  // how each op maps onto the matrix unit
+  std::string mapping;  // how each sum op maps onto an intrinsic (space::DescribeMappings)
   model::Prediction prediction;
 };
 
@@ -69,9 +69,5 @@ struct McfuserSearchOptions {
   uint64_t seed = 1;
 };
 std::unique_ptr<SearchStrategy> MakeMcfuserSearch(const McfuserSearchOptions& options = {});
-
-// The mapping of each sum op onto the matrix unit, e.g.
-// "fma.avx2.6x16 S[batch=b rows=m cols=n k=k] O[...]".
-std::string DescribeMapping(const ir::Chain& chain, const hw::MicroKernel& kernel);
 
 }  // namespace fusor::search

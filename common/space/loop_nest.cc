@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace fusor::space {
 namespace {
@@ -90,32 +91,70 @@ std::vector<int> BlockEligibleDims(const ir::Chain& chain) {
   return result;
 }
 
-GemmForm AnalyzeGemmForm(const ir::Op& op, const ir::Chain& chain) {
+GemmForm FormOf(const ir::Chain& chain, const mapping::SoftwareOp& sw, const mapping::Mapping& m) {
+  const ir::Op& op = chain.ops[sw.op];
   GemmForm g;
-  if (op.kind != ir::OpKind::kSum) return g;
-  std::vector<ir::Access> factors;
-  if (!ProductFactors(op.body, g.scale, factors)) return g;
-  int vector_dim = op.index.back();
-  for (ir::Access& a : factors) {
-    (AccessDependsOn(a, vector_dim) ? g.b_side : g.a_side).push_back(std::move(a));
-  }
-  if (g.b_side.empty()) return g;
+  g.ok = true;
+  g.scale = sw.scale;
+  g.a_side = sw.a_side;
+  g.b_side = sw.b_side;
   for (int d : op.index) {
-    bool in_a = SideDependsOn(g.a_side, d);
-    bool in_b = SideDependsOn(g.b_side, d);
-    if (in_a && in_b) {
-      g.batch.push_back(d);
-    } else if (in_b) {
+    if (Contains(m.axes[0], d)) {
+      g.rows.push_back(d);
+    } else if (Contains(m.axes[1], d)) {
       g.cols.push_back(d);
     } else {
-      g.rows.push_back(d);
+      g.batch.push_back(d);
     }
   }
-  g.ok = true;
+  for (int d : op.reduce) (Contains(m.axes[2], d) ? g.kdims : g.outer_reduce).push_back(d);
   return g;
 }
 
-absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::MicroKernel& kernel) {
+std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const hw::TargetDesc& target) {
+  std::vector<const hw::Intrinsic*> out = hw::IntrinsicsFor(target);
+  if (target.backend != hw::Backend::kCuda) return out;
+  const std::string dtype = chain.dtype == ir::DType::kF32 ? "tf32" : std::string(ir::DTypeName(chain.dtype));
+  std::erase_if(out, [&](const hw::Intrinsic* x) { return x->inputs[0].dtype != dtype; });
+  std::stable_sort(out.begin(), out.end(), [](const hw::Intrinsic* a, const hw::Intrinsic* b) { return a->rate > b->rate; });
+  return out;
+}
+
+std::optional<mapping::Mapping> DefaultMappingFor(const ir::Chain& chain, int op, const hw::TargetDesc& target) {
+  auto sw = mapping::ViewOp(chain, op);
+  if (!sw.ok()) return std::nullopt;
+  for (const hw::Intrinsic* x : UsableIntrinsics(chain, target)) {
+    if (auto m = mapping::DefaultMapping(chain, *sw, *x)) return m;
+  }
+  return std::nullopt;
+}
+
+std::string DescribeMappings(const ir::Chain& chain, const LoopNest& nest) {
+  std::vector<std::string> parts;
+  for (const OpNest& on : nest.ops) {
+    const ir::Op& op = chain.ops[on.op];
+    if (op.kind != ir::OpKind::kSum) continue;
+    parts.push_back(absl::StrCat(chain.tensors[op.output].name, "=",
+                                 on.gemm.ok ? mapping::MappingToText(on.mapping, chain) : "scalar"));
+  }
+  return absl::StrJoin(parts, " ");
+}
+
+double RateOn(const hw::Intrinsic& x, const hw::TargetDesc& target) {
+  if (x.backend == hw::Backend::kCuda) return x.rate;
+  // A CPU's P is calibrated with its widest vectors.
+  std::vector<const hw::Intrinsic*> all = hw::IntrinsicsFor(target);
+  const int widest = all.empty() ? 1 : all[0]->lanes;
+  return x.rate * static_cast<double>(x.lanes) / widest;
+}
+
+double ScalarRate(const hw::TargetDesc& target) {
+  if (target.backend == hw::Backend::kCuda) return 1.0 / 16;  // CUDA cores next to tensor cores
+  std::vector<const hw::Intrinsic*> all = hw::IntrinsicsFor(target);
+  return all.empty() ? 1.0 : 1.0 / all[0]->lanes;
+}
+
+absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target) {
   const int num_dims = static_cast<int>(chain.dims.size());
   if (static_cast<int>(input.tile.size()) != num_dims) return Illegal(chain, "wrong number of tile sizes");
   for (int d = 0; d < num_dims; ++d) {
@@ -127,7 +166,6 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   const Schedule s = Canonical(input, chain);
   LoopNest nest;
   nest.schedule = s;
-  nest.kernel = kernel;
   nest.trips.resize(num_dims);
   for (int d = 0; d < num_dims; ++d) nest.trips[d] = (chain.dims[d].extent + s.tile[d] - 1) / s.tile[d];
 
@@ -207,6 +245,35 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     on.accumulates = on.region == Region::kStream && Contains(op.reduce, sd);
     on.online = on.region == Region::kStream && op.kind == ir::OpKind::kSoftmax && op.axis == sd;
   }
+  // Mappings: the schedule's, validated, or the default onto the target's
+  // best intrinsic; a sum that maps onto nothing runs as scalar code.
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    OpNest& on = nest.ops[o];
+    on.rate = ScalarRate(target);
+    if (chain.ops[o].kind != ir::OpKind::kSum) continue;
+    const std::string& name = chain.tensors[chain.ops[o].output].name;
+    auto sw = mapping::ViewOp(chain, static_cast<int>(o));
+    std::optional<mapping::Mapping> m;
+    if (s.maps[o].intrinsic != nullptr) {
+      if (!sw.ok()) return Illegal(chain, absl::StrCat("'", name, "' cannot be mapped: ", sw.status().message()));
+      const std::vector<const hw::Intrinsic*> usable = UsableIntrinsics(chain, target);
+      if (std::find(usable.begin(), usable.end(), s.maps[o].intrinsic) == usable.end()) {
+        return Illegal(chain, absl::StrCat("the target cannot use ", s.maps[o].intrinsic->name, " for ",
+                                           ir::DTypeName(chain.dtype)));
+      }
+      mapping::Verdict v = mapping::Validate(chain, *sw, s.maps[o]);
+      if (!v.valid) return Illegal(chain, absl::StrCat("mapping of '", name, "' is invalid: ", v.reason));
+      m = s.maps[o];
+    } else if (sw.ok()) {
+      m = DefaultMappingFor(chain, static_cast<int>(o), target);
+    }
+    if (!m) continue;
+    on.mapping = *m;
+    on.kernel = hw::KernelOf(*m->intrinsic);
+    on.rate = RateOn(*m->intrinsic, target);
+    on.gemm = FormOf(chain, *sw, *m);
+  }
+
   // A stream loop must fuse something: ops that only loop over it alone.
   if (sd >= 0) {
     int in_stream = 0;
@@ -235,7 +302,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     }
     bool ok = reads == 1 && nest.ops[consumer].accumulates;
     if (ok) {
-      GemmForm g = AnalyzeGemmForm(chain.ops[consumer], chain);
+      const GemmForm& g = nest.ops[consumer].gemm;
       int as_factor = 0;
       for (const auto* side : {&g.a_side, &g.b_side}) {
         for (const ir::Access& a : *side) as_factor += a.tensor == sm.output;
@@ -324,7 +391,6 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     all.insert(all.end(), on.loops.begin(), on.loops.end());
 
     if (op.kind == ir::OpKind::kSum) {
-      on.gemm = AnalyzeGemmForm(op, chain);
       auto loops_to = [&](int own_depth) {
         std::vector<int> loops = outer;
         loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + own_depth);
@@ -332,38 +398,48 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
       };
       double flops;
       if (on.gemm.ok) {
-        for (int d : on.gemm.batch) on.batch_tile *= range[d];
-        for (int d : on.gemm.rows) on.rows_tile *= range[d];
-        for (int d : on.gemm.cols) on.cols_tile *= range[d];
-        for (int d : op.reduce) on.k_tile *= range[d];
-        on.rows_pad = RoundUp(on.rows_tile, kernel.mr);
-        on.cols_pad = RoundUp(on.cols_tile, kernel.nr);
+        const GemmForm& g = on.gemm;
+        const hw::Intrinsic& x = *on.mapping.intrinsic;
+        for (int d : g.batch) on.batch_tile *= range[d];
+        for (int d : g.rows) on.rows_tile *= range[d];
+        for (int d : g.cols) on.cols_tile *= range[d];
+        for (int d : g.kdims) on.k_tile *= range[d];
+        int64_t outer_points = 1;
+        for (int d : g.outer_reduce) outer_points *= range[d];
+        on.rows_pad = RoundUp(on.rows_tile, x.Extent(0));
+        on.cols_pad = RoundUp(on.cols_tile, x.Extent(1));
         on.acc_floats = on.batch_tile * on.rows_pad * on.cols_pad;
         on.pack_a_floats = on.batch_tile * on.k_tile * on.rows_pad;
         on.pack_b_floats = on.batch_tile * on.k_tile * on.cols_pad;
-        // A pack covers batch x (rows or cols) x reduced dims and sits just
-        // inside the innermost loop over one of them.
-        auto place = [&](const std::vector<int>& own_side, int& depth, bool& hoisted) {
+        // A pack covers batch x (rows or cols) x mapped reduced dims and
+        // sits just inside the innermost loop over one of them; a side that
+        // depends on an unmapped reduced dim is packed per point of those.
+        auto place = [&](const std::vector<int>& own_side, const std::vector<ir::Access>& side, int& depth,
+                         bool& hoisted, bool& per_point) {
           int d_own = 0;
           for (int i = 0; i < static_cast<int>(on.loops.size()); ++i) {
             int d = on.loops[i];
-            if (Contains(on.gemm.batch, d) || Contains(own_side, d) || Contains(op.reduce, d)) d_own = i + 1;
+            if (Contains(g.batch, d) || Contains(own_side, d) || Contains(g.kdims, d)) d_own = i + 1;
           }
-          bool needs_stream = in_stream && (Contains(on.gemm.batch, sd) || Contains(own_side, sd) ||
-                                            Contains(op.reduce, sd));
+          per_point = false;
+          for (int d : g.outer_reduce) per_point = per_point || SideDependsOn(side, d);
+          if (per_point) d_own = static_cast<int>(on.loops.size());
+          bool needs_stream = in_stream && (Contains(g.batch, sd) || Contains(own_side, sd) || Contains(g.kdims, sd) ||
+                                            (per_point && Contains(g.outer_reduce, sd)));
           depth = d_own;
-          hoisted = in_stream && d_own == 0 && !needs_stream;
+          hoisted = in_stream && d_own == 0 && !needs_stream && !per_point;
         };
-        place(on.gemm.rows, on.a_depth, on.a_hoisted);
-        place(on.gemm.cols, on.b_depth, on.b_hoisted);
+        place(g.rows, g.a_side, on.a_depth, on.a_hoisted, on.a_per_point);
+        place(g.cols, g.b_side, on.b_depth, on.b_hoisted, on.b_per_point);
         auto pack_loops = [&](int depth, bool hoisted) {
           std::vector<int> loops = loops_to(depth);
           if (hoisted) loops.pop_back();  // the stream dim, last of `outer`
           return loops;
         };
-        add_loads(on.op, on.gemm.a_side, range, pack_loops(on.a_depth, on.a_hoisted));
-        add_loads(on.op, on.gemm.b_side, range, pack_loops(on.b_depth, on.b_hoisted));
-        flops = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(on.k_tile);
+        add_loads(on.op, g.a_side, range, pack_loops(on.a_depth, on.a_hoisted));
+        add_loads(on.op, g.b_side, range, pack_loops(on.b_depth, on.b_hoisted));
+        flops = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(RoundUp(on.k_tile, x.Extent(2))) *
+                static_cast<double>(outer_points);
       } else {
         std::vector<ir::Access> reads;
         ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
@@ -372,6 +448,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
         flops = 2.0 * points_of(op.index, range) * points_of(op.reduce, range);
       }
       add_statement(StmtKind::kCompute, on.op, -1, 0, flops, all);
+      nest.statements.back().rate = on.rate;
       nest.padded_flops += flops * nest.statements.back().executions;
       if (on.online_softmax >= 0) {
         // Rescaling the accumulator at every stream step, dividing once after.

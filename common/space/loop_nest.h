@@ -11,9 +11,9 @@
 //    them when it produces or reduces along a stream dim or reads a tile
 //    produced there, and AFTER them when it reads a result accumulated
 //    across them.
-//  - A sum op whose body is a product maps onto the micro-kernel: rows x
-//    columns of its output, packed A and B operands (see GemmForm). A pack
-//    holds batch x (rows or cols) x reduced dims of its side and sits just
+//  - A sum op whose body is a product maps onto an intrinsic by its
+//    mapping (see mapping.h and GemmForm). A pack holds batch x (rows or
+//    cols) x mapped reduced dims of its side and sits just
 //    inside the innermost loop (stream or own) over one of those dims: it
 //    is hoisted out of every other loop, e.g. out of the stream loop when
 //    it does not depend on it (L_A leaves n in m/n/C(k) when k has one
@@ -28,10 +28,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/hw/intrinsic.h"
 #include "common/hw/target.h"
 #include "common/ir/chain.h"
 #include "common/space/schedule.h"
@@ -43,17 +45,23 @@ namespace fusor::space {
 // unchanged (plain index, same axis) wherever an op result is read.
 std::vector<int> BlockEligibleDims(const ir::Chain& chain);
 
-// How a sum op's body maps onto a GEMM-shaped micro-kernel: the product of
-// the A-side factors (which do not depend on the op's last output dim) and
-// the B-side factors (which do). Output dims read by both sides are batch
-// dims, by the B side only column dims, the rest row dims.
+// A sum op as its mapping puts it onto the intrinsic: rows (axis i),
+// columns (j) and the reduction (k) of the intrinsic's tiles; output dims
+// on no axis index separate tiles ("batch"), reduced dims on no axis
+// accumulate across tiles.
 struct GemmForm {
-  bool ok = false;  // false: the body is not a product; the generic path is used
+  bool ok = false;  // false: no valid mapping; the scalar generic path is used
   double scale = 1;
   std::vector<ir::Access> a_side, b_side;
   std::vector<int> batch, rows, cols;  // in output index order
+  std::vector<int> kdims;              // mapped reduced dims, in reduce order
+  std::vector<int> outer_reduce;       // reduced dims on no axis
 };
-GemmForm AnalyzeGemmForm(const ir::Op& op, const ir::Chain& chain);
+GemmForm FormOf(const ir::Chain& chain, const mapping::SoftwareOp& sw, const mapping::Mapping& m);
+
+// The mapping a sum op gets when its schedule names none: the default
+// mapping onto the target's best intrinsic; nullopt when it has none.
+std::optional<mapping::Mapping> DefaultMappingFor(const ir::Chain& chain, int op, const hw::TargetDesc& target);
 
 enum class Region { kBefore, kStream, kAfter };
 enum class StmtKind { kLoad, kCompute, kStore };
@@ -67,6 +75,7 @@ struct Statement {
   double flops = 0;        // Fp, per execution
   std::vector<int> loops;  // LP_set: dims whose loops enclose it
   double executions = 0;   // product of the trip counts of `loops`
+  double rate = 1;         // compute: the fraction of the target's P it runs at
 };
 
 struct OpNest {
@@ -75,13 +84,18 @@ struct OpNest {
   bool accumulates = false;   // reduces along the stream dim: result complete after the loop
   bool online = false;        // softmax op normalized online along the stream dim
   int online_softmax = -1;    // sum op: the online softmax op whose rows it rescales
+  mapping::Mapping mapping;   // sum op with gemm.ok: its intrinsic and axes
+  hw::MicroKernel kernel;     // the intrinsic's register block (CPU code generation)
+  double rate = 1;            // the fraction of the target's P its compute runs at
   GemmForm gemm;
   std::vector<int> loops;     // own loops (trip count > 1): output dims, then reduced dims
   int num_out_loops = 0;
   // Packs sit inside the first a_depth / b_depth own loops, or before the
-  // stream loop when hoisted out of it.
+  // stream loop when hoisted out of it, or inside the loop over the
+  // unmapped reduced dims when they depend on one.
   int a_depth = 0, b_depth = 0;
   bool a_hoisted = false, b_hoisted = false;
+  bool a_per_point = false, b_per_point = false;
   // GEMM view of the innermost tile, and the op's scratch (floats).
   int64_t batch_tile = 1, rows_tile = 1, cols_tile = 1, k_tile = 1;
   int64_t rows_pad = 1, cols_pad = 1;
@@ -101,7 +115,6 @@ struct LocalBuffer {
 
 struct LoopNest {
   Schedule schedule;              // canonical
-  hw::MicroKernel kernel;
   std::vector<int64_t> trips;     // per dim: ceil(extent / tile)
   int64_t num_blocks = 1;
   int stream_dim = -1;            // at most one stream loop
@@ -114,9 +127,22 @@ struct LoopNest {
 };
 
 // INVALID_ARGUMENT when the schedule cannot be a legal nest for the chain
-// (an ineligible block dim, a stream loop a result would be read across
-// before it is complete, own loops over foreign dims, ...).
+// on the target (an ineligible block dim, a stream loop a result would be
+// read across before it is complete, own loops over foreign dims, an
+// invalid mapping or one onto an intrinsic the target lacks, ...).
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
-                                       const hw::MicroKernel& kernel);
+                                       const hw::TargetDesc& target);
+
+// The intrinsics a chain can use on a target, best first: on a GPU those
+// whose inputs take the chain's dtype (tf32 for f32), by rate.
+std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const hw::TargetDesc& target);
+
+// Each sum op's mapping, e.g. "S=fma.avx2.6x16[i=m j=n k=k] O=scalar".
+std::string DescribeMappings(const ir::Chain& chain, const LoopNest& nest);
+
+// The fraction of the target's P an intrinsic reaches there, and that of
+// plain scalar code.
+double RateOn(const hw::Intrinsic& intrinsic, const hw::TargetDesc& target);
+double ScalarRate(const hw::TargetDesc& target);
 
 }  // namespace fusor::space

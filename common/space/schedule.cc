@@ -52,6 +52,7 @@ Schedule UntiledSchedule(const ir::Chain& chain) {
   Schedule s;
   for (const ir::Dim& d : chain.dims) s.tile.push_back(d.extent);
   s.own.resize(chain.ops.size());
+  s.maps.resize(chain.ops.size());
   return s;
 }
 
@@ -62,6 +63,7 @@ Schedule Canonical(const Schedule& schedule, const ir::Chain& chain) {
   std::sort(s.block.begin(), s.block.end());
   std::erase_if(s.stream, one_trip);
   s.own.resize(chain.ops.size());
+  s.maps.resize(chain.ops.size());
   for (auto& loops : s.own) std::erase_if(loops, one_trip);
   // A tile nobody loops over is the full extent.
   std::vector<bool> used(chain.dims.size(), false);
@@ -85,7 +87,14 @@ std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
     if (s.own[o].empty()) continue;
     own.push_back(absl::StrCat(chain.tensors[chain.ops[o].output].name, "(", Entries(s.own[o], s, chain), ")"));
   }
-  return absl::StrCat(block, " / ", stream, " / ", own.empty() ? "-" : absl::StrJoin(own, " "));
+  std::string out = absl::StrCat(block, " / ", stream, " / ", own.empty() ? "-" : absl::StrJoin(own, " "));
+  std::vector<std::string> maps;
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    if (s.maps[o].intrinsic == nullptr) continue;
+    maps.push_back(absl::StrCat(chain.tensors[chain.ops[o].output].name, "=", mapping::MappingToText(s.maps[o], chain)));
+  }
+  if (!maps.empty()) absl::StrAppend(&out, " / ", absl::StrJoin(maps, " "));
+  return out;
 }
 
 std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain) {
@@ -112,7 +121,9 @@ std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain) {
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& chain) {
   Schedule s = UntiledSchedule(chain);
   std::vector<absl::string_view> parts = absl::StrSplit(text, '/');
-  if (parts.size() != 3) return Error("expected three parts 'BLOCK / STREAM / OWN' (use - for an empty one)");
+  if (parts.size() != 3 && parts.size() != 4) {
+    return Error("expected 'BLOCK / STREAM / OWN [/ MAPPINGS]' (use - for an empty level)");
+  }
   std::vector<bool> tile_set(chain.dims.size(), false);
   auto level = [](absl::string_view p) {
     p = absl::StripAsciiWhitespace(p);
@@ -138,6 +149,23 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& 
     if (!st.ok()) return st;
     own = absl::StripAsciiWhitespace(own.substr(close + 1));
   }
+  if (parts.size() == 4) {
+    // OP=INTRINSIC[i=... j=... k=...], separated by spaces.
+    absl::string_view rest = absl::StripAsciiWhitespace(parts[3]);
+    while (!rest.empty()) {
+      const size_t eq = rest.find('='), close = rest.find(']');
+      if (eq == absl::string_view::npos || close == absl::string_view::npos || close < eq) {
+        return Error(absl::StrCat("expected OP=INTRINSIC[...] in '", rest, "'"));
+      }
+      absl::string_view name = absl::StripAsciiWhitespace(rest.substr(0, eq));
+      int t = chain.FindTensor(name);
+      if (t < 0 || chain.tensors[t].producer < 0) return Error(absl::StrCat("'", name, "' is not the result of an op"));
+      auto m = mapping::ParseMapping(rest.substr(eq + 1, close - eq), chain);
+      if (!m.ok()) return m.status();
+      s.maps[chain.tensors[t].producer] = *m;
+      rest = absl::StripAsciiWhitespace(rest.substr(close + 1));
+    }
+  }
   for (int d : s.block) {
     if (std::find(s.stream.begin(), s.stream.end(), d) != s.stream.end()) {
       return Error(absl::StrCat("dim '", chain.dims[d].name, "' is both a block and a stream loop"));
@@ -157,6 +185,14 @@ Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map
   for (int d : schedule.stream) out.stream.push_back(dim_map[d]);
   for (size_t o = 0; o < schedule.own.size() && o < op_map.size(); ++o) {
     for (int d : schedule.own[o]) out.own[op_map[o]].push_back(dim_map[d]);
+  }
+  for (size_t o = 0; o < schedule.maps.size() && o < op_map.size(); ++o) {
+    mapping::Mapping m = schedule.maps[o];
+    for (auto& loops : m.axes) {
+      for (int& d : loops) d = dim_map[d];
+      std::sort(loops.begin(), loops.end());
+    }
+    out.maps[op_map[o]] = m;
   }
   return out;
 }

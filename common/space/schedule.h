@@ -16,8 +16,12 @@
 // `m h / n / C(k)` is the deep tiling mhnk of C = A·B, E = C·D, and
 // `m / n / C(k) E(h)` is the flat tiling mn(k,h).
 //
-// Text form (one tile size per dim; "-" for an empty level):
-//   b=1 m=64 / n=32 / S(k=32) O(h=32)
+// Each sum op may also name its mapping onto an intrinsic (mapping.h); an
+// op without one gets the default mapping of the target's best intrinsic.
+//
+// Text form (one tile size per dim; "-" for an empty level; the mappings
+// optional):
+//   b=1 m=64 / n=32 / S(k=32) O(h=32) / S=fma.avx2.6x16[i=m j=n k=k]
 #pragma once
 
 #include <cstdint>
@@ -27,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/ir/chain.h"
+#include "common/mapping/mapping.h"
 
 namespace fusor::space {
 
@@ -35,6 +40,7 @@ struct Schedule {
   std::vector<int> stream;             // dim ids, outermost first
   std::vector<std::vector<int>> own;   // per op: dim ids, outermost first
   std::vector<int64_t> tile;           // per dim, in [1, extent]
+  std::vector<mapping::Mapping> maps;  // per op; intrinsic == nullptr: the default
 
   bool operator==(const Schedule& other) const = default;
 };

@@ -55,13 +55,17 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, int dim) {
   for (const ir::Op& op : chain.ops) {
     if (op.kind != ir::OpKind::kSum) continue;
     loopable = loopable || Contains(op.index, dim) || Contains(op.reduce, dim);
-    // A dim that alone makes up rows, columns or the reduction of a GEMM-
-    // shaped op is tiled in multiples of the intrinsic's 16.
-    GemmForm g = AnalyzeGemmForm(op, chain);
-    if (!g.ok) continue;
-    const std::vector<int>* groups[] = {&g.rows, &g.cols, &op.reduce};
-    for (const std::vector<int>* group : groups) {
-      if (group->size() == 1 && (*group)[0] == dim) intrinsic = true;
+    // A dim that alone makes up an axis of a GEMM-shaped op's default
+    // mapping is tiled in multiples of 16 (the matrix units' granularity).
+    auto sw = mapping::ViewOp(chain, static_cast<int>(&op - chain.ops.data()));
+    if (!sw.ok()) continue;
+    hw::TargetDesc any_gpu;
+    any_gpu.backend = hw::Backend::kCuda;
+    any_gpu.arch = "sm_80";
+    auto m = mapping::DefaultMapping(chain, *sw, *hw::IntrinsicsFor(any_gpu)[0]);
+    if (!m) continue;
+    for (const std::vector<int>& axis : m->axes) {
+      if (axis.size() == 1 && axis[0] == dim) intrinsic = true;
     }
   }
   std::set<int64_t> opts = {extent};
@@ -71,26 +75,24 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, int dim) {
   return {opts.begin(), opts.end()};
 }
 
-double MinimalPaddedFlops(const ir::Chain& chain, const hw::MicroKernel& kernel) {
-  auto nest = BuildLoopNest(chain, UntiledSchedule(chain), kernel);
+double MinimalPaddedFlops(const ir::Chain& chain, const hw::TargetDesc& target) {
+  auto nest = BuildLoopNest(chain, UntiledSchedule(chain), target);
   return nest.ok() ? nest->padded_flops : 0;
 }
 
 absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw::TargetDesc& target,
                                                 const Schedule& schedule, const SpaceOptions& options) {
-  const hw::MicroKernel kernel = hw::SelectMicroKernel(target);
-  ASSIGN_OR_RETURN(LoopNest nest, BuildLoopNest(chain, schedule, kernel));
-  const char* why = Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddedFlops(chain, kernel));
+  ASSIGN_OR_RETURN(LoopNest nest, BuildLoopNest(chain, schedule, target));
+  const char* why = Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddedFlops(chain, target));
   if (*why) return absl::FailedPreconditionError(absl::StrCat("pruned by the ", why, " rule"));
-  return RankedSchedule{nest.schedule, model::Predict(nest, target)};
+  return RankedSchedule{nest.schedule, model::Predict(nest, target), DescribeMappings(chain, nest)};
 }
 
 absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   Space space;
-  space.kernel = hw::SelectMicroKernel(target);
   const int64_t budget = hw::ScratchBudget(target);
-  const double min_work = MinimalPaddedFlops(chain, space.kernel);
+  const double min_work = MinimalPaddedFlops(chain, target);
   const int num_dims = static_cast<int>(chain.dims.size());
   const std::vector<int> block_eligible = BlockEligibleDims(chain);
   const std::vector<bool> stream_ok = StreamCandidates(chain, block_eligible);
@@ -151,7 +153,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
         // Without rule 1 every equivalent copy goes on through the stages.
         const int64_t copies = options.dedupe ? 1 : duplicates;
         deduped += copies;
-        auto nest = BuildLoopNest(chain, s, space.kernel);
+        auto nest = BuildLoopNest(chain, s, target);
         if (nest.ok()) {
           legal += copies;
           const std::string_view why = Pruned(*nest, options, budget, min_work);
@@ -159,7 +161,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
           after_padding += why.empty() || why == "scratch" ? copies : 0;
           if (why.empty()) {
             after_scratch += copies;
-            RankedSchedule r{nest->schedule, model::Predict(*nest, target)};
+            RankedSchedule r{nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)};
             for (int64_t c = 0; c < copies; ++c) space.ranked.push_back(r);
           }
         }

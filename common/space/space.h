@@ -56,10 +56,10 @@ struct SpaceStats {
 struct RankedSchedule {
   Schedule schedule;  // canonical
   model::Prediction prediction;
+  std::string mappings;  // DescribeMappings of its nest
 };
 
 struct Space {
-  hw::MicroKernel kernel;
   std::vector<RankedSchedule> ranked;  // best predicted first
   SpaceStats stats;
 };
@@ -77,6 +77,6 @@ absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw
 
 // Padded compute of the schedule with every dim at full extent: the
 // padding no tiling avoids.
-double MinimalPaddedFlops(const ir::Chain& chain, const hw::MicroKernel& kernel);
+double MinimalPaddedFlops(const ir::Chain& chain, const hw::TargetDesc& target);
 
 }  // namespace fusor::space

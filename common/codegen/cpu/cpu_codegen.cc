@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -214,33 +215,30 @@ void CloseScopes(Writer& w, int count) {
   for (int i = 0; i < count; ++i) w.Close();
 }
 
-std::string MicroKernel(const hw::MicroKernel& k) {
+// The micro-kernel function of intrinsic `k`, named `fn`, using the vector
+// type `vt` (lanes floats).
+// The micro-kernel function `fn` of intrinsic `k` (its vector type, of
+// k.lanes floats, declared by VectorType).
+std::string MicroKernel(const hw::MicroKernel& k, const std::string& fn) {
   const int vecs = k.nr / k.lanes;
+  const std::string vt = absl::StrCat("fusor_v", k.lanes);
   Writer w;
-  if (k.lanes > 1) {
-    w.Line(absl::StrCat("typedef float fusor_vf __attribute__((vector_size(", 4 * k.lanes,
-                        "), aligned(4)));"));
-  } else {
-    w.Line("typedef float fusor_vf;");
-  }
   w.Line(absl::StrCat("// ", k.name, ": C[", k.mr, "x", k.nr,
                       "] += A[:, p] * B[p, :] for p < kc, C kept in registers."));
-  w.Open("static inline void fusor_mk(long kc, const float* __restrict a, const float* __restrict b, "
-         "float* __restrict c, long ldc)");
+  w.Open(absl::StrCat("static inline void ", fn, "(long kc, const float* __restrict a, const float* __restrict b, "
+                      "float* __restrict c, long ldc)"));
   for (int r = 0; r < k.mr; ++r) {
     for (int v = 0; v < vecs; ++v) {
-      w.Line(absl::StrCat("fusor_vf c", r, "_", v, " = *(const fusor_vf*)(c + ", r, " * ldc + ",
-                          v * k.lanes, ");"));
+      w.Line(absl::StrCat(vt, " c", r, "_", v, " = *(const ", vt, "*)(c + ", r, " * ldc + ", v * k.lanes, ");"));
     }
   }
   w.Open("for (long p = 0; p < kc; ++p)");
   for (int v = 0; v < vecs; ++v) {
-    w.Line(absl::StrCat("const fusor_vf b", v, " = *(const fusor_vf*)(b + p * ", k.nr, " + ",
-                        v * k.lanes, ");"));
+    w.Line(absl::StrCat("const ", vt, " b", v, " = *(const ", vt, "*)(b + p * ", k.nr, " + ", v * k.lanes, ");"));
   }
   for (int r = 0; r < k.mr; ++r) {
-    w.Line(absl::StrCat("{ const fusor_vf a", r, " = ", k.lanes > 1 ? "(fusor_vf){} + " : "", "a[p * ",
-                        k.mr, " + ", r, "];"));
+    w.Line(absl::StrCat("{ const ", vt, " a", r, " = ", k.lanes > 1 ? absl::StrCat("(", vt, "){} + ") : "",
+                        "a[p * ", k.mr, " + ", r, "];"));
     std::string updates;
     for (int v = 0; v < vecs; ++v) absl::StrAppend(&updates, " c", r, "_", v, " += a", r, " * b", v, ";");
     w.Line(absl::StrCat(" ", updates, " }"));
@@ -248,11 +246,17 @@ std::string MicroKernel(const hw::MicroKernel& k) {
   w.Close();
   for (int r = 0; r < k.mr; ++r) {
     for (int v = 0; v < vecs; ++v) {
-      w.Line(absl::StrCat("*(fusor_vf*)(c + ", r, " * ldc + ", v * k.lanes, ") = c", r, "_", v, ";"));
+      w.Line(absl::StrCat("*(", vt, "*)(c + ", r, " * ldc + ", v * k.lanes, ") = c", r, "_", v, ";"));
     }
   }
   w.Close();
   return w.Take();
+}
+
+// typedef of the vector type of `lanes` floats, unaligned loads allowed.
+std::string VectorType(int lanes) {
+  if (lanes <= 1) return "typedef float fusor_v1;\n";
+  return absl::StrCat("typedef float fusor_v", lanes, " __attribute__((vector_size(", 4 * lanes, "), aligned(4)));\n");
 }
 
 std::string Preamble(const std::string& title_comment) {
@@ -329,7 +333,16 @@ class FusedEmitter {
         ", scratch per thread: ", nest_.scratch_bytes, " bytes\n", "// chain:\n");
     for (const Op& op : chain_.ops) absl::StrAppend(&title, "//   ", ir::OpToString(op, chain_), "\n");
     std::string out = Preamble(title + "\n");
-    out += MicroKernel(nest_.kernel);
+    std::set<int> lanes;
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.gemm.ok) lanes.insert(on.kernel.lanes);
+    }
+    for (int l : lanes) out += VectorType(l);
+    for (const space::OpNest& on : nest_.ops) {
+      if (!on.gemm.ok || kernel_fn_.count(on.kernel.name)) continue;
+      kernel_fn_[on.kernel.name] = absl::StrCat("fusor_mk", kernel_fn_.size());
+      out += MicroKernel(on.kernel, kernel_fn_[on.kernel.name]);
+    }
     out += "\n";
 
     Writer& w = w_;
@@ -557,13 +570,13 @@ class FusedEmitter {
   };
 
   GemmNames Gemm(const Op& op, const space::OpNest& on) const {
-    const hw::MicroKernel& k = nest_.kernel;
+    const hw::MicroKernel& k = on.kernel;
     GemmNames g;
     g.mr = absl::StrCat(k.mr, "L");
     g.nr = absl::StrCat(k.nr, "L");
     g.rows = Count(on.gemm.rows, n_);
     g.cols = Count(on.gemm.cols, n_);
-    g.kc = Count(op.reduce, n_);
+    g.kc = Count(on.gemm.kdims, n_);
     g.nbatch = Count(on.gemm.batch, n_);
     g.rows_pad = absl::StrCat("((", g.rows, " + ", k.mr - 1, "L) / ", g.mr, " * ", g.mr, ")");
     g.cols_pad = absl::StrCat("((", g.cols, " + ", k.nr - 1, "L) / ", g.nr, " * ", g.nr, ")");
@@ -585,9 +598,9 @@ class FusedEmitter {
     w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ", pad,
                          ", kc = ", names.kc, ";"));
     int opened = OpenPointLoops(w_, g.batch, n_);
-    opened += OpenPointLoops(w_, op.reduce, n_);
+    opened += OpenPointLoops(w_, g.kdims, n_);
     w_.Line(absl::StrCat("float* const dst = ", buf, " + ((", FlatIndex(g.batch, n_), ") * (own_pad / ", width,
-                         ") * kc + (", FlatIndex(op.reduce, n_), ")) * ", width, ";"));
+                         ") * kc + (", FlatIndex(g.kdims, n_), ")) * ", width, ";"));
     int inner = OpenPointLoops(w_, own, n_);
     w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
     w_.Line(absl::StrCat("dst[(x / ", width, ") * kc * ", width, " + x % ", width, "] = ",
@@ -609,23 +622,29 @@ class FusedEmitter {
         w_.Line(absl::StrCat("memset(acc", o, ", 0, sizeof(float) * ", names.nbatch, " * ", names.rows_pad, " * ",
                              names.cols_pad, ");"));
       }
-      if (on.a_depth == level && !on.a_hoisted) Pack(op, on, true);
-      if (on.b_depth == level && !on.b_hoisted) Pack(op, on, false);
+      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point) Pack(op, on, true);
+      if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) Pack(op, on, false);
       if (level < num_loops) OpenTileLoop(on.loops[level]);
     }
-    // Innermost: the micro-kernel over the whole tile.
+    // Innermost: the micro-kernel over the whole tile, once per point of
+    // the reduced dims no intrinsic axis took (packing what depends on them).
     w_.Open("");
+    const int outer = OpenPointLoops(w_, g.outer_reduce, n_);
+    if (on.a_per_point) Pack(op, on, true);
+    if (on.b_per_point) Pack(op, on, false);
     w_.Line(absl::StrCat("const long rows_pad = ", names.rows_pad, ", cols_pad = ", names.cols_pad, ", kc = ",
                          names.kc, ";"));
     w_.Open(absl::StrCat("for (long bi = 0; bi < ", names.nbatch, "; ++bi)"));
     w_.Open(absl::StrCat("for (long r = 0; r < rows_pad; r += ", names.mr, ")"));
     w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", names.nr, ")"));
-    w_.Line(absl::StrCat("fusor_mk(kc, pa", o, " + (bi * (rows_pad / ", names.mr, ") + r / ", names.mr, ") * kc * ",
+    w_.Line(absl::StrCat(kernel_fn_.at(on.kernel.name), "(kc, pa", o, " + (bi * (rows_pad / ", names.mr, ") + r / ",
+                         names.mr, ") * kc * ",
                          names.mr, ", pb", o, " + (bi * (cols_pad / ", names.nr, ") + c / ", names.nr, ") * kc * ",
                          names.nr, ", acc", o, " + (bi * rows_pad + r) * cols_pad + c, cols_pad);"));
     w_.Close();
     w_.Close();
     w_.Close();
+    CloseScopes(w_, outer);
     w_.Close();
     for (int level = num_loops; level > on.num_out_loops; --level) w_.Close();
     // Store the finished tile.
@@ -770,6 +789,7 @@ class FusedEmitter {
   std::vector<int64_t> local_offset_;
   std::vector<int64_t> temp_offset_;
   int64_t scratch_floats_ = 0;
+  std::map<std::string, std::string> kernel_fn_;  // intrinsic -> micro-kernel function
 };
 
 // ------------------------------------------------------------- baseline ---
@@ -827,7 +847,7 @@ class BaselineEmitter {
       w.Line(absl::StrCat("(void)", absl::StrJoin(dims, ", (void)", [&](std::string* s, int d) {
                             s->append(n_.O(d));
                           }), ";"));
-      space::GemmForm g = space::AnalyzeGemmForm(op, chain_);
+      space::GemmForm g = BaselineForm(static_cast<int>(&op - chain_.ops.data()));
       if (op.kind == OpKind::kSum && g.ok) {
         if (!EmitDirectGemm(op, g)) EmitPackedGemm(op, g);
       } else if (op.kind == OpKind::kSum) {
@@ -856,6 +876,25 @@ class BaselineEmitter {
  private:
   LoadFn Loader() const {
     return [this](const Access& a) { return absl::StrCat(n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]"); };
+  }
+
+  // The GEMM view a framework would take: the default mapping's rows and
+  // columns (oriented so the output's last dim is a column), every reduced
+  // dim in the reduction (im2col for convolutions).
+  space::GemmForm BaselineForm(int op) const {
+    auto sw = mapping::ViewOp(chain_, op);
+    if (!sw.ok()) return {};
+    auto m = mapping::DefaultMapping(chain_, *sw, *hw::FindIntrinsic("scalar.4x4"));
+    if (!m) return {};
+    space::GemmForm g = space::FormOf(chain_, *sw, *m);
+    g.kdims = chain_.ops[op].reduce;
+    g.outer_reduce.clear();
+    const int last = chain_.ops[op].index.back();
+    if (std::find(g.rows.begin(), g.rows.end(), last) != g.rows.end()) {
+      std::swap(g.rows, g.cols);
+      std::swap(g.a_side, g.b_side);
+    }
+    return g;
   }
 
   std::string FullAt(const Op& op) const {

@@ -21,12 +21,14 @@ E[m,h] = sum(n) C[m,n] * D[n,h]
 out E
 )");
   auto schedule = space::ParseSchedule("m=16 / - / C(n=32) E(h=16 n=32)", *chain);
-  auto nest = space::BuildLoopNest(*chain, *schedule, {"test.8x32", 8, 8, 32});
-  ASSERT_TRUE(nest.ok()) << nest.status();
-  hw::TargetDesc target;
+  hw::TargetDesc target;  // AVX-512: fma.avx512.8x32 tiles, at the full calibrated P
+  target.isa_features = {"avx512f", "avx2", "fma"};
+  target.vector_lanes_f32 = 16;
   target.bandwidth_bytes_per_s = 1e9;
   target.peak_flops = 1e9;
   target.compute_units = 4;
+  auto nest = space::BuildLoopNest(*chain, *schedule, target);
+  ASSERT_TRUE(nest.ok()) << nest.status();
   Prediction p = Predict(*nest, target);
   // L(A) 2 KiB x 4 blocks, L(B) 4 KiB x 8, L(D) 2 KiB x 16, S(E) 1 KiB x 8.
   EXPECT_DOUBLE_EQ(p.t_mem_s, (2048.0 * 4 + 4096.0 * 8 + 2048.0 * 16 + 1024.0 * 8) / 1e9);
@@ -35,6 +37,16 @@ out E
   // alpha = (N_block + N_SM) / N_block with 4 blocks on 4 cores.
   EXPECT_DOUBLE_EQ(p.alpha, 2);
   EXPECT_DOUBLE_EQ(p.t_estm_s, (p.t_mem_s + p.t_comp_s) * 2);
+
+  // The same nest on the AVX2 unit (6x16 tiles) runs at half the peak.
+  auto avx2 = space::ParseSchedule(
+      "m=16 / - / C(n=32) E(h=16 n=32) / C=fma.avx2.6x16[i=m j=n k=k] E=fma.avx2.6x16[i=m j=h k=n]", *chain);
+  ASSERT_TRUE(avx2.ok()) << avx2.status();
+  auto narrow = space::BuildLoopNest(*chain, *avx2, target);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  // Tiles pad to 18 rows (16 -> 3 x 6) and 32 / 16 columns; FLOPs count at rate 1/2.
+  EXPECT_DOUBLE_EQ(Predict(*narrow, target).t_comp_s,
+                   (2.0 * 18 * 32 * 32 * 8 + 2.0 * 18 * 16 * 32 * 16) / (1e9 * 0.5));
 }
 
 TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndEstimatesApply) {
@@ -42,9 +54,9 @@ TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndEstimatesApply) {
   space::Schedule s = space::UntiledSchedule(*chain);
   s.block = {chain->FindDim("m")};
   s.tile[chain->FindDim("m")] = 1;
-  auto nest = space::BuildLoopNest(*chain, s, {"test.4x4", 4, 4, 4});
   hw::TargetDesc target;  // no W or P: estimated from the cores
   target.compute_units = 2;
+  auto nest = space::BuildLoopNest(*chain, s, target);
   Prediction p = Predict(*nest, target);
   EXPECT_DOUBLE_EQ(p.alpha, (256.0 + 2) / 256);
   EXPECT_GT(p.t_mem_s, 0);

@@ -44,7 +44,7 @@ TEST_P(ExplorationTest, EveryProposedScheduleCompilesAndValidates) {
     std::vector<MeasuredResult> results;
     for (const CandidateSpec& c : batch) {
       SCOPED_TRACE(c.schedule_text);
-      auto nest = space::BuildLoopNest(*chain, c.schedule, hw::SelectMicroKernel(Target()));
+      auto nest = space::BuildLoopNest(*chain, c.schedule, Target());
       ASSERT_TRUE(nest.ok()) << nest.status();
       auto kernel = codegen::EmitCpuFusedKernel(*chain, *nest, c.schedule_text, c.mapping);
       ASSERT_TRUE(kernel.ok());

@@ -115,10 +115,13 @@ TEST(McfuserSearchTest, FailsClearlyWhenNothingFits) {
   EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("no schedule survives pruning"));
 }
 
-TEST(DescribeMappingTest, NamesTheDimsOfEachRole) {
+TEST(McfuserSearchTest, CandidatesCarryTheirMappings) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  EXPECT_EQ(DescribeMapping(*chain, {"k.8x32", 8, 8, 32}),
-            "k.8x32 C[batch=- rows=m cols=n k=k] E[batch=- rows=m cols=h k=n]");
+  auto s = MakeMcfuserSearch();
+  ASSERT_TRUE(s->Initialize({&*chain, Cpu(), 4}).ok());
+  std::vector<CandidateSpec> batch = s->NextBatch(1);
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0].mapping, "C=fma.avx2.6x16[i=m j=n k=k] E=fma.avx2.6x16[i=m j=h k=n]");
 }
 
 }  // namespace

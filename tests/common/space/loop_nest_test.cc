@@ -13,7 +13,13 @@ namespace {
 
 using ::testing::HasSubstr;
 
-const hw::MicroKernel kKernel{"test.8x32", 8, 8, 32};
+// The fma.avx512.8x32 micro-kernel: tiles pad to 8 rows and 32 columns.
+hw::TargetDesc Avx512() {
+  hw::TargetDesc t;
+  t.isa_features = {"avx512f"};
+  t.vector_lanes_f32 = 16;
+  return t;
+}
 
 const Statement* Find(const LoopNest& nest, const std::string& label) {
   for (const Statement& s : nest.statements) {
@@ -25,7 +31,7 @@ const Statement* Find(const LoopNest& nest, const std::string& label) {
 LoopNest Nest(const ir::Chain& chain, const std::string& text) {
   auto schedule = ParseSchedule(text, chain);
   EXPECT_TRUE(schedule.ok()) << schedule.status();
-  auto nest = BuildLoopNest(chain, *schedule, kKernel);
+  auto nest = BuildLoopNest(chain, *schedule, Avx512());
   EXPECT_TRUE(nest.ok()) << text << ": " << nest.status();
   return *nest;
 }
@@ -57,14 +63,17 @@ in Q[b,m,k] K[b,n,k]
 S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.5
 out S
 )");
-  GemmForm g = AnalyzeGemmForm(chain->ops[0], *chain);
+  auto m = DefaultMappingFor(*chain, 0, Avx512());
+  ASSERT_TRUE(m.has_value());
+  GemmForm g = FormOf(*chain, *mapping::ViewOp(*chain, 0), *m);
   ASSERT_TRUE(g.ok);
   EXPECT_DOUBLE_EQ(g.scale, 0.5);
   EXPECT_EQ(g.batch, Dims(*chain, {"b"}));
   EXPECT_EQ(g.rows, Dims(*chain, {"m"}));
   EXPECT_EQ(g.cols, Dims(*chain, {"n"}));
+  EXPECT_EQ(g.kdims, Dims(*chain, {"k"}));
   auto generic = ir::ParseChainText("dim m=4 k=4\nin A[m,k]\nS[m] = sum(k) relu(A[m,k])\nout S");
-  EXPECT_FALSE(AnalyzeGemmForm(generic->ops[0], *generic).ok);
+  EXPECT_FALSE(DefaultMappingFor(*generic, 0, Avx512()).has_value());
 }
 
 // The statements and their LP_sets after hoisting, worked out by hand for
@@ -189,7 +198,7 @@ TEST(LoopNestTest, RejectsIllegalNests) {
   auto error = [&](const std::string& text) {
     auto schedule = ParseSchedule(text, *chain);
     if (!schedule.ok()) return std::string(schedule.status().message());
-    auto nest = BuildLoopNest(*chain, *schedule, kKernel);
+    auto nest = BuildLoopNest(*chain, *schedule, Avx512());
     EXPECT_FALSE(nest.ok()) << text;
     return std::string(nest.status().message());
   };
@@ -200,7 +209,7 @@ TEST(LoopNestTest, RejectsIllegalNests) {
   EXPECT_THAT(error("m=16 / - / C(m=16)"), HasSubstr("already a block or stream loop"));
   auto attention = ir::ParseChainText(std::string(testing::kMaskedF16Attention) + "out P\n");
   auto s = ParseSchedule("b=1 / n=16 / -", *attention);
-  EXPECT_THAT(std::string(BuildLoopNest(*attention, *s, kKernel).status().message()),
+  EXPECT_THAT(std::string(BuildLoopNest(*attention, *s, Avx512()).status().message()),
               HasSubstr("is an output; it cannot be online"));
 }
 

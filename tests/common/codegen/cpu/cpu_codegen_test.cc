@@ -47,7 +47,7 @@ void CheckFused(const std::string& text, const std::string& schedule_text, const
   ASSERT_TRUE(chain.ok()) << chain.status();
   auto schedule = space::ParseSchedule(schedule_text, *chain);
   ASSERT_TRUE(schedule.ok()) << schedule.status();
-  auto nest = space::BuildLoopNest(*chain, *schedule, hw::SelectMicroKernel(target));
+  auto nest = space::BuildLoopNest(*chain, *schedule, target);
   ASSERT_TRUE(nest.ok()) << nest.status();
   auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule_text, "test");
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -186,7 +186,7 @@ out O
   }
   for (const char* schedule : {"b=1 m=8 / n=16 / -", "b=1 m=8 / n=32 / O(h=8)", "b=1 m=8 / - / S(n=16) O(n=16)"}) {
     auto s = space::ParseSchedule(schedule, *chain);
-    auto nest = space::BuildLoopNest(*chain, *s, hw::SelectMicroKernel(TestTarget()));
+    auto nest = space::BuildLoopNest(*chain, *s, TestTarget());
     ASSERT_TRUE(nest.ok()) << nest.status();
     auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
     auto dir = worker::TempDir::Create("/tmp", "fusor-softmax-");
