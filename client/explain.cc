@@ -21,6 +21,9 @@ std::string FormatExplain(const ir::Chain& chain, const hw::TargetDesc& target, 
   for (const space::SpaceStage& stage : space.stats.stages) {
     absl::StrAppendFormat(&out, "  %-38s %10d\n", stage.name, stage.remaining);
   }
+  absl::StrAppendFormat(&out, "  %-38s %10d\n",
+                        absl::StrFormat("+ %d other mappings on the best tilings", space.stats.mappings),
+                        space.stats.mapped_schedules);
   absl::StrAppendFormat(&out, "top %d by t_estm = (t_mem + t_comp) x alpha:\n", std::min<int>(top, space.ranked.size()));
   absl::StrAppendFormat(&out, "  %3s  %-44s %-10s %10s %10s %6s %10s  %s\n", "#", "schedule", "expr", "t_mem",
                         "t_comp", "alpha", "t_estm", "mapping");

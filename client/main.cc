@@ -17,9 +17,11 @@
 #include "client/client.h"
 #include "client/embedded.h"
 #include "client/explain.h"
+#include "client/mappings.h"
 #include "client/report.h"
 #include "common/util/log.h"
 #include "common/hw/devices.h"
+#include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "common/util/paths.h"
 #include "proto/wire/convert.h"
@@ -218,6 +220,37 @@ int Explain(const GlobalOptions& g, const std::string& file, int top, const fuso
   return 0;
 }
 
+int Mappings(const GlobalOptions& g, const std::vector<std::string>& files, const std::string& intrinsic_name,
+             bool summary) {
+  fusor::SetLogLevel("warn");
+  std::vector<const fusor::hw::Intrinsic*> intrinsics;
+  if (!intrinsic_name.empty()) {
+    const fusor::hw::Intrinsic* x = fusor::hw::FindIntrinsic(intrinsic_name);
+    if (x == nullptr) return Fail(absl::InvalidArgumentError(absl::StrCat("unknown intrinsic '", intrinsic_name, "'")));
+    intrinsics.push_back(x);
+  }
+  if (summary) std::cout << fusor::client::MappingSummaryHeader();
+  for (const std::string& file : files) {
+    auto workload = fusor::client::ReadWorkloadFile(file);
+    if (!workload.ok()) return Fail(workload.status());
+    auto chain = fusor::wire::ChainFromWorkload(*workload);
+    if (!chain.ok()) return Fail(chain.status());
+    if (intrinsics.empty()) {
+      auto target = ExplainTarget(g);
+      if (!target.ok()) return Fail(target.status());
+      intrinsics = fusor::space::UsableIntrinsics(*chain, *target);
+    }
+    if (summary) {
+      for (const fusor::hw::Intrinsic* x : intrinsics) {
+        std::cout << fusor::client::MappingSummaryRows(WorkloadName(file), *chain, *x);
+      }
+    } else {
+      std::cout << "# " << file << "\n" << fusor::client::FormatMappings(*chain, intrinsics);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -269,8 +302,17 @@ int main(int argc, char** argv) {
   explain->add_flag("!--no-intermediates-rule", space_options.limit_intermediates, "rule 2 off");
   explain->add_flag("!--no-padding-rule", space_options.limit_padding, "rule 3 off");
   explain->add_flag("!--no-scratch-rule", space_options.limit_scratch, "rule 4 off");
+  std::string intrinsic_name;
+  bool summary = false;
+  CLI::App* mappings = app.add_subcommand(
+      "mappings", "list every mapping of the chains' sum ops onto the target's intrinsics, valid or why not");
+  mappings->add_option("files", files, "workload files")->required()->check(CLI::ExistingFile);
+  mappings->add_option("--target", g.target_fp, "local (default), a device name, or a registered fingerprint");
+  mappings->add_option("--intrinsic", intrinsic_name, "only this intrinsic (any, whatever the target)");
+  mappings->add_flag("--summary", summary, "one markdown row of counts per op");
   CLI11_PARSE(app, argc, argv);
   if (*explain) return Explain(g, file, top, space_options);
+  if (*mappings) return Mappings(g, files, intrinsic_name, summary);
 
   const std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? (g.verbose ? "info" : "warn") : Env("FUSOR_LOG_LEVEL");
   if (!fusor::SetLogLevel(log_level)) {

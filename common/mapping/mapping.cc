@@ -52,7 +52,7 @@ int AxisOf(const Mapping& m, int loop) {
 
 // Checks one software tensor access against the intrinsic operand it feeds.
 std::string CheckOperand(const ir::Chain& chain, const ir::Access& t, const hw::IntrinsicOperand& u,
-                         const Mapping& m, const std::string& role) {
+                         const Mapping& m, const std::string& role, bool degenerate) {
   const std::string& name = chain.tensors[t.tensor].name;
   auto axis_name = [&](int a) { return m.intrinsic->axes[a].name; };
   // Rule 1: each dim of T moves with at most one intrinsic axis.
@@ -83,7 +83,10 @@ std::string CheckOperand(const ir::Chain& chain, const ir::Access& t, const hw::
                             ", which ", u.name, " does not have");
       }
     }
-    if (u_has && m.axes[a].empty()) return absl::StrCat("axis ", axis_name(a), " of ", u.name, " has no loop");
+    const bool may_be_empty = degenerate && m.intrinsic->axes[a].kind == hw::AxisKind::kSpatial;
+    if (u_has && m.axes[a].empty() && !may_be_empty) {
+      return absl::StrCat("axis ", axis_name(a), " of ", u.name, " has no loop");
+    }
   }
   return "";
 }
@@ -121,7 +124,7 @@ absl::StatusOr<SoftwareOp> ViewOp(const ir::Chain& chain, int op_id) {
   return sw;
 }
 
-Verdict Validate(const ir::Chain& chain, const SoftwareOp& sw, const Mapping& m) {
+Verdict Validate(const ir::Chain& chain, const SoftwareOp& sw, const Mapping& m, bool degenerate) {
   Verdict v;
   const hw::Intrinsic& x = *m.intrinsic;
   const ir::Op& op = chain.ops[sw.op];
@@ -150,13 +153,13 @@ Verdict Validate(const ir::Chain& chain, const SoftwareOp& sw, const Mapping& m)
   out.tensor = op.output;
   for (int d : op.index) out.index.push_back(ir::AffineExpr::OfDim(d));
   std::string why;
-  for (const ir::Access& f : sw.a_side) {
-    if (why.empty()) why = CheckOperand(chain, f, x.inputs[0], m, "A");
+  for (const ir::Access& f : m.swapped ? sw.b_side : sw.a_side) {
+    if (why.empty()) why = CheckOperand(chain, f, x.inputs[0], m, "A", degenerate);
   }
-  for (const ir::Access& f : sw.b_side) {
-    if (why.empty()) why = CheckOperand(chain, f, x.inputs[1], m, "B");
+  for (const ir::Access& f : m.swapped ? sw.a_side : sw.b_side) {
+    if (why.empty()) why = CheckOperand(chain, f, x.inputs[1], m, "B", degenerate);
   }
-  if (why.empty()) why = CheckOperand(chain, out, x.output, m, "C");
+  if (why.empty()) why = CheckOperand(chain, out, x.output, m, "C", degenerate);
   if (!why.empty()) {
     v.reason = why;
     return v;
@@ -243,23 +246,43 @@ MappingSet GenerateMappings(const ir::Chain& chain, const SoftwareOp& sw, const 
   return set;
 }
 
-std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& x) {
+MappingCounts CountMappings(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& intrinsic) {
+  MappingSet set = GenerateMappings(chain, sw, intrinsic);
+  MappingCounts c;
+  c.kind_compatible = set.kind_compatible;
+  c.basic = static_cast<int>(set.basic.size());
+  c.mappings = static_cast<int>(set.mappings.size());
+  for (const Mapping& m : set.mappings) {
+    Verdict v = Validate(chain, sw, m);
+    c.valid += v.valid;
+    c.strict += v.strict;
+  }
+  return c;
+}
+
+namespace {
+
+// The classic GEMM view of `sw` with `a` feeding A and `b` feeding B.
+Mapping Classic(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& x, bool swapped) {
+  const std::vector<ir::Access>& a = swapped ? sw.b_side : sw.a_side;
+  const std::vector<ir::Access>& b = swapped ? sw.a_side : sw.b_side;
   auto uses = [](const std::vector<ir::Access>& side, int l) {
-    return std::any_of(side.begin(), side.end(), [&](const ir::Access& a) { return Uses(a, l); });
+    return std::any_of(side.begin(), side.end(), [&](const ir::Access& t) { return Uses(t, l); });
   };
   Mapping m;
   m.intrinsic = &x;
+  m.swapped = swapped;
   for (int l : sw.spatial) {
-    const bool a = uses(sw.a_side, l), b = uses(sw.b_side, l);
-    if (a && !b) m.axes[0].push_back(l);
-    if (b && !a) m.axes[1].push_back(l);
+    const bool in_a = uses(a, l), in_b = uses(b, l);
+    if (in_a && !in_b) m.axes[0].push_back(l);
+    if (in_b && !in_a) m.axes[1].push_back(l);
   }
   for (int l : sw.reduced) {
-    if (uses(sw.a_side, l) && uses(sw.b_side, l)) m.axes[2].push_back(l);
+    if (uses(a, l) && uses(b, l)) m.axes[2].push_back(l);
   }
   // Reduced loops sharing a dim with a mapped spatial loop would break rule 1.
-  std::vector<ir::Access> all = sw.a_side;
-  all.insert(all.end(), sw.b_side.begin(), sw.b_side.end());
+  std::vector<ir::Access> all = a;
+  all.insert(all.end(), b.begin(), b.end());
   for (const ir::Access& t : all) {
     for (const ir::AffineExpr& e : t.index) {
       bool spatial_mapped = false;
@@ -268,8 +291,26 @@ std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& 
       for (const auto& [l, c] : e.terms) std::erase(m.axes[2], l);
     }
   }
+  return m;
+}
+
+}  // namespace
+
+std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& x) {
+  Mapping m = Classic(chain, sw, x, /*swapped=*/false);
   if (Validate(chain, sw, m).valid) return m;
-  return std::nullopt;
+  // Degenerate: keep whichever orientation pads less.
+  std::optional<Mapping> best;
+  double best_padding = 0;
+  for (bool swapped : {false, true}) {
+    Mapping d = Classic(chain, sw, x, swapped);
+    Verdict v = Validate(chain, sw, d, /*degenerate=*/true);
+    if (v.valid && (!best || v.padding < best_padding)) {
+      best = d;
+      best_padding = v.padding;
+    }
+  }
+  return best;
 }
 
 std::string MappingToText(const Mapping& m, const ir::Chain& chain) {
@@ -279,6 +320,7 @@ std::string MappingToText(const Mapping& m, const ir::Chain& chain) {
     for (int l : m.axes[a]) names.push_back(chain.dims[l].name);
     parts.push_back(absl::StrCat(m.intrinsic->axes[a].name, "=", names.empty() ? "-" : absl::StrJoin(names, ".")));
   }
+  if (m.swapped) parts.push_back("swap");
   return absl::StrCat(m.intrinsic->name, "[", absl::StrJoin(parts, " "), "]");
 }
 
@@ -294,6 +336,10 @@ absl::StatusOr<Mapping> ParseMapping(absl::string_view text, const ir::Chain& ch
     return absl::InvalidArgumentError(absl::StrCat("mapping: unknown intrinsic '", text.substr(0, open), "'"));
   }
   for (absl::string_view part : absl::StrSplit(text.substr(open + 1, text.size() - open - 2), ' ', absl::SkipEmpty())) {
+    if (part == "swap") {
+      m.swapped = true;
+      continue;
+    }
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(part, absl::MaxSplits('=', 1));
     int a = -1;
     for (int x = 0; x < 3; ++x) {

@@ -67,9 +67,13 @@ absl::StatusOr<SoftwareOp> ViewOp(const ir::Chain& chain, int op);
 struct Mapping {
   const hw::Intrinsic* intrinsic = nullptr;
   std::array<std::vector<int>, 3> axes;  // loops fused onto i, j, k, in chain order
+  // The factors feed the inputs the other way round (B's onto A). Only
+  // degenerate fallbacks use it: it puts the missing axis on the unit's
+  // narrower side.
+  bool swapped = false;
 
   bool operator==(const Mapping& other) const {
-    return intrinsic == other.intrinsic && axes == other.axes;
+    return intrinsic == other.intrinsic && axes == other.axes && swapped == other.swapped;
   }
 };
 
@@ -81,7 +85,10 @@ struct Verdict {
   double padding = 1;                   // padded / useful points of one tile sweep
 };
 
-Verdict Validate(const ir::Chain& chain, const SoftwareOp& sw, const Mapping& mapping);
+// `degenerate` allows a spatial axis with no loop (extent 1, padded): how
+// a GEMV or a depthwise convolution still uses the unit. Generation never
+// produces such mappings; DefaultMapping falls back to them.
+Verdict Validate(const ir::Chain& chain, const SoftwareOp& sw, const Mapping& mapping, bool degenerate = false);
 
 struct MappingSet {
   int kind_compatible = 0;        // one loop per axis, kinds agreeing
@@ -90,6 +97,16 @@ struct MappingSet {
 };
 MappingSet GenerateMappings(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& intrinsic);
 
+// How many mappings an op has onto an intrinsic, stage by stage.
+struct MappingCounts {
+  int kind_compatible = 0;
+  int basic = 0;
+  int mappings = 0;
+  int valid = 0;
+  int strict = 0;
+};
+MappingCounts CountMappings(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& intrinsic);
+
 // Every kind-compatible choice of one loop per axis (for reports: each
 // with its verdict).
 std::vector<Mapping> KindCompatibleMatchings(const SoftwareOp& sw, const hw::Intrinsic& intrinsic);
@@ -97,10 +114,12 @@ std::vector<Mapping> KindCompatibleMatchings(const SoftwareOp& sw, const hw::Int
 // A valid mapping close to the classic GEMM view: spatial loops of only A
 // onto i, of only B onto j, reduced loops of both onto k, except reduced
 // loops sharing a dim with a spatial one (p*2+r): those stay outside and
-// accumulate across tiles. nullopt if that is not valid.
+// accumulate across tiles. When A or B has no spatial loop of its own (a
+// GEMV), that axis is left degenerate. nullopt if that is not valid.
 std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& intrinsic);
 
-// "fma.avx2.6x16[i=m j=n k=k]", fused loops joined by '.': "i=n.p".
+// "fma.avx2.6x16[i=m j=n k=k]", fused loops joined by '.': "i=n.p"; a
+// swapped mapping ends in " swap".
 std::string MappingToText(const Mapping& mapping, const ir::Chain& chain);
 absl::StatusOr<Mapping> ParseMapping(absl::string_view text, const ir::Chain& chain);
 

@@ -96,8 +96,8 @@ GemmForm FormOf(const ir::Chain& chain, const mapping::SoftwareOp& sw, const map
   GemmForm g;
   g.ok = true;
   g.scale = sw.scale;
-  g.a_side = sw.a_side;
-  g.b_side = sw.b_side;
+  g.a_side = m.swapped ? sw.b_side : sw.a_side;
+  g.b_side = m.swapped ? sw.a_side : sw.b_side;
   for (int d : op.index) {
     if (Contains(m.axes[0], d)) {
       g.rows.push_back(d);
@@ -261,7 +261,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
         return Illegal(chain, absl::StrCat("the target cannot use ", s.maps[o].intrinsic->name, " for ",
                                            ir::DTypeName(chain.dtype)));
       }
-      mapping::Verdict v = mapping::Validate(chain, *sw, s.maps[o]);
+      mapping::Verdict v = mapping::Validate(chain, *sw, s.maps[o], /*degenerate=*/true);
       if (!v.valid) return Illegal(chain, absl::StrCat("mapping of '", name, "' is invalid: ", v.reason));
       m = s.maps[o];
     } else if (sw.ok()) {

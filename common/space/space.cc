@@ -14,6 +14,61 @@ namespace {
 
 bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
+const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_work);
+
+// Each sum op's valid mappings on the target's usable intrinsics other than
+// its default one, strict and least padded first, at most `limit`.
+std::vector<mapping::Mapping> Alternatives(const ir::Chain& chain, const hw::TargetDesc& target, int op, int limit) {
+  auto sw = mapping::ViewOp(chain, op);
+  if (!sw.ok()) return {};
+  const std::optional<mapping::Mapping> fallback = DefaultMappingFor(chain, op, target);
+  std::vector<std::pair<mapping::Verdict, mapping::Mapping>> found;
+  for (const hw::Intrinsic* x : UsableIntrinsics(chain, target)) {
+    for (const mapping::Mapping& m : mapping::GenerateMappings(chain, *sw, *x).mappings) {
+      mapping::Verdict v = mapping::Validate(chain, *sw, m);
+      if (v.valid && !(fallback && m == *fallback)) found.push_back({v, m});
+    }
+  }
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    if (a.first.strict != b.first.strict) return a.first.strict;
+    return a.first.padding < b.first.padding;
+  });
+  std::vector<mapping::Mapping> out;
+  for (size_t i = 0; i < found.size() && static_cast<int>(i) < limit; ++i) out.push_back(found[i].second);
+  return out;
+}
+
+// Tries every op's alternative mappings on the best schedules so far and
+// merges the survivors into the ranking.
+void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options,
+                            int64_t budget, double min_work, Space& space) {
+  const size_t top = std::min<size_t>(space.ranked.size(), options.mapping_tilings);
+  std::vector<RankedSchedule> added;
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    for (const mapping::Mapping& m : Alternatives(chain, target, static_cast<int>(o), options.max_mappings_per_op)) {
+      ++space.stats.mappings;
+      for (size_t i = 0; i < top; ++i) {
+        Schedule s = space.ranked[i].schedule;
+        s.maps[o] = m;
+        auto nest = BuildLoopNest(chain, s, target);
+        if (!nest.ok() || *Pruned(*nest, options, budget, min_work)) continue;
+        added.push_back({nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)});
+      }
+    }
+  }
+  space.stats.mapped_schedules = static_cast<int64_t>(added.size());
+  const size_t middle = space.ranked.size();
+  space.ranked.insert(space.ranked.end(), added.begin(), added.end());
+  std::sort(space.ranked.begin() + static_cast<long>(middle), space.ranked.end(),
+            [](const RankedSchedule& a, const RankedSchedule& b) {
+              return a.prediction.t_estm_s < b.prediction.t_estm_s;
+            });
+  std::inplace_merge(space.ranked.begin(), space.ranked.begin() + static_cast<long>(middle), space.ranked.end(),
+                     [](const RankedSchedule& a, const RankedSchedule& b) {
+                       return a.prediction.t_estm_s < b.prediction.t_estm_s;
+                     });
+}
+
 enum Placement : uint8_t { kOwn = 0, kBlock = 1, kStream = 2 };
 
 // Dims that may be a stream loop: not a block dim, and used by two ops or
@@ -185,15 +240,16 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
                         {"2 intermediates fit", after_intermediates},
                         {"3 padding bounded", after_padding},
                         {"4 scratch fits", after_scratch}};
+  std::stable_sort(space.ranked.begin(), space.ranked.end(), [](const RankedSchedule& a, const RankedSchedule& b) {
+    return a.prediction.t_estm_s < b.prediction.t_estm_s;
+  });
+  AddMappingAlternatives(chain, target, options, budget, min_work, space);
   if (space.ranked.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", legal, " legal, ",
         after_intermediates, " with intermediates within ", options.intermediate_fraction, " of ", budget,
         " bytes, ", after_padding, " with bounded padding, ", after_scratch, " fitting the scratch budget"));
   }
-  std::stable_sort(space.ranked.begin(), space.ranked.end(), [](const RankedSchedule& a, const RankedSchedule& b) {
-    return a.prediction.t_estm_s < b.prediction.t_estm_s;
-  });
   space.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return space;
 }

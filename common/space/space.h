@@ -1,7 +1,9 @@
 // The space of fused schedules of a chain on a target: every tiling
 // expression (where each tiled dim's loop goes: block, stream or the ops'
-// own loops, and the order of own loops) times every tile size, reduced by
-// MCFuser's four pruning rules and ranked by the analytical model.
+// own loops, and the order of own loops) times every tile size, with each
+// sum op's default mapping; then the other valid mappings of each op (AMOS)
+// on the most promising of those tilings. Reduced by MCFuser's four
+// pruning rules and ranked by the analytical model.
 //
 // Stages, each counted (and each rule switchable):
 //   enumerated      tile sizes x placements of every dim x own-loop orders
@@ -33,6 +35,11 @@
 namespace fusor::space {
 
 struct SpaceOptions {
+  // Mappings: every valid mapping of each sum op (at most this many per op,
+  // strict ones and the least padded first) is tried, one op at a time, on
+  // the best `mapping_tilings` schedules of the default mappings.
+  int max_mappings_per_op = 32;
+  int mapping_tilings = 64;
   bool dedupe = true;               // rule 1
   bool limit_intermediates = true;  // rule 2
   bool limit_padding = true;        // rule 3
@@ -50,6 +57,8 @@ struct SpaceStage {
 struct SpaceStats {
   int64_t enumerated = 0;
   std::vector<SpaceStage> stages;  // in order: dedupe, legal, intermediates, padding, scratch
+  int64_t mappings = 0;            // alternative mappings tried (over all sum ops)
+  int64_t mapped_schedules = 0;    // schedules with an alternative mapping that survived the rules
   double seconds = 0;              // to enumerate, prune and rank
 };
 
