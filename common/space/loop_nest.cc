@@ -140,6 +140,19 @@ std::string DescribeMappings(const ir::Chain& chain, const LoopNest& nest) {
   return absl::StrJoin(parts, " ");
 }
 
+NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target) {
+  NestContext c;
+  c.block_eligible = BlockEligibleDims(chain);
+  c.usable = UsableIntrinsics(chain, target);
+  c.scalar_rate = ScalarRate(target);
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    auto sw = mapping::ViewOp(chain, static_cast<int>(o));
+    c.views.push_back(sw.ok() ? std::optional<mapping::SoftwareOp>(*sw) : std::nullopt);
+    c.defaults.push_back(sw.ok() ? DefaultMappingFor(chain, static_cast<int>(o), target) : std::nullopt);
+  }
+  return c;
+}
+
 double RateOn(const hw::Intrinsic& x, const hw::TargetDesc& target) {
   if (x.backend == hw::Backend::kCuda) return x.rate;
   // A CPU's P is calibrated with its widest vectors.
@@ -154,7 +167,10 @@ double ScalarRate(const hw::TargetDesc& target) {
   return all.empty() ? 1.0 : 1.0 / all[0]->lanes;
 }
 
-absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target) {
+absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target,
+                                       const NestContext* context) {
+  std::optional<NestContext> own_context;
+  if (context == nullptr) context = &own_context.emplace(MakeNestContext(chain, target));
   const int num_dims = static_cast<int>(chain.dims.size());
   if (static_cast<int>(input.tile.size()) != num_dims) return Illegal(chain, "wrong number of tile sizes");
   for (int d = 0; d < num_dims; ++d) {
@@ -170,7 +186,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   for (int d = 0; d < num_dims; ++d) nest.trips[d] = (chain.dims[d].extent + s.tile[d] - 1) / s.tile[d];
 
   // Block loops.
-  const std::vector<int> eligible = BlockEligibleDims(chain);
+  const std::vector<int>& eligible = context->block_eligible;
   for (int d : s.block) {
     if (!Contains(eligible, d)) {
       return Illegal(chain, absl::StrCat("'", chain.dims[d].name,
@@ -249,28 +265,29 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   // best intrinsic; a sum that maps onto nothing runs as scalar code.
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     OpNest& on = nest.ops[o];
-    on.rate = ScalarRate(target);
+    on.rate = context->scalar_rate;
     if (chain.ops[o].kind != ir::OpKind::kSum) continue;
     const std::string& name = chain.tensors[chain.ops[o].output].name;
-    auto sw = mapping::ViewOp(chain, static_cast<int>(o));
+    const std::optional<mapping::SoftwareOp>& sw = context->views[o];
     std::optional<mapping::Mapping> m;
     if (s.maps[o].intrinsic != nullptr) {
-      if (!sw.ok()) return Illegal(chain, absl::StrCat("'", name, "' cannot be mapped: ", sw.status().message()));
-      const std::vector<const hw::Intrinsic*> usable = UsableIntrinsics(chain, target);
-      if (std::find(usable.begin(), usable.end(), s.maps[o].intrinsic) == usable.end()) {
+      if (!sw) return Illegal(chain, absl::StrCat("'", name, "' cannot be mapped: it is not a product of tensors"));
+      if (std::find(context->usable.begin(), context->usable.end(), s.maps[o].intrinsic) == context->usable.end()) {
         return Illegal(chain, absl::StrCat("the target cannot use ", s.maps[o].intrinsic->name, " for ",
                                            ir::DTypeName(chain.dtype)));
       }
       mapping::Verdict v = mapping::Validate(chain, *sw, s.maps[o], /*degenerate=*/true);
       if (!v.valid) return Illegal(chain, absl::StrCat("mapping of '", name, "' is invalid: ", v.reason));
       m = s.maps[o];
-    } else if (sw.ok()) {
-      m = DefaultMappingFor(chain, static_cast<int>(o), target);
+    } else {
+      m = context->defaults[o];
     }
     if (!m) continue;
     on.mapping = *m;
     on.kernel = hw::KernelOf(*m->intrinsic);
-    on.rate = RateOn(*m->intrinsic, target);
+    on.rate = m->intrinsic->backend == hw::Backend::kCuda || context->usable.empty()
+                  ? m->intrinsic->rate
+                  : m->intrinsic->rate * m->intrinsic->lanes / context->usable[0]->lanes;
     on.gemm = FormOf(chain, *sw, *m);
   }
 

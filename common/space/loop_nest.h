@@ -126,12 +126,24 @@ struct LoopNest {
   double padded_flops = 0;        // sum ops' compute, padding included
 };
 
+// What building a nest needs that depends only on the chain and the target
+// (worth computing once when building many nests).
+struct NestContext {
+  std::vector<int> block_eligible;
+  std::vector<const hw::Intrinsic*> usable;
+  std::vector<std::optional<mapping::SoftwareOp>> views;  // per op: mappable sums
+  std::vector<std::optional<mapping::Mapping>> defaults;  // per op
+  double scalar_rate = 1;
+};
+NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target);
+
 // INVALID_ARGUMENT when the schedule cannot be a legal nest for the chain
 // on the target (an ineligible block dim, a stream loop a result would be
 // read across before it is complete, own loops over foreign dims, an
 // invalid mapping or one onto an intrinsic the target lacks, ...).
+// `context`, when given, must come from MakeNestContext(chain, target).
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
-                                       const hw::TargetDesc& target);
+                                       const hw::TargetDesc& target, const NestContext* context = nullptr);
 
 // The intrinsics a chain can use on a target, best first: on a GPU those
 // whose inputs take the chain's dtype (tf32 for f32), by rate.

@@ -40,8 +40,8 @@ std::vector<mapping::Mapping> Alternatives(const ir::Chain& chain, const hw::Tar
 
 // Tries every op's alternative mappings on the best schedules so far and
 // merges the survivors into the ranking.
-void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options,
-                            int64_t budget, double min_work, Space& space) {
+void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target, const NestContext& context,
+                            const SpaceOptions& options, int64_t budget, double min_work, Space& space) {
   const size_t top = std::min<size_t>(space.ranked.size(), options.mapping_tilings);
   std::vector<RankedSchedule> added;
   for (size_t o = 0; o < chain.ops.size(); ++o) {
@@ -50,7 +50,7 @@ void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target
       for (size_t i = 0; i < top; ++i) {
         Schedule s = space.ranked[i].schedule;
         s.maps[o] = m;
-        auto nest = BuildLoopNest(chain, s, target);
+        auto nest = BuildLoopNest(chain, s, target, &context);
         if (!nest.ok() || *Pruned(*nest, options, budget, min_work)) continue;
         added.push_back({nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)});
       }
@@ -149,7 +149,8 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
   const int64_t budget = hw::ScratchBudget(target);
   const double min_work = MinimalPaddedFlops(chain, target);
   const int num_dims = static_cast<int>(chain.dims.size());
-  const std::vector<int> block_eligible = BlockEligibleDims(chain);
+  const NestContext context = MakeNestContext(chain, target);
+  const std::vector<int>& block_eligible = context.block_eligible;
   const std::vector<bool> stream_ok = StreamCandidates(chain, block_eligible);
 
   std::vector<std::vector<int64_t>> tiles(num_dims);
@@ -208,7 +209,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
         // Without rule 1 every equivalent copy goes on through the stages.
         const int64_t copies = options.dedupe ? 1 : duplicates;
         deduped += copies;
-        auto nest = BuildLoopNest(chain, s, target);
+        auto nest = BuildLoopNest(chain, s, target, &context);
         if (nest.ok()) {
           legal += copies;
           const std::string_view why = Pruned(*nest, options, budget, min_work);
@@ -243,7 +244,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
   std::stable_sort(space.ranked.begin(), space.ranked.end(), [](const RankedSchedule& a, const RankedSchedule& b) {
     return a.prediction.t_estm_s < b.prediction.t_estm_s;
   });
-  AddMappingAlternatives(chain, target, options, budget, min_work, space);
+  AddMappingAlternatives(chain, target, context, options, budget, min_work, space);
   if (space.ranked.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", legal, " legal, ",

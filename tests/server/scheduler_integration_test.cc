@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -162,6 +164,30 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   auto workers = client.ListWorkers();
   ASSERT_EQ(workers->workers_size(), 1);
   EXPECT_EQ(workers->workers(0).jobs_done(), 5);
+}
+
+// Convolution chains go through the same machinery as GEMM chains: their
+// convolutions map onto the micro-kernel (window loops outside it), every
+// candidate is validated against float64 and stored.
+TEST_F(IntegrationTest, ConvChainsTuneEndToEnd) {
+  StartServer();
+  StartWorker();
+  client::Client client(server_->InProcessChannel());
+  for (const char* name : {"conv1x1_chain.fusor", "conv_chain.fusor"}) {
+    std::ifstream in(std::string(FUSOR_SOURCE_DIR) + "/examples/" + name);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto result = client.Tune(Request(text.str(), 3), nullptr, absl::Seconds(300));
+    ASSERT_TRUE(result.ok()) << name << ": " << result.status();
+    EXPECT_EQ(result->candidates_measured(), 3) << name;
+    EXPECT_EQ(result->candidates_failed(), 0) << name;
+    EXPECT_LT(result->best_measurement().max_rel_error(), 1e-4) << name;
+    EXPECT_GT(result->speedup(), 0) << name;
+    EXPECT_THAT(result->best().mapping().text(), HasSubstr("T=fma.")) << name;
+    for (const auto& m : *server_->core().db().MeasurementsOfTask(result->task_id())) {
+      EXPECT_EQ(m.status, "ok") << name << ": " << m.error;
+    }
+  }
 }
 
 TEST_F(IntegrationTest, CacheOnlyMissIsNotFoundAndBadInputIsInvalid) {

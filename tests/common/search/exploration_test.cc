@@ -68,7 +68,7 @@ TEST_P(ExplorationTest, EveryProposedScheduleCompilesAndValidates) {
 INSTANTIATE_TEST_SUITE_P(Examples, ExplorationTest,
                          ::testing::Values("bert_base_attention.fusor", "gemm_chain.fusor", "gemm_chain.json",
                                            "bert_large_attention_f16.fusor", "bert_ffn_gelu.fusor",
-                                           "conv_chain.fusor"),
+                                           "conv_chain.fusor", "conv1x1_chain.fusor"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';

@@ -199,6 +199,31 @@ out O
   }
 }
 
+// Mappings other than the default: batch dims and unmapped reduced dims
+// outside the intrinsic (packed per point), narrower units, and mixed
+// intrinsics in one kernel.
+TEST(CpuCodegenTest, ConvChainUnderExplicitMappings) {
+  CheckFused(testing::kConvChain,
+             "n=1 p=4 / - / T(c=4) / T=fma.avx2.6x16[i=p j=k k=c.s] O=simd4.4x8[i=q j=j k=k]", TestTarget());
+  CheckFused(testing::kConvChain, "- / k=8 / - / T=scalar.4x4[i=n.p.q j=k k=c] O=fma.avx2.6x16[i=p.q j=j k=k]",
+             TestTarget());
+}
+
+TEST(CpuCodegenTest, GemvUsesADegenerateSwappedMapping) {
+  const char* gemv = R"(
+dim m=100 k=70
+in A[m,k] x[k]
+y[m] = sum(k) A[m,k] * x[k]
+z[m] = relu(y[m])
+out z
+)";
+  auto chain = ir::ParseChainText(gemv);
+  auto nest = space::BuildLoopNest(*chain, space::UntiledSchedule(*chain), TestTarget());
+  ASSERT_TRUE(nest.ok());
+  EXPECT_EQ(space::DescribeMappings(*chain, *nest), "y=fma.avx2.6x16[i=- j=m k=k swap]");
+  CheckFused(gemv, "m=32 / - / y(k=32)", TestTarget());
+}
+
 TEST(CpuCodegenTest, NonProductBodyTakesTheGenericPath) {
   CheckFused(R"(
 chain sqdist
