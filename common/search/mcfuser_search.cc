@@ -183,7 +183,7 @@ class McfuserSearch : public SearchStrategy {
     const int d = static_cast<int>(rng_() % chain.dims.size());
     switch (rng_() % 3) {
       case 0: {  // a neighbouring tile size
-        std::vector<int64_t> opts = space::TileOptions(chain, d);
+        std::vector<int64_t> opts = space::TileOptions(chain, task_.target, d);
         auto at = std::find(opts.begin(), opts.end(), tile[d]);
         int64_t i = at - opts.begin() + (rng_() % 2 ? 1 : -1);
         if (i >= 0 && i < static_cast<int64_t>(opts.size())) tile[d] = opts[i];

@@ -99,33 +99,31 @@ const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t bu
 
 }  // namespace
 
-std::vector<int64_t> TileOptions(const ir::Chain& chain, int dim) {
+std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& target, int dim) {
   const int64_t extent = chain.dims[dim].extent;
   // Only a dim that can carry a loop is tiled: one a sum op loops over, a
   // block dim or a stream dim (a tile nothing loops over is the full
   // extent). Dims under 8 are not worth a loop.
-  const std::vector<int> block = BlockEligibleDims(chain);
-  bool loopable = Contains(block, dim) || StreamCandidates(chain, block)[dim];
-  bool intrinsic = false;
-  for (const ir::Op& op : chain.ops) {
+  const NestContext context = MakeNestContext(chain, target);
+  bool loopable = Contains(context.block_eligible, dim) || StreamCandidates(chain, context.block_eligible)[dim];
+  // A dim alone on an axis of an op's default mapping steps by that axis'
+  // extent (at least 16).
+  int64_t step = 0;
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    const ir::Op& op = chain.ops[o];
     if (op.kind != ir::OpKind::kSum) continue;
     loopable = loopable || Contains(op.index, dim) || Contains(op.reduce, dim);
-    // A dim that alone makes up an axis of a GEMM-shaped op's default
-    // mapping is tiled in multiples of 16 (the matrix units' granularity).
-    auto sw = mapping::ViewOp(chain, static_cast<int>(&op - chain.ops.data()));
-    if (!sw.ok()) continue;
-    hw::TargetDesc any_gpu;
-    any_gpu.backend = hw::Backend::kCuda;
-    any_gpu.arch = "sm_80";
-    auto m = mapping::DefaultMapping(chain, *sw, *hw::IntrinsicsFor(any_gpu)[0]);
+    const std::optional<mapping::Mapping>& m = context.defaults[o];
     if (!m) continue;
-    for (const std::vector<int>& axis : m->axes) {
-      if (axis.size() == 1 && axis[0] == dim) intrinsic = true;
+    for (int a = 0; a < 3; ++a) {
+      if (m->axes[a].size() == 1 && m->axes[a][0] == dim) {
+        step = std::max<int64_t>({step, 16, m->intrinsic->Extent(a)});
+      }
     }
   }
   std::set<int64_t> opts = {extent};
   if (loopable && extent >= 8) {
-    for (int64_t t = intrinsic ? 16 : 1; t < extent; t *= 2) opts.insert(t);
+    for (int64_t t = step > 0 ? step : 1; t < extent; t *= 2) opts.insert(t);
   }
   return {opts.begin(), opts.end()};
 }
@@ -156,7 +154,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
   std::vector<std::vector<int64_t>> tiles(num_dims);
   std::vector<std::vector<Placement>> places(num_dims);
   for (int d = 0; d < num_dims; ++d) {
-    tiles[d] = TileOptions(chain, d);
+    tiles[d] = TileOptions(chain, target, d);
     places[d] = {kOwn};
     if (Contains(block_eligible, d)) places[d].push_back(kBlock);
     if (stream_ok[d]) places[d].push_back(kStream);

@@ -15,8 +15,9 @@
 //   3 padding       padded compute within a margin of the unavoidable
 //   4 scratch       everything a block holds, with a margin, within the
 //                   scratch budget
-// Tile sizes of dims that map onto the matrix unit's rows, columns or
-// reduction alone are multiples of 16 (the intrinsic's granularity) or the
+// A dim alone on an axis of its op's default mapping takes tiles in steps
+// of that axis' extent (at least 16: 16, 32, 64, ... for an 8x32 CPU block's
+// rows, 32, 64, ... for its columns, 64, 128, ... for wgmma's rows) or its
 // full extent; other dims that can carry a loop take powers of two or the
 // full extent; dims no loop can go over, or under 8, keep their extent.
 #pragma once
@@ -73,8 +74,8 @@ struct Space {
   SpaceStats stats;
 };
 
-// The tile sizes considered for `dim`.
-std::vector<int64_t> TileOptions(const ir::Chain& chain, int dim);
+// The tile sizes considered for `dim` on `target`.
+std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& target, int dim);
 
 absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target,
                                  const SpaceOptions& options = SpaceOptions());

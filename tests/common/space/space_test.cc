@@ -40,7 +40,7 @@ Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const Sp
   std::set<std::string> seen;
   std::vector<Schedule> distinct;
   std::vector<std::vector<int64_t>> tiles(n);
-  for (int d = 0; d < n; ++d) tiles[d] = TileOptions(chain, d);
+  for (int d = 0; d < n; ++d) tiles[d] = TileOptions(chain, target, d);
   // All combinations of (tile, place) per dim, by recursion.
   std::vector<int64_t> tile(n);
   std::vector<int> place(n);
@@ -244,19 +244,24 @@ in A[b,m,k] B[b,k,n]
 C[b,m,n] = sum(k) A[b,m,k] * B[b,k,n]
 out C
 )");
-  EXPECT_EQ(TileOptions(*chain, chain->FindDim("b")), (std::vector<int64_t>{1, 2, 4, 8, 12}));
-  EXPECT_EQ(TileOptions(*chain, chain->FindDim("m")), (std::vector<int64_t>{16, 32, 64, 100}));
-  EXPECT_EQ(TileOptions(*chain, chain->FindDim("n")), (std::vector<int64_t>{8}));
+  const hw::TargetDesc h100 = *hw::LookupDevice("h100");  // f32: mma.sync.m16n8k8.tf32
+  EXPECT_EQ(TileOptions(*chain, h100, chain->FindDim("b")), (std::vector<int64_t>{1, 2, 4, 8, 12}));
+  EXPECT_EQ(TileOptions(*chain, h100, chain->FindDim("m")), (std::vector<int64_t>{16, 32, 64, 100}));
+  EXPECT_EQ(TileOptions(*chain, h100, chain->FindDim("n")), (std::vector<int64_t>{8}));
+  // The CPU's fma.avx512.8x32: rows from 16, columns in steps of its 32.
+  EXPECT_EQ(TileOptions(*chain, Cpu(), chain->FindDim("m")), (std::vector<int64_t>{16, 32, 64, 100}));
   auto conv = ir::ParseChainText(R"(
 dim c=16 k=16 p=8 r=3 y=10
 in I[c,y] W[k,c,r]
 T[k,p] = sum(c,r) I[c,p+r] * W[k,c,r]
 out T
 )");
-  EXPECT_EQ(TileOptions(*conv, conv->FindDim("y")), (std::vector<int64_t>{10}));  // no loop uses y
-  EXPECT_EQ(TileOptions(*conv, conv->FindDim("r")), (std::vector<int64_t>{3}));
+  EXPECT_EQ(TileOptions(*conv, Cpu(), conv->FindDim("y")), (std::vector<int64_t>{10}));  // no loop uses y
+  EXPECT_EQ(TileOptions(*conv, Cpu(), conv->FindDim("r")), (std::vector<int64_t>{3}));
   // c alone on the k axis of the default mapping (r stays outside): multiples of 16.
-  EXPECT_EQ(TileOptions(*conv, conv->FindDim("c")), (std::vector<int64_t>{16}));
+  EXPECT_EQ(TileOptions(*conv, Cpu(), conv->FindDim("c")), (std::vector<int64_t>{16}));
+  auto wide = ir::ParseChainText("dim m=256 n=256 k=64\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nout C");
+  EXPECT_EQ(TileOptions(*wide, Cpu(), wide->FindDim("n")), (std::vector<int64_t>{32, 64, 128, 256}));
 }
 
 }  // namespace
