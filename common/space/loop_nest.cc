@@ -413,7 +413,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
         loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + own_depth);
         return loops;
       };
-      double flops;
+      double flops, useful;
       if (on.gemm.ok) {
         const GemmForm& g = on.gemm;
         const hw::Intrinsic& x = *on.mapping.intrinsic;
@@ -457,16 +457,20 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
         add_loads(on.op, g.b_side, range, pack_loops(on.b_depth, on.b_hoisted));
         flops = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(RoundUp(on.k_tile, x.Extent(2))) *
                 static_cast<double>(outer_points);
+        useful = 2.0 * static_cast<double>(on.batch_tile * on.rows_tile * on.cols_tile * on.k_tile) *
+                 static_cast<double>(outer_points);
       } else {
         std::vector<ir::Access> reads;
         ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
         add_loads(on.op, reads, range, all);
         on.acc_floats = static_cast<int64_t>(points_of(op.index, range));
         flops = 2.0 * points_of(op.index, range) * points_of(op.reduce, range);
+        useful = flops;
       }
       add_statement(StmtKind::kCompute, on.op, -1, 0, flops, all);
       nest.statements.back().rate = on.rate;
       nest.padded_flops += flops * nest.statements.back().executions;
+      nest.useful_flops += useful * nest.statements.back().executions;
       if (on.online_softmax >= 0) {
         // Rescaling the accumulator at every stream step, dividing once after.
         const double elems = static_cast<double>(nest.local[op.output].floats);

@@ -123,7 +123,9 @@ struct LoopNest {
   std::vector<Statement> statements;
   int64_t intermediate_bytes = 0; // block-local buffers
   int64_t scratch_bytes = 0;      // everything a thread holds for a block
-  double padded_flops = 0;        // sum ops' compute, padding included
+  double padded_flops = 0;        // sum ops' compute, padding included (and recomputation)
+  double useful_flops = 0;        // the same without the padding
+  double PaddingRatio() const { return useful_flops > 0 ? padded_flops / useful_flops : 1; }
 };
 
 // What building a nest needs that depends only on the chain and the target

@@ -14,7 +14,7 @@ namespace {
 
 bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_work);
+const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_padding);
 
 // Each sum op's valid mappings on the target's usable intrinsics other than
 // its default one, strict and least padded first, at most `limit`.
@@ -41,7 +41,7 @@ std::vector<mapping::Mapping> Alternatives(const ir::Chain& chain, const hw::Tar
 // Tries every op's alternative mappings on the best schedules so far and
 // merges the survivors into the ranking.
 void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target, const NestContext& context,
-                            const SpaceOptions& options, int64_t budget, double min_work, Space& space) {
+                            const SpaceOptions& options, int64_t budget, double min_padding, Space& space) {
   const size_t top = std::min<size_t>(space.ranked.size(), options.mapping_tilings);
   std::vector<RankedSchedule> added;
   for (size_t o = 0; o < chain.ops.size(); ++o) {
@@ -51,7 +51,7 @@ void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target
         Schedule s = space.ranked[i].schedule;
         s.maps[o] = m;
         auto nest = BuildLoopNest(chain, s, target, &context);
-        if (!nest.ok() || *Pruned(*nest, options, budget, min_work)) continue;
+        if (!nest.ok() || *Pruned(*nest, options, budget, min_padding)) continue;
         added.push_back({nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)});
       }
     }
@@ -85,12 +85,12 @@ std::vector<bool> StreamCandidates(const ir::Chain& chain, const std::vector<int
 }
 
 // Why a legal nest is pruned, or "" if it is kept.
-const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_work) {
+const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_padding) {
   if (options.limit_intermediates &&
       static_cast<double>(nest.intermediate_bytes) > options.intermediate_fraction * static_cast<double>(budget)) {
     return "intermediates";
   }
-  if (options.limit_padding && nest.padded_flops > (1 + options.max_padding) * min_work) return "padding";
+  if (options.limit_padding && nest.PaddingRatio() > (1 + options.max_padding) * min_padding) return "padding";
   if (options.limit_scratch && static_cast<double>(nest.scratch_bytes) * options.scratch_margin > budget) {
     return "scratch";
   }
@@ -128,15 +128,15 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& t
   return {opts.begin(), opts.end()};
 }
 
-double MinimalPaddedFlops(const ir::Chain& chain, const hw::TargetDesc& target) {
+double MinimalPaddingRatio(const ir::Chain& chain, const hw::TargetDesc& target) {
   auto nest = BuildLoopNest(chain, UntiledSchedule(chain), target);
-  return nest.ok() ? nest->padded_flops : 0;
+  return nest.ok() ? nest->PaddingRatio() : 1;
 }
 
 absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw::TargetDesc& target,
                                                 const Schedule& schedule, const SpaceOptions& options) {
   ASSIGN_OR_RETURN(LoopNest nest, BuildLoopNest(chain, schedule, target));
-  const char* why = Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddedFlops(chain, target));
+  const char* why = Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddingRatio(chain, target));
   if (*why) return absl::FailedPreconditionError(absl::StrCat("pruned by the ", why, " rule"));
   return RankedSchedule{nest.schedule, model::Predict(nest, target), DescribeMappings(chain, nest)};
 }
@@ -145,7 +145,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
   const auto start = std::chrono::steady_clock::now();
   Space space;
   const int64_t budget = hw::ScratchBudget(target);
-  const double min_work = MinimalPaddedFlops(chain, target);
+  const double min_padding = MinimalPaddingRatio(chain, target);
   const int num_dims = static_cast<int>(chain.dims.size());
   const NestContext context = MakeNestContext(chain, target);
   const std::vector<int>& block_eligible = context.block_eligible;
@@ -210,7 +210,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
         auto nest = BuildLoopNest(chain, s, target, &context);
         if (nest.ok()) {
           legal += copies;
-          const std::string_view why = Pruned(*nest, options, budget, min_work);
+          const std::string_view why = Pruned(*nest, options, budget, min_padding);
           after_intermediates += why != "intermediates" ? copies : 0;
           after_padding += why.empty() || why == "scratch" ? copies : 0;
           if (why.empty()) {
@@ -242,7 +242,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
   std::stable_sort(space.ranked.begin(), space.ranked.end(), [](const RankedSchedule& a, const RankedSchedule& b) {
     return a.prediction.t_estm_s < b.prediction.t_estm_s;
   });
-  AddMappingAlternatives(chain, target, context, options, budget, min_work, space);
+  AddMappingAlternatives(chain, target, context, options, budget, min_padding, space);
   if (space.ranked.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", legal, " legal, ",

@@ -12,7 +12,9 @@
 //   legal           nests the dependencies allow (see loop_nest.h)
 //   2 intermediates block-local intermediates within a fraction of the
 //                   scratch budget (shared memory / private caches)
-//   3 padding       padded compute within a margin of the unavoidable
+//   3 padding       padded / useful compute within a margin of the
+//                   unavoidable (recomputation is not padding: the model
+//                   charges it)
 //   4 scratch       everything a block holds, with a margin, within the
 //                   scratch budget
 // A dim alone on an axis of its op's default mapping takes tiles in steps
@@ -85,8 +87,8 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
 absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw::TargetDesc& target,
                                                 const Schedule& schedule, const SpaceOptions& options = SpaceOptions());
 
-// Padded compute of the schedule with every dim at full extent: the
-// padding no tiling avoids.
-double MinimalPaddedFlops(const ir::Chain& chain, const hw::TargetDesc& target);
+// Padded over useful compute of the schedule with every dim at full
+// extent: the padding no tiling avoids.
+double MinimalPaddingRatio(const ir::Chain& chain, const hw::TargetDesc& target);
 
 }  // namespace fusor::space

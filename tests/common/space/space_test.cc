@@ -95,14 +95,14 @@ Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const Sp
   c.distinct = static_cast<int64_t>(distinct.size());
   const int64_t budget = hw::ScratchBudget(target);
   auto untiled = BuildLoopNest(chain, UntiledSchedule(chain), target);
-  const double min_work = untiled->padded_flops;
+  const double min_padding = untiled->PaddingRatio();
   for (const Schedule& s : distinct) {
     auto nest = BuildLoopNest(chain, s, target);
     if (!nest.ok()) continue;
     ++c.legal;
     if (nest->intermediate_bytes > options.intermediate_fraction * budget) continue;
     ++c.intermediates;
-    if (nest->padded_flops > (1 + options.max_padding) * min_work) continue;
+    if (nest->PaddingRatio() > (1 + options.max_padding) * min_padding) continue;
     ++c.padding;
     if (nest->scratch_bytes * options.scratch_margin > budget) continue;
     ++c.scratch;
