@@ -144,27 +144,21 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
   NestContext c;
   c.block_eligible = BlockEligibleDims(chain);
   c.usable = UsableIntrinsics(chain, target);
-  c.scalar_rate = ScalarRate(target);
+  // A CPU's P is calibrated with its widest vectors (usable's first): a
+  // narrower unit, or scalar code, reaches its share of it. On a GPU scalar
+  // code runs on the CUDA cores next to the tensor cores.
+  if (target.backend == hw::Backend::kCuda) {
+    c.scalar_rate = 1.0 / 16;
+  } else {
+    c.widest_lanes = c.usable.empty() ? 1 : c.usable[0]->lanes;
+    c.scalar_rate = 1.0 / c.widest_lanes;
+  }
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     auto sw = mapping::ViewOp(chain, static_cast<int>(o));
     c.views.push_back(sw.ok() ? std::optional<mapping::SoftwareOp>(*sw) : std::nullopt);
     c.defaults.push_back(sw.ok() ? DefaultMappingFor(chain, static_cast<int>(o), target) : std::nullopt);
   }
   return c;
-}
-
-double RateOn(const hw::Intrinsic& x, const hw::TargetDesc& target) {
-  if (x.backend == hw::Backend::kCuda) return x.rate;
-  // A CPU's P is calibrated with its widest vectors.
-  std::vector<const hw::Intrinsic*> all = hw::IntrinsicsFor(target);
-  const int widest = all.empty() ? 1 : all[0]->lanes;
-  return x.rate * static_cast<double>(x.lanes) / widest;
-}
-
-double ScalarRate(const hw::TargetDesc& target) {
-  if (target.backend == hw::Backend::kCuda) return 1.0 / 16;  // CUDA cores next to tensor cores
-  std::vector<const hw::Intrinsic*> all = hw::IntrinsicsFor(target);
-  return all.empty() ? 1.0 : 1.0 / all[0]->lanes;
 }
 
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target,
@@ -285,9 +279,9 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     if (!m) continue;
     on.mapping = *m;
     on.kernel = hw::KernelOf(*m->intrinsic);
-    on.rate = m->intrinsic->backend == hw::Backend::kCuda || context->usable.empty()
+    on.rate = m->intrinsic->backend == hw::Backend::kCuda
                   ? m->intrinsic->rate
-                  : m->intrinsic->rate * m->intrinsic->lanes / context->usable[0]->lanes;
+                  : m->intrinsic->rate * m->intrinsic->lanes / context->widest_lanes;
     on.gemm = FormOf(chain, *sw, *m);
   }
 

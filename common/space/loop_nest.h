@@ -135,7 +135,8 @@ struct NestContext {
   std::vector<const hw::Intrinsic*> usable;
   std::vector<std::optional<mapping::SoftwareOp>> views;  // per op: mappable sums
   std::vector<std::optional<mapping::Mapping>> defaults;  // per op
-  double scalar_rate = 1;
+  int widest_lanes = 1;     // CPU: the lanes P was calibrated with
+  double scalar_rate = 1;  // share of P that scalar code reaches
 };
 NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target);
 
@@ -153,10 +154,5 @@ std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const
 
 // Each sum op's mapping, e.g. "S=fma.avx2.6x16[i=m j=n k=k] O=scalar".
 std::string DescribeMappings(const ir::Chain& chain, const LoopNest& nest);
-
-// The fraction of the target's P an intrinsic reaches there, and that of
-// plain scalar code.
-double RateOn(const hw::Intrinsic& intrinsic, const hw::TargetDesc& target);
-double ScalarRate(const hw::TargetDesc& target);
 
 }  // namespace fusor::space

@@ -133,7 +133,10 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   // 4 candidates + 1 baseline, every sample kept.
   auto& db = server_->core().db();
   EXPECT_EQ(*db.CountMeasurements(), 5);
-  for (const auto& m : *db.MeasurementsOfTask(result->task_id())) {
+  auto rows = db.MeasurementsOfTask(result->task_id());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->size(), 5u);  // the baseline is measured by the task too
+  for (const auto& m : *rows) {
     EXPECT_EQ(m.status, "ok") << m.error;
     EXPECT_FALSE(m.samples_s.empty());
   }
@@ -184,7 +187,10 @@ TEST_F(IntegrationTest, ConvChainsTuneEndToEnd) {
     EXPECT_LT(result->best_measurement().max_rel_error(), 1e-4) << name;
     EXPECT_GT(result->speedup(), 0) << name;
     EXPECT_THAT(result->best().mapping().text(), HasSubstr("T=fma.")) << name;
-    for (const auto& m : *server_->core().db().MeasurementsOfTask(result->task_id())) {
+    auto rows = server_->core().db().MeasurementsOfTask(result->task_id());
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_FALSE(rows->empty()) << name;
+    for (const auto& m : *rows) {
       EXPECT_EQ(m.status, "ok") << name << ": " << m.error;
     }
   }
