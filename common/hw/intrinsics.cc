@@ -43,6 +43,7 @@ Intrinsic MmaSync(int m, int n, int k, const std::string& in, double rate) {
               {"B", {kK, kJ}, in, tf32 ? "ld.shared.b32" : "ldmatrix.x2", "shared", "fragment", "col", 16, 8}};
   x.output = {"C", {kI, kJ}, "f32", "st.global.v2.f32", "fragment", "global", "row", 8, 2};
   x.rate = rate;
+  x.codegen = true;
   return x;
 }
 

@@ -115,7 +115,7 @@ std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const
   std::vector<const hw::Intrinsic*> out = hw::IntrinsicsFor(target);
   if (target.backend != hw::Backend::kCuda) return out;
   const std::string dtype = chain.dtype == ir::DType::kF32 ? "tf32" : std::string(ir::DTypeName(chain.dtype));
-  std::erase_if(out, [&](const hw::Intrinsic* x) { return x->inputs[0].dtype != dtype; });
+  std::erase_if(out, [&](const hw::Intrinsic* x) { return x->inputs[0].dtype != dtype || !x->codegen; });
   std::stable_sort(out.begin(), out.end(), [](const hw::Intrinsic* a, const hw::Intrinsic* b) { return a->rate > b->rate; });
   return out;
 }

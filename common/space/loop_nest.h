@@ -149,7 +149,8 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& s
                                        const hw::TargetDesc& target, const NestContext* context = nullptr);
 
 // The intrinsics a chain can use on a target, best first: on a GPU those
-// whose inputs take the chain's dtype (tf32 for f32), by rate.
+// fusor emits code for (mma.sync) whose inputs take the chain's dtype
+// (tf32 for f32), by rate.
 std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const hw::TargetDesc& target);
 
 // Each sum op's mapping, e.g. "S=fma.avx2.6x16[i=m j=n k=k] O=scalar".

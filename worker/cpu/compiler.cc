@@ -17,11 +17,14 @@ CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::str
   const std::string src = workdir + "/kernel.cc";
   const std::string so = workdir + "/kernel.so";
   const std::string log = workdir + "/compile.log";
-  {
-    std::ofstream f(src);
-    f << kernel.source;
+  std::vector<std::pair<std::string, std::string>> files = kernel.extra_files;
+  files.emplace_back("kernel.cc", kernel.source);
+  for (const auto& [name, text] : files) {
+    const std::string path = workdir + "/" + name;
+    std::ofstream f(path);
+    f << text;
     if (!f) {
-      out.error = "cannot write " + src;
+      out.error = "cannot write " + path;
       return out;
     }
   }

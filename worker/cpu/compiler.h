@@ -18,7 +18,7 @@ struct CompileOutcome {
   int64_t code_bytes = 0;  // size of the shared object
 };
 
-// Writes kernel.cc into `workdir` and runs `compiler` on it; the kernel's
+// Writes kernel.cc (and the kernel's extra files) into `workdir` and runs `compiler` on it; the kernel's
 // link libraries are searched first in `lib_dir` (when not empty), which is
 // also the run-time path. Never fails as a Status: a compile error, a
 // missing compiler or a timeout is reported in the outcome.

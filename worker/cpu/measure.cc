@@ -120,7 +120,7 @@ double Median(std::vector<double> values) {
 }
 
 absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
-                                          uint64_t seed, int num_threads) {
+                                          uint64_t seed, int num_threads, double rtol) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   std::vector<std::vector<double>> inputs;
@@ -129,11 +129,12 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
     for (double& v : values) v = dist(rng);
     inputs.push_back(std::move(values));
   }
-  return ValidateKernelOn(kernel, chain, inputs, num_threads);
+  return ValidateKernelOn(kernel, chain, inputs, num_threads, rtol);
 }
 
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
-                                            const std::vector<std::vector<double>>& values, int num_threads) {
+                                            const std::vector<std::vector<double>>& values, int num_threads,
+                                            double tolerance) {
   if (values.size() != chain.inputs.size()) return absl::InvalidArgumentError("wrong number of inputs");
   std::vector<HostTensor> inputs(chain.inputs.size()), outputs(chain.outputs.size());
   std::vector<std::vector<double>> ref_inputs;
@@ -153,7 +154,7 @@ absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir
   if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc, " (out of memory?)"));
 
   ASSIGN_OR_RETURN(std::vector<std::vector<double>> ref, ir::EvaluateReference(chain, ref_inputs));
-  const double rtol = Tolerance(chain.dtype);
+  const double rtol = tolerance > 0 ? tolerance : Tolerance(chain.dtype);
   Validation v;
   v.ok = true;
   for (size_t o = 0; o < chain.outputs.size(); ++o) {

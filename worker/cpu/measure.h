@@ -42,15 +42,17 @@ struct Validation {
 
 // Runs the kernel once on fresh random inputs (uniform in [-1, 1], rounded
 // to the chain's dtype) with its outputs poisoned with NaN, and checks every
-// output element against the float64 reference. Non-OK only when the
-// kernel reports an error or the reference cannot be computed.
+// output element against the float64 reference, within `rtol` (0: the
+// dtype's Tolerance). Non-OK only when the kernel reports an error or the
+// reference cannot be computed.
 absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
-                                          uint64_t seed, int num_threads);
+                                          uint64_t seed, int num_threads, double rtol = 0);
 
 // The same check on given inputs (one buffer per chain input, in order;
 // values are rounded to the chain's dtype first).
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
-                                            const std::vector<std::vector<double>>& inputs, int num_threads);
+                                            const std::vector<std::vector<double>>& inputs, int num_threads,
+                                            double rtol = 0);
 
 struct TimingOptions {
   int warmup = 2;

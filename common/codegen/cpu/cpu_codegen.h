@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,6 +25,8 @@ struct KernelSource {
   std::vector<std::string> compile_flags;
   std::vector<std::string> link_libs;  // e.g. "openblas"
   std::string metadata_json;           // arguments, shapes, schedule
+  // Files the source includes, written next to it: (file name, text).
+  std::vector<std::pair<std::string, std::string>> extra_files;
 };
 
 // The fused kernel for `chain` under `nest` (from BuildLoopNest).

@@ -1,0 +1,849 @@
+#include "common/codegen/cuda/cuda_codegen.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/codegen/cpu/prelude.h"
+#include "common/codegen/emit.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::codegen {
+
+absl::string_view CudaEmulationHeader();  // cuda_headers.cc, generated
+
+namespace {
+
+using emit::Count;
+using emit::ExprToC;
+using emit::FlatIndex;
+using emit::FloatLit;
+using emit::GlobalOffset;
+using emit::GlobalStrides;
+using emit::LinearToC;
+using emit::LoadConvert;
+using emit::Names;
+using emit::ProductToC;
+using emit::RowMajorStrides;
+using emit::StoreConvert;
+using emit::Writer;
+using ir::Access;
+using ir::Chain;
+using ir::Op;
+using ir::OpKind;
+using ir::TensorRole;
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// The matrix instruction of an mma.sync intrinsic.
+enum class MmaKind { kF16, kBF16, kTF32 };
+
+// How one side of a GEMM-shaped op is staged in shared memory:
+// [batch][own][k] (k-major: rows of k, ldmatrix straight) or
+// [batch][k][own] (own-major: rows of own, ldmatrix .trans), each row
+// padded by a skew against bank conflicts.
+struct SideLayout {
+  bool k_major = true;
+  int64_t own_pad = 0;  // static: rows of A (multiple of 16) or columns of B (of 8)
+  int64_t ld = 0;       // elements per staged row
+  int64_t bytes = 0;
+  int64_t offset = 0;
+  int own_step = 16;    // the intrinsic's extent along own
+  int contiguous = -1;  // cp.async: the dim contiguous in global memory along a staged row
+};
+
+struct GemmLayout {
+  MmaKind kind = MmaKind::kF16;
+  int elem_bytes = 2;
+  int kstep = 16;
+  int64_t k_pad = 0;  // static
+  int nf = 1;         // n-fragments of 8 columns per warp unit
+  SideLayout a, b;
+};
+
+class CudaEmitter {
+ public:
+  CudaEmitter(const Chain& chain, const space::LoopNest& nest, const CudaOptions& options)
+      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, threads_(32 * options.warps) {
+    block_.assign(chain.dims.size(), false);
+    for (int d : s_.block) block_[d] = true;
+  }
+
+  absl::StatusOr<CudaKernel> Emit(const std::string& schedule_text, const std::string& mapping) {
+    RETURN_IF_ERROR(Layout());
+    const std::string type = StorageType();
+    std::string head = absl::StrCat(
+        "// fusor fused CUDA kernel for chain '", chain_.name, "'\n", "// schedule: ", schedule_text, "  (",
+        space::TilingExpression(s_, chain_), ")\n", "// mapping:  ", mapping, "\n", "// grid: ", nest_.num_blocks,
+        " blocks of ", threads_, " threads, ", shared_bytes_, " bytes of dynamic shared memory\n", "// chain:\n");
+    for (const Op& op : chain_.ops) absl::StrAppend(&head, "//   ", ir::OpToString(op, chain_), "\n");
+    head += "#include \"fusor_device.h\"\n\n";
+    absl::StrAppend(&head, "struct FusorArgs {\n  const void* in[", chain_.inputs.size(), "];\n  void* out[",
+                    chain_.outputs.size(), "];\n};\n\n");
+
+    Writer& w = w_;
+    w.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", threads_,
+                        ") fusor_fused(const FusorArgs args)"));
+    w.Line("FUSOR_DYNAMIC_SMEM(fusor_smem);");
+    for (size_t i = 0; i < chain_.inputs.size(); ++i) {
+      int t = chain_.inputs[i];
+      w.Line(absl::StrCat("const ", type, "* const __restrict__ ", n_.Global(t), " = (const ", type, "*)args.in[",
+                          i, "];"));
+    }
+    for (size_t i = 0; i < chain_.outputs.size(); ++i) {
+      int t = chain_.outputs[i];
+      w.Line(absl::StrCat(type, "* const __restrict__ ", n_.Global(t), " = (", type, "*)args.out[", i, "];"));
+    }
+    w.Line(absl::StrCat("const int tid = threadIdx.x, lane = fusor_lane(), warp = fusor_warp();"));
+    w.Line("(void)lane; (void)warp;");
+    DeclareSharedPointers();
+    w.Line("long rest = blockIdx.x;");
+    for (int i = static_cast<int>(s_.block.size()) - 1; i >= 0; --i) {
+      int d = s_.block[i];
+      w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d],
+                          "L; rest /= ", nest_.trips[d], "L;"));
+      w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+    }
+    w.Line("(void)rest;");
+    EmitRegion(space::Region::kBefore);
+    if (nest_.stream_dim >= 0) EmitStream();
+    EmitRegion(space::Region::kAfter);
+    w.Close();
+
+    CudaKernel k;
+    k.source = head + w.Take();
+    k.grid = nest_.num_blocks;
+    k.threads = threads_;
+    k.shared_bytes = shared_bytes_;
+    return k;
+  }
+
+ private:
+  // ------------------------------------------------------------ layout ---
+
+  std::string StorageType() const { return chain_.dtype == ir::DType::kF32 ? "float" : "fusor_u16"; }
+
+  absl::Status Layout() {
+    int64_t offset = 0;
+    auto take = [&](int64_t bytes) {
+      int64_t at = offset;
+      offset += RoundUp(std::max<int64_t>(bytes, 0), 16);
+      return at;
+    };
+    local_offset_.assign(chain_.tensors.size(), -1);
+    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
+      if (nest_.local[t].floats > 0) local_offset_[t] = take(4 * nest_.local[t].floats);
+    }
+    gemm_.assign(chain_.ops.size(), {});
+    temp_offset_.assign(chain_.ops.size(), 0);
+    std::vector<int64_t> temp_bytes(chain_.ops.size(), 0);
+    for (const space::OpNest& on : nest_.ops) {
+      const Op& op = chain_.ops[on.op];
+      int64_t bytes = 4 * (on.acc_floats + on.state_floats);
+      if (op.kind == OpKind::kSum && on.gemm.ok) {
+        RETURN_IF_ERROR(PlanGemm(on, gemm_[on.op]));
+        GemmLayout& g = gemm_[on.op];
+        g.a.offset = bytes;
+        bytes += RoundUp(g.a.bytes, 16);
+        g.b.offset = bytes;
+        bytes += RoundUp(g.b.bytes, 16);
+      }
+      temp_bytes[on.op] = bytes;
+    }
+    // Ops inside the stream loop keep their temporaries across iterations
+    // (hoisted packs, accumulators); the others take turns in one area.
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region == space::Region::kStream) temp_offset_[on.op] = take(temp_bytes[on.op]);
+    }
+    int64_t shared_area = 0;
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region != space::Region::kStream) shared_area = std::max(shared_area, temp_bytes[on.op]);
+    }
+    const int64_t shared_at = take(shared_area);
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region != space::Region::kStream) temp_offset_[on.op] = shared_at;
+    }
+    shared_bytes_ = std::max<int64_t>(offset, 16);
+    return absl::OkStatus();
+  }
+
+  absl::Status PlanGemm(const space::OpNest& on, GemmLayout& g) const {
+    const hw::Intrinsic& x = *on.mapping.intrinsic;
+    if (x.name == "mma.sync.m16n8k16.f16") {
+      g.kind = MmaKind::kF16;
+    } else if (x.name == "mma.sync.m16n8k16.bf16") {
+      g.kind = MmaKind::kBF16;
+    } else if (x.name == "mma.sync.m16n8k8.tf32") {
+      g.kind = MmaKind::kTF32;
+    } else {
+      return absl::UnimplementedError(absl::StrCat("no CUDA code generation for intrinsic ", x.name,
+                                                   " (the CUDA backend emits mma.sync)"));
+    }
+    const bool tf32 = g.kind == MmaKind::kTF32;
+    g.elem_bytes = tf32 ? 4 : 2;
+    g.kstep = x.Extent(2);
+    g.k_pad = RoundUp(on.k_tile, g.kstep);
+    const int64_t cols_pad = on.cols_pad;
+    g.nf = cols_pad % 32 == 0 ? 4 : cols_pad % 16 == 0 ? 2 : 1;
+    const int skew = tf32 ? 4 : 8;
+    auto plan_side = [&](SideLayout& side, const std::vector<ir::Access>& accesses, const std::vector<int>& own,
+                         int64_t own_pad, int own_step) {
+      side.own_pad = own_pad;
+      side.own_step = own_step;
+      side.k_major = true;
+      const Access* single = accesses.size() == 1 && local_offset_[accesses[0].tensor] < 0 ? &accesses[0] : nullptr;
+      std::map<int, int64_t> strides;
+      int64_t constant = 0;
+      if (single != nullptr) strides = GlobalStrides(*single, chain_, &constant);
+      auto stride = [&](int d) {
+        auto it = strides.find(d);
+        return it == strides.end() ? int64_t{0} : it->second;
+      };
+      if (single != nullptr && !own.empty() && stride(own.back()) == 1 &&
+          (on.gemm.kdims.empty() || stride(on.gemm.kdims.back()) != 1)) {
+        side.k_major = false;
+      }
+      side.ld = (side.k_major ? g.k_pad : own_pad) + skew;
+      side.bytes = on.batch_tile * (side.k_major ? own_pad : g.k_pad) * side.ld * g.elem_bytes;
+      // cp.async: 16-bit elements, one dim along the staged row with unit
+      // stride, its tile origins and every other stride 16-byte aligned.
+      const std::vector<int>& row_dims = side.k_major ? on.gemm.kdims : own;
+      if (tf32 || single == nullptr || row_dims.size() != 1) return;
+      const int c = row_dims[0];
+      if (stride(c) != 1 || constant % 8 != 0) return;
+      for (const auto& [d, st] : strides) {
+        if (d != c && st % 8 != 0) return;
+      }
+      if (s_.tile[c] % 8 != 0 && s_.tile[c] != chain_.dims[c].extent) return;
+      side.contiguous = c;
+    };
+    plan_side(g.a, on.gemm.a_side, on.gemm.rows, on.rows_pad, x.Extent(0));
+    plan_side(g.b, on.gemm.b_side, on.gemm.cols, cols_pad, x.Extent(1));
+    return absl::OkStatus();
+  }
+
+  void DeclareSharedPointers() {
+    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
+      if (local_offset_[t] < 0) continue;
+      w_.Line(absl::StrCat("float* const ", n_.Local(static_cast<int>(t)), " = (float*)(fusor_smem + ",
+                           local_offset_[t], ");"));
+    }
+    for (const space::OpNest& on : nest_.ops) {
+      const std::string o = absl::StrCat(on.op);
+      int64_t at = temp_offset_[on.op];
+      auto ptr = [&](const std::string& type, const char* name, int64_t offset) {
+        w_.Line(absl::StrCat(type, "* const ", name, o, " = (", type, "*)(fusor_smem + ", offset, "); (void)", name,
+                             o, ";"));
+      };
+      if (on.acc_floats > 0) ptr("float", "acc", at);
+      at += 4 * on.acc_floats;
+      if (on.state_floats > 0) {
+        const int64_t rows = on.state_floats / 3;
+        ptr("float", "smax", at);
+        ptr("float", "ssum", at + 4 * rows);
+        ptr("float", "sscale", at + 8 * rows);
+      }
+      if (chain_.ops[on.op].kind == OpKind::kSum && on.gemm.ok) {
+        const GemmLayout& g = gemm_[on.op];
+        const std::string type = g.kind == MmaKind::kTF32 ? "float" : "fusor_u16";
+        ptr(type, "pa", temp_offset_[on.op] + g.a.offset);
+        ptr(type, "pb", temp_offset_[on.op] + g.b.offset);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------ common ---
+
+  std::string RangeOf(int d, const std::string& origin) const {
+    const int64_t tile = s_.tile[d], extent = chain_.dims[d].extent;
+    return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
+  }
+
+  void Sync() { w_.Line("__syncthreads();"); }
+
+  // Defines i_d and v_d for `dims` from the flat index `flat` over their
+  // ranges (the last dim fastest).
+  void Decompose(const std::string& flat, const std::vector<int>& dims) {
+    if (dims.empty()) return;
+    const std::string q = absl::StrCat("q_", dims[0], "_", dims.size());
+    w_.Line(absl::StrCat("long ", q, " = ", flat, ";"));
+    for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
+      const int d = dims[i];
+      if (i > 0) {
+        w_.Line(absl::StrCat("const long ", n_.I(d), " = ", q, " % ", n_.N(d), "; ", q, " /= ", n_.N(d), ";"));
+      } else {
+        w_.Line(absl::StrCat("const long ", n_.I(d), " = ", q, ";"));
+      }
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
+    }
+  }
+
+  // for (p = tid; p < count; p += threads) over the points of `dims`.
+  void OpenParallelPoints(const std::vector<int>& dims) {
+    w_.Open(absl::StrCat("for (long p = tid; p < ", Count(dims, n_), "; p += ", threads_, ")"));
+    Decompose("p", dims);
+  }
+
+  void ZeroShared(const std::string& ptr, int64_t floats) {
+    w_.Line(absl::StrCat("for (long p = tid; p < ", floats, "L; p += ", threads_, ") ", ptr, "[p] = 0.0f;"));
+  }
+
+  void EmitRegion(space::Region region) {
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region == region) EmitOp(on.op);
+    }
+  }
+
+  void EmitStream() {
+    const int sd = nest_.stream_dim;
+    w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.accumulates) {
+        const int t = chain_.ops[on.op].output;
+        ZeroShared(n_.Local(t), nest_.local[t].floats);
+      }
+      if (on.online) {
+        w_.Line(absl::StrCat("for (long p = tid; p < ", on.state_floats / 3, "L; p += ", threads_, ") { smax", on.op,
+                             "[p] = -FUSOR_INFINITY; ssum", on.op, "[p] = 0.0f; }"));
+      }
+    }
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.region != space::Region::kStream || !on.gemm.ok || !(on.a_hoisted || on.b_hoisted)) continue;
+      const Op& op = chain_.ops[on.op];
+      w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": operands staged once, outside the stream loop"));
+      w_.Open("");
+      DefineFullRanges(on);
+      if (on.a_hoisted) Pack(on, true);
+      if (on.b_hoisted) Pack(on, false);
+      w_.Close();
+    }
+    Sync();
+    w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
+                         " += ", s_.tile[sd], "L)"));
+    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", RangeOf(sd, n_.O(sd)), ";"));
+    EmitRegion(space::Region::kStream);
+    w_.Close();
+    for (const space::OpNest& on : nest_.ops) {
+      if (on.accumulates) EmitFinalize(on);
+    }
+  }
+
+  std::string Load(const Access& a) const {
+    if (local_offset_[a.tensor] >= 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
+    return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
+  }
+
+  std::string LocalOffset(const Access& a) const {
+    const space::LocalBuffer& b = nest_.local[a.tensor];
+    const std::vector<int>& index = chain_.ops[chain_.tensors[a.tensor].producer].index;
+    std::vector<int64_t> strides = RowMajorStrides(b.shape);
+    std::vector<std::pair<int64_t, std::string>> terms;
+    int64_t constant = 0;
+    for (size_t axis = 0; axis < a.index.size(); ++axis) {
+      constant += a.index[axis].constant * strides[axis];
+      for (const auto& [d, c] : a.index[axis].terms) terms.push_back({c * strides[axis], n_.V(d)});
+      if (b.relative[axis]) terms.push_back({-strides[axis], n_.O(index[axis])});
+    }
+    return LinearToC(terms, constant);
+  }
+
+  static Access SelfAccess(const Op& op) {
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    return self;
+  }
+
+  std::string StateOffset(const Op& softmax) const {
+    std::vector<std::pair<int64_t, std::string>> terms;
+    int64_t stride = 1;
+    for (int i = static_cast<int>(softmax.index.size()) - 1; i >= 0; --i) {
+      int d = softmax.index[i];
+      if (d == softmax.axis) continue;
+      terms.push_back({stride, n_.V(d)});
+      if (block_[d]) terms.push_back({-stride, n_.O(d)});
+      stride *= block_[d] ? s_.tile[d] : chain_.dims[d].extent;
+    }
+    return LinearToC(terms, 0);
+  }
+
+  // Writes `value` to the op's result at the current point, as the CPU
+  // generator does: its shared buffer (accumulated, or rescaled by an
+  // online softmax) and its global output.
+  void Store(const space::OpNest& on, const std::string& value) {
+    const Op& op = chain_.ops[on.op];
+    Access self = SelfAccess(op);
+    if (local_offset_[op.output] >= 0) {
+      std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
+      if (on.online_softmax >= 0) {
+        w_.Line(absl::StrCat(at, " = ", at, " * sscale", on.online_softmax, "[",
+                             StateOffset(chain_.ops[on.online_softmax]), "] + ", value, ";"));
+      } else if (on.accumulates) {
+        w_.Line(absl::StrCat(at, " += ", value, ";"));
+      } else {
+        w_.Line(absl::StrCat(at, " = ", value, ";"));
+      }
+    }
+    if (chain_.tensors[op.output].role == TensorRole::kOutput && !on.accumulates) {
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ",
+                           StoreConvert(chain_.dtype, value), ";"));
+    }
+  }
+
+  void DefineFullRanges(const space::OpNest& on) {
+    const Op& op = chain_.ops[on.op];
+    std::vector<int> dims = op.index;
+    dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
+    for (int d : dims) {
+      bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
+                    Contains(on.loops, d);
+      if (looped) continue;
+      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+    }
+  }
+
+  void OpenTileLoop(int d) {
+    w_.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", chain_.dims[d].extent, "L; ", n_.O(d),
+                         " += ", s_.tile[d], "L)"));
+    w_.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+  }
+
+  void EmitOp(int o) {
+    const Op& op = chain_.ops[o];
+    const space::OpNest& on = nest_.ops[o];
+    w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
+    w_.Open("");
+    DefineFullRanges(on);
+    if (op.kind == OpKind::kSum && on.gemm.ok) {
+      EmitGemmSum(op, on);
+    } else if (op.kind == OpKind::kSum) {
+      EmitGenericSum(op, on);
+    } else if (op.kind == OpKind::kMap) {
+      OpenParallelPoints(op.index);
+      Store(on, ExprToC(op.body, [this](const Access& a) { return Load(a); }));
+      w_.Close();
+      Sync();
+    } else {
+      EmitSoftmax(op, on);
+    }
+    w_.Close();
+  }
+
+  // -------------------------------------------------------- GEMM sums ---
+
+  // Runtime sizes of the op's current tile: batch points, the own extent of
+  // one side (rows of A, columns of B) or both, k, and their pads.
+  enum class Sides { kA, kB, kBoth };
+  void DefineGemmSizes(const space::OpNest& on, Sides sides) {
+    const space::GemmForm& g = on.gemm;
+    const GemmLayout& l = gemm_[on.op];
+    w_.Line(absl::StrCat("const long nb = ", Count(g.batch, n_), ", kc = ", Count(g.kdims, n_), ", kc_pad = (kc + ",
+                         l.kstep - 1, "L) / ", l.kstep, "L * ", l.kstep, "L;"));
+    if (sides != Sides::kB) {
+      w_.Line(absl::StrCat("const long rows = ", Count(g.rows, n_), ", rows_pad = (rows + 15L) / 16L * 16L;"));
+    }
+    if (sides != Sides::kA) {
+      w_.Line(absl::StrCat("const long cols = ", Count(g.cols, n_), ", cols_pad = (cols + 7L) / 8L * 8L;"));
+    }
+  }
+
+  std::string PackIndex(const SideLayout& side, const GemmLayout& l, const std::string& bi, const std::string& x,
+                        const std::string& kk) const {
+    if (side.k_major) return absl::StrCat("((", bi, ") * ", side.own_pad, "L + (", x, ")) * ", side.ld, "L + (", kk, ")");
+    return absl::StrCat("((", bi, ") * ", l.k_pad, "L + (", kk, ")) * ", side.ld, "L + (", x, ")");
+  }
+
+  // Stages one side of the op's current tile in shared memory (the caller
+  // synchronizes before the tile is read).
+  void Pack(const space::OpNest& on, bool a_side) {
+    const space::GemmForm& g = on.gemm;
+    const GemmLayout& l = gemm_[on.op];
+    const SideLayout& side = a_side ? l.a : l.b;
+    const std::vector<int>& own = a_side ? g.rows : g.cols;
+    const std::string buf = absl::StrCat(a_side ? "pa" : "pb", on.op);
+    w_.Line(absl::StrCat("// stage ", a_side ? "A" : "B", " (", side.k_major ? "k-major" : "own-major",
+                         side.contiguous >= 0 ? ", cp.async" : ", gather", ")"));
+    w_.Open("");
+    DefineGemmSizes(on, a_side ? Sides::kA : Sides::kB);
+    w_.Line(absl::StrCat("const long own = ", a_side ? "rows" : "cols", ", own_pad = ", a_side ? "rows_pad" : "cols_pad",
+                         ";"));
+    if (side.contiguous >= 0) {
+      PackAsync(on, side, own, buf);
+    } else {
+      PackGather(on, side, own, buf, a_side);
+    }
+    w_.Close();
+  }
+
+  void PackGather(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own,
+                  const std::string& buf, bool a_side) {
+    const space::GemmForm& g = on.gemm;
+    const GemmLayout& l = gemm_[on.op];
+    w_.Open(absl::StrCat("for (long p = tid; p < nb * own_pad * kc_pad; p += ", threads_, ")"));
+    if (side.k_major) {
+      w_.Line("const long kk = p % kc_pad, x = (p / kc_pad) % own_pad, bi = p / (kc_pad * own_pad);");
+    } else {
+      w_.Line("const long x = p % own_pad, kk = (p / own_pad) % kc_pad, bi = p / (kc_pad * own_pad);");
+    }
+    w_.Line("float value = 0.0f;");
+    w_.Open("if (x < own && kk < kc)");
+    Decompose("bi", g.batch);
+    Decompose("x", own);
+    Decompose("kk", g.kdims);
+    w_.Line(absl::StrCat("value = ", ProductToC(a_side ? g.a_side : g.b_side, 1,
+                                                [this](const Access& a) { return Load(a); }),
+                         ";"));
+    w_.Close();
+    w_.Line(absl::StrCat(buf, "[", PackIndex(side, l, "bi", "x", "kk"), "] = ", PackConvert(l, "value"), ";"));
+    w_.Close();
+  }
+
+  std::string PackConvert(const GemmLayout& l, const std::string& v) const {
+    switch (l.kind) {
+      case MmaKind::kF16: return absl::StrCat("fusor_f32_to_f16(", v, ")");
+      case MmaKind::kBF16: return absl::StrCat("fusor_f32_to_bf16(", v, ")");
+      case MmaKind::kTF32: return absl::StrCat("fusor_round_tf32(", v, ")");
+    }
+    return v;
+  }
+
+  // 16-byte cp.async chunks along the staged rows (8 elements each), the
+  // tail of a row and the padding rows zero-filled.
+  void PackAsync(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own,
+                 const std::string& buf) {
+    const space::GemmForm& g = on.gemm;
+    const GemmLayout& l = gemm_[on.op];
+    const std::vector<int>& other = side.k_major ? own : g.kdims;
+    const std::string rows = side.k_major ? "own_pad" : "kc_pad", row_len = side.k_major ? "kc" : "own",
+                      row_pad = side.k_major ? "kc_pad" : "own_pad", other_len = side.k_major ? "own" : "kc";
+    const Access& a = (&side == &l.a ? g.a_side : g.b_side)[0];
+    const int c = side.contiguous;
+    w_.Open(absl::StrCat("for (long p = tid; p < nb * ", rows, " * (", row_pad, " / 8); p += ", threads_, ")"));
+    w_.Line(absl::StrCat("const long chunk = p % (", row_pad, " / 8), y = (p / (", row_pad, " / 8)) % ", rows,
+                         ", bi = p / ((", row_pad, " / 8) * ", rows, ");"));
+    w_.Line("const long e0 = chunk * 8;");
+    w_.Line(absl::StrCat("const long valid = y < ", other_len, " && e0 < ", row_len, " ? (", row_len,
+                         " - e0 < 8 ? ", row_len, " - e0 : 8) : 0;"));
+    w_.Line(absl::StrCat("const fusor_u16* src = ", n_.Global(a.tensor), ";"));
+    w_.Open("if (valid > 0)");
+    Decompose("bi", g.batch);
+    Decompose("y", other);
+    w_.Line(absl::StrCat("const long ", n_.I(c), " = e0, ", n_.V(c), " = ", n_.O(c), " + e0;"));
+    w_.Line(absl::StrCat("src += ", GlobalOffset(a, n_), ";"));
+    w_.Close();
+    const std::string at = side.k_major ? PackIndex(side, l, "bi", "y", "e0") : PackIndex(side, l, "bi", "e0", "y");
+    w_.Line(absl::StrCat("fusor_cp_async16(", buf, " + ", at, ", src, (int)valid * 2);"));
+    w_.Close();
+    w_.Line("fusor_cp_async_commit();");
+    w_.Line("fusor_cp_async_wait<0>();");
+  }
+
+  // Warps take 16 x (8 nf) units of the tile and run the mma over its
+  // whole reduction, accumulating into acc (f32, shared) between calls.
+  void MmaTile(const space::OpNest& on) {
+    const GemmLayout& l = gemm_[on.op];
+    const std::string o = absl::StrCat(on.op);
+    const int64_t rp = on.rows_pad, cp = on.cols_pad;
+    const int nf = l.nf;
+    w_.Open("");
+    DefineGemmSizes(on, Sides::kBoth);
+    w_.Line(absl::StrCat("const long units_r = rows_pad / 16L, units_c = (cols_pad + ", 8 * nf - 1, "L) / ", 8 * nf,
+                         "L;"));
+    w_.Open(absl::StrCat("for (long u = warp; u < nb * units_r * units_c; u += ", threads_ / 32, ")"));
+    w_.Line("const long bi = u / (units_r * units_c), r0 = (u / units_c) % units_r * 16L, c0 = u % units_c * "
+            + absl::StrCat(8 * nf) + "L;");
+    w_.Line("const int g = lane / 4, t = lane % 4;");
+    w_.Line(absl::StrCat("float c[", nf, "][4];"));
+    auto acc_at = [&](const std::string& row, const std::string& col) {
+      return absl::StrCat("acc", o, "[(bi * ", rp, "L + ", row, ") * ", cp, "L + ", col, "]");
+    };
+    w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
+    w_.Line("const long col = c0 + 8 * f + 2 * t;");
+    w_.Line(absl::StrCat("c[f][0] = ", acc_at("r0 + g", "col"), "; c[f][1] = ", acc_at("r0 + g", "col + 1"), ";"));
+    w_.Line(absl::StrCat("c[f][2] = ", acc_at("r0 + g + 8", "col"), "; c[f][3] = ", acc_at("r0 + g + 8", "col + 1"),
+                         ";"));
+    w_.Close();
+    w_.Open(absl::StrCat("for (long kk = 0; kk < kc_pad; kk += ", l.kstep, ")"));
+    w_.Line("fusor_u32 a[4];");
+    const std::string pa = "pa" + o, pb = "pb" + o;
+    if (l.kind == MmaKind::kTF32) {
+      w_.Open("for (int i = 0; i < 4; ++i)");
+      w_.Line(absl::StrCat("a[i] = fusor_bits(", pa, "[", PackIndex(l.a, l, "bi", "r0 + g + 8 * (i % 2)", "kk + t + 4 * (i / 2)"),
+                           "]);"));
+      w_.Close();
+    } else if (l.a.k_major) {
+      w_.Line(absl::StrCat("fusor_ldmatrix_x4(a, ", pa, " + ", PackIndex(l.a, l, "bi", "r0 + lane % 16", "kk + lane / 16 * 8"),
+                           ");"));
+    } else {
+      w_.Line(absl::StrCat("fusor_ldmatrix_x4_trans(a, ", pa, " + ",
+                           PackIndex(l.a, l, "bi", "r0 + (lane / 8) % 2 * 8", "kk + lane / 16 * 8 + lane % 8"), ");"));
+    }
+    w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
+    w_.Line("const long n0 = c0 + 8 * f;");
+    w_.Line("fusor_u32 b[2];");
+    if (l.kind == MmaKind::kTF32) {
+      w_.Line(absl::StrCat("b[0] = fusor_bits(", pb, "[", PackIndex(l.b, l, "bi", "n0 + g", "kk + t"), "]);"));
+      w_.Line(absl::StrCat("b[1] = fusor_bits(", pb, "[", PackIndex(l.b, l, "bi", "n0 + g", "kk + t + 4"), "]);"));
+      w_.Line("fusor_mma_m16n8k8_tf32(c[f], a, b);");
+    } else {
+      if (l.b.k_major) {
+        w_.Line(absl::StrCat("fusor_ldmatrix_x2(b, ", pb, " + ",
+                             PackIndex(l.b, l, "bi", "n0 + lane % 8", "kk + (lane / 8) % 2 * 8"), ");"));
+      } else {
+        w_.Line(absl::StrCat("fusor_ldmatrix_x2_trans(b, ", pb, " + ",
+                             PackIndex(l.b, l, "bi", "n0", "kk + (lane / 8) % 2 * 8 + lane % 8"), ");"));
+      }
+      w_.Line(absl::StrCat(l.kind == MmaKind::kF16 ? "fusor_mma_m16n8k16_f16" : "fusor_mma_m16n8k16_bf16",
+                           "(c[f], a, b);"));
+    }
+    w_.Close();
+    w_.Close();  // kk
+    w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
+    w_.Line("const long col = c0 + 8 * f + 2 * t;");
+    w_.Line(absl::StrCat(acc_at("r0 + g", "col"), " = c[f][0]; ", acc_at("r0 + g", "col + 1"), " = c[f][1];"));
+    w_.Line(absl::StrCat(acc_at("r0 + g + 8", "col"), " = c[f][2]; ", acc_at("r0 + g + 8", "col + 1"), " = c[f][3];"));
+    w_.Close();
+    w_.Close();  // units
+    w_.Close();
+    Sync();
+  }
+
+  void EmitGemmSum(const Op& op, const space::OpNest& on) {
+    const space::GemmForm& g = on.gemm;
+    const std::string o = absl::StrCat(on.op);
+    const int num_loops = static_cast<int>(on.loops.size());
+    for (int level = 0; level <= num_loops; ++level) {
+      bool staged = false;
+      if (level == on.num_out_loops) {
+        ZeroShared("acc" + o, on.acc_floats);
+        staged = true;
+      }
+      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point) {
+        Pack(on, true);
+        staged = true;
+      }
+      if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) {
+        Pack(on, false);
+        staged = true;
+      }
+      if (staged) Sync();
+      if (level < num_loops) OpenTileLoop(on.loops[level]);
+    }
+    w_.Open("");
+    int outer = 0;
+    for (int d : g.outer_reduce) {
+      w_.Open(absl::StrCat("for (long ", n_.I(d), " = 0; ", n_.I(d), " < ", n_.N(d), "; ++", n_.I(d), ")"));
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
+      ++outer;
+    }
+    if (on.a_per_point) Pack(on, true);
+    if (on.b_per_point) Pack(on, false);
+    if (on.a_per_point || on.b_per_point) Sync();
+    MmaTile(on);
+    for (int i = 0; i < outer; ++i) w_.Close();
+    w_.Close();
+    for (int level = num_loops; level > on.num_out_loops; --level) w_.Close();
+    // The finished tile, scaled, to its destinations.
+    w_.Open("");
+    std::vector<int> dims = g.batch;
+    dims.insert(dims.end(), g.rows.begin(), g.rows.end());
+    dims.insert(dims.end(), g.cols.begin(), g.cols.end());
+    OpenParallelPoints(dims);
+    std::string value = absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * ", on.rows_pad, "L + (",
+                                     FlatIndex(g.rows, n_), ")) * ", on.cols_pad, "L + (", FlatIndex(g.cols, n_), ")]");
+    if (g.scale != 1) value = absl::StrCat(value, " * ", FloatLit(g.scale));
+    Store(on, value);
+    w_.Close();
+    Sync();
+    w_.Close();
+    for (int level = on.num_out_loops; level > 0; --level) w_.Close();
+  }
+
+  // A sum no intrinsic takes: one thread per output point.
+  void EmitGenericSum(const Op& op, const space::OpNest& on) {
+    const std::string acc = absl::StrCat("acc", on.op);
+    for (int i = 0; i < on.num_out_loops; ++i) OpenTileLoop(on.loops[i]);
+    ZeroShared(acc, on.acc_floats);
+    Sync();
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) OpenTileLoop(on.loops[i]);
+    OpenParallelPoints(op.index);
+    w_.Line("float s = 0.0f;");
+    int opened = 0;
+    for (int d : op.reduce) {
+      w_.Open(absl::StrCat("for (long ", n_.I(d), " = 0; ", n_.I(d), " < ", n_.N(d), "; ++", n_.I(d), ")"));
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
+      ++opened;
+    }
+    w_.Line(absl::StrCat("s += ", ExprToC(op.body, [this](const Access& a) { return Load(a); }), ";"));
+    for (int i = 0; i < opened; ++i) w_.Close();
+    w_.Line(absl::StrCat(acc, "[p] += s;"));
+    w_.Close();
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) w_.Close();
+    Sync();
+    OpenParallelPoints(op.index);
+    Store(on, absl::StrCat(acc, "[p]"));
+    w_.Close();
+    Sync();
+    for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
+  }
+
+  // ---------------------------------------------------------- softmax ---
+
+  void WarpReduce(const std::string& var, bool max) {
+    w_.Open("for (int m = 16; m > 0; m /= 2)");
+    w_.Line(absl::StrCat("const float other = fusor_shfl_xor(", var, ", m);"));
+    w_.Line(max ? absl::StrCat(var, " = other > ", var, " ? other : ", var, ";")
+                : absl::StrCat(var, " += other;"));
+    w_.Close();
+  }
+
+  // One warp per row; lanes stride along the axis. Plain: max, sum of
+  // exponentials, normalized values. Online (along the stream dim): the
+  // tile's exponentials against the running max, the running sum, and the
+  // factor the consumer rescales its accumulator by.
+  void EmitSoftmax(const Op& op, const space::OpNest& on) {
+    const int ax = op.axis;
+    std::vector<int> rows;
+    for (int d : op.index) {
+      if (d != ax) rows.push_back(d);
+    }
+    const std::string x = ExprToC(op.body, [this](const Access& a) { return Load(a); });
+    const std::string axis_loop = absl::StrCat("for (long ", n_.I(ax), " = lane; ", n_.I(ax), " < ", n_.N(ax), "; ",
+                                               n_.I(ax), " += 32)");
+    const std::string axis_var = absl::StrCat("const long ", n_.V(ax), " = ", n_.O(ax), " + ", n_.I(ax), ";");
+    const std::string o = absl::StrCat(on.op);
+    w_.Open(absl::StrCat("for (long row = warp; row < ", Count(rows, n_), "; row += ", threads_ / 32, ")"));
+    Decompose("row", rows);
+    w_.Line("float mx = -FUSOR_INFINITY;");
+    w_.Open(axis_loop);
+    w_.Line(axis_var);
+    w_.Line(absl::StrCat("const float x = ", x, ";"));
+    w_.Line("mx = x > mx ? x : mx;");
+    w_.Close();
+    WarpReduce("mx", true);
+    if (!on.online) {
+      w_.Line("float total = 0.0f;");
+      w_.Open(axis_loop);
+      w_.Line(axis_var);
+      w_.Line(absl::StrCat("total += expf(", x, " - mx);"));
+      w_.Close();
+      WarpReduce("total", false);
+      w_.Line("const float inv = 1.0f / total;");
+      w_.Open(axis_loop);
+      w_.Line(axis_var);
+      Store(on, absl::StrCat("expf(", x, " - mx) * inv"));
+      w_.Close();
+    } else {
+      w_.Line(absl::StrCat("const long sr = ", StateOffset(op), ";"));
+      w_.Line(absl::StrCat("const float m_old = smax", o, "[sr];"));
+      w_.Line("const float m_new = m_old > mx ? m_old : mx;");
+      w_.Line("const float rescale = m_new == -FUSOR_INFINITY ? 1.0f : expf(m_old - m_new);");
+      w_.Line("float total = 0.0f;");
+      w_.Open(axis_loop);
+      w_.Line(axis_var);
+      w_.Line(absl::StrCat("const float e = m_new == -FUSOR_INFINITY ? 0.0f : expf(", x, " - m_new);"));
+      w_.Line("total += e;");
+      Store(on, "e");
+      w_.Close();
+      WarpReduce("total", false);
+      w_.Open("if (lane == 0)");
+      w_.Line(absl::StrCat("ssum", o, "[sr] = ssum", o, "[sr] * rescale + total;"));
+      w_.Line(absl::StrCat("smax", o, "[sr] = m_new;"));
+      w_.Line(absl::StrCat("sscale", o, "[sr] = rescale;"));
+      w_.Close();
+    }
+    w_.Close();
+    Sync();
+  }
+
+  // After the stream loop: divide by the online softmax's sums, write out.
+  void EmitFinalize(const space::OpNest& on) {
+    const Op& op = chain_.ops[on.op];
+    const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
+    if (on.online_softmax < 0 && !output) return;
+    w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
+    w_.Open("");
+    for (int d : op.index) {
+      if (!block_[d]) {
+        w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      }
+    }
+    OpenParallelPoints(op.index);
+    const std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(SelfAccess(op)), "]");
+    if (on.online_softmax >= 0) {
+      w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", StateOffset(chain_.ops[on.online_softmax]),
+                           "];"));
+    }
+    if (output) {
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(SelfAccess(op), n_), "] = ",
+                           StoreConvert(chain_.dtype, at), ";"));
+    }
+    w_.Close();
+    Sync();
+    w_.Close();
+  }
+
+  const Chain& chain_;
+  const space::LoopNest& nest_;
+  const space::Schedule& s_;
+  Names n_;
+  Writer w_;
+  const int threads_;
+  std::vector<bool> block_;
+  std::vector<int64_t> local_offset_;  // bytes into shared memory; -1: none
+  std::vector<int64_t> temp_offset_;   // per op
+  std::vector<GemmLayout> gemm_;       // per op
+  int64_t shared_bytes_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
+                                               const std::string& schedule_text, const std::string& mapping,
+                                               const CudaOptions& options) {
+  if (nest.ops.size() != chain.ops.size()) return absl::InvalidArgumentError("loop nest does not belong to this chain");
+  if (options.warps < 1 || options.warps > 32) return absl::InvalidArgumentError("warps must be in [1, 32]");
+  ASSIGN_OR_RETURN(CudaKernel k, CudaEmitter(chain, nest, options).Emit(schedule_text, mapping));
+  nlohmann::json meta = {{"kernel", k.kernel_name},
+                         {"language", "cuda"},
+                         {"grid", k.grid},
+                         {"threads", k.threads},
+                         {"shared_bytes", k.shared_bytes},
+                         {"arguments", "struct { const void* in[]; void* out[]; } by value"},
+                         {"inputs", emit::TensorsJson(chain, chain.inputs)},
+                         {"outputs", emit::TensorsJson(chain, chain.outputs)},
+                         {"schedule", schedule_text},
+                         {"mapping", mapping}};
+  k.metadata_json = meta.dump(2);
+  return k;
+}
+
+double CudaTolerance(ir::DType dtype) { return dtype == ir::DType::kBF16 ? 1e-2 : 2e-3; }
+
+KernelSource CudaEmulationHarness(const ir::Chain& chain, const CudaKernel& kernel) {
+  KernelSource k;
+  k.extra_files = {{"fusor_device.h", std::string(CudaEmulationHeader())},
+                   {"fusor_prelude.inc", std::string(CpuPreludeSource())},
+                   {"kernel.cu", kernel.source}};
+  Writer w;
+  w.Line("// Runs kernel.cu, the exact CUDA source, through fusor's host emulation.");
+  w.Line("#include \"kernel.cu\"");
+  w.Line("");
+  w.Open("extern \"C\" int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)");
+  w.Line("FusorArgs args;");
+  for (size_t i = 0; i < chain.inputs.size(); ++i) w.Line(absl::StrCat("args.in[", i, "] = inputs[", i, "];"));
+  for (size_t i = 0; i < chain.outputs.size(); ++i) w.Line(absl::StrCat("args.out[", i, "] = outputs[", i, "];"));
+  w.Line(absl::StrCat("return fusor_emu::Launch(", kernel.kernel_name, ", dim3{", kernel.grid, ", 1, 1}, dim3{",
+                      kernel.threads, ", 1, 1}, ", kernel.shared_bytes, ", args, num_threads);"));
+  w.Close();
+  k.source = w.Take();
+  k.compile_flags = {"-O1", "-std=gnu++17", "-fopenmp", "-fno-strict-aliasing", "-w"};
+  k.metadata_json = kernel.metadata_json;
+  return k;
+}
+
+}  // namespace fusor::codegen

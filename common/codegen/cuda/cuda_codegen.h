@@ -1,0 +1,71 @@
+// CUDA C++ code generation for NVIDIA GPUs with mma.sync (sm_80, sm_90).
+//
+// One thread block per tile of the block loops (the grid is their product);
+// the stream loop and each op's own loops run inside the block as in the
+// CPU nest (loop_nest.h), with every statement spread over the block's
+// threads:
+//  - a GEMM-shaped sum op stages its operand tiles in shared memory as the
+//    mma's input dtype (f16/bf16, or tf32 for f32 chains): with cp.async
+//    where a side is one global access contiguous along the staged tile's
+//    rows, by a predicated gather otherwise (affine indices, transposes,
+//    im2col all become a gather); warps take 16 x 8*NF output units, load
+//    fragments with ldmatrix (trans where the tile is stored k-outer) and
+//    accumulate in registers over the tile's reduction;
+//  - intermediates live in shared memory (f32), as the nest's local
+//    buffers;
+//  - softmax rows go one per warp, reduced with shuffles; along the stream
+//    dim the softmax is online (running max and sum, the consumer rescales);
+//  - map ops (scale, bias, mask, relu, gelu, ...) run elementwise.
+// Extents that tiles do not divide are predicated; padding is zero.
+// Shared memory is dynamic only: the kernel's figure is in shared_bytes
+// and the launcher raises the per-kernel limit when it exceeds 48 KB.
+//
+// The source includes "fusor_device.h": the device header (PTX wrappers)
+// for NVRTC, or the emulation header to run the same source on a CPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/codegen/cpu/cpu_codegen.h"
+#include "common/ir/chain.h"
+#include "common/space/loop_nest.h"
+
+namespace fusor::codegen {
+
+struct CudaOptions {
+  int warps = 4;  // threads per block = 32 * warps
+};
+
+struct CudaKernel {
+  std::string source;  // CUDA C++; includes "fusor_device.h"
+  std::string kernel_name = "fusor_fused";
+  int64_t grid = 1;          // blocks (1-D)
+  int threads = 128;         // per block
+  int64_t shared_bytes = 0;  // dynamic shared memory per block
+  // The argument is one struct by value: {const void* in[...]; void* out[...]}
+  // with inputs and outputs in the chain's declaration order.
+  std::string metadata_json;
+};
+
+// The fused kernel for `chain` under `nest`. UNIMPLEMENTED when an op is
+// mapped onto an intrinsic this generator cannot emit (only mma.sync).
+absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
+                                               const std::string& schedule_text, const std::string& mapping,
+                                               const CudaOptions& options = {});
+
+// Relative tolerance of validation: the mma's inputs are f16, bf16 or
+// tf32 (10-bit mantissa for f32 chains), intermediates included.
+double CudaTolerance(ir::DType dtype);
+
+// The text of device/fusor_device.h (handed to NVRTC as that header).
+absl::string_view CudaDeviceHeader();
+
+// A host kernel (exporting fusor_run like a CPU kernel, see cpu_codegen.h)
+// that runs `kernel`'s exact source through the emulation header: compile
+// it with CompileKernel and validate it as any CPU kernel.
+KernelSource CudaEmulationHarness(const ir::Chain& chain, const CudaKernel& kernel);
+
+}  // namespace fusor::codegen
