@@ -12,8 +12,6 @@
 
 namespace fusor::codegen {
 
-absl::string_view CudaEmulationHeader();  // cuda_headers.cc, generated
-
 namespace {
 
 using emit::Count;
@@ -86,8 +84,10 @@ class CudaEmitter {
                     chain_.outputs.size(), "];\n};\n\n");
 
     Writer& w = w_;
+    // At least one block per multiprocessor: ptxas may then use up to 255
+    // registers a thread rather than spill.
     w.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", threads_,
-                        ") fusor_fused(const FusorArgs args)"));
+                        ", 1) fusor_fused(const FusorArgs args)"));
     w.Line("FUSOR_DYNAMIC_SMEM(fusor_smem);");
     for (size_t i = 0; i < chain_.inputs.size(); ++i) {
       int t = chain_.inputs[i];
@@ -101,14 +101,13 @@ class CudaEmitter {
     w.Line(absl::StrCat("const int tid = threadIdx.x, lane = fusor_lane(), warp = fusor_warp();"));
     w.Line("(void)lane; (void)warp;");
     DeclareSharedPointers();
-    w.Line("long rest = blockIdx.x;");
+    if (!s_.block.empty()) w.Line("long rest = blockIdx.x;");
     for (int i = static_cast<int>(s_.block.size()) - 1; i >= 0; --i) {
       int d = s_.block[i];
       w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d],
                           "L; rest /= ", nest_.trips[d], "L;"));
       w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
     }
-    w.Line("(void)rest;");
     EmitRegion(space::Region::kBefore);
     if (nest_.stream_dim >= 0) EmitStream();
     EmitRegion(space::Region::kAfter);
@@ -561,6 +560,7 @@ class CudaEmitter {
     auto acc_at = [&](const std::string& row, const std::string& col) {
       return absl::StrCat("acc", o, "[(bi * ", rp, "L + ", row, ") * ", cp, "L + ", col, "]");
     };
+    w_.Line("#pragma unroll");
     w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
     w_.Line("const long col = c0 + 8 * f + 2 * t;");
     w_.Line(absl::StrCat("c[f][0] = ", acc_at("r0 + g", "col"), "; c[f][1] = ", acc_at("r0 + g", "col + 1"), ";"));
@@ -571,6 +571,7 @@ class CudaEmitter {
     w_.Line("fusor_u32 a[4];");
     const std::string pa = "pa" + o, pb = "pb" + o;
     if (l.kind == MmaKind::kTF32) {
+      w_.Line("#pragma unroll");
       w_.Open("for (int i = 0; i < 4; ++i)");
       w_.Line(absl::StrCat("a[i] = fusor_bits(", pa, "[", PackIndex(l.a, l, "bi", "r0 + g + 8 * (i % 2)", "kk + t + 4 * (i / 2)"),
                            "]);"));
@@ -582,6 +583,7 @@ class CudaEmitter {
       w_.Line(absl::StrCat("fusor_ldmatrix_x4_trans(a, ", pa, " + ",
                            PackIndex(l.a, l, "bi", "r0 + (lane / 8) % 2 * 8", "kk + lane / 16 * 8 + lane % 8"), ");"));
     }
+    w_.Line("#pragma unroll");
     w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
     w_.Line("const long n0 = c0 + 8 * f;");
     w_.Line("fusor_u32 b[2];");
@@ -602,6 +604,7 @@ class CudaEmitter {
     }
     w_.Close();
     w_.Close();  // kk
+    w_.Line("#pragma unroll");
     w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
     w_.Line("const long col = c0 + 8 * f + 2 * t;");
     w_.Line(absl::StrCat(acc_at("r0 + g", "col"), " = c[f][0]; ", acc_at("r0 + g", "col + 1"), " = c[f][1];"));
@@ -694,6 +697,7 @@ class CudaEmitter {
   // ---------------------------------------------------------- softmax ---
 
   void WarpReduce(const std::string& var, bool max) {
+    w_.Line("#pragma unroll");
     w_.Open("for (int m = 16; m > 0; m /= 2)");
     w_.Line(absl::StrCat("const float other = fusor_shfl_xor(", var, ", m);"));
     w_.Line(max ? absl::StrCat(var, " = other > ", var, " ? other : ", var, ";")

@@ -62,6 +62,9 @@ double CudaTolerance(ir::DType dtype);
 
 // The text of device/fusor_device.h (handed to NVRTC as that header).
 absl::string_view CudaDeviceHeader();
+// The text of emu/fusor_device.h (it includes "fusor_prelude.inc", the CPU
+// prelude).
+absl::string_view CudaEmulationHeader();
 
 // A host kernel (exporting fusor_run like a CPU kernel, see cpu_codegen.h)
 // that runs `kernel`'s exact source through the emulation header: compile

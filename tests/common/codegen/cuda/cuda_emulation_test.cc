@@ -3,11 +3,15 @@
 // reference: schedules drawn from the search space of each chain kind
 // (GEMM chains, attention with and without a mask, epilogues, conv chains,
 // extents no tile divides), in f32 (tf32 mma), f16 and bf16.
+#include <cmath>
+#include <memory>
 #include <random>
 
 #include <gtest/gtest.h>
 
 #include "common/codegen/cuda/cuda_codegen.h"
+#include "common/codegen/cpu/prelude.h"
+#include "common/codegen/cuda/nvrtc.h"
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
@@ -22,6 +26,26 @@ namespace {
 
 hw::TargetDesc Gpu(const char* name = "a100") { return *hw::LookupDevice(name); }
 
+// Compiles the kernel with NVRTC for sm_80 and sm_90 and checks its
+// resource report; "" or what failed. Without NVRTC (no CUDA toolkit on
+// this machine) only the emulation runs, and the test says so once.
+std::string CompileWithNvrtc(const CudaKernel& kernel) {
+  auto nvrtc = Nvrtc::Get();
+  if (!nvrtc.ok()) {
+    static bool said = false;
+    if (!said) std::fprintf(stderr, "NOTE: %s; NVRTC checks skipped\n", nvrtc.status().ToString().c_str());
+    said = true;
+    return "";
+  }
+  for (const char* arch : {"sm_80", "sm_90"}) {
+    NvrtcOutput out = (*nvrtc)->Compile(kernel.source, arch, {{"fusor_device.h", std::string(CudaDeviceHeader())}});
+    if (!out.ok) return absl::StrCat(arch, ": NVRTC failed: ", out.log);
+    absl::Status fits = CheckResources(out.usage, kernel.threads, kernel.shared_bytes, LimitsForArch(arch));
+    if (!fits.ok()) return absl::StrCat(arch, ": ", fits.ToString(), "\n", out.log, "\n", kernel.source);
+  }
+  return "";
+}
+
 // Emits, compiles for the emulation and validates; returns "" or what failed.
 std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule, const hw::TargetDesc& target,
                         int warps = 4) {
@@ -30,6 +54,7 @@ std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule,
   if (!nest.ok()) return absl::StrCat(text, ": ", nest.status().ToString());
   auto kernel = EmitCudaFusedKernel(chain, *nest, text, space::DescribeMappings(chain, *nest), {warps});
   if (!kernel.ok()) return absl::StrCat(text, ": ", kernel.status().ToString());
+  if (std::string nvrtc = CompileWithNvrtc(*kernel); !nvrtc.empty()) return absl::StrCat(text, ": ", nvrtc);
   auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   if (!dir.ok()) return dir.status().ToString();
   worker::CompileOutcome compiled = worker::CompileKernel(CudaEmulationHarness(chain, *kernel), dir->path(), "c++", 120);
@@ -40,6 +65,21 @@ std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule,
   if (!v.ok()) return absl::StrCat(text, ": ", v.status().ToString(), "\n", kernel->source);
   if (!v->ok) return absl::StrCat(text, ": ", v->detail, "\n", kernel->source);
   return "";
+}
+
+// Compiles a hand-written kernel source (with its fusor_run entry) against
+// the emulation header.
+absl::StatusOr<std::unique_ptr<worker::LoadedKernel>> BuildEmulated(const std::string& source, worker::TempDir& dir) {
+  KernelSource k;
+  k.source = source;
+  k.extra_files = {{"fusor_device.h", std::string(CudaEmulationHeader())},
+                   {"fusor_prelude.inc", std::string(CpuPreludeSource())}};
+  k.compile_flags = {"-O1", "-std=gnu++17", "-fopenmp", "-w"};
+  worker::CompileOutcome compiled = worker::CompileKernel(k, dir.path(), "c++", 120);
+  if (!compiled.ok) return absl::InternalError(compiled.error);
+  auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
+  if (!loaded.ok()) return loaded.status();
+  return std::make_unique<worker::LoadedKernel>(std::move(*loaded));
 }
 
 ir::Chain Parse(const std::string& text) {
@@ -104,6 +144,131 @@ G[m,f] = gelu(H[m,f] + B1[f])
 Y[m,o] = sum(f) G[m,f] * W2[f,o]
 out Y
 )";
+
+// ldmatrix (plain and .trans) and mma.sync in each dtype against a direct
+// product: A (16 x 16, or 16 x 8 for tf32) staged row-major and
+// transposed, B (16 x 8) staged [n][k] and [k][n]; every variant must give
+// the same C = A B.
+TEST(CudaEmulationTest, FragmentLayoutsFollowThePtxIsa) {
+  const char* source = R"(
+#include "fusor_device.h"
+struct Args { const float* a; const float* b; float* c; int kind; };
+__global__ void probe(Args args) {
+  FUSOR_DYNAMIC_SMEM(smem);
+  fusor_u16* a_rm = (fusor_u16*)smem;   // [16][16] row-major: A[m][k]
+  fusor_u16* a_km = a_rm + 256;         // [16][16]: A[m][k] at [k][m]
+  fusor_u16* b_nk = a_km + 256;         // [8][16]: B[k][n] at [n][k]
+  fusor_u16* b_kn = b_nk + 128;         // [16][8]: B[k][n] at [k][n]
+  float* a32 = (float*)(b_kn + 128);    // [16][8] A for tf32
+  float* b32 = a32 + 128;               // [8][8]: B[k][n] at [n][k]
+  const int lane = fusor_lane(), g = lane / 4, t = lane % 4;
+  for (int i = lane; i < 256; i += 32) {
+    const int m = i / 16, k = i % 16;
+    const float v = args.a[i];
+    const fusor_u16 h = args.kind == 0 ? fusor_f32_to_f16(v) : fusor_f32_to_bf16(v);
+    a_rm[m * 16 + k] = h;
+    a_km[k * 16 + m] = h;
+  }
+  for (int i = lane; i < 128; i += 32) {
+    const int k = i / 8, n = i % 8;
+    const float v = args.b[i];
+    const fusor_u16 h = args.kind == 0 ? fusor_f32_to_f16(v) : fusor_f32_to_bf16(v);
+    b_nk[n * 16 + k] = h;
+    b_kn[k * 8 + n] = h;
+    a32[i] = fusor_round_tf32(args.a[(i / 8) * 16 + i % 8]);
+    if (k < 8) b32[n * 8 + k] = fusor_round_tf32(v);
+  }
+  __syncthreads();
+  float c[3][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+  fusor_u32 a[4], at[4], b[2], bt[2];
+  fusor_ldmatrix_x4(a, a_rm + (lane % 16) * 16 + lane / 16 * 8);
+  fusor_ldmatrix_x4_trans(at, a_km + (lane / 16 * 8 + lane % 8) * 16 + (lane / 8) % 2 * 8);
+  fusor_ldmatrix_x2(b, b_nk + (lane % 8) * 16 + (lane / 8) % 2 * 8);
+  fusor_ldmatrix_x2_trans(bt, b_kn + ((lane / 8) % 2 * 8 + lane % 8) * 8);
+  if (args.kind == 0) {
+    fusor_mma_m16n8k16_f16(c[0], a, b);
+    fusor_mma_m16n8k16_f16(c[1], at, bt);
+  } else {
+    fusor_mma_m16n8k16_bf16(c[0], a, b);
+    fusor_mma_m16n8k16_bf16(c[1], at, bt);
+  }
+  fusor_u32 a2[4], b2[2];
+  for (int i = 0; i < 4; ++i) a2[i] = fusor_bits(a32[(g + 8 * (i % 2)) * 8 + t + 4 * (i / 2)]);
+  for (int i = 0; i < 2; ++i) b2[i] = fusor_bits(b32[g * 8 + t + 4 * i]);
+  fusor_mma_m16n8k8_tf32(c[2], a2, b2);
+  for (int v = 0; v < 3; ++v) {
+    for (int i = 0; i < 4; ++i) args.c[v * 128 + (g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = c[v][i];
+  }
+}
+extern "C" int fusor_run(const void* const* in, void* const* out, int kind) {
+  Args args{(const float*)in[0], (const float*)in[1], (float*)out[0], kind};
+  return fusor_emu::Launch(probe, dim3{1, 1, 1}, dim3{32, 1, 1}, 4096, args, 1);
+}
+)";
+  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  ASSERT_TRUE(dir.ok());
+  auto kernel = BuildEmulated(source, *dir);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> small(-8, 8);  // exact in every dtype
+  std::vector<float> a(256), b(128), c(384);
+  for (float& x : a) x = small(rng) / 4.0f;
+  for (float& x : b) x = small(rng) / 4.0f;
+  for (int kind : {0, 1}) {
+    const void* in[] = {a.data(), b.data()};
+    void* out[] = {c.data()};
+    ASSERT_EQ((*kernel)->entry()(in, out, kind), 0);
+    for (int m = 0; m < 16; ++m) {
+      for (int n = 0; n < 8; ++n) {
+        float full = 0, half = 0;
+        for (int k = 0; k < 16; ++k) full += a[m * 16 + k] * b[k * 8 + n];
+        for (int k = 0; k < 8; ++k) half += a[m * 16 + k] * b[k * 8 + n];
+        EXPECT_EQ(c[m * 8 + n], full) << "kind " << kind << " m " << m << " n " << n;
+        EXPECT_EQ(c[128 + m * 8 + n], full) << "trans, kind " << kind << " m " << m << " n " << n;
+        EXPECT_EQ(c[256 + m * 8 + n], half) << "tf32 m " << m << " n " << n;
+      }
+    }
+  }
+}
+
+// A thread that skips __syncthreads is a deadlock, reported as an error;
+// shared memory written by cp.async is stale until the group is waited on.
+TEST(CudaEmulationTest, ReportsDeadlocksAndUnwaitedCopies) {
+  const char* source = R"(
+#include "fusor_device.h"
+struct Args { const float* in; float* out; int mode; };
+__global__ void probe(Args args) {
+  FUSOR_DYNAMIC_SMEM(smem);
+  float* tile = (float*)smem;
+  if (args.mode == 0) {
+    if (threadIdx.x >= 16) __syncthreads();
+    return;
+  }
+  fusor_cp_async16(tile + 4 * threadIdx.x, args.in + 4 * threadIdx.x, 8);  // 2 floats, 2 zero-filled
+  fusor_cp_async_commit();
+  if (args.mode == 2) fusor_cp_async_wait<0>();
+  __syncthreads();
+  for (int i = 0; i < 4; ++i) args.out[4 * threadIdx.x + i] = tile[4 * threadIdx.x + i];
+}
+extern "C" int fusor_run(const void* const* in, void* const* out, int mode) {
+  Args args{(const float*)in[0], (float*)out[0], mode};
+  return fusor_emu::Launch(probe, dim3{2, 1, 1}, dim3{64, 1, 1}, 1024, args, 1);
+}
+)";
+  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  ASSERT_TRUE(dir.ok());
+  auto kernel = BuildEmulated(source, *dir);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  std::vector<float> in(256), out(256);
+  for (int i = 0; i < 256; ++i) in[i] = static_cast<float>(i + 1);
+  const void* ins[] = {in.data()};
+  void* outs[] = {out.data()};
+  EXPECT_EQ((*kernel)->entry()(ins, outs, 0), 3);
+  ASSERT_EQ((*kernel)->entry()(ins, outs, 1), 0);
+  EXPECT_TRUE(std::isnan(out[0])) << "read before the wait must not see the copy";
+  ASSERT_EQ((*kernel)->entry()(ins, outs, 2), 0);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(out[i], i % 4 < 2 ? in[i] : 0.0f) << i;
+}
 
 TEST(CudaEmulationTest, GemmChainF32) {
   CheckSchedule(testing::kGemmChain, "m=32 / n=32 / C(k=16) E(h=16)");

@@ -1,0 +1,190 @@
+#include "common/codegen/cuda/nvrtc.h"
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fusor::codegen {
+
+// NVRTC's C API (nvrtc.h), declared here so nothing needs its headers.
+struct Nvrtc::Api {
+  using Program = struct NvrtcProgramOpaque*;
+  int (*version)(int*, int*);
+  int (*create)(Program*, const char*, const char*, int, const char* const*, const char* const*);
+  int (*compile)(Program, int, const char* const*);
+  int (*log_size)(Program, size_t*);
+  int (*log)(Program, char*);
+  int (*cubin_size)(Program, size_t*);
+  int (*cubin)(Program, char*);
+  int (*destroy)(Program*);
+  const char* (*error_string)(int);
+};
+
+namespace {
+
+std::vector<std::string> Candidates() {
+  std::vector<std::string> names = {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"};
+  std::vector<std::string> out;
+  if (const char* explicit_path = std::getenv("FUSOR_NVRTC")) out.push_back(explicit_path);
+  out.insert(out.end(), names.begin(), names.end());
+  std::vector<std::string> dirs;
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
+    if (const char* v = std::getenv(var)) dirs.push_back(absl::StrCat(v, "/lib64"));
+  }
+#ifdef FUSOR_CUDA_LIB_DIR
+  dirs.push_back(FUSOR_CUDA_LIB_DIR);
+#endif
+  dirs.push_back("/usr/local/cuda/lib64");
+  for (const std::string& d : dirs) {
+    for (const std::string& n : names) out.push_back(d + "/" + n);
+  }
+  return out;
+}
+
+template <typename Fn>
+bool Resolve(void* handle, const char* name, Fn& fn) {
+  fn = reinterpret_cast<Fn>(dlsym(handle, name));
+  return fn != nullptr;
+}
+
+absl::StatusOr<const Nvrtc::Api*> LoadApi() {
+  std::vector<std::string> tried = Candidates();
+  for (const std::string& path : tried) {
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) continue;
+    auto* api = new Nvrtc::Api();
+    bool ok = Resolve(h, "nvrtcVersion", api->version) && Resolve(h, "nvrtcCreateProgram", api->create) &&
+              Resolve(h, "nvrtcCompileProgram", api->compile) && Resolve(h, "nvrtcGetProgramLogSize", api->log_size) &&
+              Resolve(h, "nvrtcGetProgramLog", api->log) && Resolve(h, "nvrtcGetCUBINSize", api->cubin_size) &&
+              Resolve(h, "nvrtcGetCUBIN", api->cubin) && Resolve(h, "nvrtcDestroyProgram", api->destroy) &&
+              Resolve(h, "nvrtcGetErrorString", api->error_string);
+    if (ok) return api;
+    delete api;
+    dlclose(h);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("NVRTC not found (install the CUDA toolkit, or set FUSOR_NVRTC or CUDA_HOME); tried ",
+                   absl::StrJoin(tried, ", ")));
+}
+
+// The number before `unit` in `text` (e.g. "Used 40 registers"), or -1.
+int64_t NumberBefore(const std::string& text, const std::string& unit) {
+  size_t at = text.find(unit);
+  if (at == std::string::npos) return -1;
+  size_t end = at;
+  while (end > 0 && text[end - 1] == ' ') --end;
+  size_t begin = end;
+  while (begin > 0 && text[begin - 1] >= '0' && text[begin - 1] <= '9') --begin;
+  if (begin == end) return -1;
+  return std::strtoll(text.substr(begin, end - begin).c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+absl::StatusOr<const Nvrtc*> Nvrtc::Get() {
+  static const absl::StatusOr<const Nvrtc*> instance = []() -> absl::StatusOr<const Nvrtc*> {
+    auto api = LoadApi();
+    if (!api.ok()) return api.status();
+    return new Nvrtc(*api);
+  }();
+  return instance;
+}
+
+std::string Nvrtc::Version() const {
+  int major = 0, minor = 0;
+  api_->version(&major, &minor);
+  return absl::StrCat("NVRTC ", major, ".", minor);
+}
+
+NvrtcOutput Nvrtc::Compile(const std::string& source, const std::string& arch,
+                           const std::vector<std::pair<std::string, std::string>>& headers) const {
+  NvrtcOutput out;
+  out.arch = arch;
+  out.options = {"-arch=" + arch, "-std=c++17", "--ptxas-options=-v", "-DNDEBUG"};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<const char*> header_text, header_names, options;
+  for (const auto& [name, text] : headers) {
+    header_names.push_back(name.c_str());
+    header_text.push_back(text.c_str());
+  }
+  for (const std::string& o : out.options) options.push_back(o.c_str());
+  Api::Program program = nullptr;
+  int rc = api_->create(&program, source.c_str(), "fusor_kernel.cu", static_cast<int>(headers.size()),
+                        header_text.data(), header_names.data());
+  if (rc != 0) {
+    out.log = absl::StrCat("nvrtcCreateProgram: ", api_->error_string(rc));
+    return out;
+  }
+  rc = api_->compile(program, static_cast<int>(options.size()), options.data());
+  size_t size = 0;
+  if (api_->log_size(program, &size) == 0 && size > 1) {
+    out.log.resize(size);
+    api_->log(program, out.log.data());
+    out.log.resize(std::strlen(out.log.c_str()));
+  }
+  if (rc == 0 && api_->cubin_size(program, &size) == 0 && size > 0) {
+    out.cubin.resize(size);
+    if (api_->cubin(program, out.cubin.data()) == 0) out.ok = true;
+  } else if (rc != 0) {
+    out.log = absl::StrCat(api_->error_string(rc), "\n", out.log);
+  }
+  api_->destroy(&program);
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (out.ok) out.usage = ParsePtxasReport(out.log);
+  return out;
+}
+
+ResourceUsage ParsePtxasReport(const std::string& log) {
+  ResourceUsage u;
+  int64_t regs = NumberBefore(log, " registers");
+  u.registers = static_cast<int>(regs);
+  u.stack_bytes = NumberBefore(log, " bytes stack frame");
+  u.spill_store_bytes = NumberBefore(log, " bytes spill stores");
+  u.spill_load_bytes = NumberBefore(log, " bytes spill loads");
+  int64_t smem = NumberBefore(log, " bytes smem");
+  u.static_shared_bytes = smem < 0 ? 0 : smem;
+  return u;
+}
+
+DeviceLimits LimitsForArch(const std::string& arch) {
+  DeviceLimits l;
+  if (arch == "sm_80" || arch == "sm_87") {
+    l.max_shared_per_block = 163 << 10;
+  } else if (arch == "sm_86" || arch == "sm_89") {
+    l.max_shared_per_block = 99 << 10;
+  } else if (arch.rfind("sm_90", 0) == 0 || arch.rfind("sm_10", 0) == 0) {
+    l.max_shared_per_block = 227 << 10;
+  }
+  return l;
+}
+
+absl::Status CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
+                            const DeviceLimits& limits) {
+  if (usage.registers < 0) return absl::FailedPreconditionError("ptxas reported no register count");
+  if (usage.spill_store_bytes > 0 || usage.spill_load_bytes > 0) {
+    return absl::FailedPreconditionError(absl::StrCat("spills registers (", usage.spill_store_bytes,
+                                                      " bytes stored, ", usage.spill_load_bytes, " bytes loaded)"));
+  }
+  if (threads > limits.max_threads_per_block) {
+    return absl::FailedPreconditionError(absl::StrCat(threads, " threads per block exceed the device's ",
+                                                      limits.max_threads_per_block));
+  }
+  if (static_cast<int64_t>(usage.registers) * threads > limits.registers_per_sm) {
+    return absl::FailedPreconditionError(absl::StrCat(usage.registers, " registers x ", threads,
+                                                      " threads exceed the ", limits.registers_per_sm,
+                                                      " registers of a multiprocessor"));
+  }
+  const int64_t shared = dynamic_shared + usage.static_shared_bytes;
+  if (shared > limits.max_shared_per_block) {
+    return absl::FailedPreconditionError(absl::StrCat(shared, " bytes of shared memory exceed the device's ",
+                                                      limits.max_shared_per_block, " per block"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusor::codegen

@@ -1,0 +1,76 @@
+// In-process CUDA compilation with NVRTC, loaded at run time (dlopen), so
+// every binary builds and starts without the CUDA toolkit and reports its
+// absence only when asked to compile.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fusor::codegen {
+
+// ptxas's resource report for the kernel (-1: not reported).
+struct ResourceUsage {
+  int registers = -1;  // per thread
+  int64_t stack_bytes = -1;
+  int64_t spill_store_bytes = -1;
+  int64_t spill_load_bytes = -1;
+  int64_t static_shared_bytes = 0;
+};
+
+struct NvrtcOutput {
+  bool ok = false;
+  std::string log;                   // NVRTC's log: errors, or ptxas -v
+  std::string cubin;                 // the binary for `arch`
+  std::string arch;                  // e.g. "sm_90"
+  std::vector<std::string> options;  // as passed to NVRTC
+  double seconds = 0;
+  ResourceUsage usage;
+};
+
+class Nvrtc {
+ public:
+  // The process-wide instance; FAILED_PRECONDITION naming where it looked
+  // when no libnvrtc could be loaded.
+  static absl::StatusOr<const Nvrtc*> Get();
+
+  // "NVRTC 13.0"
+  std::string Version() const;
+
+  // Compiles `source` (CUDA C++, extern "C" kernels) to a cubin for `arch`
+  // (sm_80, sm_86, sm_89, sm_90, ...), with `headers` available to
+  // #include by name. Compile errors are in the outcome, never a Status.
+  NvrtcOutput Compile(const std::string& source, const std::string& arch,
+                      const std::vector<std::pair<std::string, std::string>>& headers) const;
+
+  struct Api;  // the entry points, resolved once
+
+ private:
+  explicit Nvrtc(const Api* api) : api_(api) {}
+  const Api* api_;
+};
+
+// Parses ptxas -v output (one kernel) into a resource report.
+ResourceUsage ParsePtxasReport(const std::string& log);
+
+// Limits of the GPU a kernel will run on.
+struct DeviceLimits {
+  int max_registers_per_thread = 255;
+  int max_threads_per_block = 1024;
+  int64_t registers_per_sm = 65536;
+  int64_t max_shared_per_block = 48 << 10;  // opt-in maximum (dynamic + static)
+};
+// The opt-in limits of an arch from the datasheets (sm_80: 163 KB of
+// shared memory per block, sm_86/89: 99 KB, sm_90: 227 KB).
+DeviceLimits LimitsForArch(const std::string& arch);
+
+// FAILED_PRECONDITION naming the limit when a compiled kernel spills or
+// cannot launch `threads` threads with `dynamic_shared` bytes on a device.
+absl::Status CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
+                            const DeviceLimits& limits);
+
+}  // namespace fusor::codegen
