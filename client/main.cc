@@ -18,6 +18,7 @@
 #include "client/embedded.h"
 #include "client/explain.h"
 #include "client/mappings.h"
+#include "client/model_only.h"
 #include "client/report.h"
 #include "common/util/log.h"
 #include "common/hw/devices.h"
@@ -206,6 +207,32 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
   return absl::NotFoundError(absl::StrCat("no device or registered target called '", g.target_fp, "'"));
 }
 
+// compile --model-only: no scheduler, no worker, nothing stored.
+int CompileModelOnly(const GlobalOptions& g, const std::string& file, const std::string& out_dir) {
+  fusor::SetLogLevel("warn");
+  if (g.target_fp.empty()) {
+    return Fail(absl::InvalidArgumentError("--model-only needs --target: a GPU (" +
+                                           absl::StrJoin(fusor::hw::DeviceNames(), ", ") +
+                                           "), an arch (sm_80, sm_86, sm_89, sm_90) or local"));
+  }
+  auto workload = fusor::client::ReadWorkloadFile(file);
+  if (!workload.ok()) return Fail(workload.status());
+  auto chain = fusor::wire::ChainFromWorkload(*workload);
+  if (!chain.ok()) return Fail(chain.status());
+  auto target = g.target_fp == "local" ? ExplainTarget(g) : fusor::client::GpuTarget(g.target_fp);
+  if (!target.ok()) return Fail(target.status());
+  auto out = fusor::client::CompileModelOnly(*chain, *target, WorkloadName(file), out_dir);
+  if (!out.ok()) return Fail(out.status());
+  std::cout << "UNMEASURED: ranked by the cost model alone for " << target->device_name << " (" << target->arch
+            << "); not stored\n";
+  std::cout << "schedule   " << out->schedule << "  (model rank " << out->rank << ", predicted "
+            << fusor::client::FormatSeconds(out->predicted_s) << ")\n";
+  std::cout << "mapping    " << out->mapping << "\n";
+  for (const std::string& s : out->skipped) std::cout << "skipped    " << s << "\n";
+  for (size_t i = 0; i < out->files.size(); ++i) std::cout << (i == 0 ? "wrote      " : "           ") << out->files[i] << "\n";
+  return 0;
+}
+
 int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
   fusor::SetLogLevel("warn");
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -284,6 +311,11 @@ int main(int argc, char** argv) {
   compile->add_option("-o,--out", out_dir, "output directory")->capture_default_str();
   compile->add_option("--budget", budget, "candidates to measure when tuning first");
   compile->add_flag("--cache-only", cache_only, "fail (exit 3) instead of tuning on a cache miss");
+  bool model_only = false;
+  compile->add_flag("--model-only", model_only,
+                    "rank by the cost model alone for --target (a GPU, an arch such as sm_90, or local) and write "
+                    "the top candidate unmeasured; needs no worker and stores nothing");
+  compile->add_option("--target", g.target_fp, "with --model-only: a GPU name, an arch (sm_XX) or local");
   CLI::App* lookup = app.add_subcommand("lookup", "print cached results only (exit 3 on a miss)");
   lookup->add_option("files", files, "workload files")->required()->check(CLI::ExistingFile);
   CLI::App* workers = app.add_subcommand("workers", "list the workers the scheduler knows");
@@ -313,6 +345,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (*explain) return Explain(g, file, top, space_options);
   if (*mappings) return Mappings(g, files, intrinsic_name, summary);
+  if (*compile && model_only) return CompileModelOnly(g, file, out_dir);
 
   const std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? (g.verbose ? "info" : "warn") : Env("FUSOR_LOG_LEVEL");
   if (!fusor::SetLogLevel(log_level)) {
