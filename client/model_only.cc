@@ -45,7 +45,8 @@ absl::StatusOr<hw::TargetDesc> GpuTarget(const std::string& name) {
 absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const hw::TargetDesc& target,
                                                  const std::string& name, const std::string& out_dir) {
   const bool gpu = target.backend == hw::Backend::kCuda;
-  absl::StatusOr<const codegen::Nvrtc*> nvrtc = codegen::Nvrtc::Get();
+  std::string no_nvrtc;
+  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(&no_nvrtc);
   auto space = space::BuildSpace(chain, target);
   if (!space.ok()) return space.status();
   std::error_code ec;
@@ -84,17 +85,18 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
       meta["kernel"] = nlohmann::json::parse(kernel->metadata_json);
       meta["header"] = "fusor_device.h";
       const std::string base = absl::StrCat(out_dir, "/", name);
-      if (nvrtc.ok()) {
+      if (nvrtc != nullptr) {
         codegen::NvrtcOutput compiled =
-            (*nvrtc)->Compile(kernel->source, target.arch, {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
-        absl::Status fits = compiled.ok ? codegen::CheckResources(compiled.usage, kernel->threads, kernel->shared_bytes,
-                                                                   codegen::LimitsForArch(target.arch))
-                                        : absl::InternalError(compiled.log);
-        if (!fits.ok()) {
-          out.skipped.push_back(absl::StrCat(text, ": ", fits.message()));
+            nvrtc->Compile(kernel->source, target.arch, {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
+        const std::string why = compiled.ok ? codegen::CheckResources(compiled.usage, kernel->threads,
+                                                                      kernel->shared_bytes,
+                                                                      codegen::LimitsForArch(target.arch))
+                                            : compiled.log;
+        if (!why.empty()) {
+          out.skipped.push_back(absl::StrCat(text, ": ", why));
           continue;
         }
-        meta["compiler"] = {{"version", (*nvrtc)->Version()},
+        meta["compiler"] = {{"version", nvrtc->Version()},
                             {"options", compiled.options},
                             {"registers", compiled.usage.registers},
                             {"stack_bytes", compiled.usage.stack_bytes},
@@ -114,9 +116,9 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
     out.mapping = r.mappings;
     out.predicted_s = r.prediction.t_estm_s;
     out.rank = i + 1;
-    if (gpu && !nvrtc.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("wrote the source and metadata to ", out_dir,
-                                                        " but no cubin: ", nvrtc.status().message()));
+    if (gpu && nvrtc == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("wrote the source and metadata to ", out_dir, " but no cubin: ", no_nvrtc));
     }
     return out;
   }

@@ -192,6 +192,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   m->mutable_compile()->set_compiler(meas.compiler);
   m->mutable_compile()->set_flags(meas.compile_flags);
   m->mutable_compile()->set_code_bytes(meas.code_bytes);
+  m->mutable_compile()->set_resources_json(meas.resources_json);
   m->set_max_abs_error(meas.max_abs_error);
   m->set_max_rel_error(meas.max_rel_error);
   m->set_worker_id(meas.worker_id);
@@ -522,6 +523,7 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   m.compile_flags = pm.compile().flags();
   m.compiler = pm.compile().compiler();
   m.code_bytes = pm.compile().code_bytes();
+  m.resources_json = pm.compile().resources_json();
   m.measured_ms = NowMs();
   if (m.status == "ok" && (m.samples_s.empty() || m.median_s <= 0)) {
     return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");

@@ -18,6 +18,7 @@
 #include "common/util/status_macros.h"
 #include "worker/cpu/calibration.h"
 #include "worker/cpu/compiler.h"
+#include "worker/cuda/gpu_job.h"
 #include "worker/process.h"
 
 namespace fusor::worker {
@@ -98,6 +99,7 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
     if (!parsed.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(parsed.status().message()));
     chain = std::move(*parsed);
   }
+  if (spec.target.backend == hw::Backend::kCuda) return RunCudaJob(spec, chain);
   if (spec.kind == JobKind::kCandidate) {
     auto schedule = space::ParseSchedule(spec.schedule_text, chain);
     if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
@@ -202,7 +204,8 @@ std::string JobSpecToJson(const JobSpec& s) {
             {"blas_dir", s.blas_dir},
             {"compile_timeout_s", s.compile_timeout_s},
             {"run_timeout_s", s.run_timeout_s},
-            {"seed", s.seed}};
+            {"seed", s.seed},
+            {"device", s.device}};
   return j.dump();
 }
 
@@ -228,6 +231,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
     s.compile_timeout_s = j.at("compile_timeout_s");
     s.run_timeout_s = j.at("run_timeout_s");
     s.seed = j.at("seed");
+    s.device = j.at("device");
     return s;
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
@@ -244,6 +248,7 @@ std::string JobOutcomeToJson(const JobOutcome& o) {
             {"compile_s", o.compile_s},
             {"compile_flags", o.compile_flags},
             {"code_bytes", o.code_bytes},
+            {"resources_json", o.resources_json},
             {"bandwidth_bytes_per_s", o.bandwidth_bytes_per_s},
             {"peak_flops", o.peak_flops}};
   return j.dump();
@@ -268,6 +273,7 @@ absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json) {
     o.compile_s = j.at("compile_s");
     o.compile_flags = j.at("compile_flags");
     o.code_bytes = j.at("code_bytes");
+    o.resources_json = j.at("resources_json");
     o.bandwidth_bytes_per_s = j.at("bandwidth_bytes_per_s");
     o.peak_flops = j.at("peak_flops");
     return o;

@@ -34,6 +34,7 @@ struct JobSpec {
   double compile_timeout_s = 120;
   double run_timeout_s = 120;  // validation + timing, after compiling
   uint64_t seed = 1;
+  int device = 0;  // CUDA targets: the GPU's ordinal
 };
 
 struct JobOutcome {
@@ -46,6 +47,8 @@ struct JobOutcome {
   double compile_s = 0;
   std::string compile_flags;
   int64_t code_bytes = 0;
+  // GPU kernels: ptxas's report and the launch shape, as JSON ("" on CPUs).
+  std::string resources_json;
   // kCalibrate
   double bandwidth_bytes_per_s = 0;
   double peak_flops = 0;

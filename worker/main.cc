@@ -38,6 +38,12 @@ int main(int argc, char** argv) {
   options.self_exe = fusor::worker::CurrentExecutable("fusor-worker");
   app.add_option("--scheduler", scheduler, "scheduler address (host:port)")->capture_default_str();
   app.add_option("--name", options.name, "name shown by `fusor workers`")->capture_default_str();
+  options.backend = "auto";
+  app.add_option("--backend", options.backend,
+                 "cuda (fail without a usable GPU), cpu, or auto (the GPU when a driver and device are present)")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+      ->capture_default_str();
+  app.add_option("--gpu", options.gpu, "CUDA: the device ordinal to measure on")->capture_default_str();
   app.add_option("--compiler", options.compiler, "C++ compiler for CPU candidates")->capture_default_str();
   options.blas_dir = FUSOR_OPENBLAS_DIR;
   app.add_option("--blas-dir", options.blas_dir, "directory of the libopenblas the unfused baselines link")
@@ -62,7 +68,6 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  log->info("CPU backend (this build measures candidates on the CPU)");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   fusor::worker::Worker worker(grpc::CreateCustomChannel(scheduler, grpc::InsecureChannelCredentials(), args),

@@ -5,9 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 #include "common/util/log.h"
+#include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
 #include "worker/cpu/cpu_target.h"
+#include "worker/cuda/gpu_job.h"
 #include "worker/process.h"
 
 namespace fusor::worker {
@@ -45,31 +47,51 @@ void Worker::Stop() {
 }
 
 absl::Status Worker::Prepare() {
+  if (options_.backend != "cpu") {
+    auto gpu = DescribeGpuTarget(options_.gpu);
+    if (gpu.ok()) {
+      target_ = *gpu;
+      RETURN_IF_ERROR(Calibrate());
+      Log()->info("CUDA backend: {} ({}, {} SMs, L2 {} MiB, {} KiB shared memory per block); W = {:.1f} GB/s, "
+                  "P = {:.1f} TFLOP/s; compiler: {}",
+                  target_.device_name, target_.arch, target_.compute_units, target_.l2_bytes >> 20,
+                  target_.shared_mem_per_block >> 10, target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e12,
+                  target_.compiler);
+      return absl::OkStatus();
+    }
+    if (options_.backend == "cuda") return gpu.status();
+    Log()->info("no usable GPU ({}); serving the CPU backend", std::string(gpu.status().message()));
+  }
   auto dir = TempDir::Create(options_.scratch_dir, "fusor-probe-");
   if (!dir.ok()) return dir.status();
   auto target = DescribeCpu(options_.compiler, dir->path());
   if (!target.ok()) return target.status();
   target_ = *target;
-  if (options_.calibration_s > 0) {
-    JobSpec spec;
-    spec.kind = JobKind::kCalibrate;
-    spec.target = target_;
-    spec.compiler = options_.compiler;
-    spec.timing.time_budget_s = options_.calibration_s;
-    spec.compile_timeout_s = 120;
-    spec.run_timeout_s = 60 + 4 * options_.calibration_s;
-    JobOutcome out = RunJobIsolated(spec, options_.self_exe, options_.scratch_dir);
-    if (out.status != OutcomeStatus::kOk) {
-      return absl::InternalError(absl::StrCat("calibration failed (", OutcomeStatusName(out.status), "): ", out.error));
-    }
-    target_.bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
-    target_.peak_flops = out.peak_flops;
-  }
-  Log()->info("{} ({}, {} cores, {}-lane f32 SIMD, L1d {} KiB, L2 {} KiB, L3 {} KiB); W = {:.1f} GB/s, P = {:.1f} "
-              "GFLOP/s; compiler: {}",
+  RETURN_IF_ERROR(Calibrate());
+  Log()->info("CPU backend: {} ({}, {} cores, {}-lane f32 SIMD, L1d {} KiB, L2 {} KiB, L3 {} KiB); W = {:.1f} GB/s, "
+              "P = {:.1f} GFLOP/s; compiler: {}",
               target_.device_name, target_.arch, target_.compute_units, target_.vector_lanes_f32,
               target_.l1d_bytes / 1024, target_.l2_bytes / 1024, target_.l3_bytes / 1024,
               target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e9, target_.compiler);
+  return absl::OkStatus();
+}
+
+absl::Status Worker::Calibrate() {
+  if (options_.calibration_s <= 0) return absl::OkStatus();
+  JobSpec spec;
+  spec.kind = JobKind::kCalibrate;
+  spec.target = target_;
+  spec.device = options_.gpu;
+  spec.compiler = options_.compiler;
+  spec.timing.time_budget_s = options_.calibration_s;
+  spec.compile_timeout_s = 120;
+  spec.run_timeout_s = 60 + 4 * options_.calibration_s;
+  JobOutcome out = RunJobIsolated(spec, options_.self_exe, options_.scratch_dir);
+  if (out.status != OutcomeStatus::kOk) {
+    return absl::InternalError(absl::StrCat("calibration failed (", OutcomeStatusName(out.status), "): ", out.error));
+  }
+  target_.bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
+  target_.peak_flops = out.peak_flops;
   return absl::OkStatus();
 }
 
@@ -189,6 +211,7 @@ void Worker::Execute(const v1::Job& job) {
     spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
     spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
     spec.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+    spec.device = options_.gpu;
     Log()->debug("{} running {}", context, spec.schedule_text);
     JobOutcome out = RunJobIsolated(spec, options_.self_exe, options_.scratch_dir);
     m.set_status(ToProto(out.status));
@@ -201,6 +224,7 @@ void Worker::Execute(const v1::Job& job) {
     m.mutable_compile()->set_compiler(target_.compiler);
     m.mutable_compile()->set_flags(out.compile_flags);
     m.mutable_compile()->set_code_bytes(out.code_bytes);
+    m.mutable_compile()->set_resources_json(out.resources_json);
   }
   m.set_worker_id(worker_id_);
   m.set_measured_at_unix_ms(absl::ToUnixMillis(absl::Now()));

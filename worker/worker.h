@@ -23,6 +23,10 @@ namespace fusor::worker {
 
 struct WorkerOptions {
   std::string name;               // shown by `fusor workers`
+  // "cpu", "cuda" (fail without a usable GPU) or "auto" (the GPU when one
+  // is usable, else the CPU, said once in the log).
+  std::string backend = "cpu";
+  int gpu = 0;                    // CUDA: the device's ordinal
   std::string compiler = "c++";
   std::string blas_dir;           // OpenBLAS the baselines link; empty: the linker's default
   std::string scratch_dir = "/tmp";
@@ -37,7 +41,8 @@ class Worker {
   Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options);
   ~Worker();
 
-  // Describes this CPU and calibrates W and P (in a child process).
+  // Describes this machine's GPU or CPU (see WorkerOptions::backend) and
+  // calibrates W and P (in a child process).
   absl::Status Prepare();
   // Registers and serves jobs until Stop(). Returns an error only if the
   // scheduler cannot be reached for registration.
@@ -49,6 +54,7 @@ class Worker {
   bool registered() const { return registered_; }
 
  private:
+  absl::Status Calibrate();
   absl::Status Register();
   void HeartbeatLoop();
   void Execute(const v1::Job& job);

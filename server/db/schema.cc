@@ -123,6 +123,12 @@ const std::vector<Migration>& SchemaMigrations() {
   static const auto* migrations = new std::vector<Migration>{
       {1, 1, "tuning database: workloads, targets, workers, tasks, candidates, jobs, measurements, best, baselines",
        [](Database& db) { return db.Exec(kSchemaV1); }},
+      // Older fusor (compatible version 1) still reads and writes version 2:
+      // the column has a default.
+      {2, 1, "measurements.resources_json: a GPU kernel's registers, stack, spills, shared memory and launch",
+       [](Database& db) {
+         return db.Exec("ALTER TABLE measurements ADD COLUMN resources_json TEXT NOT NULL DEFAULT '';");
+       }},
   };
   return *migrations;
 }

@@ -67,7 +67,7 @@ CandidateRow ReadCandidate(const Statement& s) {
 
 constexpr char kMeasurementColumns[] =
     "id, job_id, task_id, candidate_id, kind, workload_key, target_fp, worker_id, status, error, median_s, "
-    "samples_json, max_abs_error, max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms";
+    "samples_json, max_abs_error, max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, resources_json";
 
 MeasurementRow ReadMeasurement(const Statement& s) {
   MeasurementRow m;
@@ -91,6 +91,7 @@ MeasurementRow ReadMeasurement(const Statement& s) {
   m.compiler = s.Text(16);
   m.code_bytes = s.Int(17);
   m.measured_ms = s.Int(18);
+  m.resources_json = s.Text(19);
   return m;
 }
 
@@ -98,13 +99,13 @@ absl::Status InsertMeasurementRow(Database& db, const MeasurementRow& m) {
   ASSIGN_OR_RETURN(Statement s, db.Prepare(absl::StrCat(
                                     "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
                                     "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
-                                    "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms) "
-                                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
+                                    "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
+                                    "resources_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
   s.Bind(1, m.job_id).Bind(2, m.task_id).Bind(3, m.candidate_id).Bind(4, m.kind).Bind(5, m.workload_key);
   s.Bind(6, m.target_fp).Bind(7, m.worker_id).Bind(8, m.status).Bind(9, m.error).Bind(10, m.median_s);
   s.Bind(11, nlohmann::json(m.samples_s).dump()).Bind(12, m.max_abs_error).Bind(13, m.max_rel_error);
   s.Bind(14, m.compile_s).Bind(15, m.compile_flags).Bind(16, m.compiler).Bind(17, m.code_bytes);
-  s.Bind(18, m.measured_ms);
+  s.Bind(18, m.measured_ms).Bind(19, m.resources_json);
   return s.Run();
 }
 

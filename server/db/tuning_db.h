@@ -94,6 +94,7 @@ struct MeasurementRow {
   std::string compile_flags;
   std::string compiler;
   int64_t code_bytes = 0;
+  std::string resources_json;  // GPU: registers, stack, spills, shared memory, launch
   int64_t measured_ms = 0;
 };
 

@@ -119,8 +119,7 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
-                                          uint64_t seed, int num_threads, double rtol) {
+std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   std::vector<std::vector<double>> inputs;
@@ -129,12 +128,23 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
     for (double& v : values) v = dist(rng);
     inputs.push_back(std::move(values));
   }
-  return ValidateKernelOn(kernel, chain, inputs, num_threads, rtol);
+  return inputs;
+}
+
+absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::Chain& chain,
+                                          uint64_t seed, int num_threads, double rtol) {
+  return ValidateKernelOn(kernel, chain, RandomInputs(chain, seed), num_threads, rtol);
 }
 
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& values, int num_threads,
                                             double tolerance) {
+  return ValidateRun([&](const void* const* in, void* const* out) { return kernel.entry()(in, out, num_threads); },
+                     chain, values, tolerance);
+}
+
+absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
+                                       const std::vector<std::vector<double>>& values, double tolerance) {
   if (values.size() != chain.inputs.size()) return absl::InvalidArgumentError("wrong number of inputs");
   std::vector<HostTensor> inputs(chain.inputs.size()), outputs(chain.outputs.size());
   std::vector<std::vector<double>> ref_inputs;
@@ -150,8 +160,8 @@ absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir
   std::vector<const void*> in_ptrs = Pointers(inputs);
   std::vector<void*> out_ptrs;
   for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
-  int rc = kernel.entry()(in_ptrs.data(), out_ptrs.data(), num_threads);
-  if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc, " (out of memory?)"));
+  int rc = run(in_ptrs.data(), out_ptrs.data());
+  if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
 
   ASSIGN_OR_RETURN(std::vector<std::vector<double>> ref, ir::EvaluateReference(chain, ref_inputs));
   const double rtol = tolerance > 0 ? tolerance : Tolerance(chain.dtype);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,16 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& inputs, int num_threads,
                                             double rtol = 0);
+
+// The check itself, for any way of running a kernel: `run` gets the
+// inputs and the (NaN-poisoned) output buffers in host memory, dense in
+// the chain's dtype, and returns 0 on success.
+using RunFn = std::function<int(const void* const* inputs, void* const* outputs)>;
+absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
+                                       const std::vector<std::vector<double>>& inputs, double rtol = 0);
+
+// Fresh random inputs, uniform in [-1, 1], one buffer per chain input.
+std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed);
 
 struct TimingOptions {
   int warmup = 2;

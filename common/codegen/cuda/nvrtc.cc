@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include <memory>
+#include <sstream>
 
 namespace fusor::codegen {
 
@@ -34,7 +34,7 @@ std::vector<std::string> Candidates() {
   out.insert(out.end(), names.begin(), names.end());
   std::vector<std::string> dirs;
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
-    if (const char* v = std::getenv(var)) dirs.push_back(absl::StrCat(v, "/lib64"));
+    if (const char* v = std::getenv(var)) dirs.push_back(std::string(v) + "/lib64");
   }
 #ifdef FUSOR_CUDA_LIB_DIR
   dirs.push_back(FUSOR_CUDA_LIB_DIR);
@@ -52,24 +52,25 @@ bool Resolve(void* handle, const char* name, Fn& fn) {
   return fn != nullptr;
 }
 
-absl::StatusOr<const Nvrtc::Api*> LoadApi() {
+// nullptr when no candidate library has NVRTC's entry points.
+const Nvrtc::Api* LoadApi(std::string* why) {
   std::vector<std::string> tried = Candidates();
   for (const std::string& path : tried) {
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) continue;
-    auto* api = new Nvrtc::Api();
+    auto api = std::make_unique<Nvrtc::Api>();
     bool ok = Resolve(h, "nvrtcVersion", api->version) && Resolve(h, "nvrtcCreateProgram", api->create) &&
               Resolve(h, "nvrtcCompileProgram", api->compile) && Resolve(h, "nvrtcGetProgramLogSize", api->log_size) &&
               Resolve(h, "nvrtcGetProgramLog", api->log) && Resolve(h, "nvrtcGetCUBINSize", api->cubin_size) &&
               Resolve(h, "nvrtcGetCUBIN", api->cubin) && Resolve(h, "nvrtcDestroyProgram", api->destroy) &&
               Resolve(h, "nvrtcGetErrorString", api->error_string);
-    if (ok) return api;
-    delete api;
+    if (ok) return api.release();
     dlclose(h);
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("NVRTC not found (install the CUDA toolkit, or set FUSOR_NVRTC or CUDA_HOME); tried ",
-                   absl::StrJoin(tried, ", ")));
+  std::string list;
+  for (const std::string& t : tried) list += (list.empty() ? "" : ", ") + t;
+  *why = "NVRTC not found (install the CUDA toolkit, or set FUSOR_NVRTC or CUDA_HOME); tried " + list;
+  return nullptr;
 }
 
 // The number before `unit` in `text` (e.g. "Used 40 registers"), or -1.
@@ -86,19 +87,20 @@ int64_t NumberBefore(const std::string& text, const std::string& unit) {
 
 }  // namespace
 
-absl::StatusOr<const Nvrtc*> Nvrtc::Get() {
-  static const absl::StatusOr<const Nvrtc*> instance = []() -> absl::StatusOr<const Nvrtc*> {
-    auto api = LoadApi();
-    if (!api.ok()) return api.status();
-    return new Nvrtc(*api);
+const Nvrtc* Nvrtc::Get(std::string* why) {
+  static std::string error;
+  static const Nvrtc* const instance = [] {
+    const Api* api = LoadApi(&error);
+    return api == nullptr ? nullptr : new Nvrtc(api);
   }();
+  if (instance == nullptr && why != nullptr) *why = error;
   return instance;
 }
 
 std::string Nvrtc::Version() const {
   int major = 0, minor = 0;
   api_->version(&major, &minor);
-  return absl::StrCat("NVRTC ", major, ".", minor);
+  return "NVRTC " + std::to_string(major) + "." + std::to_string(minor);
 }
 
 NvrtcOutput Nvrtc::Compile(const std::string& source, const std::string& arch,
@@ -117,7 +119,7 @@ NvrtcOutput Nvrtc::Compile(const std::string& source, const std::string& arch,
   int rc = api_->create(&program, source.c_str(), "fusor_kernel.cu", static_cast<int>(headers.size()),
                         header_text.data(), header_names.data());
   if (rc != 0) {
-    out.log = absl::StrCat("nvrtcCreateProgram: ", api_->error_string(rc));
+    out.log = std::string("nvrtcCreateProgram: ") + api_->error_string(rc);
     return out;
   }
   rc = api_->compile(program, static_cast<int>(options.size()), options.data());
@@ -131,7 +133,7 @@ NvrtcOutput Nvrtc::Compile(const std::string& source, const std::string& arch,
     out.cubin.resize(size);
     if (api_->cubin(program, out.cubin.data()) == 0) out.ok = true;
   } else if (rc != 0) {
-    out.log = absl::StrCat(api_->error_string(rc), "\n", out.log);
+    out.log = std::string(api_->error_string(rc)) + "\n" + out.log;
   }
   api_->destroy(&program);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -163,28 +165,24 @@ DeviceLimits LimitsForArch(const std::string& arch) {
   return l;
 }
 
-absl::Status CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
-                            const DeviceLimits& limits) {
-  if (usage.registers < 0) return absl::FailedPreconditionError("ptxas reported no register count");
-  if (usage.spill_store_bytes > 0 || usage.spill_load_bytes > 0) {
-    return absl::FailedPreconditionError(absl::StrCat("spills registers (", usage.spill_store_bytes,
-                                                      " bytes stored, ", usage.spill_load_bytes, " bytes loaded)"));
-  }
-  if (threads > limits.max_threads_per_block) {
-    return absl::FailedPreconditionError(absl::StrCat(threads, " threads per block exceed the device's ",
-                                                      limits.max_threads_per_block));
-  }
-  if (static_cast<int64_t>(usage.registers) * threads > limits.registers_per_sm) {
-    return absl::FailedPreconditionError(absl::StrCat(usage.registers, " registers x ", threads,
-                                                      " threads exceed the ", limits.registers_per_sm,
-                                                      " registers of a multiprocessor"));
-  }
+std::string CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
+                           const DeviceLimits& limits) {
+  std::ostringstream why;
   const int64_t shared = dynamic_shared + usage.static_shared_bytes;
-  if (shared > limits.max_shared_per_block) {
-    return absl::FailedPreconditionError(absl::StrCat(shared, " bytes of shared memory exceed the device's ",
-                                                      limits.max_shared_per_block, " per block"));
+  if (usage.registers < 0) {
+    why << "ptxas reported no register count";
+  } else if (usage.spill_store_bytes > 0 || usage.spill_load_bytes > 0) {
+    why << "spills registers (" << usage.spill_store_bytes << " bytes stored, " << usage.spill_load_bytes
+        << " bytes loaded)";
+  } else if (threads > limits.max_threads_per_block) {
+    why << threads << " threads per block exceed the device's " << limits.max_threads_per_block;
+  } else if (static_cast<int64_t>(usage.registers) * threads > limits.registers_per_sm) {
+    why << usage.registers << " registers x " << threads << " threads exceed the " << limits.registers_per_sm
+        << " registers of a multiprocessor";
+  } else if (shared > limits.max_shared_per_block) {
+    why << shared << " bytes of shared memory exceed the device's " << limits.max_shared_per_block << " per block";
   }
-  return absl::OkStatus();
+  return why.str();
 }
 
 }  // namespace fusor::codegen

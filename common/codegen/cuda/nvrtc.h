@@ -1,6 +1,7 @@
 // In-process CUDA compilation with NVRTC, loaded at run time (dlopen), so
 // every binary builds and starts without the CUDA toolkit and reports its
-// absence only when asked to compile.
+// absence only when asked to compile. Plain C++17 (no project libraries):
+// the GPU device check builds it on machines that have only CUDA.
 #pragma once
 
 #include <cstdint>
@@ -8,8 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 
 namespace fusor::codegen {
 
@@ -34,9 +33,9 @@ struct NvrtcOutput {
 
 class Nvrtc {
  public:
-  // The process-wide instance; FAILED_PRECONDITION naming where it looked
-  // when no libnvrtc could be loaded.
-  static absl::StatusOr<const Nvrtc*> Get();
+  // The process-wide instance; nullptr when no libnvrtc could be loaded,
+  // with where it looked in `why`.
+  static const Nvrtc* Get(std::string* why = nullptr);
 
   // "NVRTC 13.0"
   std::string Version() const;
@@ -68,9 +67,9 @@ struct DeviceLimits {
 // shared memory per block, sm_86/89: 99 KB, sm_90: 227 KB).
 DeviceLimits LimitsForArch(const std::string& arch);
 
-// FAILED_PRECONDITION naming the limit when a compiled kernel spills or
-// cannot launch `threads` threads with `dynamic_shared` bytes on a device.
-absl::Status CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
-                            const DeviceLimits& limits);
+// "" when a compiled kernel can launch `threads` threads with
+// `dynamic_shared` bytes on a device without spilling; else the reason.
+std::string CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
+                           const DeviceLimits& limits);
 
 }  // namespace fusor::codegen

@@ -99,6 +99,36 @@ TEST_P(SchemaTest, ProductionSchemaOpensAndReopens) {
   ASSERT_TRUE(again.ok()) << again.status();
 }
 
+// A version-1 database (before GPU resource reports) upgrades in place:
+// its measurements keep their rows and read an empty report.
+TEST(SchemaFileTest, Version1MeasurementsGainAnEmptyResourceReport) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("fusor-schema-v1-" + std::to_string(getpid()) + ".db")).string();
+  std::filesystem::remove(path);
+  {
+    auto db = Database::Open(path);
+    ASSERT_TRUE(db.ok());
+    ASSERT_TRUE(MigrateDatabase(**db, {SchemaMigrations()[0]}).ok());
+    ASSERT_TRUE((*db)->Exec("PRAGMA foreign_keys = OFF;").ok());  // a bare row, no task or job
+    ASSERT_TRUE((*db)->Exec("INSERT INTO measurements(job_id, task_id, kind, workload_key, target_fp, worker_id, "
+                            "status, error, median_s, samples_json, max_abs_error, max_rel_error, compile_s, "
+                            "compile_flags, compiler, code_bytes, measured_ms) VALUES ('j', 't', 'candidate', 'w', "
+                            "'cpu-0', 'w1', 'ok', '', 0.5, '[0.5]', 0, 0, 1, '-O3', 'c++', 10, 1)")
+                    .ok());
+  }
+  auto db = TuningDb::Open(path);
+  ASSERT_TRUE(db.ok()) << db.status();
+  auto raw = Database::Open(path);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(*SchemaVersion(**raw), 2);
+  auto rows = (*raw)->Prepare("SELECT job_id, resources_json FROM measurements");
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  ASSERT_TRUE(*rows->Step());
+  EXPECT_EQ(rows->Text(0), "j");
+  EXPECT_EQ(rows->Text(1), "");
+  std::filesystem::remove(path);
+}
+
 INSTANTIATE_TEST_SUITE_P(MemoryAndFile, SchemaTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "TempFile" : "Memory"; });
 

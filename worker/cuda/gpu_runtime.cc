@@ -1,0 +1,357 @@
+#include "worker/cuda/gpu_runtime.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "common/codegen/cuda/nvrtc.h"
+
+namespace fusor::gpu {
+
+// The driver entry points fusor uses, resolved by their versioned names
+// (cuda.h maps cuMemAlloc to cuMemAlloc_v2, ...), the newest first.
+struct Driver {
+  decltype(&::cuInit) init;
+  decltype(&::cuDriverGetVersion) driver_version;
+  decltype(&::cuDeviceGetCount) device_count;
+  decltype(&::cuDeviceGet) device_get;
+  decltype(&::cuDeviceGetName) device_name;
+  decltype(&::cuDeviceGetAttribute) attribute;
+  decltype(&::cuDeviceTotalMem) total_mem;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_retain;
+  decltype(&::cuDevicePrimaryCtxRelease) primary_release;
+  decltype(&::cuCtxSetCurrent) set_current;
+  decltype(&::cuCtxSynchronize) synchronize;
+  decltype(&::cuMemAlloc) alloc;
+  decltype(&::cuMemFree) free;
+  decltype(&::cuMemcpyHtoD) htod;
+  decltype(&::cuMemcpyDtoH) dtoh;
+  decltype(&::cuMemsetD8) memset8;
+  decltype(&::cuModuleLoadData) module_load;
+  decltype(&::cuModuleUnload) module_unload;
+  decltype(&::cuModuleGetFunction) get_function;
+  decltype(&::cuFuncSetAttribute) func_set_attribute;
+  decltype(&::cuFuncGetAttribute) func_get_attribute;
+  decltype(&::cuLaunchKernel) launch;
+  decltype(&::cuEventCreate) event_create;
+  decltype(&::cuEventDestroy) event_destroy;
+  decltype(&::cuEventRecord) event_record;
+  decltype(&::cuEventSynchronize) event_synchronize;
+  decltype(&::cuEventElapsedTime) event_elapsed;
+  decltype(&::cuGetErrorString) error_string;
+};
+
+namespace {
+
+template <typename Fn>
+bool Resolve(void* h, Fn& fn, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    fn = reinterpret_cast<Fn>(dlsym(h, name));
+    if (fn != nullptr) return true;
+  }
+  return false;
+}
+
+const Driver* LoadDriver(std::string* why) {
+  static std::once_flag once;
+  static const Driver* driver = nullptr;
+  static std::string error;
+  std::call_once(once, [] {
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) h = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      error = "no CUDA driver (libcuda.so.1 not found)";
+      return;
+    }
+    auto* d = new Driver();
+    bool ok = Resolve(h, d->init, {"cuInit"}) && Resolve(h, d->driver_version, {"cuDriverGetVersion"}) &&
+              Resolve(h, d->device_count, {"cuDeviceGetCount"}) && Resolve(h, d->device_get, {"cuDeviceGet"}) &&
+              Resolve(h, d->device_name, {"cuDeviceGetName"}) &&
+              Resolve(h, d->attribute, {"cuDeviceGetAttribute"}) &&
+              Resolve(h, d->total_mem, {"cuDeviceTotalMem_v2"}) &&
+              Resolve(h, d->primary_retain, {"cuDevicePrimaryCtxRetain"}) &&
+              Resolve(h, d->primary_release, {"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"}) &&
+              Resolve(h, d->set_current, {"cuCtxSetCurrent"}) && Resolve(h, d->synchronize, {"cuCtxSynchronize"}) &&
+              Resolve(h, d->alloc, {"cuMemAlloc_v2"}) && Resolve(h, d->free, {"cuMemFree_v2"}) &&
+              Resolve(h, d->htod, {"cuMemcpyHtoD_v2"}) && Resolve(h, d->dtoh, {"cuMemcpyDtoH_v2"}) &&
+              Resolve(h, d->memset8, {"cuMemsetD8_v2"}) && Resolve(h, d->module_load, {"cuModuleLoadData"}) &&
+              Resolve(h, d->module_unload, {"cuModuleUnload"}) &&
+              Resolve(h, d->get_function, {"cuModuleGetFunction"}) &&
+              Resolve(h, d->func_set_attribute, {"cuFuncSetAttribute"}) &&
+              Resolve(h, d->func_get_attribute, {"cuFuncGetAttribute"}) && Resolve(h, d->launch, {"cuLaunchKernel"}) &&
+              Resolve(h, d->event_create, {"cuEventCreate"}) &&
+              Resolve(h, d->event_destroy, {"cuEventDestroy_v2", "cuEventDestroy"}) &&
+              Resolve(h, d->event_record, {"cuEventRecord"}) &&
+              Resolve(h, d->event_synchronize, {"cuEventSynchronize"}) &&
+              Resolve(h, d->event_elapsed, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}) &&
+              Resolve(h, d->error_string, {"cuGetErrorString"});
+    if (!ok) {
+      error = "the CUDA driver lacks an entry point fusor needs (driver too old?)";
+      delete d;
+      return;
+    }
+    if (CUresult rc = d->init(0); rc != CUDA_SUCCESS) {
+      const char* s = nullptr;
+      d->error_string(rc, &s);
+      error = std::string("cuInit failed: ") + (s ? s : "unknown error");
+      delete d;
+      return;
+    }
+    driver = d;
+  });
+  if (driver == nullptr && why != nullptr) *why = error;
+  return driver;
+}
+
+// Device-to-device copy, 16 bytes per thread and step.
+const char kCopySource[] = R"(
+extern "C" __global__ void fusor_copy(const float4* __restrict__ in, float4* __restrict__ out, long n) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) out[i] = in[i];
+}
+)";
+
+// Independent f16 mma.sync chains per warp, on registers only.
+const char kMmaSource[] = R"(
+#include "fusor_device.h"
+extern "C" __global__ void __launch_bounds__(128, 1) fusor_mma_rate(float* out, int steps) {
+  fusor_u32 a[4] = {0x3c003c00u + threadIdx.x, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+  fusor_u32 b[2] = {0x3c003c00u, 0x3c003c00u + blockIdx.x};
+  float c[8][4] = {};
+  for (int s = 0; s < steps; ++s) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) fusor_mma_m16n8k16_f16(c[i], a, b);
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum += c[i][0] + c[i][1] + c[i][2] + c[i][3];
+  if (sum == 1234.5f) out[threadIdx.x] = sum;  // keeps the work alive
+}
+)";
+
+}  // namespace
+
+bool DescribeDevice(int ordinal, DeviceInfo* info, std::string* why) {
+  const Driver* d = LoadDriver(why);
+  if (d == nullptr) return false;
+  int count = 0;
+  if (d->device_count(&count) != CUDA_SUCCESS || ordinal < 0 || ordinal >= count) {
+    *why = "no GPU " + std::to_string(ordinal) + " (" + std::to_string(count) + " visible)";
+    return false;
+  }
+  CUdevice dev;
+  if (d->device_get(&dev, ordinal) != CUDA_SUCCESS) {
+    *why = "cuDeviceGet failed";
+    return false;
+  }
+  char name[256] = {};
+  d->device_name(name, sizeof(name) - 1, dev);
+  auto attr = [&](CUdevice_attribute a) {
+    int v = 0;
+    d->attribute(&v, a, dev);
+    return v;
+  };
+  size_t total = 0;
+  d->total_mem(&total, dev);
+  info->ordinal = ordinal;
+  info->name = name;
+  info->arch = "sm_" + std::to_string(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)) +
+               std::to_string(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
+  info->sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  info->l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
+  info->shared_optin_bytes = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+  info->max_threads_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
+  info->registers_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+  info->total_bytes = static_cast<int64_t>(total);
+  d->driver_version(&info->driver_version);
+  return true;
+}
+
+std::unique_ptr<Runtime> Runtime::Open(int ordinal, const std::string& device_header, std::string* why) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  rt->device_header_ = device_header;
+  rt->d_ = LoadDriver(why);
+  if (rt->d_ == nullptr || !DescribeDevice(ordinal, &rt->info_, why)) return nullptr;
+  const Driver* d = rt->d_;
+  if (!rt->Check(d->device_get(&rt->device_, ordinal), "cuDeviceGet", why) ||
+      !rt->Check(d->primary_retain(&rt->context_, rt->device_), "cuDevicePrimaryCtxRetain", why) ||
+      !rt->Check(d->set_current(rt->context_), "cuCtxSetCurrent", why)) {
+    return nullptr;
+  }
+  rt->flush_bytes_ = static_cast<size_t>(std::max<int64_t>(2 * rt->info_.l2_bytes, 8 << 20));
+  rt->flush_ = rt->Alloc(rt->flush_bytes_, why);
+  if (rt->flush_ == 0) return nullptr;
+  return rt;
+}
+
+Runtime::~Runtime() {
+  if (d_ == nullptr || context_ == nullptr) return;
+  if (flush_ != 0) d_->free(flush_);
+  d_->primary_release(device_);
+}
+
+bool Runtime::Check(CUresult rc, const char* what, std::string* why) const {
+  if (rc == CUDA_SUCCESS) return true;
+  const char* s = nullptr;
+  d_->error_string(rc, &s);
+  *why = std::string(what) + ": " + (s ? s : "unknown CUDA error") + " (" + std::to_string(static_cast<int>(rc)) + ")";
+  return false;
+}
+
+CUdeviceptr Runtime::Alloc(size_t bytes, std::string* why) {
+  CUdeviceptr p = 0;
+  if (!Check(d_->alloc(&p, std::max<size_t>(bytes, 16)), "cuMemAlloc", why)) return 0;
+  return p;
+}
+
+void Runtime::Free(CUdeviceptr p) {
+  if (p != 0) d_->free(p);
+}
+
+bool Runtime::Upload(CUdeviceptr dst, const void* src, size_t bytes, std::string* why) {
+  return Check(d_->htod(dst, src, bytes), "cuMemcpyHtoD", why);
+}
+
+bool Runtime::Download(void* dst, CUdeviceptr src, size_t bytes, std::string* why) {
+  return Check(d_->dtoh(dst, src, bytes), "cuMemcpyDtoH", why);
+}
+
+bool Runtime::Fill(CUdeviceptr dst, unsigned char byte, size_t bytes, std::string* why) {
+  return Check(d_->memset8(dst, byte, bytes), "cuMemsetD8", why);
+}
+
+bool Runtime::Load(const std::string& cubin, const std::string& name, int64_t dynamic_shared, Kernel* out,
+                   std::string* why) {
+  if (!Check(d_->module_load(&out->module, cubin.data()), "cuModuleLoadData", why)) return false;
+  if (!Check(d_->get_function(&out->function, out->module, name.c_str()), "cuModuleGetFunction", why)) {
+    Unload(*out);
+    return false;
+  }
+  if (dynamic_shared > 48 * 1024 &&
+      !Check(d_->func_set_attribute(out->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(dynamic_shared)),
+             "raising the kernel's dynamic shared memory limit", why)) {
+    Unload(*out);
+    return false;
+  }
+  d_->func_get_attribute(&out->registers, CU_FUNC_ATTRIBUTE_NUM_REGS, out->function);
+  d_->func_get_attribute(&out->local_bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, out->function);
+  return true;
+}
+
+void Runtime::Unload(Kernel& k) {
+  if (k.module != nullptr) d_->module_unload(k.module);
+  k = Kernel();
+}
+
+bool Runtime::Launch(const Kernel& k, int64_t grid, int threads, int64_t dynamic_shared, const void* arg,
+                     size_t arg_bytes, std::string* why) {
+  (void)arg_bytes;  // the kernel's signature gives the size
+  void* params[] = {const_cast<void*>(arg)};
+  if (grid <= 0 || grid > 0x7fffffff) {
+    *why = "grid of " + std::to_string(grid) + " blocks cannot be launched";
+    return false;
+  }
+  return Check(d_->launch(k.function, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads), 1, 1,
+                          static_cast<unsigned>(dynamic_shared), nullptr, params, nullptr),
+               "cuLaunchKernel", why);
+}
+
+bool Runtime::Synchronize(std::string* why) { return Check(d_->synchronize(), "kernel execution", why); }
+
+bool Runtime::Time(const std::function<bool(std::string*)>& run, const TimingPlan& plan, std::vector<double>* samples,
+                   std::string* why) {
+  CUevent start = nullptr, stop = nullptr;
+  if (!Check(d_->event_create(&start, CU_EVENT_DEFAULT), "cuEventCreate", why) ||
+      !Check(d_->event_create(&stop, CU_EVENT_DEFAULT), "cuEventCreate", why)) {
+    return false;
+  }
+  bool ok = true;
+  double total = 0;
+  for (int i = 0; ok && i < plan.warmup + plan.max_repeats; ++i) {
+    const bool measured = i >= plan.warmup;
+    if (measured && static_cast<int>(samples->size()) >= plan.min_repeats && total >= plan.time_budget_s) break;
+    if (plan.flush_l2) ok = Fill(flush_, static_cast<unsigned char>(i), flush_bytes_, why);
+    ok = ok && Check(d_->event_record(start, nullptr), "cuEventRecord", why) && run(why) &&
+         Check(d_->event_record(stop, nullptr), "cuEventRecord", why) &&
+         Check(d_->event_synchronize(stop), "kernel execution", why);
+    float ms = 0;
+    ok = ok && Check(d_->event_elapsed(&ms, start, stop), "cuEventElapsedTime", why);
+    if (ok && measured) {
+      samples->push_back(ms * 1e-3);
+      total += ms * 1e-3;
+    }
+  }
+  d_->event_destroy(start);
+  d_->event_destroy(stop);
+  return ok;
+}
+
+bool Runtime::BuildAndLoad(const std::string& source, const std::string& name, Kernel* out, std::string* why) {
+  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(why);
+  if (nvrtc == nullptr) return false;
+  codegen::NvrtcOutput built = nvrtc->Compile(source, info_.arch, {{"fusor_device.h", device_header_}});
+  if (!built.ok) {
+    *why = "NVRTC: " + built.log;
+    return false;
+  }
+  return Load(built.cubin, name, 0, out, why);
+}
+
+double Runtime::CopyBandwidth(double seconds, std::string* why) {
+  Kernel k;
+  if (!BuildAndLoad(kCopySource, "fusor_copy", &k, why)) return 0;
+  const size_t bytes = static_cast<size_t>(std::min<int64_t>(info_.total_bytes / 8, int64_t{1} << 30)) / 16 * 16;
+  CUdeviceptr in = Alloc(bytes, why), out = in != 0 ? Alloc(bytes, why) : 0;
+  double rate = 0;
+  if (out != 0 && Fill(in, 0, bytes, why)) {
+    struct {
+      CUdeviceptr in, out;
+      long n;
+    } args{in, out, static_cast<long>(bytes / 16)};
+    const int64_t grid = 4L * info_.sm_count;
+    std::vector<double> samples;
+    TimingPlan plan;
+    plan.time_budget_s = seconds;
+    plan.flush_l2 = false;  // the buffers are far larger than the L2
+    if (Time([&](std::string* w) { return Launch(k, grid, 512, 0, &args, sizeof(args), w); }, plan, &samples, why)) {
+      std::sort(samples.begin(), samples.end());
+      rate = 2.0 * static_cast<double>(bytes) / samples[samples.size() / 2];
+    }
+  }
+  Free(in);
+  Free(out);
+  Unload(k);
+  return rate;
+}
+
+double Runtime::MmaRate(double seconds, std::string* why) {
+  Kernel k;
+  if (!BuildAndLoad(kMmaSource, "fusor_mma_rate", &k, why)) return 0;
+  CUdeviceptr out = Alloc(4096, why);
+  double rate = 0;
+  if (out != 0) {
+    struct {
+      CUdeviceptr out;
+      int steps;
+    } args{out, 4096};
+    const int64_t grid = 8L * info_.sm_count;
+    const int threads = 128;
+    std::vector<double> samples;
+    TimingPlan plan;
+    plan.time_budget_s = seconds;
+    plan.flush_l2 = false;
+    if (Time([&](std::string* w) { return Launch(k, grid, threads, 0, &args, sizeof(args), w); }, plan, &samples,
+             why)) {
+      std::sort(samples.begin(), samples.end());
+      const double flops = 2.0 * 16 * 8 * 16 * 8 * static_cast<double>(args.steps) * (threads / 32) * grid;
+      rate = flops / samples[samples.size() / 2];
+    }
+  }
+  Free(out);
+  Unload(k);
+  return rate;
+}
+
+}  // namespace fusor::gpu

@@ -1,0 +1,17 @@
+// The worker's CUDA backend in a build without the CUDA toolkit.
+#include "worker/cuda/gpu_job.h"
+
+namespace fusor::worker {
+
+absl::StatusOr<hw::TargetDesc> DescribeGpuTarget(int) {
+  return absl::FailedPreconditionError("this fusor was built without the CUDA toolkit");
+}
+
+JobOutcome RunCudaJob(const JobSpec&, const ir::Chain&) {
+  JobOutcome o;
+  o.status = OutcomeStatus::kRuntimeError;
+  o.error = "this fusor was built without the CUDA toolkit";
+  return o;
+}
+
+}  // namespace fusor::worker
