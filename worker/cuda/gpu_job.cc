@@ -52,51 +52,40 @@ struct Buffers {
   }
 };
 
-JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
-  auto schedule = space::ParseSchedule(spec.schedule_text, chain);
-  if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
-  auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
-  if (!nest.ok()) return Fail(OutcomeStatus::kCompileError, std::string(nest.status().message()));
-  auto kernel = codegen::EmitCudaFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
-  if (!kernel.ok()) return Fail(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
-
+// Compiles, validates and times `program` (a fused candidate or the
+// unfused baseline) on fresh inputs.
+JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain,
+                          const codegen::Program& program) {
   std::string why;
-  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(&why);
-  if (nvrtc == nullptr) return Fail(OutcomeStatus::kCompileError, why);
-  codegen::NvrtcOutput built =
-      nvrtc->Compile(kernel->source, rt.info().arch, {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
+  gpu::LoadedProgram loaded;
+  const bool prepared = loaded.Prepare(rt, program, std::string(codegen::CudaDeviceHeader()), &why);
   JobOutcome out;
-  out.compile_s = built.seconds;
-  out.compile_flags = absl::StrCat(nvrtc->Version(), " ", absl::StrJoin(built.options, " "));
-  out.code_bytes = static_cast<int64_t>(built.cubin.size());
-  out.resources_json = nlohmann::json{{"registers", built.usage.registers},
-                                      {"stack_bytes", built.usage.stack_bytes},
-                                      {"spill_store_bytes", built.usage.spill_store_bytes},
-                                      {"spill_load_bytes", built.usage.spill_load_bytes},
-                                      {"static_shared_bytes", built.usage.static_shared_bytes},
-                                      {"dynamic_shared_bytes", kernel->shared_bytes},
-                                      {"threads", kernel->threads},
-                                      {"grid", kernel->grid}}
-                           .dump();
-  if (!built.ok) {
-    out.status = OutcomeStatus::kCompileError;
-    out.error = built.log;
-    return out;
+  out.compile_s = loaded.compile_s;
+  out.compile_flags = absl::StrJoin(loaded.compile_options, " ");
+  out.code_bytes = loaded.code_bytes;
+  nlohmann::json kernels = nlohmann::json::array();
+  size_t k = 0;
+  for (const codegen::ProgramStep& step : program.steps) {
+    nlohmann::json j = {{"step", step.what}};
+    if (!step.is_gemm) {
+      j["grid"] = step.kernel.grid;
+      j["threads"] = step.kernel.threads;
+      j["dynamic_shared_bytes"] = step.kernel.shared_bytes;
+      if (k < loaded.usage.size()) {
+        const codegen::ResourceUsage& u = loaded.usage[k++];
+        j["registers"] = u.registers;
+        j["stack_bytes"] = u.stack_bytes;
+        j["spill_store_bytes"] = u.spill_store_bytes;
+        j["spill_load_bytes"] = u.spill_load_bytes;
+        j["static_shared_bytes"] = u.static_shared_bytes;
+      }
+    }
+    kernels.push_back(j);
   }
-  codegen::DeviceLimits limits;
-  limits.max_threads_per_block = rt.info().max_threads_per_block;
-  limits.registers_per_sm = rt.info().registers_per_sm;
-  limits.max_shared_per_block = rt.info().shared_optin_bytes;
-  if (std::string reject = codegen::CheckResources(built.usage, kernel->threads, kernel->shared_bytes, limits);
-      !reject.empty()) {
+  out.resources_json = kernels.dump();
+  if (!prepared) {
     out.status = OutcomeStatus::kCompileError;
-    out.error = "rejected before running: " + reject;
-    return out;
-  }
-  gpu::Runtime::Kernel k;
-  if (!rt.Load(built.cubin, kernel->kernel_name, kernel->shared_bytes, &k, &why)) {
-    out.status = OutcomeStatus::kRuntimeError;
-    out.error = why;
+    out.error = "rejected before running: " + why;
     return out;
   }
 
@@ -105,19 +94,12 @@ JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Cha
   for (int t : chain.outputs) buf.out_bytes.push_back(chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype));
   for (size_t b : buf.in_bytes) buf.in.push_back(rt.Alloc(b, &why));
   for (size_t b : buf.out_bytes) buf.out.push_back(rt.Alloc(b, &why));
-  for (CUdeviceptr p : buf.in) {
-    if (p == 0) return Fail(OutcomeStatus::kRuntimeError, why);
+  for (const std::vector<CUdeviceptr>* list : {&buf.in, &buf.out}) {
+    for (CUdeviceptr p : *list) {
+      if (p == 0) return Fail(OutcomeStatus::kRuntimeError, why);
+    }
   }
-  for (CUdeviceptr p : buf.out) {
-    if (p == 0) return Fail(OutcomeStatus::kRuntimeError, why);
-  }
-  // The kernel's one argument: {const void* in[]; void* out[];} by value.
-  std::vector<CUdeviceptr> args = buf.in;
-  args.insert(args.end(), buf.out.begin(), buf.out.end());
-  auto launch = [&](std::string* w) {
-    return rt.Launch(k, kernel->grid, kernel->threads, kernel->shared_bytes, args.data(),
-                     args.size() * sizeof(CUdeviceptr), w);
-  };
+  auto run = [&](std::string* w) { return loaded.Run(buf.in, buf.out, w); };
 
   // Validation: fresh inputs, outputs poisoned (all-ones bytes are NaN in
   // every dtype), every element against the float64 reference.
@@ -130,7 +112,7 @@ JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Cha
         for (size_t i = 0; i < buf.out.size(); ++i) {
           if (!rt.Fill(buf.out[i], 0xff, buf.out_bytes[i], &run_error)) return 1;
         }
-        if (!launch(&run_error) || !rt.Synchronize(&run_error)) return 2;
+        if (!run(&run_error) || !rt.Synchronize(&run_error)) return 2;
         for (size_t i = 0; i < buf.out.size(); ++i) {
           if (!rt.Download(outputs[i], buf.out[i], buf.out_bytes[i], &run_error)) return 1;
         }
@@ -138,7 +120,6 @@ JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Cha
       },
       chain, RandomInputs(chain, spec.seed), codegen::CudaTolerance(chain.dtype));
   if (!valid.ok()) {
-    rt.Unload(k);
     out.status = OutcomeStatus::kRuntimeError;
     out.error = run_error.empty() ? std::string(valid.status().message()) : run_error;
     return out;
@@ -146,7 +127,6 @@ JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Cha
   out.max_abs_error = valid->max_abs_error;
   out.max_rel_error = valid->max_rel_error;
   if (!valid->ok) {
-    rt.Unload(k);
     out.status = OutcomeStatus::kInvalidResult;
     out.error = valid->detail;
     return out;
@@ -156,16 +136,30 @@ JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Cha
   plan.min_repeats = spec.timing.min_repeats;
   plan.max_repeats = spec.timing.max_repeats;
   plan.time_budget_s = spec.timing.time_budget_s;
-  if (!rt.Time(launch, plan, &out.samples_s, &why)) {
-    rt.Unload(k);
+  if (!rt.Time(run, plan, &out.samples_s, &why)) {
     out.status = OutcomeStatus::kRuntimeError;
     out.error = why;
     return out;
   }
-  rt.Unload(k);
   out.median_s = Median(out.samples_s);
   out.status = OutcomeStatus::kOk;
   return out;
+}
+
+JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
+  auto schedule = space::ParseSchedule(spec.schedule_text, chain);
+  if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
+  auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
+  if (!nest.ok()) return Fail(OutcomeStatus::kCompileError, std::string(nest.status().message()));
+  auto kernel = codegen::EmitCudaFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
+  if (!kernel.ok()) return Fail(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
+  return MeasureProgram(rt, spec, chain, codegen::FusedProgram(chain, *kernel));
+}
+
+JobOutcome MeasureBaseline(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
+  auto program = codegen::EmitCudaUnfusedBaseline(chain, spec.target);
+  if (!program.ok()) return Fail(OutcomeStatus::kCompileError, std::string(program.status().message()));
+  return MeasureProgram(rt, spec, chain, *program);
 }
 
 }  // namespace
@@ -194,10 +188,9 @@ JobOutcome RunCudaJob(const JobSpec& spec, const ir::Chain& chain) {
   switch (spec.kind) {
     case JobKind::kCalibrate: return Calibrate(*rt, spec);
     case JobKind::kCandidate: return MeasureCandidate(*rt, spec, chain);
-    case JobKind::kBaseline: break;
+    case JobKind::kBaseline: return MeasureBaseline(*rt, spec, chain);
   }
-  return Fail(OutcomeStatus::kRuntimeError,
-              "the unfused GPU baseline (cuBLAS GEMMs and separate kernels) is not built yet; see issue 5");
+  return Fail(OutcomeStatus::kRuntimeError, "unknown job kind");
 }
 
 }  // namespace fusor::worker

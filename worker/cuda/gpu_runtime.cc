@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 
 #include "common/codegen/cuda/nvrtc.h"
@@ -129,6 +130,43 @@ extern "C" __global__ void __launch_bounds__(128, 1) fusor_mma_rate(float* out, 
   if (sum == 1234.5f) out[threadIdx.x] = sum;  // keeps the work alive
 }
 )";
+
+// cuBLAS's C entry points fusor calls (enums as ints, as in its ABI).
+struct Cublas {
+  int (*create)(void**);
+  int (*destroy)(void*);
+  int (*gemm)(void* handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a, int a_type,
+              int lda, long long stride_a, const void* b, int b_type, int ldb, long long stride_b, const void* beta,
+              void* c, int c_type, int ldc, long long stride_c, int batch, int compute, int algo);
+};
+
+const Cublas* LoadCublas(std::string* why) {
+  static std::once_flag once;
+  static const Cublas* cublas = nullptr;
+  std::call_once(once, [] {
+    std::vector<std::string> paths = {"libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"};
+    for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
+      if (const char* v = std::getenv(var)) paths.push_back(std::string(v) + "/lib64/libcublas.so");
+    }
+    paths.push_back("/usr/local/cuda/lib64/libcublas.so");
+    for (const std::string& path : paths) {
+      void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (h == nullptr) continue;
+      auto* c = new Cublas();
+      if (Resolve(h, c->create, {"cublasCreate_v2"}) && Resolve(h, c->destroy, {"cublasDestroy_v2"}) &&
+          Resolve(h, c->gemm, {"cublasGemmStridedBatchedEx"})) {
+        cublas = c;
+        return;
+      }
+      delete c;
+    }
+  });
+  if (cublas == nullptr && why != nullptr) *why = "cuBLAS not found (libcublas.so; set CUDA_HOME)";
+  return cublas;
+}
+
+constexpr int kCudaR32F = 0, kCudaR16F = 2, kCudaR16BF = 14;
+constexpr int kComputeF32 = 68, kComputeF32FastTf32 = 77, kGemmDefault = -1;
 
 }  // namespace
 
@@ -352,6 +390,113 @@ double Runtime::MmaRate(double seconds, std::string* why) {
   Free(out);
   Unload(k);
   return rate;
+}
+
+bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, const std::string& device_header,
+                            std::string* why) {
+  rt_ = &rt;
+  program_ = program;
+  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(why);
+  if (nvrtc == nullptr) return false;
+  compiler = nvrtc->Version();
+  codegen::DeviceLimits limits;
+  limits.max_threads_per_block = rt.info().max_threads_per_block;
+  limits.registers_per_sm = rt.info().registers_per_sm;
+  limits.max_shared_per_block = rt.info().shared_optin_bytes;
+  kernels_.assign(program.steps.size(), {});
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    const codegen::ProgramStep& step = program.steps[i];
+    if (step.is_gemm) {
+      if (cublas_ == nullptr) {
+        const Cublas* cb = LoadCublas(why);
+        if (cb == nullptr || cb->create(&cublas_) != 0) {
+          if (cb != nullptr) *why = "cublasCreate failed";
+          return false;
+        }
+      }
+      continue;
+    }
+    const codegen::KernelStep& k = step.kernel;
+    codegen::NvrtcOutput built = nvrtc->Compile(k.source, rt.info().arch, {{"fusor_device.h", device_header}});
+    compile_s += built.seconds;
+    code_bytes += static_cast<int64_t>(built.cubin.size());
+    compile_options = built.options;
+    usage.push_back(built.usage);
+    if (!built.ok) {
+      *why = step.what + ": NVRTC: " + built.log;
+      return false;
+    }
+    if (std::string reject = codegen::CheckResources(built.usage, k.threads, k.shared_bytes, limits); !reject.empty()) {
+      *why = step.what + ": " + reject;
+      return false;
+    }
+    if (!rt.Load(built.cubin, k.name, k.shared_bytes, &kernels_[i], why)) return false;
+  }
+  scratch_.assign(program.buffers.size(), 0);
+  for (size_t b = 0; b < program.buffers.size(); ++b) {
+    const codegen::ProgramBuffer& buf = program.buffers[b];
+    if (buf.input >= 0 || buf.output >= 0) continue;
+    scratch_[b] = rt.Alloc(static_cast<size_t>(buf.bytes), why);
+    if (scratch_[b] == 0) return false;
+  }
+  return true;
+}
+
+LoadedProgram::~LoadedProgram() {
+  if (rt_ == nullptr) return;
+  for (Runtime::Kernel& k : kernels_) rt_->Unload(k);
+  for (CUdeviceptr p : scratch_) rt_->Free(p);
+  if (cublas_ != nullptr) LoadCublas(nullptr)->destroy(cublas_);
+}
+
+bool LoadedProgram::Run(const std::vector<CUdeviceptr>& inputs, const std::vector<CUdeviceptr>& outputs,
+                        std::string* why) {
+  std::vector<CUdeviceptr> address(program_.buffers.size());
+  for (size_t b = 0; b < program_.buffers.size(); ++b) {
+    const codegen::ProgramBuffer& buf = program_.buffers[b];
+    if (buf.input >= 0 && buf.input < static_cast<int>(inputs.size())) {
+      address[b] = inputs[buf.input];
+    } else if (buf.output >= 0 && buf.output < static_cast<int>(outputs.size())) {
+      address[b] = outputs[buf.output];
+    } else {
+      address[b] = scratch_[b];
+    }
+    if (address[b] == 0) {
+      *why = "buffer " + std::to_string(b) + " has no device memory";
+      return false;
+    }
+  }
+  for (size_t i = 0; i < program_.steps.size(); ++i) {
+    const codegen::ProgramStep& step = program_.steps[i];
+    if (!step.is_gemm) {
+      const codegen::KernelStep& k = step.kernel;
+      std::vector<CUdeviceptr> args;
+      for (int a : k.args) args.push_back(address[a]);
+      if (!rt_->Launch(kernels_[i], k.grid, k.threads, k.shared_bytes, args.data(), args.size() * sizeof(CUdeviceptr),
+                       why)) {
+        *why = step.what + ": " + *why;
+        return false;
+      }
+      continue;
+    }
+    // Row-major C = A B is column-major C^T = B^T A^T.
+    const codegen::GemmStep& g = step.gemm;
+    const int type = g.dtype == "f16" ? kCudaR16F : g.dtype == "bf16" ? kCudaR16BF : kCudaR32F;
+    const int bytes = type == kCudaR32F ? 4 : 2;
+    const float alpha = static_cast<float>(g.alpha), beta = 0.0f;
+    const int rc = LoadCublas(why)->gemm(
+        cublas_, g.trans_b ? 1 : 0, g.trans_a ? 1 : 0, static_cast<int>(g.n), static_cast<int>(g.m),
+        static_cast<int>(g.k), &alpha, reinterpret_cast<const void*>(address[g.b] + g.offset_b * bytes), type,
+        static_cast<int>(g.ldb), g.stride_b, reinterpret_cast<const void*>(address[g.a] + g.offset_a * bytes), type,
+        static_cast<int>(g.lda), g.stride_a, &beta, reinterpret_cast<void*>(address[g.c] + g.offset_c * bytes), type,
+        static_cast<int>(g.ldc), g.stride_c, static_cast<int>(g.batch),
+        type == kCudaR32F ? kComputeF32FastTf32 : kComputeF32, kGemmDefault);
+    if (rc != 0) {
+      *why = step.what + ": cublasGemmStridedBatchedEx failed with status " + std::to_string(rc);
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace fusor::gpu

@@ -11,11 +11,15 @@
 
 #include <cuda.h>
 
+#include "common/codegen/cuda/nvrtc.h"
+
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "common/codegen/cuda/program.h"
 
 namespace fusor::gpu {
 
@@ -102,6 +106,35 @@ class Runtime {
   CUdeviceptr flush_ = 0;
   size_t flush_bytes_ = 0;
   std::string device_header_;
+};
+
+// A program (program.h) ready to run: kernels compiled by NVRTC for the
+// device and loaded, scratch buffers allocated, cuBLAS loaded when a step
+// needs it.
+class LoadedProgram {
+ public:
+  // false (with `why`) when a kernel does not compile or does not fit the
+  // device (spills, shared memory, registers): such a program never runs.
+  bool Prepare(Runtime& rt, const codegen::Program& program, const std::string& device_header, std::string* why);
+  ~LoadedProgram();
+
+  // One run: `inputs` and `outputs` are device buffers in the chain's
+  // order; ends with the work queued (not synchronized).
+  bool Run(const std::vector<CUdeviceptr>& inputs, const std::vector<CUdeviceptr>& outputs, std::string* why);
+
+  // Per kernel step: NVRTC's options and ptxas's report, for the record.
+  std::vector<std::string> compile_options;
+  std::vector<codegen::ResourceUsage> usage;
+  std::string compiler;  // "NVRTC 13.0"
+  double compile_s = 0;
+  int64_t code_bytes = 0;
+
+ private:
+  Runtime* rt_ = nullptr;
+  codegen::Program program_;
+  std::vector<Runtime::Kernel> kernels_;  // per step (empty for GEMMs)
+  std::vector<CUdeviceptr> scratch_;      // per buffer (0 unless scratch)
+  void* cublas_ = nullptr;                // cublasHandle_t
 };
 
 }  // namespace fusor::gpu

@@ -828,6 +828,99 @@ absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const spa
 
 double CudaTolerance(ir::DType dtype) { return dtype == ir::DType::kBF16 ? 1e-2 : 2e-3; }
 
+KernelSource ProgramEmulationHarness(const Program& program) {
+  KernelSource k;
+  k.extra_files = {{"fusor_device.h", std::string(CudaEmulationHeader())},
+                   {"fusor_prelude.inc", std::string(CpuPreludeSource())}};
+  Writer w;
+  w.Line("// Runs a fusor GPU program through the host emulation: its kernels' exact");
+  w.Line("// sources, each in its own namespace, and its GEMM steps as host loops.");
+  w.Line("#include \"fusor_device.h\"");
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    const ProgramStep& s = program.steps[i];
+    if (s.is_gemm) continue;
+    k.extra_files.push_back({absl::StrCat("step", i, ".cu"), s.kernel.source});
+    w.Line(absl::StrCat("namespace step", i, " {"));
+    w.Line(absl::StrCat("#define ", s.kernel.name, " ", s.kernel.name, "_step", i));
+    w.Line(absl::StrCat("#include \"step", i, ".cu\""));
+    w.Line(absl::StrCat("#undef ", s.kernel.name));
+    w.Line(absl::StrCat("static_assert(sizeof(FusorArgs) == ", s.kernel.args.size(), " * sizeof(void*), \"arguments\");"));
+    w.Line("}");
+  }
+  w.Raw(R"(
+static float fusor_load(const char* dtype, const void* p, long i) {
+  if (dtype[0] == 'f' && dtype[1] == '3') return ((const float*)p)[i];
+  const uint16_t h = ((const uint16_t*)p)[i];
+  return dtype[0] == 'f' ? fusor_f16_to_f32(h) : fusor_bf16_to_f32(h);
+}
+static void fusor_store(const char* dtype, void* p, long i, float v) {
+  if (dtype[0] == 'f' && dtype[1] == '3') ((float*)p)[i] = v;
+  else ((uint16_t*)p)[i] = dtype[0] == 'f' ? fusor_f32_to_f16(v) : fusor_f32_to_bf16(v);
+}
+// Row-major C[m, n] = alpha * A[m, k] B[k, n] per batch (see GemmStep).
+static void fusor_gemm(const char* dtype, int ta, int tb, long m, long n, long k, long lda, long ldb, long ldc,
+                       long sa, long sb, long sc, long batch, float alpha, const void* a, const void* b, void* c,
+                       long oa, long ob, long oc) {
+  for (long z = 0; z < batch; ++z)
+    for (long i = 0; i < m; ++i)
+      for (long j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (long p = 0; p < k; ++p) {
+          const long ia = oa + z * sa + (ta ? p * lda + i : i * lda + p);
+          const long ib = ob + z * sb + (tb ? j * ldb + p : p * ldb + j);
+          acc += fusor_load(dtype, a, ia) * fusor_load(dtype, b, ib);
+        }
+        fusor_store(dtype, c, oc + z * sc + i * ldc + j, alpha * acc);
+      }
+}
+
+)");
+  w.Open("extern \"C\" int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)");
+  w.Line(absl::StrCat("void* buf[", program.buffers.size(), "];"));
+  for (size_t i = 0; i < program.buffers.size(); ++i) {
+    const ProgramBuffer& b = program.buffers[i];
+    if (b.input >= 0) {
+      w.Line(absl::StrCat("buf[", i, "] = (void*)inputs[", b.input, "];"));
+    } else if (b.output >= 0) {
+      w.Line(absl::StrCat("buf[", i, "] = outputs[", b.output, "];"));
+    } else {
+      w.Line(absl::StrCat("buf[", i, "] = malloc(", b.bytes, ");"));
+      w.Line(absl::StrCat("memset(buf[", i, "], 0xff, ", b.bytes, ");"));
+    }
+  }
+  w.Line("int rc = 0;");
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    const ProgramStep& s = program.steps[i];
+    w.Line(absl::StrCat("// ", s.what));
+    if (s.is_gemm) {
+      const GemmStep& g = s.gemm;
+      w.Line(absl::StrCat("fusor_gemm(\"", g.dtype, "\", ", g.trans_a, ", ", g.trans_b, ", ", g.m, ", ", g.n, ", ", g.k,
+                          ", ", g.lda, ", ", g.ldb, ", ", g.ldc, ", ", g.stride_a, ", ", g.stride_b, ", ", g.stride_c,
+                          ", ", g.batch, ", ", FloatLit(g.alpha), ", buf[", g.a, "], buf[", g.b, "], buf[", g.c, "], ",
+                          g.offset_a, ", ", g.offset_b, ", ", g.offset_c, ");"));
+      continue;
+    }
+    const KernelStep& k2 = s.kernel;
+    w.Open("if (rc == 0)");
+    w.Line(absl::StrCat("step", i, "::FusorArgs args;"));
+    w.Line(absl::StrCat("void* ptrs[] = {", absl::StrJoin(k2.args, ", ", [](std::string* out, int a) {
+                          absl::StrAppend(out, "buf[", a, "]");
+                        }), "};"));
+    w.Line("memcpy(&args, ptrs, sizeof(args));");
+    w.Line(absl::StrCat("rc = fusor_emu::Launch(step", i, "::", k2.name, "_step", i, ", dim3{", k2.grid,
+                        ", 1, 1}, dim3{", k2.threads, ", 1, 1}, ", k2.shared_bytes, ", args, num_threads);"));
+    w.Close();
+  }
+  for (size_t i = 0; i < program.buffers.size(); ++i) {
+    if (program.buffers[i].input < 0 && program.buffers[i].output < 0) w.Line(absl::StrCat("free(buf[", i, "]);"));
+  }
+  w.Line("return rc;");
+  w.Close();
+  k.source = w.Take();
+  k.compile_flags = {"-O1", "-std=gnu++17", "-fopenmp", "-fno-strict-aliasing", "-w"};
+  return k;
+}
+
 KernelSource CudaEmulationHarness(const ir::Chain& chain, const CudaKernel& kernel) {
   KernelSource k;
   k.extra_files = {{"fusor_device.h", std::string(CudaEmulationHeader())},

@@ -30,6 +30,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/codegen/cpu/cpu_codegen.h"
+#include "common/codegen/cuda/program.h"
+#include "common/hw/target.h"
 #include "common/ir/chain.h"
 #include "common/space/loop_nest.h"
 
@@ -56,6 +58,17 @@ absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const spa
                                                const std::string& schedule_text, const std::string& mapping,
                                                const CudaOptions& options = {});
 
+// The fused kernel as a program (its buffers: the chain's inputs, then
+// its outputs).
+Program FusedProgram(const ir::Chain& chain, const CudaKernel& kernel);
+
+// The unfused baseline a framework would run (cuda_baseline.cc): each op
+// over whole tensors, intermediates in global memory in the chain's
+// dtype, GEMM-shaped sums through cuBLAS where their operands allow, the
+// other ops as kernels of this generator, scheduled by the model for
+// `target`. Buffers are the chain's tensors, by id.
+absl::StatusOr<Program> EmitCudaUnfusedBaseline(const ir::Chain& chain, const hw::TargetDesc& target);
+
 // Relative tolerance of validation: the mma's inputs are f16, bf16 or
 // tf32 (10-bit mantissa for f32 chains), intermediates included.
 double CudaTolerance(ir::DType dtype);
@@ -70,5 +83,8 @@ absl::string_view CudaEmulationHeader();
 // that runs `kernel`'s exact source through the emulation header: compile
 // it with CompileKernel and validate it as any CPU kernel.
 KernelSource CudaEmulationHarness(const ir::Chain& chain, const CudaKernel& kernel);
+// The same for a whole program; its GEMM steps run as host loops with the
+// semantics of GemmStep (cuBLAS itself runs only on a GPU).
+KernelSource ProgramEmulationHarness(const Program& program);
 
 }  // namespace fusor::codegen

@@ -29,7 +29,7 @@ hw::TargetDesc Gpu(const char* name = "a100") { return *hw::LookupDevice(name); 
 // Compiles the kernel with NVRTC for sm_80 and sm_90 and checks its
 // resource report; "" or what failed. Without NVRTC (no CUDA toolkit on
 // this machine) only the emulation runs, and the test says so once.
-std::string CompileWithNvrtc(const CudaKernel& kernel) {
+std::string CompileWithNvrtc(const KernelStep& kernel) {
   std::string why;
   const Nvrtc* nvrtc = Nvrtc::Get(&why);
   if (nvrtc == nullptr) {
@@ -55,7 +55,9 @@ std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule,
   if (!nest.ok()) return absl::StrCat(text, ": ", nest.status().ToString());
   auto kernel = EmitCudaFusedKernel(chain, *nest, text, space::DescribeMappings(chain, *nest), {warps});
   if (!kernel.ok()) return absl::StrCat(text, ": ", kernel.status().ToString());
-  if (std::string nvrtc = CompileWithNvrtc(*kernel); !nvrtc.empty()) return absl::StrCat(text, ": ", nvrtc);
+  if (std::string nvrtc = CompileWithNvrtc(FusedProgram(chain, *kernel).steps[0].kernel); !nvrtc.empty()) {
+    return absl::StrCat(text, ": ", nvrtc);
+  }
   auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   if (!dir.ok()) return dir.status().ToString();
   worker::CompileOutcome compiled = worker::CompileKernel(CudaEmulationHarness(chain, *kernel), dir->path(), "c++", 120);
@@ -81,6 +83,24 @@ absl::StatusOr<std::unique_ptr<worker::LoadedKernel>> BuildEmulated(const std::s
   auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
   if (!loaded.ok()) return loaded.status();
   return std::make_unique<worker::LoadedKernel>(std::move(*loaded));
+}
+
+// The unfused baseline program through the emulation (GEMM steps as host
+// loops), validated like a fused kernel; "" or what failed.
+std::string RunBaselineEmulated(const ir::Chain& chain, const Program& program) {
+  for (const ProgramStep& step : program.steps) {
+    if (step.is_gemm) continue;
+    if (std::string nvrtc = CompileWithNvrtc(step.kernel); !nvrtc.empty()) return step.what + ": " + nvrtc;
+  }
+  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  if (!dir.ok()) return dir.status().ToString();
+  worker::CompileOutcome compiled = worker::CompileKernel(ProgramEmulationHarness(program), dir->path(), "c++", 120);
+  if (!compiled.ok) return "compile failed: " + compiled.error;
+  auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
+  if (!loaded.ok()) return loaded.status().ToString();
+  auto v = worker::ValidateKernel(*loaded, chain, 13, 2, CudaTolerance(chain.dtype));
+  if (!v.ok()) return v.status().ToString();
+  return v->ok ? "" : v->detail;
 }
 
 ir::Chain Parse(const std::string& text) {
@@ -282,6 +302,38 @@ TEST(CudaEmulationTest, AttentionOnlineAndPlainSoftmax) {
   CheckSchedule(kAttention, "b=1 m=32 / - / O(h=16)");  // plain softmax over the whole row
   CheckSchedule(testing::kMaskedF16Attention, "b=1 m=16 / n=16 / -");
   CheckSchedule(testing::kMaskedF16Attention, "b=1 / - / S(n=32) O(h=8)");
+}
+
+// The unfused baseline: GEMMs cuBLAS can read in place become GEMM steps,
+// everything else kernels; the program survives its text form and
+// computes the chain.
+TEST(CudaEmulationTest, UnfusedBaselinePrograms) {
+  struct Case {
+    const char* text;
+    int gemms, kernels;
+  };
+  for (const Case& c : {Case{testing::kGemmChain, 2, 0}, Case{kAttention, 2, 1},
+                        Case{testing::kMaskedF16Attention, 2, 1}, Case{kBf16Chain, 2, 0}, Case{kFfn, 2, 1},
+                        Case{testing::kConvChain, 1, 2}}) {  // conv: the 1x1 conv as a GEMM over (p, q)
+    ir::Chain chain = Parse(c.text);
+    SCOPED_TRACE(chain.name);
+    auto program = EmitCudaUnfusedBaseline(chain, Gpu());
+    ASSERT_TRUE(program.ok()) << program.status();
+    int gemms = 0, kernels = 0;
+    for (const ProgramStep& step : program->steps) (step.is_gemm ? gemms : kernels)++;
+    EXPECT_EQ(gemms, c.gemms);
+    EXPECT_EQ(kernels, c.kernels);
+    Program again;
+    std::string why;
+    ASSERT_TRUE(ProgramFromText(ProgramToText(*program), &again, &why)) << why;
+    EXPECT_EQ(ProgramToText(again), ProgramToText(*program));
+    EXPECT_EQ(RunBaselineEmulated(chain, *program), "");
+  }
+  Program bad;
+  std::string why;
+  EXPECT_FALSE(ProgramFromText("fusor-program 1\n1 buffers\n16 0 -1\n1 steps\nkernel 1\nx\nk 1 32 0 1 5 0\n", &bad,
+                               &why));
+  EXPECT_NE(why.find("kernel argument"), std::string::npos) << why;
 }
 
 TEST(CudaEmulationTest, SpaceOfEachChainKind) {
