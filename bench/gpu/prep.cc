@@ -1,0 +1,151 @@
+// fusor-bench-gpu-prep: prepares the GPU device check on a machine without
+// a GPU. For each chain it writes, under OUT/<chain>/:
+//   manifest.txt      dtype, inputs and outputs (elements), FLOPs, the
+//                     bytes every implementation must move, seed, tolerance
+//   expected.f32      the float64 reference on the deterministic inputs
+//                     (inputs.h), as float32, outputs concatenated
+//   candidate_<i>.prog  the model's best fused candidates that NVRTC
+//                     compiles within the target's limits (program.h)
+//   baseline.prog     the unfused baseline (cuBLAS + separate kernels)
+// The runner (runner.cc) then measures them on the GPU.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "bench/gpu/inputs.h"
+#include "client/model_only.h"
+#include "common/codegen/cpu/prelude.h"
+#include "common/codegen/cuda/cuda_codegen.h"
+#include "common/codegen/cuda/nvrtc.h"
+#include "common/ir/parse.h"
+#include "common/ir/reference.h"
+#include "common/space/loop_nest.h"
+#include "common/space/space.h"
+
+namespace {
+
+using namespace fusor;
+
+constexpr uint64_t kSeed = 20261202;
+
+std::string Read(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+int Prepare(const std::string& chain_path, const hw::TargetDesc& target, int top, const std::string& out_root) {
+  auto chain = ir::ParseChainText(Read(chain_path));
+  if (!chain.ok()) {
+    std::cerr << chain_path << ": " << chain.status() << "\n";
+    return 1;
+  }
+  const std::string dir = out_root + "/" + chain->name;
+  std::filesystem::create_directories(dir);
+  // The reference on the deterministic inputs, rounded to the dtype first.
+  std::vector<std::vector<double>> inputs;
+  for (size_t i = 0; i < chain->inputs.size(); ++i) {
+    std::vector<double> v =
+        bench::DeviceCheckInput(kSeed, static_cast<int>(i), chain->tensors[chain->inputs[i]].NumElements());
+    for (double& x : v) {
+      const float f = static_cast<float>(x);
+      if (chain->dtype == ir::DType::kF16) {
+        x = codegen::rt::fusor_f16_to_f32(codegen::rt::fusor_f32_to_f16(f));
+      } else if (chain->dtype == ir::DType::kBF16) {
+        x = codegen::rt::fusor_bf16_to_f32(codegen::rt::fusor_f32_to_bf16(f));
+      } else {
+        x = f;
+      }
+    }
+    inputs.push_back(std::move(v));
+  }
+  auto reference = ir::EvaluateReference(*chain, inputs);
+  if (!reference.ok()) {
+    std::cerr << chain->name << ": " << reference.status() << "\n";
+    return 1;
+  }
+  {
+    std::ofstream f(dir + "/expected.f32", std::ios::binary);
+    for (const auto& out : *reference) {
+      for (double x : out) {
+        const float v = static_cast<float>(x);
+        f.write(reinterpret_cast<const char*>(&v), 4);
+      }
+    }
+  }
+  const int bytes = ir::DTypeBytes(chain->dtype);
+  double min_bytes = 0;
+  std::ofstream m(dir + "/manifest.txt");
+  m << "chain " << chain->name << "\ndtype " << ir::DTypeName(chain->dtype) << "\nseed " << kSeed << "\ntolerance "
+    << codegen::CudaTolerance(chain->dtype) << "\nflops " << ir::ChainFlops(*chain) << "\n";
+  m << "inputs " << chain->inputs.size() << "\n";
+  for (int t : chain->inputs) {
+    m << chain->tensors[t].name << " " << chain->tensors[t].NumElements() << "\n";
+    min_bytes += static_cast<double>(chain->tensors[t].NumElements()) * bytes;
+  }
+  m << "outputs " << chain->outputs.size() << "\n";
+  for (int t : chain->outputs) {
+    m << chain->tensors[t].name << " " << chain->tensors[t].NumElements() << "\n";
+    min_bytes += static_cast<double>(chain->tensors[t].NumElements()) * bytes;
+  }
+  m << "min_bytes " << min_bytes << "\n";
+
+  auto space = space::BuildSpace(*chain, target);
+  if (!space.ok()) {
+    std::cerr << chain->name << ": " << space.status() << "\n";
+    return 1;
+  }
+  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get();
+  int written = 0;
+  for (size_t i = 0; i < space->ranked.size() && written < top; ++i) {
+    const space::RankedSchedule& r = space->ranked[i];
+    auto nest = space::BuildLoopNest(*chain, r.schedule, target);
+    if (!nest.ok()) continue;
+    const std::string text = space::ScheduleToText(r.schedule, *chain);
+    auto kernel = codegen::EmitCudaFusedKernel(*chain, *nest, text, r.mappings);
+    if (!kernel.ok()) continue;
+    if (nvrtc != nullptr) {  // drop what would not compile or fit there
+      codegen::NvrtcOutput built =
+          nvrtc->Compile(kernel->source, target.arch, {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
+      if (!built.ok || !codegen::CheckResources(built.usage, kernel->threads, kernel->shared_bytes,
+                                                codegen::LimitsForArch(target.arch))
+                            .empty()) {
+        continue;
+      }
+    }
+    codegen::Program program = codegen::FusedProgram(*chain, *kernel);
+    program.steps[0].what = absl::StrCat(text, "  [", r.mappings, "] model ", r.prediction.t_estm_s * 1e6, " us");
+    std::ofstream(absl::StrCat(dir, "/candidate_", written, ".prog")) << codegen::ProgramToText(program);
+    ++written;
+  }
+  auto baseline = codegen::EmitCudaUnfusedBaseline(*chain, target);
+  if (!baseline.ok()) {
+    std::cerr << chain->name << ": baseline: " << baseline.status() << "\n";
+    return 1;
+  }
+  std::ofstream(dir + "/baseline.prog") << codegen::ProgramToText(*baseline);
+  std::cout << chain->name << ": " << written << " candidates, baseline of " << baseline->steps.size()
+            << " steps -> " << dir << "\n";
+  return written > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::cerr << "usage: fusor-bench-gpu-prep OUT_DIR TARGET(h200|sm_90|...) TOP CHAIN_FILE...\n";
+    return 2;
+  }
+  auto target = client::GpuTarget(argv[2]);
+  if (!target.ok()) {
+    std::cerr << target.status() << "\n";
+    return 2;
+  }
+  const int top = std::atoi(argv[3]);
+  int rc = 0;
+  for (int i = 4; i < argc; ++i) rc |= Prepare(argv[i], *target, top, argv[1]);
+  return rc;
+}

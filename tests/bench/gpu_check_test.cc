@@ -1,0 +1,76 @@
+// The parts of the GPU device check (bench/gpu) that run without a GPU:
+// preparing candidates, baselines and references; building the runner from
+// its plain C++ sources as run.sh does on the GPU machine; the runner's
+// clean refusal without a driver (or, with one, a full pass); the table.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "common/codegen/cuda/program.h"
+#include "worker/process.h"
+
+namespace fusor {
+namespace {
+
+std::string Read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
+  auto dir = worker::TempDir::Create("/tmp", "fusor-gpu-check-test-");
+  ASSERT_TRUE(dir.ok());
+  const std::string src = FUSOR_SOURCE_DIR, prep = dir->path() + "/prep", log = dir->path() + "/log";
+  auto run = worker::RunProcess({std::string(FUSOR_BINARY_DIR) + "/bench/fusor-bench-gpu-prep", prep, "h200", "2",
+                                 src + "/examples/conv1x1_chain.fusor"},
+                                log, 300);
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(run->exit_code, 0) << worker::ReadTail(log, 4000);
+  const std::string chain = prep + "/conv1x1_relu_conv1x1";
+  EXPECT_NE(Read(chain + "/manifest.txt").find("dtype f32"), std::string::npos);
+  // 1 x 64 x 28 x 28 f32 outputs.
+  EXPECT_EQ(Read(chain + "/expected.f32").size(), 64u * 28 * 28 * 4);
+  for (const char* name : {"candidate_0.prog", "candidate_1.prog", "baseline.prog"}) {
+    codegen::Program program;
+    std::string why;
+    EXPECT_TRUE(codegen::ProgramFromText(Read(chain + "/" + name), &program, &why)) << name << ": " << why;
+  }
+
+  if (std::filesystem::exists("/usr/local/cuda/include/cuda.h")) {
+    const std::string runner = dir->path() + "/fusor-gpu-check";
+    run = worker::RunProcess({"c++", "-O1", "-std=c++17", "-I" + src, "-I/usr/local/cuda/include",
+                              src + "/bench/gpu/runner.cc", src + "/worker/cuda/gpu_runtime.cc",
+                              src + "/common/codegen/cuda/nvrtc.cc", src + "/common/codegen/cuda/program.cc", "-ldl",
+                              "-o", runner},
+                             log, 300);
+    ASSERT_TRUE(run.ok());
+    ASSERT_EQ(run->exit_code, 0) << worker::ReadTail(log, 4000);
+    run = worker::RunProcess({runner, prep, src + "/common/codegen/cuda/device/fusor_device.h", "0.05"}, log, 600);
+    ASSERT_TRUE(run.ok());
+    if (run->exit_code == 3) {
+      EXPECT_NE(Read(log).find("no GPU"), std::string::npos) << Read(log);
+    } else {
+      EXPECT_EQ(run->exit_code, 0) << Read(log);  // a GPU: every chain measured and valid
+      EXPECT_NE(Read(log).find("RESULT chain=conv1x1_relu_conv1x1"), std::string::npos);
+    }
+  }
+
+  const std::string fake = dir->path() + "/fake.log";
+  std::ofstream(fake) << "DEVICE NVIDIA H200 sm_90 SMs=132\nCEILING copy_TBps=4.000 mma_f16_TFLOPs=600.0\n"
+                      << "RESULT chain=c fused_us=10.000 baseline_us=25.000 flops=1e9 min_bytes=2e7 copy_Bps=4e12 "
+                         "mma_flops=6e14 best=candidate_0\n"
+                      << "TORCH chain=c matmul_us=30.000 sdpa_us=-1.000 torch=2.5\n";
+  run = worker::RunProcess({"python3", src + "/bench/gpu/table.py", fake}, log, 60);
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(run->exit_code, 0) << Read(log);
+  // 2e7 bytes in 10 us is 2 TB/s, half the copy bandwidth; 1e9 FLOP is 100 TFLOP/s.
+  EXPECT_NE(Read(log).find("| c | 10.0 | 25.0 | 2.50x | 30.0 | - | 2.00 | 50% | 100.0 | 17% |"), std::string::npos)
+      << Read(log);
+}
+
+}  // namespace
+}  // namespace fusor
