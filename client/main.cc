@@ -372,12 +372,14 @@ int main(int argc, char** argv) {
     if (*tune || (*compile && !cache_only)) {
       worker.emplace();
       worker->name = "embedded";
+      worker->backend = g.backend;
       worker->self_exe = fusor::worker::CurrentExecutable("fusor");
       worker->scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
       worker->calibration_s = g.calibration_s;
       worker->blas_dir = FUSOR_OPENBLAS_DIR;
       worker->lease_wait = absl::Milliseconds(500);
-      std::cerr << "embedded scheduler on " << g.db_path << "; starting a local CPU worker (calibrating)\n";
+      std::cerr << "embedded scheduler on " << g.db_path << "; starting a local " << (g.backend == "cuda" ? "GPU" : "CPU")
+                << " worker (calibrating)\n";
     }
     auto started = fusor::client::Embedded::Start(options, worker);
     if (!started.ok()) return Fail(started.status());
