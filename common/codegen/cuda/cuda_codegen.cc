@@ -1,6 +1,7 @@
 #include "common/codegen/cuda/cuda_codegen.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <nlohmann/json.hpp>
 
@@ -804,6 +805,57 @@ class CudaEmitter {
   int64_t shared_bytes_ = 0;
 };
 
+// 32-bit index arithmetic (cheaper on a GPU) when every tensor and the
+// grid fit in it: `long` becomes `int` and literals lose their L, outside
+// comments.
+bool IndexFits32(const Chain& chain, const space::LoopNest& nest) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  for (const ir::Tensor& t : chain.tensors) {
+    if (t.NumElements() >= kLimit) return false;
+  }
+  for (const ir::Dim& d : chain.dims) {
+    if (d.extent >= kLimit) return false;
+  }
+  return nest.num_blocks < kLimit;
+}
+
+std::string NarrowIndices(const std::string& source) {
+  std::string out;
+  size_t start = 0;
+  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  while (start < source.size()) {
+    size_t end = source.find('\n', start);
+    if (end == std::string::npos) end = source.size();
+    std::string line = source.substr(start, end - start);
+    const size_t first = line.find_first_not_of(' ');
+    if (first == std::string::npos || line.compare(first, 2, "//") != 0) {
+      std::string narrowed;
+      for (size_t i = 0; i < line.size(); ++i) {
+        const bool boundary = i == 0 || !word_char(line[i - 1]);
+        if (boundary && line.compare(i, 4, "long") == 0 && (i + 4 == line.size() || !word_char(line[i + 4]))) {
+          narrowed += "int";
+          i += 3;
+          continue;
+        }
+        if (boundary && std::isdigit(static_cast<unsigned char>(line[i]))) {
+          size_t j = i;
+          while (j < line.size() && std::isdigit(static_cast<unsigned char>(line[j]))) ++j;
+          narrowed.append(line, i, j - i);
+          if (j < line.size() && line[j] == 'L' && (j + 1 == line.size() || !word_char(line[j + 1]))) ++j;
+          i = j - 1;
+          continue;
+        }
+        narrowed += line[i];
+      }
+      line = narrowed;
+    }
+    out += line;
+    if (end < source.size()) out += '\n';
+    start = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
@@ -812,6 +864,7 @@ absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const spa
   if (nest.ops.size() != chain.ops.size()) return absl::InvalidArgumentError("loop nest does not belong to this chain");
   if (options.warps < 1 || options.warps > 32) return absl::InvalidArgumentError("warps must be in [1, 32]");
   ASSIGN_OR_RETURN(CudaKernel k, CudaEmitter(chain, nest, options).Emit(schedule_text, mapping));
+  if (IndexFits32(chain, nest)) k.source = NarrowIndices(k.source);
   nlohmann::json meta = {{"kernel", k.kernel_name},
                          {"language", "cuda"},
                          {"grid", k.grid},

@@ -291,6 +291,39 @@ extern "C" int fusor_run(const void* const* in, void* const* out, int mode) {
   for (int i = 0; i < 256; ++i) EXPECT_EQ(out[i], i % 4 < 2 ? in[i] : 0.0f) << i;
 }
 
+// bf16 attention with an additive mask whose probabilities are an output
+// too, and a chain of every epilogue function between two GEMMs (f16).
+constexpr char kBf16MaskedAttention[] = R"(
+chain attn_bf16
+dtype bf16
+dim b=3 m=24 n=40 k=32 h=16
+in Q[b,m,k] K[b,n,k] V[b,n,h] M[m,n]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.17
+P[b,m,n] = softmax(n) S[b,m,n] + M[m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out P O
+)";
+
+constexpr char kEpilogues[] = R"(
+chain epilogues
+dtype f16
+dim m=20 c=24 f=40 o=24
+in X[m,c] W1[c,f] B1[f] W2[f,o] B2[o]
+H[m,f] = sum(c) X[m,c] * W1[c,f]
+G[m,f] = sigmoid(H[m,f] + B1[f]) * tanh(H[m,f]) - relu(-H[m,f]) / 2
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+Z[m,o] = gelu(Y[m,o] * 0.5 + B2[o])
+out Z
+)";
+
+TEST(CudaEmulationTest, MaskedBf16AttentionAndEpilogues) {
+  CheckSpace(kBf16MaskedAttention, 3);
+  CheckSpace(kEpilogues, 3);
+  // Warps per block other than the default.
+  CheckSchedule(kEpilogues, "m=16 / f=16 / -", 1);
+  CheckSchedule(kEpilogues, "- / - / H(f=8) Y(o=8)", 8);
+}
+
 TEST(CudaEmulationTest, GemmChainF32) {
   CheckSchedule(testing::kGemmChain, "m=32 / n=32 / C(k=16) E(h=16)");
   CheckSchedule(testing::kGemmChain, "m=64 h=32 / n=16 / -", 2);
