@@ -53,6 +53,10 @@ struct SideLayout {
   int64_t offset = 0;
   int own_step = 16;    // the intrinsic's extent along own
   int contiguous = -1;  // cp.async: the dim contiguous in global memory along a staged row
+  // Staged anew at every stream step with cp.async: two buffers, the next
+  // step's tile prefetched into one while the other is read.
+  bool pipelined = false;
+  int64_t stage_elems = 0;
 };
 
 struct GemmLayout {
@@ -67,7 +71,8 @@ struct GemmLayout {
 class CudaEmitter {
  public:
   CudaEmitter(const Chain& chain, const space::LoopNest& nest, const CudaOptions& options)
-      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, threads_(32 * options.warps) {
+      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, threads_(32 * options.warps),
+        stages_(options.stages) {
     block_.assign(chain.dims.size(), false);
     for (int d : s_.block) block_[d] = true;
   }
@@ -147,10 +152,17 @@ class CudaEmitter {
       if (op.kind == OpKind::kSum && on.gemm.ok) {
         RETURN_IF_ERROR(PlanGemm(on, gemm_[on.op]));
         GemmLayout& g = gemm_[on.op];
-        g.a.offset = bytes;
-        bytes += RoundUp(g.a.bytes, 16);
-        g.b.offset = bytes;
-        bytes += RoundUp(g.b.bytes, 16);
+        auto stage = [&](SideLayout& side, int depth, bool hoisted, bool per_point) {
+          // Depth 0 and not hoisted inside the stream loop: the tile depends
+          // on the stream dim and nothing else loops around it.
+          side.pipelined = stages_ >= 2 && on.region == space::Region::kStream && side.contiguous >= 0 &&
+                           depth == 0 && !hoisted && !per_point;
+          side.stage_elems = RoundUp(side.bytes, 16) / g.elem_bytes;
+          side.offset = bytes;
+          bytes += RoundUp(side.bytes, 16) * (side.pipelined ? 2 : 1);
+        };
+        stage(g.a, on.a_depth, on.a_hoisted, on.a_per_point);
+        stage(g.b, on.b_depth, on.b_hoisted, on.b_per_point);
       }
       temp_bytes[on.op] = bytes;
     }
@@ -209,16 +221,17 @@ class CudaEmitter {
       }
       side.ld = (side.k_major ? g.k_pad : own_pad) + skew;
       side.bytes = on.batch_tile * (side.k_major ? own_pad : g.k_pad) * side.ld * g.elem_bytes;
-      // cp.async: 16-bit elements, one dim along the staged row with unit
-      // stride, its tile origins and every other stride 16-byte aligned.
+      // cp.async: one dim along the staged row with unit stride, its tile
+      // origins and every other stride 16-byte aligned. f32 is copied as
+      // is: the tf32 unit ignores the low mantissa bits.
       const std::vector<int>& row_dims = side.k_major ? on.gemm.kdims : own;
-      if (tf32 || single == nullptr || row_dims.size() != 1) return;
-      const int c = row_dims[0];
-      if (stride(c) != 1 || constant % 8 != 0) return;
+      if (single == nullptr || row_dims.size() != 1) return;
+      const int c = row_dims[0], chunk = 16 / g.elem_bytes;
+      if (stride(c) != 1 || constant % chunk != 0) return;
       for (const auto& [d, st] : strides) {
-        if (d != c && st % 8 != 0) return;
+        if (d != c && st % chunk != 0) return;
       }
-      if (s_.tile[c] % 8 != 0 && s_.tile[c] != chain_.dims[c].extent) return;
+      if (s_.tile[c] % chunk != 0 && s_.tile[c] != chain_.dims[c].extent) return;
       side.contiguous = c;
     };
     plan_side(g.a, on.gemm.a_side, on.gemm.rows, on.rows_pad, x.Extent(0));
@@ -250,8 +263,14 @@ class CudaEmitter {
       if (chain_.ops[on.op].kind == OpKind::kSum && on.gemm.ok) {
         const GemmLayout& g = gemm_[on.op];
         const std::string type = g.kind == MmaKind::kTF32 ? "float" : "fusor_u16";
-        ptr(type, "pa", temp_offset_[on.op] + g.a.offset);
-        ptr(type, "pb", temp_offset_[on.op] + g.b.offset);
+        for (const auto& [side, name] : {std::pair{&g.a, "pa"}, std::pair{&g.b, "pb"}}) {
+          if (side->pipelined) {  // the op picks its stage inside the stream loop
+            w_.Line(absl::StrCat(type, "* const ", name, o, "_stages = (", type, "*)(fusor_smem + ",
+                                 temp_offset_[on.op] + side->offset, ");"));
+          } else {
+            ptr(type, name, temp_offset_[on.op] + side->offset);
+          }
+        }
       }
     }
   }
@@ -321,10 +340,29 @@ class CudaEmitter {
       if (on.b_hoisted) Pack(on, false);
       w_.Close();
     }
+    bool pipeline = false;
+    for (const space::OpNest& on : nest_.ops) {
+      if (!on.gemm.ok || on.region != space::Region::kStream) continue;
+      for (bool a_side : {true, false}) {
+        if (!(a_side ? gemm_[on.op].a : gemm_[on.op].b).pipelined) continue;
+        w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on.op].output].name,
+                             ": the first stream step's tile, into stage 0"));
+        w_.Open("");
+        w_.Line(absl::StrCat("const long ", n_.O(sd), " = 0, ", n_.N(sd), " = ", RangeOf(sd, "0L"), ";"));
+        DefineFullRanges(on);
+        w_.Line(absl::StrCat(StageType(on), "* const ", a_side ? "pa" : "pb", on.op, " = ", a_side ? "pa" : "pb",
+                             on.op, "_stages;"));
+        Pack(on, a_side, /*wait=*/false);
+        w_.Close();
+        pipeline = true;
+      }
+    }
+    if (pipeline) w_.Line("fusor_cp_async_commit();");
     Sync();
     w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
                          " += ", s_.tile[sd], "L)"));
     w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", RangeOf(sd, n_.O(sd)), ";"));
+    if (pipeline) w_.Line(absl::StrCat("const long stage = (", n_.O(sd), " / ", s_.tile[sd], "L) % 2L;"));
     EmitRegion(space::Region::kStream);
     w_.Close();
     for (const space::OpNest& on : nest_.ops) {
@@ -419,6 +457,12 @@ class CudaEmitter {
     w_.Open("");
     DefineFullRanges(on);
     if (op.kind == OpKind::kSum && on.gemm.ok) {
+      for (const auto& [side, name] : {std::pair{&gemm_[o].a, "pa"}, std::pair{&gemm_[o].b, "pb"}}) {
+        if (side->pipelined) {
+          w_.Line(absl::StrCat(StageType(on), "* const ", name, o, " = ", name, o, "_stages + stage * ",
+                               side->stage_elems, "L;"));
+        }
+      }
       EmitGemmSum(op, on);
     } else if (op.kind == OpKind::kSum) {
       EmitGenericSum(op, on);
@@ -458,8 +502,9 @@ class CudaEmitter {
   }
 
   // Stages one side of the op's current tile in shared memory (the caller
-  // synchronizes before the tile is read).
-  void Pack(const space::OpNest& on, bool a_side) {
+  // synchronizes before the tile is read). With `wait` false, cp.async
+  // copies are only issued: the caller commits and waits.
+  void Pack(const space::OpNest& on, bool a_side, bool wait = true) {
     const space::GemmForm& g = on.gemm;
     const GemmLayout& l = gemm_[on.op];
     const SideLayout& side = a_side ? l.a : l.b;
@@ -473,6 +518,10 @@ class CudaEmitter {
                          ";"));
     if (side.contiguous >= 0) {
       PackAsync(on, side, own, buf);
+      if (wait) {
+        w_.Line("fusor_cp_async_commit();");
+        w_.Line("fusor_cp_async_wait<0>();");
+      }
     } else {
       PackGather(on, side, own, buf, a_side);
     }
@@ -522,13 +571,15 @@ class CudaEmitter {
                       row_pad = side.k_major ? "kc_pad" : "own_pad", other_len = side.k_major ? "own" : "kc";
     const Access& a = (&side == &l.a ? g.a_side : g.b_side)[0];
     const int c = side.contiguous;
-    w_.Open(absl::StrCat("for (long p = tid; p < nb * ", rows, " * (", row_pad, " / 8); p += ", threads_, ")"));
-    w_.Line(absl::StrCat("const long chunk = p % (", row_pad, " / 8), y = (p / (", row_pad, " / 8)) % ", rows,
-                         ", bi = p / ((", row_pad, " / 8) * ", rows, ");"));
-    w_.Line("const long e0 = chunk * 8;");
-    w_.Line(absl::StrCat("const long valid = y < ", other_len, " && e0 < ", row_len, " ? (", row_len,
-                         " - e0 < 8 ? ", row_len, " - e0 : 8) : 0;"));
-    w_.Line(absl::StrCat("const fusor_u16* src = ", n_.Global(a.tensor), ";"));
+    const int chunk = 16 / l.elem_bytes;  // elements per 16-byte copy
+    const std::string chunks = absl::StrCat("(", row_pad, " / ", chunk, "L)");
+    w_.Open(absl::StrCat("for (long p = tid; p < nb * ", rows, " * ", chunks, "; p += ", threads_, ")"));
+    w_.Line(absl::StrCat("const long chunk = p % ", chunks, ", y = (p / ", chunks, ") % ", rows, ", bi = p / (",
+                         chunks, " * ", rows, ");"));
+    w_.Line(absl::StrCat("const long e0 = chunk * ", chunk, "L;"));
+    w_.Line(absl::StrCat("const long valid = y < ", other_len, " && e0 < ", row_len, " ? (", row_len, " - e0 < ",
+                         chunk, "L ? ", row_len, " - e0 : ", chunk, "L) : 0;"));
+    w_.Line(absl::StrCat("const ", StorageType(), "* src = ", n_.Global(a.tensor), ";"));
     w_.Open("if (valid > 0)");
     Decompose("bi", g.batch);
     Decompose("y", other);
@@ -536,10 +587,8 @@ class CudaEmitter {
     w_.Line(absl::StrCat("src += ", GlobalOffset(a, n_), ";"));
     w_.Close();
     const std::string at = side.k_major ? PackIndex(side, l, "bi", "y", "e0") : PackIndex(side, l, "bi", "e0", "y");
-    w_.Line(absl::StrCat("fusor_cp_async16(", buf, " + ", at, ", src, (int)valid * 2);"));
+    w_.Line(absl::StrCat("fusor_cp_async16(", buf, " + ", at, ", src, (int)valid * ", l.elem_bytes, ");"));
     w_.Close();
-    w_.Line("fusor_cp_async_commit();");
-    w_.Line("fusor_cp_async_wait<0>();");
   }
 
   // Warps take 16 x (8 nf) units of the tile and run the mma over its
@@ -616,6 +665,28 @@ class CudaEmitter {
     Sync();
   }
 
+  std::string StageType(const space::OpNest& on) const {
+    return gemm_[on.op].kind == MmaKind::kTF32 ? "float" : "fusor_u16";
+  }
+
+  // Issues the cp.async copies of the next stream step's tile of one side
+  // into the other stage (nothing after the last step).
+  void Prefetch(const space::OpNest& on, bool a_side) {
+    const int sd = nest_.stream_dim;
+    const std::string name = absl::StrCat(a_side ? "pa" : "pb", on.op);
+    w_.Line(absl::StrCat("// prefetch ", a_side ? "A" : "B", " of the next stream step"));
+    w_.Open("");
+    w_.Line(absl::StrCat("const long next_origin = ", n_.O(sd), " + ", s_.tile[sd], "L;"));
+    w_.Open(absl::StrCat("if (next_origin < ", chain_.dims[sd].extent, "L)"));
+    w_.Line(absl::StrCat("const long ", n_.O(sd), " = next_origin, ", n_.N(sd), " = ", RangeOf(sd, "next_origin"),
+                         ";"));
+    w_.Line(absl::StrCat(StageType(on), "* const ", name, " = ", name, "_stages + (1L - stage) * ",
+                         (a_side ? gemm_[on.op].a : gemm_[on.op].b).stage_elems, "L;"));
+    Pack(on, a_side, /*wait=*/false);
+    w_.Close();
+    w_.Close();
+  }
+
   void EmitGemmSum(const Op& op, const space::OpNest& on) {
     const space::GemmForm& g = on.gemm;
     const std::string o = absl::StrCat(on.op);
@@ -626,13 +697,24 @@ class CudaEmitter {
         ZeroShared("acc" + o, on.acc_floats);
         staged = true;
       }
-      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point) {
-        Pack(on, true);
+      bool prefetched = false;
+      for (bool a_side : {true, false}) {
+        const bool here = a_side ? on.a_depth == level && !on.a_hoisted && !on.a_per_point
+                                 : on.b_depth == level && !on.b_hoisted && !on.b_per_point;
+        if (!here) continue;
         staged = true;
+        if ((a_side ? gemm_[on.op].a : gemm_[on.op].b).pipelined) {
+          Prefetch(on, a_side);
+          prefetched = true;
+        } else {
+          Pack(on, a_side);
+        }
       }
-      if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) {
-        Pack(on, false);
-        staged = true;
+      if (prefetched) {
+        // This step's tile (committed one step earlier) has landed; the
+        // next step's stays in flight.
+        w_.Line("fusor_cp_async_commit();");
+        w_.Line("fusor_cp_async_wait<1>();");
       }
       if (staged) Sync();
       if (level < num_loops) OpenTileLoop(on.loops[level]);
@@ -798,6 +880,7 @@ class CudaEmitter {
   Names n_;
   Writer w_;
   const int threads_;
+  const int stages_;
   std::vector<bool> block_;
   std::vector<int64_t> local_offset_;  // bytes into shared memory; -1: none
   std::vector<int64_t> temp_offset_;   // per op

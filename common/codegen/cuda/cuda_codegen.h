@@ -39,6 +39,10 @@ namespace fusor::codegen {
 
 struct CudaOptions {
   int warps = 4;  // threads per block = 32 * warps
+  // cp.async stages of operand tiles that change with every step of the
+  // stream loop: 2 prefetches the next step's tile while the current one
+  // is multiplied; 1 waits for each tile.
+  int stages = 2;
 };
 
 struct CudaKernel {

@@ -10,7 +10,8 @@
  * gives that lane, and meet again. cp.async copies are queued per thread
  * and performed when a wait_group retires their group, so a kernel that
  * reads shared memory before waiting sees stale data, as it may on a GPU.
- * A barrier not every live thread reaches is reported as a deadlock. */
+ * A barrier not every live thread reaches is reported as a deadlock, and a
+ * misaligned cp.async as the fault it would be on a GPU. */
 #ifndef FUSOR_DEVICE_H
 #define FUSOR_DEVICE_H
 #define FUSOR_EMULATION 1
@@ -85,6 +86,7 @@ struct Block {
   ucontext_t scheduler;
   void (*body)(const void*) = nullptr;
   const void* args = nullptr;
+  const char* fault = nullptr;  // set by a primitive misused in a way a GPU would fault on
 };
 
 inline thread_local Block* t_block = nullptr;
@@ -156,6 +158,7 @@ inline bool RunBlock(Block& b) {
   }
   for (Warp& w : b.warps) w.arrived = 0;
   b.arrived = 0;
+  b.fault = nullptr;
   int done = 0;
   while (done < b.threads) {
     bool progress = false;
@@ -183,6 +186,10 @@ inline bool RunBlock(Block& b) {
               b.block_idx.x, at_block, at_warp, done);
       return false;
     }
+  }
+  if (b.fault != nullptr) {
+    fprintf(stderr, "fusor emulation: block %u: %s\n", b.block_idx.x, b.fault);
+    return false;
   }
   return true;
 }
@@ -345,6 +352,10 @@ FUSOR_INLINE float fusor_shfl_xor(float v, int mask) {
 
 /* ------------------------------------------------------ memory moves --- */
 FUSOR_INLINE void fusor_cp_async16(void* smem, const void* gmem, int src_bytes) {
+  if (((uintptr_t)smem | (uintptr_t)gmem) % 16 != 0 || src_bytes < 0 || src_bytes > 16) {
+    fusor_emu::t_block->fault = "cp.async with a misaligned address or a size outside [0, 16]";
+    return;
+  }
   fusor_emu::Me().open.push_back({smem, gmem, src_bytes});
 }
 FUSOR_INLINE void fusor_cp_async_commit() {

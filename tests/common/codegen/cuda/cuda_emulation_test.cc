@@ -48,26 +48,41 @@ std::string CompileWithNvrtc(const KernelStep& kernel) {
 }
 
 // Emits, compiles for the emulation and validates; returns "" or what failed.
+// Compiles `kernel` for the emulation and validates it; "" or what failed.
+std::string RunKernelEmulated(const ir::Chain& chain, const CudaKernel& kernel) {
+  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  if (!dir.ok()) return dir.status().ToString();
+  worker::CompileOutcome compiled = worker::CompileKernel(CudaEmulationHarness(chain, kernel), dir->path(), "c++", 120);
+  if (!compiled.ok) return absl::StrCat("compile failed: ", compiled.error, "\n", kernel.source);
+  auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
+  if (!loaded.ok()) return loaded.status().ToString();
+  auto v = worker::ValidateKernel(*loaded, chain, 11, 2, CudaTolerance(chain.dtype));
+  if (!v.ok()) return absl::StrCat(v.status().ToString(), "\n", kernel.source);
+  if (!v->ok) return absl::StrCat(v->detail, "\n", kernel.source);
+  return "";
+}
+
+absl::StatusOr<CudaKernel> Emit(const ir::Chain& chain, const space::Schedule& schedule,
+                                const hw::TargetDesc& target, const CudaOptions& options) {
+  const std::string text = space::ScheduleToText(schedule, chain);
+  auto nest = space::BuildLoopNest(chain, schedule, target);
+  if (!nest.ok()) return nest.status();
+  return EmitCudaFusedKernel(chain, *nest, text, space::DescribeMappings(chain, *nest), options);
+}
+
+// Emits, compiles with NVRTC and for the emulation, validates; "" or what failed.
 std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule, const hw::TargetDesc& target,
                         int warps = 4) {
   const std::string text = space::ScheduleToText(schedule, chain);
-  auto nest = space::BuildLoopNest(chain, schedule, target);
-  if (!nest.ok()) return absl::StrCat(text, ": ", nest.status().ToString());
-  auto kernel = EmitCudaFusedKernel(chain, *nest, text, space::DescribeMappings(chain, *nest), {warps});
+  CudaOptions options;
+  options.warps = warps;
+  auto kernel = Emit(chain, schedule, target, options);
   if (!kernel.ok()) return absl::StrCat(text, ": ", kernel.status().ToString());
   if (std::string nvrtc = CompileWithNvrtc(FusedProgram(chain, *kernel).steps[0].kernel); !nvrtc.empty()) {
     return absl::StrCat(text, ": ", nvrtc);
   }
-  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
-  if (!dir.ok()) return dir.status().ToString();
-  worker::CompileOutcome compiled = worker::CompileKernel(CudaEmulationHarness(chain, *kernel), dir->path(), "c++", 120);
-  if (!compiled.ok) return absl::StrCat(text, ": compile failed: ", compiled.error, "\n", kernel->source);
-  auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
-  if (!loaded.ok()) return loaded.status().ToString();
-  auto v = worker::ValidateKernel(*loaded, chain, 11, 2, CudaTolerance(chain.dtype));
-  if (!v.ok()) return absl::StrCat(text, ": ", v.status().ToString(), "\n", kernel->source);
-  if (!v->ok) return absl::StrCat(text, ": ", v->detail, "\n", kernel->source);
-  return "";
+  std::string run = RunKernelEmulated(chain, *kernel);
+  return run.empty() ? "" : absl::StrCat(text, ": ", run);
 }
 
 // Compiles a hand-written kernel source (with its fusor_run entry) against
@@ -252,8 +267,9 @@ extern "C" int fusor_run(const void* const* in, void* const* out, int kind) {
   }
 }
 
-// A thread that skips __syncthreads is a deadlock, reported as an error;
-// shared memory written by cp.async is stale until the group is waited on.
+// A thread that skips __syncthreads is a deadlock and a misaligned
+// cp.async a fault, both reported as errors; shared memory written by
+// cp.async is stale until the group is waited on.
 TEST(CudaEmulationTest, ReportsDeadlocksAndUnwaitedCopies) {
   const char* source = R"(
 #include "fusor_device.h"
@@ -263,6 +279,10 @@ __global__ void probe(Args args) {
   float* tile = (float*)smem;
   if (args.mode == 0) {
     if (threadIdx.x >= 16) __syncthreads();
+    return;
+  }
+  if (args.mode == 3) {  // 4-byte aligned only: a fault on a GPU
+    fusor_cp_async16(tile + 1, args.in, 16);
     return;
   }
   fusor_cp_async16(tile + 4 * threadIdx.x, args.in + 4 * threadIdx.x, 8);  // 2 floats, 2 zero-filled
@@ -285,6 +305,7 @@ extern "C" int fusor_run(const void* const* in, void* const* out, int mode) {
   const void* ins[] = {in.data()};
   void* outs[] = {out.data()};
   EXPECT_EQ((*kernel)->entry()(ins, outs, 0), 3);
+  EXPECT_EQ((*kernel)->entry()(ins, outs, 3), 3);
   ASSERT_EQ((*kernel)->entry()(ins, outs, 1), 0);
   EXPECT_TRUE(std::isnan(out[0])) << "read before the wait must not see the copy";
   ASSERT_EQ((*kernel)->entry()(ins, outs, 2), 0);
@@ -322,6 +343,31 @@ TEST(CudaEmulationTest, MaskedBf16AttentionAndEpilogues) {
   // Warps per block other than the default.
   CheckSchedule(kEpilogues, "m=16 / f=16 / -", 1);
   CheckSchedule(kEpilogues, "- / - / H(f=8) Y(o=8)", 8);
+}
+
+// Tiles that change with every stream step are prefetched one step ahead
+// with cp.async into a second stage. The emulation performs a copy only
+// when a wait retires it, so a kernel that read the tile before waiting
+// would fail: dropping the wait must be caught.
+TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
+  ir::Chain chain = Parse(testing::kMaskedF16Attention);
+  auto schedule = space::ParseSchedule("b=1 m=16 / n=16 / -", chain);
+  ASSERT_TRUE(schedule.ok());
+  auto kernel = Emit(chain, *schedule, Gpu(), CudaOptions());
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  ASSERT_NE(kernel->source.find("prefetch B of the next stream step"), std::string::npos) << kernel->source;
+  EXPECT_EQ(RunKernelEmulated(chain, *kernel), "");
+  CudaKernel unwaited = *kernel;
+  const std::string wait = "fusor_cp_async_wait<1>();";
+  unwaited.source.replace(unwaited.source.find(wait), wait.size(), "");
+  EXPECT_NE(RunKernelEmulated(chain, unwaited), "");
+  CudaOptions one_stage;
+  one_stage.stages = 1;
+  auto unpipelined = Emit(chain, *schedule, Gpu(), one_stage);
+  ASSERT_TRUE(unpipelined.ok());
+  EXPECT_EQ(unpipelined->source.find("prefetch"), std::string::npos);
+  EXPECT_LT(unpipelined->shared_bytes, kernel->shared_bytes);
+  EXPECT_EQ(RunKernelEmulated(chain, *unpipelined), "");
 }
 
 TEST(CudaEmulationTest, GemmChainF32) {
