@@ -1,5 +1,6 @@
 #include "common/codegen/emit.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_join.h"
@@ -146,5 +147,106 @@ nlohmann::json TensorsJson(const Chain& chain, const std::vector<int>& ids) {
   return arr;
 }
 
+
+int OpenPointLoops(Writer& w, const std::vector<int>& dims, const Names& n, const std::string& pragma_on_first) {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    int d = dims[i];
+    if (i == 0 && !pragma_on_first.empty()) w.Line(pragma_on_first);
+    w.Open(absl::StrCat("for (long ", n.I(d), " = 0; ", n.I(d), " < ", n.N(d), "; ++", n.I(d), ")"));
+    w.Line(absl::StrCat("const long ", n.V(d), " = ", n.O(d), " + ", n.I(d), ";"));
+  }
+  return static_cast<int>(dims.size());
+}
+
+void CloseScopes(Writer& w, int count) {
+  for (int i = 0; i < count; ++i) w.Close();
+}
+
+NestIndex::NestIndex(const ir::Chain& chain, const space::LoopNest& nest) : chain_(chain), nest_(nest), n_{chain} {
+  block_.assign(chain.dims.size(), false);
+  for (int d : nest.schedule.block) block_[d] = true;
+}
+
+std::string NestIndex::RangeOf(int d, const std::string& origin) const {
+  const int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
+  return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
+}
+
+std::string NestIndex::LocalOffset(const Access& a) const {
+  const space::LocalBuffer& b = nest_.local[a.tensor];
+  const std::vector<int>& index = chain_.ops[chain_.tensors[a.tensor].producer].index;
+  std::vector<int64_t> strides = RowMajorStrides(b.shape);
+  std::vector<std::pair<int64_t, std::string>> terms;
+  int64_t constant = 0;
+  for (size_t axis = 0; axis < a.index.size(); ++axis) {
+    constant += a.index[axis].constant * strides[axis];
+    for (const auto& [d, c] : a.index[axis].terms) terms.push_back({c * strides[axis], n_.V(d)});
+    if (b.relative[axis]) terms.push_back({-strides[axis], n_.O(index[axis])});
+  }
+  return LinearToC(terms, constant);
+}
+
+std::string NestIndex::StateOffset(const ir::Op& softmax) const {
+  std::vector<std::pair<int64_t, std::string>> terms;
+  int64_t stride = 1;
+  for (int i = static_cast<int>(softmax.index.size()) - 1; i >= 0; --i) {
+    int d = softmax.index[i];
+    if (d == softmax.axis) continue;
+    terms.push_back({stride, n_.V(d)});
+    if (block_[d]) terms.push_back({-stride, n_.O(d)});
+    stride *= block_[d] ? nest_.schedule.tile[d] : chain_.dims[d].extent;
+  }
+  return LinearToC(terms, 0);
+}
+
+Access NestIndex::SelfAccess(const ir::Op& op) {
+  Access self;
+  self.tensor = op.output;
+  for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+  return self;
+}
+
+std::string NestIndex::Load(const Access& a) const {
+  if (nest_.local[a.tensor].floats > 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
+  return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
+}
+
+void NestIndex::DefineFullRanges(Writer& w, const space::OpNest& on) const {
+  const ir::Op& op = chain_.ops[on.op];
+  std::vector<int> dims = op.index;
+  dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
+  for (int d : dims) {
+    bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
+                  std::find(on.loops.begin(), on.loops.end(), d) != on.loops.end();
+    if (looped) continue;
+    w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+  }
+}
+
+void NestIndex::OpenTileLoop(Writer& w, int d) const {
+  w.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", chain_.dims[d].extent, "L; ", n_.O(d), " += ",
+                      nest_.schedule.tile[d], "L)"));
+  w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+}
+
+void NestIndex::Store(Writer& w, const space::OpNest& on, const std::string& value) const {
+  const ir::Op& op = chain_.ops[on.op];
+  Access self = SelfAccess(op);
+  if (nest_.local[op.output].floats > 0) {
+    std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
+    if (on.online_softmax >= 0) {
+      w.Line(absl::StrCat(at, " = ", at, " * sscale", on.online_softmax, "[",
+                          StateOffset(chain_.ops[on.online_softmax]), "] + ", value, ";"));
+    } else if (on.accumulates) {
+      w.Line(absl::StrCat(at, " += ", value, ";"));
+    } else {
+      w.Line(absl::StrCat(at, " = ", value, ";"));
+    }
+  }
+  if (chain_.tensors[op.output].role == ir::TensorRole::kOutput && !on.accumulates) {
+    w.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ", StoreConvert(chain_.dtype, value),
+                        ";"));
+  }
+}
 
 }  // namespace fusor::codegen::emit

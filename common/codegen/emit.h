@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/ir/chain.h"
+#include "common/space/loop_nest.h"
 
 namespace fusor::codegen::emit {
 
@@ -80,5 +81,46 @@ std::string FlatIndex(const std::vector<int>& dims, const Names& n);
 std::string Count(const std::vector<int>& dims, const Names& n);
 // name, dtype and shape of each tensor, for kernel metadata.
 nlohmann::json TensorsJson(const ir::Chain& chain, const std::vector<int>& ids);
+
+// Opens one loop per dim over [o_d, o_d + n_d), defining i_d and v_d.
+// Returns how many scopes it opened.
+int OpenPointLoops(Writer& w, const std::vector<int>& dims, const Names& n, const std::string& pragma_on_first = "");
+void CloseScopes(Writer& w, int count);
+
+// The index arithmetic of a fused loop nest that both generators emit the
+// same way: tile ranges, offsets into block-local buffers and online
+// softmax state, and where an op's result goes.
+class NestIndex {
+ public:
+  NestIndex(const ir::Chain& chain, const space::LoopNest& nest);
+
+  bool IsBlock(int d) const { return block_[d]; }
+  // min(tile, extent - origin)
+  std::string RangeOf(int d, const std::string& origin) const;
+  // Offset into a block-local buffer (see space::LocalBuffer).
+  std::string LocalOffset(const ir::Access& a) const;
+  // Offset into an online softmax's per-row state (its dims but the axis).
+  std::string StateOffset(const ir::Op& softmax) const;
+  static ir::Access SelfAccess(const ir::Op& op);
+  // The f32 value of an access inside an op: its block-local buffer, or
+  // global memory converted from the chain's dtype.
+  std::string Load(const ir::Access& a) const;
+  // o_d = 0, n_d = extent for the op's dims no block, stream or own loop
+  // ranges over.
+  void DefineFullRanges(Writer& w, const space::OpNest& on) const;
+  // for (o_d = 0; o_d < extent; o_d += tile) with n_d its range.
+  void OpenTileLoop(Writer& w, int d) const;
+  // Writes `value` to the op's result at the current point: its local
+  // buffer (accumulating across the stream loop when the op does, rescaled
+  // by an online softmax's sscale<op>) and its global output (unless that
+  // waits for the end of the stream loop).
+  void Store(Writer& w, const space::OpNest& on, const std::string& value) const;
+
+ private:
+  const ir::Chain& chain_;
+  const space::LoopNest& nest_;
+  Names n_;
+  std::vector<bool> block_;
+};
 
 }  // namespace fusor::codegen::emit

@@ -24,6 +24,8 @@ using ir::Op;
 using ir::OpKind;
 using ir::TensorRole;
 using emit::CallFunc;
+using emit::CloseScopes;
+using emit::OpenPointLoops;
 using emit::Count;
 using emit::ExprToC;
 using emit::FlatIndex;
@@ -35,7 +37,6 @@ using emit::LoadConvert;
 using emit::LoadFn;
 using emit::Names;
 using emit::ProductToC;
-using emit::RowMajorStrides;
 using emit::StoreConvert;
 using emit::TensorsJson;
 using emit::Writer;
@@ -44,23 +45,6 @@ const std::vector<std::string> kCompileFlags = {
     "-O3", "-march=native", "-std=gnu++17", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"};
 
 std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
-
-// Opens one loop per dim over [o_d, o_d + n_d), defining i_d and v_d.
-// Returns how many scopes it opened.
-int OpenPointLoops(Writer& w, const std::vector<int>& dims, const Names& n,
-                   const std::string& pragma_on_first = "") {
-  for (size_t i = 0; i < dims.size(); ++i) {
-    int d = dims[i];
-    if (i == 0 && !pragma_on_first.empty()) w.Line(pragma_on_first);
-    w.Open(absl::StrCat("for (long ", n.I(d), " = 0; ", n.I(d), " < ", n.N(d), "; ++", n.I(d), ")"));
-    w.Line(absl::StrCat("const long ", n.V(d), " = ", n.O(d), " + ", n.I(d), ";"));
-  }
-  return static_cast<int>(dims.size());
-}
-
-void CloseScopes(Writer& w, int count) {
-  for (int i = 0; i < count; ++i) w.Close();
-}
 
 // The micro-kernel function of intrinsic `k`, named `fn`, using the vector
 // type `vt` (lanes floats).
@@ -132,9 +116,7 @@ void DeclareArguments(Writer& w, const Chain& chain, const Names& n) {
 class FusedEmitter {
  public:
   FusedEmitter(const Chain& chain, const space::LoopNest& nest)
-      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain} {
-    block_.assign(chain.dims.size(), false);
-    for (int d : s_.block) block_[d] = true;
+      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, x_(chain, nest) {
     // Scratch layout: block-local buffers, then the temporaries of the ops
     // inside the stream loop (each its own: hoisted packs live across
     // iterations), then one area the other ops share in turn.
@@ -205,7 +187,7 @@ class FusedEmitter {
       int d = s_.block[i];
       w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d], "L; rest /= ",
                           nest_.trips[d], "L;"));
-      w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+      w.Line(absl::StrCat("const long ", n_.N(d), " = ", x_.RangeOf(d, n_.O(d)), ";"));
     }
     w.Line("(void)rest;");
     EmitRegion(space::Region::kBefore);
@@ -222,12 +204,6 @@ class FusedEmitter {
  private:
   static int64_t Temps(const space::OpNest& on) {
     return on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats + on.state_floats;
-  }
-
-  // min(tile, extent - origin)
-  std::string RangeOf(int d, const std::string& origin) const {
-    const int64_t tile = s_.tile[d], extent = chain_.dims[d].extent;
-    return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
   }
 
   std::string Sfx(int o) const { return absl::StrCat(o); }
@@ -279,14 +255,14 @@ class FusedEmitter {
       const Op& op = chain_.ops[on.op];
       w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": packs hoisted out of the stream loop"));
       w_.Open("");
-      DefineFullRanges(on);
+      x_.DefineFullRanges(w_, on);
       if (on.a_hoisted) Pack(op, on, true);
       if (on.b_hoisted) Pack(op, on, false);
       w_.Close();
     }
     w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
                          " += ", s_.tile[sd], "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", RangeOf(sd, n_.O(sd)), ";"));
+    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
     EmitRegion(space::Region::kStream);
     w_.Close();
     for (const space::OpNest& on : nest_.ops) {
@@ -294,105 +270,19 @@ class FusedEmitter {
     }
   }
 
-  // The value of an access inside an op: block-local buffer or global.
-  std::string Load(const Access& a) const {
-    if (local_offset_[a.tensor] >= 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
-    return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
-  }
-
-  // Offset into a block-local buffer (see space::LocalBuffer).
-  std::string LocalOffset(const Access& a) const {
-    const space::LocalBuffer& b = nest_.local[a.tensor];
-    const std::vector<int>& index = chain_.ops[chain_.tensors[a.tensor].producer].index;
-    std::vector<int64_t> strides = RowMajorStrides(b.shape);
-    std::vector<std::pair<int64_t, std::string>> terms;
-    int64_t constant = 0;
-    for (size_t axis = 0; axis < a.index.size(); ++axis) {
-      constant += a.index[axis].constant * strides[axis];
-      for (const auto& [d, c] : a.index[axis].terms) terms.push_back({c * strides[axis], n_.V(d)});
-      if (b.relative[axis]) terms.push_back({-strides[axis], n_.O(index[axis])});
-    }
-    return LinearToC(terms, constant);
-  }
-
-  static Access SelfAccess(const Op& op) {
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    return self;
-  }
-
-  // Offset into an online softmax's per-row state (its dims but the axis).
-  std::string StateOffset(const Op& softmax) const {
-    std::vector<std::pair<int64_t, std::string>> terms;
-    int64_t stride = 1;
-    for (int i = static_cast<int>(softmax.index.size()) - 1; i >= 0; --i) {
-      int d = softmax.index[i];
-      if (d == softmax.axis) continue;
-      terms.push_back({stride, n_.V(d)});
-      if (block_[d]) terms.push_back({-stride, n_.O(d)});
-      stride *= block_[d] ? s_.tile[d] : chain_.dims[d].extent;
-    }
-    return LinearToC(terms, 0);
-  }
-
-  // Writes `value` to the op's result at the current point: its local
-  // buffer (accumulating across the stream loop when the op does, rescaled
-  // by an online softmax) and its global output (unless that waits for the
-  // end of the stream loop).
-  void Store(const space::OpNest& on, const std::string& value) {
-    const Op& op = chain_.ops[on.op];
-    Access self = SelfAccess(op);
-    if (local_offset_[op.output] >= 0) {
-      std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
-      if (on.online_softmax >= 0) {
-        w_.Line(absl::StrCat(at, " = ", at, " * sscale", Sfx(on.online_softmax), "[",
-                             StateOffset(chain_.ops[on.online_softmax]), "] + ", value, ";"));
-      } else if (on.accumulates) {
-        w_.Line(absl::StrCat(at, " += ", value, ";"));
-      } else {
-        w_.Line(absl::StrCat(at, " = ", value, ";"));
-      }
-    }
-    if (chain_.tensors[op.output].role == TensorRole::kOutput && !on.accumulates) {
-      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ", StoreConvert(chain_.dtype, value),
-                           ";"));
-    }
-  }
-
-  // o_d = 0, n_d = extent for the op's dims no block, stream or own loop
-  // ranges over.
-  void DefineFullRanges(const space::OpNest& on) {
-    const Op& op = chain_.ops[on.op];
-    std::vector<int> dims = op.index;
-    dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
-    for (int d : dims) {
-      bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
-                    std::find(on.loops.begin(), on.loops.end(), d) != on.loops.end();
-      if (looped) continue;
-      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
-    }
-  }
-
-  void OpenTileLoop(int d) {
-    w_.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", chain_.dims[d].extent, "L; ", n_.O(d),
-                         " += ", s_.tile[d], "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
-  }
-
   void EmitOp(int o) {
     const Op& op = chain_.ops[o];
     const space::OpNest& on = nest_.ops[o];
     w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
     w_.Open("");
-    DefineFullRanges(on);
+    x_.DefineFullRanges(w_, on);
     if (op.kind == OpKind::kSum && on.gemm.ok) {
       EmitGemmSum(op, on);
     } else if (op.kind == OpKind::kSum) {
       EmitGenericSum(op, on);
     } else if (op.kind == OpKind::kMap) {
       int opened = OpenPointLoops(w_, op.index, n_);
-      Store(on, ExprToC(op.body, [this](const Access& a) { return Load(a); }));
+      x_.Store(w_, on, ExprToC(op.body, [this](const Access& a) { return x_.Load(a); }));
       CloseScopes(w_, opened);
     } else if (on.online) {
       EmitOnlineSoftmax(op, on);
@@ -429,7 +319,7 @@ class FusedEmitter {
     const std::string& pad = a_side ? names.rows_pad : names.cols_pad;
     const std::string& width = a_side ? names.mr : names.nr;
     const std::string buf = (a_side ? "pa" : "pb") + Sfx(on.op);
-    auto load = [this](const Access& a) { return Load(a); };
+    auto load = [this](const Access& a) { return x_.Load(a); };
     w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
     w_.Open("");
     w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ", pad,
@@ -461,7 +351,7 @@ class FusedEmitter {
       }
       if (on.a_depth == level && !on.a_hoisted && !on.a_per_point) Pack(op, on, true);
       if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) Pack(op, on, false);
-      if (level < num_loops) OpenTileLoop(on.loops[level]);
+      if (level < num_loops) x_.OpenTileLoop(w_, on.loops[level]);
     }
     // Innermost: the micro-kernel over the whole tile, once per point of
     // the reduced dims no intrinsic axis took (packing what depends on them).
@@ -490,7 +380,7 @@ class FusedEmitter {
     int opened = OpenPointLoops(w_, g.batch, n_);
     opened += OpenPointLoops(w_, g.rows, n_);
     opened += OpenPointLoops(w_, g.cols, n_);
-    Store(on, absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * rows_pad + (", FlatIndex(g.rows, n_),
+    x_.Store(w_, on, absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * rows_pad + (", FlatIndex(g.rows, n_),
                            ")) * cols_pad + (", FlatIndex(g.cols, n_), ")]"));
     CloseScopes(w_, opened);
     w_.Close();
@@ -498,11 +388,11 @@ class FusedEmitter {
   }
 
   void EmitGenericSum(const Op& op, const space::OpNest& on) {
-    auto load = [this](const Access& a) { return Load(a); };
+    auto load = [this](const Access& a) { return x_.Load(a); };
     const std::string acc = "acc" + Sfx(on.op);
-    for (int i = 0; i < on.num_out_loops; ++i) OpenTileLoop(on.loops[i]);
+    for (int i = 0; i < on.num_out_loops; ++i) x_.OpenTileLoop(w_, on.loops[i]);
     w_.Line(absl::StrCat("memset(", acc, ", 0, sizeof(float) * ", Count(op.index, n_), ");"));
-    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) OpenTileLoop(on.loops[i]);
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) x_.OpenTileLoop(w_, on.loops[i]);
     int opened = OpenPointLoops(w_, op.index, n_);
     w_.Line("float s = 0.0f;");
     int inner = OpenPointLoops(w_, op.reduce, n_);
@@ -512,7 +402,7 @@ class FusedEmitter {
     CloseScopes(w_, opened);
     for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) w_.Close();
     opened = OpenPointLoops(w_, op.index, n_);
-    Store(on, absl::StrCat(acc, "[", FlatIndex(op.index, n_), "]"));
+    x_.Store(w_, on, absl::StrCat(acc, "[", FlatIndex(op.index, n_), "]"));
     CloseScopes(w_, opened);
     for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
   }
@@ -536,7 +426,7 @@ class FusedEmitter {
   // The softmax's inputs along its axis (within the current range) into
   // `row`, and their maximum into `max_var`.
   void EmitRowAndMax(const Op& op, const std::string& row, const std::string& max_var) {
-    auto load = [this](const Access& a) { return Load(a); };
+    auto load = [this](const Access& a) { return x_.Load(a); };
     const int ax = op.axis;
     w_.Line(absl::StrCat("float ", max_var, " = -INFINITY;"));
     w_.Open(AxisLoop(ax));
@@ -561,7 +451,7 @@ class FusedEmitter {
     w_.Line("const float inv = 1.0f / total;");
     w_.Open(AxisLoop(ax));
     w_.Line(AxisVar(ax));
-    Store(on, absl::StrCat(row, "[", n_.I(ax), "] * inv"));
+    x_.Store(w_, on, absl::StrCat(row, "[", n_.I(ax), "] * inv"));
     w_.Close();
     CloseScopes(w_, opened);
   }
@@ -573,7 +463,7 @@ class FusedEmitter {
     const int ax = op.axis;
     const std::string o = Sfx(on.op), row = "row" + o;
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
-    w_.Line(absl::StrCat("const long sr = ", StateOffset(op), ";"));
+    w_.Line(absl::StrCat("const long sr = ", x_.StateOffset(op), ";"));
     EmitRowAndMax(op, row, "mt");
     w_.Line(absl::StrCat("const float m_old = smax", o, "[sr];"));
     w_.Line("const float m_new = m_old > mt ? m_old : mt;");
@@ -583,7 +473,7 @@ class FusedEmitter {
     w_.Line(AxisVar(ax));
     w_.Line(absl::StrCat("const float e = m_new == -INFINITY ? 0.0f : expf(", row, "[", n_.I(ax), "] - m_new);"));
     w_.Line("total += e;");
-    Store(on, "e");
+    x_.Store(w_, on, "e");
     w_.Close();
     w_.Line(absl::StrCat("ssum", o, "[sr] = ssum", o, "[sr] * rescale + total;"));
     w_.Line(absl::StrCat("smax", o, "[sr] = m_new;"));
@@ -600,13 +490,13 @@ class FusedEmitter {
     w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
     w_.Open("");
     for (int d : op.index) {
-      if (!block_[d]) w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      if (!x_.IsBlock(d)) w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
     }
     int opened = OpenPointLoops(w_, op.index, n_);
-    Access self = SelfAccess(op);
-    const std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
+    Access self = emit::NestIndex::SelfAccess(op);
+    const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(self), "]");
     if (on.online_softmax >= 0) {
-      w_.Line(absl::StrCat(at, " /= ssum", Sfx(on.online_softmax), "[", StateOffset(chain_.ops[on.online_softmax]),
+      w_.Line(absl::StrCat(at, " /= ssum", Sfx(on.online_softmax), "[", x_.StateOffset(chain_.ops[on.online_softmax]),
                            "];"));
     }
     if (output) {
@@ -621,8 +511,8 @@ class FusedEmitter {
   const space::LoopNest& nest_;
   const space::Schedule& s_;
   Names n_;
+  emit::NestIndex x_;
   Writer w_;
-  std::vector<bool> block_;
   std::vector<int64_t> local_offset_;
   std::vector<int64_t> temp_offset_;
   int64_t scratch_floats_ = 0;

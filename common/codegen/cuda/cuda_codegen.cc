@@ -21,11 +21,8 @@ using emit::FlatIndex;
 using emit::FloatLit;
 using emit::GlobalOffset;
 using emit::GlobalStrides;
-using emit::LinearToC;
-using emit::LoadConvert;
 using emit::Names;
 using emit::ProductToC;
-using emit::RowMajorStrides;
 using emit::StoreConvert;
 using emit::Writer;
 using ir::Access;
@@ -35,8 +32,6 @@ using ir::OpKind;
 using ir::TensorRole;
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 // The matrix instruction of an mma.sync intrinsic.
 enum class MmaKind { kF16, kBF16, kTF32 };
@@ -72,10 +67,7 @@ class CudaEmitter {
  public:
   CudaEmitter(const Chain& chain, const space::LoopNest& nest, const CudaOptions& options)
       : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, threads_(32 * options.warps),
-        stages_(options.stages) {
-    block_.assign(chain.dims.size(), false);
-    for (int d : s_.block) block_[d] = true;
-  }
+        stages_(options.stages), x_(chain, nest) {}
 
   absl::StatusOr<CudaKernel> Emit(const std::string& schedule_text, const std::string& mapping) {
     RETURN_IF_ERROR(Layout());
@@ -112,7 +104,7 @@ class CudaEmitter {
       int d = s_.block[i];
       w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d],
                           "L; rest /= ", nest_.trips[d], "L;"));
-      w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+      w.Line(absl::StrCat("const long ", n_.N(d), " = ", x_.RangeOf(d, n_.O(d)), ";"));
     }
     EmitRegion(space::Region::kBefore);
     if (nest_.stream_dim >= 0) EmitStream();
@@ -277,11 +269,6 @@ class CudaEmitter {
 
   // ------------------------------------------------------------ common ---
 
-  std::string RangeOf(int d, const std::string& origin) const {
-    const int64_t tile = s_.tile[d], extent = chain_.dims[d].extent;
-    return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
-  }
-
   void Sync() { w_.Line("__syncthreads();"); }
 
   // Defines i_d and v_d for `dims` from the flat index `flat` over their
@@ -335,7 +322,7 @@ class CudaEmitter {
       const Op& op = chain_.ops[on.op];
       w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": operands staged once, outside the stream loop"));
       w_.Open("");
-      DefineFullRanges(on);
+      x_.DefineFullRanges(w_, on);
       if (on.a_hoisted) Pack(on, true);
       if (on.b_hoisted) Pack(on, false);
       w_.Close();
@@ -348,8 +335,8 @@ class CudaEmitter {
         w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on.op].output].name,
                              ": the first stream step's tile, into stage 0"));
         w_.Open("");
-        w_.Line(absl::StrCat("const long ", n_.O(sd), " = 0, ", n_.N(sd), " = ", RangeOf(sd, "0L"), ";"));
-        DefineFullRanges(on);
+        w_.Line(absl::StrCat("const long ", n_.O(sd), " = 0, ", n_.N(sd), " = ", x_.RangeOf(sd, "0L"), ";"));
+        x_.DefineFullRanges(w_, on);
         w_.Line(absl::StrCat(StageType(on), "* const ", a_side ? "pa" : "pb", on.op, " = ", a_side ? "pa" : "pb",
                              on.op, "_stages;"));
         Pack(on, a_side, /*wait=*/false);
@@ -361,7 +348,7 @@ class CudaEmitter {
     Sync();
     w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
                          " += ", s_.tile[sd], "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", RangeOf(sd, n_.O(sd)), ";"));
+    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
     if (pipeline) w_.Line(absl::StrCat("const long stage = (", n_.O(sd), " / ", s_.tile[sd], "L) % 2L;"));
     EmitRegion(space::Region::kStream);
     w_.Close();
@@ -370,92 +357,12 @@ class CudaEmitter {
     }
   }
 
-  std::string Load(const Access& a) const {
-    if (local_offset_[a.tensor] >= 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
-    return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
-  }
-
-  std::string LocalOffset(const Access& a) const {
-    const space::LocalBuffer& b = nest_.local[a.tensor];
-    const std::vector<int>& index = chain_.ops[chain_.tensors[a.tensor].producer].index;
-    std::vector<int64_t> strides = RowMajorStrides(b.shape);
-    std::vector<std::pair<int64_t, std::string>> terms;
-    int64_t constant = 0;
-    for (size_t axis = 0; axis < a.index.size(); ++axis) {
-      constant += a.index[axis].constant * strides[axis];
-      for (const auto& [d, c] : a.index[axis].terms) terms.push_back({c * strides[axis], n_.V(d)});
-      if (b.relative[axis]) terms.push_back({-strides[axis], n_.O(index[axis])});
-    }
-    return LinearToC(terms, constant);
-  }
-
-  static Access SelfAccess(const Op& op) {
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    return self;
-  }
-
-  std::string StateOffset(const Op& softmax) const {
-    std::vector<std::pair<int64_t, std::string>> terms;
-    int64_t stride = 1;
-    for (int i = static_cast<int>(softmax.index.size()) - 1; i >= 0; --i) {
-      int d = softmax.index[i];
-      if (d == softmax.axis) continue;
-      terms.push_back({stride, n_.V(d)});
-      if (block_[d]) terms.push_back({-stride, n_.O(d)});
-      stride *= block_[d] ? s_.tile[d] : chain_.dims[d].extent;
-    }
-    return LinearToC(terms, 0);
-  }
-
-  // Writes `value` to the op's result at the current point, as the CPU
-  // generator does: its shared buffer (accumulated, or rescaled by an
-  // online softmax) and its global output.
-  void Store(const space::OpNest& on, const std::string& value) {
-    const Op& op = chain_.ops[on.op];
-    Access self = SelfAccess(op);
-    if (local_offset_[op.output] >= 0) {
-      std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
-      if (on.online_softmax >= 0) {
-        w_.Line(absl::StrCat(at, " = ", at, " * sscale", on.online_softmax, "[",
-                             StateOffset(chain_.ops[on.online_softmax]), "] + ", value, ";"));
-      } else if (on.accumulates) {
-        w_.Line(absl::StrCat(at, " += ", value, ";"));
-      } else {
-        w_.Line(absl::StrCat(at, " = ", value, ";"));
-      }
-    }
-    if (chain_.tensors[op.output].role == TensorRole::kOutput && !on.accumulates) {
-      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ",
-                           StoreConvert(chain_.dtype, value), ";"));
-    }
-  }
-
-  void DefineFullRanges(const space::OpNest& on) {
-    const Op& op = chain_.ops[on.op];
-    std::vector<int> dims = op.index;
-    dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
-    for (int d : dims) {
-      bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
-                    Contains(on.loops, d);
-      if (looped) continue;
-      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
-    }
-  }
-
-  void OpenTileLoop(int d) {
-    w_.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", chain_.dims[d].extent, "L; ", n_.O(d),
-                         " += ", s_.tile[d], "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
-  }
-
   void EmitOp(int o) {
     const Op& op = chain_.ops[o];
     const space::OpNest& on = nest_.ops[o];
     w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
     w_.Open("");
-    DefineFullRanges(on);
+    x_.DefineFullRanges(w_, on);
     if (op.kind == OpKind::kSum && on.gemm.ok) {
       for (const auto& [side, name] : {std::pair{&gemm_[o].a, "pa"}, std::pair{&gemm_[o].b, "pb"}}) {
         if (side->pipelined) {
@@ -468,7 +375,7 @@ class CudaEmitter {
       EmitGenericSum(op, on);
     } else if (op.kind == OpKind::kMap) {
       OpenParallelPoints(op.index);
-      Store(on, ExprToC(op.body, [this](const Access& a) { return Load(a); }));
+      x_.Store(w_, on, ExprToC(op.body, [this](const Access& a) { return x_.Load(a); }));
       w_.Close();
       Sync();
     } else {
@@ -544,7 +451,7 @@ class CudaEmitter {
     Decompose("x", own);
     Decompose("kk", g.kdims);
     w_.Line(absl::StrCat("value = ", ProductToC(a_side ? g.a_side : g.b_side, 1,
-                                                [this](const Access& a) { return Load(a); }),
+                                                [this](const Access& a) { return x_.Load(a); }),
                          ";"));
     w_.Close();
     w_.Line(absl::StrCat(buf, "[", PackIndex(side, l, "bi", "x", "kk"), "] = ", PackConvert(l, "value"), ";"));
@@ -678,7 +585,7 @@ class CudaEmitter {
     w_.Open("");
     w_.Line(absl::StrCat("const long next_origin = ", n_.O(sd), " + ", s_.tile[sd], "L;"));
     w_.Open(absl::StrCat("if (next_origin < ", chain_.dims[sd].extent, "L)"));
-    w_.Line(absl::StrCat("const long ", n_.O(sd), " = next_origin, ", n_.N(sd), " = ", RangeOf(sd, "next_origin"),
+    w_.Line(absl::StrCat("const long ", n_.O(sd), " = next_origin, ", n_.N(sd), " = ", x_.RangeOf(sd, "next_origin"),
                          ";"));
     w_.Line(absl::StrCat(StageType(on), "* const ", name, " = ", name, "_stages + (1L - stage) * ",
                          (a_side ? gemm_[on.op].a : gemm_[on.op].b).stage_elems, "L;"));
@@ -717,15 +624,10 @@ class CudaEmitter {
         w_.Line("fusor_cp_async_wait<1>();");
       }
       if (staged) Sync();
-      if (level < num_loops) OpenTileLoop(on.loops[level]);
+      if (level < num_loops) x_.OpenTileLoop(w_, on.loops[level]);
     }
     w_.Open("");
-    int outer = 0;
-    for (int d : g.outer_reduce) {
-      w_.Open(absl::StrCat("for (long ", n_.I(d), " = 0; ", n_.I(d), " < ", n_.N(d), "; ++", n_.I(d), ")"));
-      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
-      ++outer;
-    }
+    const int outer = emit::OpenPointLoops(w_, g.outer_reduce, n_);
     if (on.a_per_point) Pack(on, true);
     if (on.b_per_point) Pack(on, false);
     if (on.a_per_point || on.b_per_point) Sync();
@@ -742,7 +644,7 @@ class CudaEmitter {
     std::string value = absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * ", on.rows_pad, "L + (",
                                      FlatIndex(g.rows, n_), ")) * ", on.cols_pad, "L + (", FlatIndex(g.cols, n_), ")]");
     if (g.scale != 1) value = absl::StrCat(value, " * ", FloatLit(g.scale));
-    Store(on, value);
+    x_.Store(w_, on, value);
     w_.Close();
     Sync();
     w_.Close();
@@ -752,26 +654,21 @@ class CudaEmitter {
   // A sum no intrinsic takes: one thread per output point.
   void EmitGenericSum(const Op& op, const space::OpNest& on) {
     const std::string acc = absl::StrCat("acc", on.op);
-    for (int i = 0; i < on.num_out_loops; ++i) OpenTileLoop(on.loops[i]);
+    for (int i = 0; i < on.num_out_loops; ++i) x_.OpenTileLoop(w_, on.loops[i]);
     ZeroShared(acc, on.acc_floats);
     Sync();
-    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) OpenTileLoop(on.loops[i]);
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) x_.OpenTileLoop(w_, on.loops[i]);
     OpenParallelPoints(op.index);
     w_.Line("float s = 0.0f;");
-    int opened = 0;
-    for (int d : op.reduce) {
-      w_.Open(absl::StrCat("for (long ", n_.I(d), " = 0; ", n_.I(d), " < ", n_.N(d), "; ++", n_.I(d), ")"));
-      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
-      ++opened;
-    }
-    w_.Line(absl::StrCat("s += ", ExprToC(op.body, [this](const Access& a) { return Load(a); }), ";"));
+    const int opened = emit::OpenPointLoops(w_, op.reduce, n_);
+    w_.Line(absl::StrCat("s += ", ExprToC(op.body, [this](const Access& a) { return x_.Load(a); }), ";"));
     for (int i = 0; i < opened; ++i) w_.Close();
     w_.Line(absl::StrCat(acc, "[p] += s;"));
     w_.Close();
     for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) w_.Close();
     Sync();
     OpenParallelPoints(op.index);
-    Store(on, absl::StrCat(acc, "[p]"));
+    x_.Store(w_, on, absl::StrCat(acc, "[p]"));
     w_.Close();
     Sync();
     for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
@@ -798,7 +695,7 @@ class CudaEmitter {
     for (int d : op.index) {
       if (d != ax) rows.push_back(d);
     }
-    const std::string x = ExprToC(op.body, [this](const Access& a) { return Load(a); });
+    const std::string x = ExprToC(op.body, [this](const Access& a) { return x_.Load(a); });
     const std::string axis_loop = absl::StrCat("for (long ", n_.I(ax), " = lane; ", n_.I(ax), " < ", n_.N(ax), "; ",
                                                n_.I(ax), " += 32)");
     const std::string axis_var = absl::StrCat("const long ", n_.V(ax), " = ", n_.O(ax), " + ", n_.I(ax), ";");
@@ -822,10 +719,10 @@ class CudaEmitter {
       w_.Line("const float inv = 1.0f / total;");
       w_.Open(axis_loop);
       w_.Line(axis_var);
-      Store(on, absl::StrCat("expf(", x, " - mx) * inv"));
+      x_.Store(w_, on, absl::StrCat("expf(", x, " - mx) * inv"));
       w_.Close();
     } else {
-      w_.Line(absl::StrCat("const long sr = ", StateOffset(op), ";"));
+      w_.Line(absl::StrCat("const long sr = ", x_.StateOffset(op), ";"));
       w_.Line(absl::StrCat("const float m_old = smax", o, "[sr];"));
       w_.Line("const float m_new = m_old > mx ? m_old : mx;");
       w_.Line("const float rescale = m_new == -FUSOR_INFINITY ? 1.0f : expf(m_old - m_new);");
@@ -834,7 +731,7 @@ class CudaEmitter {
       w_.Line(axis_var);
       w_.Line(absl::StrCat("const float e = m_new == -FUSOR_INFINITY ? 0.0f : expf(", x, " - m_new);"));
       w_.Line("total += e;");
-      Store(on, "e");
+      x_.Store(w_, on, "e");
       w_.Close();
       WarpReduce("total", false);
       w_.Open("if (lane == 0)");
@@ -855,18 +752,18 @@ class CudaEmitter {
     w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
     w_.Open("");
     for (int d : op.index) {
-      if (!block_[d]) {
+      if (!x_.IsBlock(d)) {
         w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
       }
     }
     OpenParallelPoints(op.index);
-    const std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(SelfAccess(op)), "]");
+    const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(emit::NestIndex::SelfAccess(op)), "]");
     if (on.online_softmax >= 0) {
-      w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", StateOffset(chain_.ops[on.online_softmax]),
+      w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", x_.StateOffset(chain_.ops[on.online_softmax]),
                            "];"));
     }
     if (output) {
-      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(SelfAccess(op), n_), "] = ",
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(op), n_), "] = ",
                            StoreConvert(chain_.dtype, at), ";"));
     }
     w_.Close();
@@ -881,7 +778,7 @@ class CudaEmitter {
   Writer w_;
   const int threads_;
   const int stages_;
-  std::vector<bool> block_;
+  emit::NestIndex x_;
   std::vector<int64_t> local_offset_;  // bytes into shared memory; -1: none
   std::vector<int64_t> temp_offset_;   // per op
   std::vector<GemmLayout> gemm_;       // per op
