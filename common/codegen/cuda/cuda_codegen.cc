@@ -46,7 +46,6 @@ struct SideLayout {
   int64_t ld = 0;       // elements per staged row
   int64_t bytes = 0;
   int64_t offset = 0;
-  int own_step = 16;    // the intrinsic's extent along own
   int contiguous = -1;  // cp.async: the dim contiguous in global memory along a staged row
   // Staged anew at every stream step with cp.async: two buffers, the next
   // step's tile prefetched into one while the other is read.
@@ -195,9 +194,8 @@ class CudaEmitter {
     g.nf = cols_pad % 32 == 0 ? 4 : cols_pad % 16 == 0 ? 2 : 1;
     const int skew = tf32 ? 4 : 8;
     auto plan_side = [&](SideLayout& side, const std::vector<ir::Access>& accesses, const std::vector<int>& own,
-                         int64_t own_pad, int own_step) {
+                         int64_t own_pad) {
       side.own_pad = own_pad;
-      side.own_step = own_step;
       side.k_major = true;
       const Access* single = accesses.size() == 1 && local_offset_[accesses[0].tensor] < 0 ? &accesses[0] : nullptr;
       std::map<int, int64_t> strides;
@@ -226,8 +224,8 @@ class CudaEmitter {
       if (s_.tile[c] % chunk != 0 && s_.tile[c] != chain_.dims[c].extent) return;
       side.contiguous = c;
     };
-    plan_side(g.a, on.gemm.a_side, on.gemm.rows, on.rows_pad, x.Extent(0));
-    plan_side(g.b, on.gemm.b_side, on.gemm.cols, cols_pad, x.Extent(1));
+    plan_side(g.a, on.gemm.a_side, on.gemm.rows, on.rows_pad);
+    plan_side(g.b, on.gemm.b_side, on.gemm.cols, cols_pad);
     return absl::OkStatus();
   }
 
