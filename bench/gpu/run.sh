@@ -5,6 +5,10 @@
 #   Here (no GPU):  build/bench/fusor-bench-gpu-prep build/gpu-prep h200 8 examples/*.fusor
 #   On the GPU:     bench/gpu/run.sh build/gpu-prep [OUT]
 #
+# Through the device tool: run with carry ["build/gpu-prep"] and the
+# command `bench/gpu/run.sh build/gpu-prep "$OUT"` (the log comes back in
+# $OUT/log.txt); a first run takes about 2-4 minutes.
+#
 # It builds the runner (fusor's CUDA backend in plain C++ over the driver,
 # NVRTC and cuBLAS), measures every prepared candidate and the unfused
 # cuBLAS baseline (validated against the float64 reference), times the
