@@ -7,7 +7,7 @@
 #
 # Through the device tool: run with carry ["build/gpu-prep"] and the
 # command `bench/gpu/run.sh build/gpu-prep "$OUT"` (the log comes back in
-# $OUT/log.txt); a first run takes about 2-4 minutes.
+# $OUT/log.txt). Not yet run on a GPU: none was lent so far.
 #
 # It builds the runner (fusor's CUDA backend in plain C++ over the driver,
 # NVRTC and cuBLAS), measures every prepared candidate and the unfused
