@@ -47,9 +47,11 @@ struct SideLayout {
   int64_t bytes = 0;
   int64_t offset = 0;
   int contiguous = -1;  // cp.async: the dim contiguous in global memory along a staged row
-  // Staged anew at every stream step with cp.async: two buffers, the next
-  // step's tile prefetched into one while the other is read.
+  // Staged anew at every step of one loop (the stream loop, or the own
+  // loop it sits just inside) with cp.async: two buffers, the next step's
+  // tile prefetched into one while the other is read.
   bool pipelined = false;
+  int loop_dim = -1;  // the loop it is prefetched across
   int64_t stage_elems = 0;
 };
 
@@ -144,10 +146,14 @@ class CudaEmitter {
         RETURN_IF_ERROR(PlanGemm(on, gemm_[on.op]));
         GemmLayout& g = gemm_[on.op];
         auto stage = [&](SideLayout& side, int depth, bool hoisted, bool per_point) {
-          // Depth 0 and not hoisted inside the stream loop: the tile depends
-          // on the stream dim and nothing else loops around it.
-          side.pipelined = stages_ >= 2 && on.region == space::Region::kStream && side.contiguous >= 0 &&
-                           depth == 0 && !hoisted && !per_point;
+          // Depth 0 and not hoisted inside the stream loop: the tile changes
+          // with the stream dim; depth d > 0: with own loop d - 1.
+          if (depth > 0) {
+            side.loop_dim = on.loops[depth - 1];
+          } else if (on.region == space::Region::kStream) {
+            side.loop_dim = nest_.stream_dim;
+          }
+          side.pipelined = stages_ >= 2 && side.loop_dim >= 0 && side.contiguous >= 0 && !hoisted && !per_point;
           side.stage_elems = RoundUp(side.bytes, 16) / g.elem_bytes;
           side.offset = bytes;
           bytes += RoundUp(side.bytes, 16) * (side.pipelined ? 2 : 1);
@@ -329,15 +335,11 @@ class CudaEmitter {
     for (const space::OpNest& on : nest_.ops) {
       if (!on.gemm.ok || on.region != space::Region::kStream) continue;
       for (bool a_side : {true, false}) {
-        if (!(a_side ? gemm_[on.op].a : gemm_[on.op].b).pipelined) continue;
-        w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on.op].output].name,
-                             ": the first stream step's tile, into stage 0"));
+        const SideLayout& side = a_side ? gemm_[on.op].a : gemm_[on.op].b;
+        if (!side.pipelined || side.loop_dim != sd || (a_side ? on.a_depth : on.b_depth) != 0) continue;
         w_.Open("");
-        w_.Line(absl::StrCat("const long ", n_.O(sd), " = 0, ", n_.N(sd), " = ", x_.RangeOf(sd, "0L"), ";"));
         x_.DefineFullRanges(w_, on);
-        w_.Line(absl::StrCat(StageType(on), "* const ", a_side ? "pa" : "pb", on.op, " = ", a_side ? "pa" : "pb",
-                             on.op, "_stages;"));
-        Pack(on, a_side, /*wait=*/false);
+        FirstStage(on, a_side);
         w_.Close();
         pipeline = true;
       }
@@ -347,7 +349,7 @@ class CudaEmitter {
     w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
                          " += ", s_.tile[sd], "L)"));
     w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
-    if (pipeline) w_.Line(absl::StrCat("const long stage = (", n_.O(sd), " / ", s_.tile[sd], "L) % 2L;"));
+    if (pipeline) DefineStage(sd);
     EmitRegion(space::Region::kStream);
     w_.Close();
     for (const space::OpNest& on : nest_.ops) {
@@ -362,11 +364,9 @@ class CudaEmitter {
     w_.Open("");
     x_.DefineFullRanges(w_, on);
     if (op.kind == OpKind::kSum && on.gemm.ok) {
-      for (const auto& [side, name] : {std::pair{&gemm_[o].a, "pa"}, std::pair{&gemm_[o].b, "pb"}}) {
-        if (side->pipelined) {
-          w_.Line(absl::StrCat(StageType(on), "* const ", name, o, " = ", name, o, "_stages + stage * ",
-                               side->stage_elems, "L;"));
-        }
+      for (bool a_side : {true, false}) {
+        const SideLayout& side = a_side ? gemm_[o].a : gemm_[o].b;
+        if (side.pipelined && (a_side ? on.a_depth : on.b_depth) == 0) CurrentStage(on, a_side);
       }
       EmitGemmSum(op, on);
     } else if (op.kind == OpKind::kSum) {
@@ -574,19 +574,47 @@ class CudaEmitter {
     return gemm_[on.op].kind == MmaKind::kTF32 ? "float" : "fusor_u16";
   }
 
-  // Issues the cp.async copies of the next stream step's tile of one side
-  // into the other stage (nothing after the last step).
-  void Prefetch(const space::OpNest& on, bool a_side) {
-    const int sd = nest_.stream_dim;
+  std::string StageVar(int d) const { return "stage_" + chain_.dims[d].name; }
+
+  // Which of the two buffers the current step of `d`'s loop reads.
+  void DefineStage(int d) {
+    w_.Line(absl::StrCat("const long ", StageVar(d), " = (", n_.O(d), " / ", s_.tile[d], "L) % 2L;"));
+  }
+
+  std::string StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const {
     const std::string name = absl::StrCat(a_side ? "pa" : "pb", on.op);
-    w_.Line(absl::StrCat("// prefetch ", a_side ? "A" : "B", " of the next stream step"));
+    return absl::StrCat(StageType(on), "* const ", name, " = ", name, "_stages + (", stage, ") * ",
+                        (a_side ? gemm_[on.op].a : gemm_[on.op].b).stage_elems, "L;");
+  }
+
+  void CurrentStage(const space::OpNest& on, bool a_side) {
+    const SideLayout& side = a_side ? gemm_[on.op].a : gemm_[on.op].b;
+    w_.Line(StagePointer(on, a_side, StageVar(side.loop_dim)));
+  }
+
+  // Before the loop: the first step's tile into stage 0 (the caller commits).
+  void FirstStage(const space::OpNest& on, bool a_side) {
+    const int d = (a_side ? gemm_[on.op].a : gemm_[on.op].b).loop_dim;
+    w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on.op].output].name,
+                         ": the first ", chain_.dims[d].name, " step's tile, into stage 0"));
     w_.Open("");
-    w_.Line(absl::StrCat("const long next_origin = ", n_.O(sd), " + ", s_.tile[sd], "L;"));
-    w_.Open(absl::StrCat("if (next_origin < ", chain_.dims[sd].extent, "L)"));
-    w_.Line(absl::StrCat("const long ", n_.O(sd), " = next_origin, ", n_.N(sd), " = ", x_.RangeOf(sd, "next_origin"),
+    w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", x_.RangeOf(d, "0L"), ";"));
+    w_.Line(StagePointer(on, a_side, "0L"));
+    Pack(on, a_side, /*wait=*/false);
+    w_.Close();
+  }
+
+  // Issues the cp.async copies of the next step's tile of one side into
+  // the other stage (nothing after the last step).
+  void Prefetch(const space::OpNest& on, bool a_side) {
+    const int d = (a_side ? gemm_[on.op].a : gemm_[on.op].b).loop_dim;
+    w_.Line(absl::StrCat("// prefetch ", a_side ? "A" : "B", " of the next ", chain_.dims[d].name, " step"));
+    w_.Open("");
+    w_.Line(absl::StrCat("const long next_origin = ", n_.O(d), " + ", s_.tile[d], "L;"));
+    w_.Open(absl::StrCat("if (next_origin < ", chain_.dims[d].extent, "L)"));
+    w_.Line(absl::StrCat("const long ", n_.O(d), " = next_origin, ", n_.N(d), " = ", x_.RangeOf(d, "next_origin"),
                          ";"));
-    w_.Line(absl::StrCat(StageType(on), "* const ", name, " = ", name, "_stages + (1L - stage) * ",
-                         (a_side ? gemm_[on.op].a : gemm_[on.op].b).stage_elems, "L;"));
+    w_.Line(StagePointer(on, a_side, absl::StrCat("1L - ", StageVar(d))));
     Pack(on, a_side, /*wait=*/false);
     w_.Close();
     w_.Close();
@@ -609,6 +637,7 @@ class CudaEmitter {
         if (!here) continue;
         staged = true;
         if ((a_side ? gemm_[on.op].a : gemm_[on.op].b).pipelined) {
+          if (level > 0) CurrentStage(on, a_side);  // depth 0: defined with the op
           Prefetch(on, a_side);
           prefetched = true;
         } else {
@@ -622,7 +651,20 @@ class CudaEmitter {
         w_.Line("fusor_cp_async_wait<1>();");
       }
       if (staged) Sync();
-      if (level < num_loops) x_.OpenTileLoop(w_, on.loops[level]);
+      if (level < num_loops) {
+        // Tiles pipelined across this loop: the first step's before it.
+        bool first = false;
+        for (bool a_side : {true, false}) {
+          const SideLayout& side = a_side ? gemm_[on.op].a : gemm_[on.op].b;
+          if (side.pipelined && (a_side ? on.a_depth : on.b_depth) == level + 1) {
+            FirstStage(on, a_side);
+            first = true;
+          }
+        }
+        if (first) w_.Line("fusor_cp_async_commit();");
+        x_.OpenTileLoop(w_, on.loops[level]);
+        if (first) DefineStage(on.loops[level]);
+      }
     }
     w_.Open("");
     const int outer = emit::OpenPointLoops(w_, g.outer_reduce, n_);

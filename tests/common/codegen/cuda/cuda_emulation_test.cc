@@ -345,8 +345,9 @@ TEST(CudaEmulationTest, MaskedBf16AttentionAndEpilogues) {
   CheckSchedule(kEpilogues, "- / - / H(f=8) Y(o=8)", 8);
 }
 
-// Tiles that change with every stream step are prefetched one step ahead
-// with cp.async into a second stage. The emulation performs a copy only
+// Tiles that change with every step of the stream loop (or of the own
+// loop they sit in) are prefetched one step ahead with cp.async into a
+// second stage. The emulation performs a copy only
 // when a wait retires it, so a kernel that read the tile before waiting
 // would fail: dropping the wait must be caught.
 TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
@@ -355,12 +356,23 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   ASSERT_TRUE(schedule.ok());
   auto kernel = Emit(chain, *schedule, Gpu(), CudaOptions());
   ASSERT_TRUE(kernel.ok()) << kernel.status();
-  ASSERT_NE(kernel->source.find("prefetch B of the next stream step"), std::string::npos) << kernel->source;
+  ASSERT_NE(kernel->source.find("prefetch B of the next n step"), std::string::npos) << kernel->source;
   EXPECT_EQ(RunKernelEmulated(chain, *kernel), "");
   CudaKernel unwaited = *kernel;
   const std::string wait = "fusor_cp_async_wait<1>();";
   unwaited.source.replace(unwaited.source.find(wait), wait.size(), "");
   EXPECT_NE(RunKernelEmulated(chain, unwaited), "");
+  // Across an own loop too: V's tiles along h.
+  auto own_loop = space::ParseSchedule("b=1 m=16 / n=16 / O(h=8)", chain);
+  ASSERT_TRUE(own_loop.ok());
+  auto by_h = Emit(chain, *own_loop, Gpu(), CudaOptions());
+  ASSERT_TRUE(by_h.ok()) << by_h.status();
+  const size_t at = by_h->source.find("prefetch B of the next h step");
+  ASSERT_NE(at, std::string::npos) << by_h->source;
+  EXPECT_EQ(RunKernelEmulated(chain, *by_h), "");
+  CudaKernel unwaited_h = *by_h;
+  unwaited_h.source.replace(unwaited_h.source.find(wait, at), wait.size(), "");
+  EXPECT_NE(RunKernelEmulated(chain, unwaited_h), "");
   CudaOptions one_stage;
   one_stage.stages = 1;
   auto unpipelined = Emit(chain, *schedule, Gpu(), one_stage);
