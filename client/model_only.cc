@@ -17,9 +17,6 @@
 namespace fusor::client {
 namespace {
 
-// How many of the best-ranked candidates are tried before giving up.
-constexpr int kMaxTries = 16;
-
 absl::Status WriteFile(const std::string& path, const std::string& bytes, std::vector<std::string>& written) {
   std::ofstream f(path, std::ios::binary);
   f << bytes;
@@ -42,90 +39,113 @@ absl::StatusOr<hw::TargetDesc> GpuTarget(const std::string& name) {
       absl::StrCat("unknown GPU '", name, "': give a device (", known, ") or an arch (sm_80, sm_86, sm_89, sm_90)"));
 }
 
+std::vector<GpuCandidate> CompilingGpuCandidates(const ir::Chain& chain, const hw::TargetDesc& target,
+                                                 const space::Space& space, int count,
+                                                 std::vector<std::string>* skipped) {
+  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get();
+  std::vector<GpuCandidate> out;
+  const int tries = std::min<int>(count + 16, static_cast<int>(space.ranked.size()));
+  for (int i = 0; i < tries && static_cast<int>(out.size()) < count; ++i) {
+    GpuCandidate c;
+    c.ranked = &space.ranked[i];
+    c.rank = i + 1;
+    c.schedule = space::ScheduleToText(c.ranked->schedule, chain);
+    auto nest = space::BuildLoopNest(chain, c.ranked->schedule, target);
+    auto kernel = nest.ok() ? codegen::EmitCudaFusedKernel(chain, *nest, c.schedule, c.ranked->mappings)
+                            : absl::StatusOr<codegen::CudaKernel>(nest.status());
+    if (!kernel.ok()) {
+      skipped->push_back(absl::StrCat(c.schedule, ": ", kernel.status().message()));
+      continue;
+    }
+    c.kernel = std::move(*kernel);
+    if (nvrtc != nullptr) {
+      c.compiled = nvrtc->Compile(c.kernel.source, target.arch,
+                                  {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
+      const std::string why = c.compiled.ok ? codegen::CheckResources(c.compiled.usage, c.kernel.threads,
+                                                                      c.kernel.shared_bytes,
+                                                                      codegen::LimitsForArch(target.arch))
+                                            : c.compiled.log;
+      if (!why.empty()) {
+        skipped->push_back(absl::StrCat(c.schedule, ": ", why));
+        continue;
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const hw::TargetDesc& target,
                                                  const std::string& name, const std::string& out_dir) {
-  const bool gpu = target.backend == hw::Backend::kCuda;
-  std::string no_nvrtc;
-  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(&no_nvrtc);
   auto space = space::BuildSpace(chain, target);
   if (!space.ok()) return space.status();
+  if (space->ranked.empty()) return absl::FailedPreconditionError("the pruned space is empty");
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
 
   ModelOnlyOutput out;
-  const int tries = std::min<int>(kMaxTries, static_cast<int>(space->ranked.size()));
-  for (int i = 0; i < tries; ++i) {
-    const space::RankedSchedule& r = space->ranked[i];
-    const std::string text = space::ScheduleToText(r.schedule, chain);
-    auto nest = space::BuildLoopNest(chain, r.schedule, target);
-    if (!nest.ok()) return nest.status();  // the space holds legal nests only
-    nlohmann::json meta = {{"unmeasured", true},
-                           {"note", "ranked by the cost model alone; never measured, never stored as a best record"},
-                           {"chain", chain.name},
-                           {"target", {{"device", target.device_name}, {"arch", target.arch}}},
-                           {"rank", i + 1},
-                           {"schedule", text},
-                           {"tiling_expression", space::TilingExpression(r.schedule, chain)},
-                           {"mapping", r.mappings},
-                           {"predicted_s", r.prediction.t_estm_s}};
-    std::vector<std::string> files;
-    if (!gpu) {
-      auto kernel = codegen::EmitCpuFusedKernel(chain, *nest, text, r.mappings);
-      if (!kernel.ok()) return kernel.status();
-      meta["kernel"] = nlohmann::json::parse(kernel->metadata_json);
-      RETURN_IF_ERROR(WriteFile(absl::StrCat(out_dir, "/", name, ".cc"), kernel->source, files));
-      RETURN_IF_ERROR(WriteFile(absl::StrCat(out_dir, "/", name, ".json"), meta.dump(2) + "\n", files));
-    } else {
-      auto kernel = codegen::EmitCudaFusedKernel(chain, *nest, text, r.mappings);
-      if (!kernel.ok()) {
-        out.skipped.push_back(absl::StrCat(text, ": ", kernel.status().message()));
-        continue;
-      }
-      meta["kernel"] = nlohmann::json::parse(kernel->metadata_json);
-      meta["header"] = "fusor_device.h";
-      const std::string base = absl::StrCat(out_dir, "/", name);
-      if (nvrtc != nullptr) {
-        codegen::NvrtcOutput compiled =
-            nvrtc->Compile(kernel->source, target.arch, {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
-        const std::string why = compiled.ok ? codegen::CheckResources(compiled.usage, kernel->threads,
-                                                                      kernel->shared_bytes,
-                                                                      codegen::LimitsForArch(target.arch))
-                                            : compiled.log;
-        if (!why.empty()) {
-          out.skipped.push_back(absl::StrCat(text, ": ", why));
-          continue;
-        }
-        meta["compiler"] = {{"version", nvrtc->Version()},
-                            {"options", compiled.options},
-                            {"registers", compiled.usage.registers},
-                            {"stack_bytes", compiled.usage.stack_bytes},
-                            {"spill_store_bytes", compiled.usage.spill_store_bytes},
-                            {"spill_load_bytes", compiled.usage.spill_load_bytes},
-                            {"static_shared_bytes", compiled.usage.static_shared_bytes}};
-        RETURN_IF_ERROR(WriteFile(base + ".cu", kernel->source, files));
-        RETURN_IF_ERROR(WriteFile(base + ".cubin", compiled.cubin, files));
-      } else {
-        RETURN_IF_ERROR(WriteFile(base + ".cu", kernel->source, files));
-      }
-      RETURN_IF_ERROR(WriteFile(absl::StrCat(out_dir, "/fusor_device.h"), std::string(codegen::CudaDeviceHeader()), files));
-      RETURN_IF_ERROR(WriteFile(base + ".json", meta.dump(2) + "\n", files));
-    }
-    out.files = files;
+  const std::string base = absl::StrCat(out_dir, "/", name);
+  auto describe = [&](const space::RankedSchedule& r, int rank, const std::string& text) {
     out.schedule = text;
     out.mapping = r.mappings;
     out.predicted_s = r.prediction.t_estm_s;
-    out.rank = i + 1;
-    if (gpu && nvrtc == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("wrote the source and metadata to ", out_dir, " but no cubin: ", no_nvrtc));
-    }
+    out.rank = rank;
+    return nlohmann::json{{"unmeasured", true},
+                          {"note", "ranked by the cost model alone; never measured, never stored as a best record"},
+                          {"chain", chain.name},
+                          {"target", {{"device", target.device_name}, {"arch", target.arch}}},
+                          {"rank", rank},
+                          {"schedule", text},
+                          {"tiling_expression", space::TilingExpression(r.schedule, chain)},
+                          {"mapping", r.mappings},
+                          {"predicted_s", r.prediction.t_estm_s}};
+  };
+  if (target.backend != hw::Backend::kCuda) {
+    const space::RankedSchedule& r = space->ranked[0];
+    const std::string text = space::ScheduleToText(r.schedule, chain);
+    ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, r.schedule, target));
+    ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuFusedKernel(chain, nest, text, r.mappings));
+    nlohmann::json meta = describe(r, 1, text);
+    meta["kernel"] = nlohmann::json::parse(kernel.metadata_json);
+    RETURN_IF_ERROR(WriteFile(base + ".cc", kernel.source, out.files));
+    RETURN_IF_ERROR(WriteFile(base + ".json", meta.dump(2) + "\n", out.files));
     return out;
   }
-  std::string why;
-  for (const std::string& s : out.skipped) absl::StrAppend(&why, "\n  ", s);
-  return absl::FailedPreconditionError(
-      absl::StrCat("none of the ", tries, " best-ranked candidates compiled within the target's limits:", why));
+
+  std::vector<GpuCandidate> best = CompilingGpuCandidates(chain, target, *space, 1, &out.skipped);
+  if (best.empty()) {
+    std::string why;
+    for (const std::string& s : out.skipped) absl::StrAppend(&why, "\n  ", s);
+    return absl::FailedPreconditionError(
+        absl::StrCat("none of the best-ranked candidates compiled within the target's limits:", why));
+  }
+  const GpuCandidate& c = best[0];
+  nlohmann::json meta = describe(*c.ranked, c.rank, c.schedule);
+  meta["kernel"] = nlohmann::json::parse(c.kernel.metadata_json);
+  meta["header"] = "fusor_device.h";
+  RETURN_IF_ERROR(WriteFile(base + ".cu", c.kernel.source, out.files));
+  std::string no_nvrtc;
+  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(&no_nvrtc);
+  if (nvrtc != nullptr) {
+    const codegen::ResourceUsage& u = c.compiled.usage;
+    meta["compiler"] = {{"version", nvrtc->Version()},
+                        {"options", c.compiled.options},
+                        {"registers", u.registers},
+                        {"stack_bytes", u.stack_bytes},
+                        {"spill_store_bytes", u.spill_store_bytes},
+                        {"spill_load_bytes", u.spill_load_bytes},
+                        {"static_shared_bytes", u.static_shared_bytes}};
+    RETURN_IF_ERROR(WriteFile(base + ".cubin", c.compiled.cubin, out.files));
+  }
+  RETURN_IF_ERROR(WriteFile(absl::StrCat(out_dir, "/fusor_device.h"), std::string(codegen::CudaDeviceHeader()),
+                            out.files));
+  RETURN_IF_ERROR(WriteFile(base + ".json", meta.dump(2) + "\n", out.files));
+  if (nvrtc == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("wrote the source and metadata to ", out_dir, " but no cubin: ", no_nvrtc));
+  }
+  return out;
 }
 
 }  // namespace fusor::client

@@ -10,14 +10,34 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/codegen/cuda/cuda_codegen.h"
+#include "common/codegen/cuda/nvrtc.h"
 #include "common/hw/target.h"
 #include "common/ir/chain.h"
+#include "common/space/space.h"
 
 namespace fusor::client {
 
 // A GPU from the device table by name (h100) or by arch (sm_90: the
 // table's first device of that arch).
 absl::StatusOr<hw::TargetDesc> GpuTarget(const std::string& name);
+
+struct GpuCandidate {
+  const space::RankedSchedule* ranked = nullptr;
+  int rank = 0;  // 1-based, in model order
+  std::string schedule;
+  codegen::CudaKernel kernel;
+  codegen::NvrtcOutput compiled;  // not compiled (ok false) when NVRTC is missing
+};
+
+// The `count` best-ranked candidates of `space` whose CUDA compiles for the
+// target's arch within its limits, in model order, looking at no more than
+// count + 16 of them; why better-ranked ones were dropped goes to
+// `skipped`. Without NVRTC the candidates are emitted but neither compiled
+// nor checked.
+std::vector<GpuCandidate> CompilingGpuCandidates(const ir::Chain& chain, const hw::TargetDesc& target,
+                                                 const space::Space& space, int count,
+                                                 std::vector<std::string>* skipped);
 
 struct ModelOnlyOutput {
   std::vector<std::string> files;  // written, source first
@@ -29,8 +49,9 @@ struct ModelOnlyOutput {
 };
 
 // Writes `name`.cu/.cubin/.json and fusor_device.h (GPU; the source
-// includes it) or `name`.cc/.json (CPU) into `out_dir`. FAILED_PRECONDITION when NVRTC is missing (the source and
-// metadata are still written) or no candidate fits.
+// includes it) or `name`.cc/.json (CPU) into `out_dir`. FAILED_PRECONDITION
+// when NVRTC is missing (the source and metadata are still written) or no
+// candidate fits.
 absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const hw::TargetDesc& target,
                                                  const std::string& name, const std::string& out_dir);
 

@@ -84,33 +84,26 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-JobOutcome Fail(OutcomeStatus status, std::string error) {
-  JobOutcome o;
-  o.status = status;
-  o.error = std::move(error);
-  return o;
-}
-
 JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
   codegen::KernelSource kernel;
   ir::Chain chain;
   if (spec.kind != JobKind::kCalibrate) {
     auto parsed = ir::ParseChainJson(spec.chain_json);
-    if (!parsed.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(parsed.status().message()));
+    if (!parsed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(parsed.status().message()));
     chain = std::move(*parsed);
   }
   if (spec.target.backend == hw::Backend::kCuda) return RunCudaJob(spec, chain);
   if (spec.kind == JobKind::kCandidate) {
     auto schedule = space::ParseSchedule(spec.schedule_text, chain);
-    if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
+    if (!schedule.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
     auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
-    if (!nest.ok()) return Fail(OutcomeStatus::kCompileError, std::string(nest.status().message()));
+    if (!nest.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(nest.status().message()));
     auto emitted = codegen::EmitCpuFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
-    if (!emitted.ok()) return Fail(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
+    if (!emitted.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
     kernel = std::move(*emitted);
   } else if (spec.kind == JobKind::kBaseline) {
     auto emitted = codegen::EmitCpuUnfusedBaseline(chain);
-    if (!emitted.ok()) return Fail(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
+    if (!emitted.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
     kernel = std::move(*emitted);
   } else {
     kernel = CalibrationKernel(spec.target);
@@ -138,7 +131,7 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
     auto peak = reinterpret_cast<RateFn>(loaded->Symbol("fusor_peak_flops"));
     auto bandwidth = reinterpret_cast<RateFn>(loaded->Symbol("fusor_bandwidth"));
     if (peak == nullptr || bandwidth == nullptr) {
-      return Fail(OutcomeStatus::kRuntimeError, "calibration kernel lacks its entry points");
+      return FailedOutcome(OutcomeStatus::kRuntimeError, "calibration kernel lacks its entry points");
     }
     out.peak_flops = peak(threads, spec.timing.time_budget_s);
     out.bandwidth_bytes_per_s = bandwidth(threads, spec.timing.time_budget_s);
@@ -175,6 +168,13 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
 }
 
 }  // namespace
+
+JobOutcome FailedOutcome(OutcomeStatus status, std::string error) {
+  JobOutcome o;
+  o.status = status;
+  o.error = std::move(error);
+  return o;
+}
 
 const char* OutcomeStatusName(OutcomeStatus s) {
   switch (s) {
@@ -291,33 +291,33 @@ int RunJobMain(const std::string& dir) {
   if (!text.ok()) return 2;
   auto spec = JobSpecFromJson(*text);
   JobOutcome outcome = spec.ok() ? Execute(*spec, dir)
-                                 : Fail(OutcomeStatus::kRuntimeError, std::string(spec.status().message()));
+                                 : FailedOutcome(OutcomeStatus::kRuntimeError, std::string(spec.status().message()));
   return WriteFile(dir + "/outcome.json", JobOutcomeToJson(outcome)).ok() ? 0 : 3;
 }
 
 JobOutcome RunJobIsolated(const JobSpec& spec, const std::string& self_exe, const std::string& scratch_dir) {
   auto dir = TempDir::Create(scratch_dir, "fusor-job-");
-  if (!dir.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(dir.status().message()));
+  if (!dir.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(dir.status().message()));
   absl::Status written = WriteFile(dir->path() + "/job.json", JobSpecToJson(spec));
-  if (!written.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(written.message()));
+  if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
   const std::string log = dir->path() + "/runner.log";
   const double timeout = spec.compile_timeout_s + spec.run_timeout_s;
   auto run = RunProcess({self_exe, "__run-job", dir->path()}, log, timeout);
-  if (!run.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(run.status().message()));
+  if (!run.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(run.status().message()));
   if (run->timed_out) {
-    return Fail(OutcomeStatus::kTimeout, absl::StrCat("killed after ", timeout, " s"));
+    return FailedOutcome(OutcomeStatus::kTimeout, absl::StrCat("killed after ", timeout, " s"));
   }
   if (run->signaled) {
-    return Fail(OutcomeStatus::kCrash, absl::StrCat("runner died of signal ", run->signal, " (",
+    return FailedOutcome(OutcomeStatus::kCrash, absl::StrCat("runner died of signal ", run->signal, " (",
                                                     strsignal(run->signal), ")"));
   }
   auto text = ReadFile(dir->path() + "/outcome.json");
   if (!text.ok()) {
-    return Fail(OutcomeStatus::kCrash, absl::StrCat("runner exited with code ", run->exit_code,
+    return FailedOutcome(OutcomeStatus::kCrash, absl::StrCat("runner exited with code ", run->exit_code,
                                                     " and no outcome: ", ReadTail(log, 2000)));
   }
   auto outcome = JobOutcomeFromJson(*text);
-  if (!outcome.ok()) return Fail(OutcomeStatus::kRuntimeError, std::string(outcome.status().message()));
+  if (!outcome.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(outcome.status().message()));
   return *outcome;
 }
 

@@ -54,6 +54,9 @@ struct JobOutcome {
   double peak_flops = 0;
 };
 
+// An outcome that says only what went wrong.
+JobOutcome FailedOutcome(OutcomeStatus status, std::string error);
+
 std::string JobSpecToJson(const JobSpec& spec);
 absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json);
 std::string JobOutcomeToJson(const JobOutcome& outcome);

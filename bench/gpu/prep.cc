@@ -18,10 +18,8 @@
 #include "client/model_only.h"
 #include "common/codegen/cpu/prelude.h"
 #include "common/codegen/cuda/cuda_codegen.h"
-#include "common/codegen/cuda/nvrtc.h"
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
-#include "common/space/loop_nest.h"
 #include "common/space/space.h"
 
 namespace {
@@ -98,29 +96,17 @@ int Prepare(const std::string& chain_path, const hw::TargetDesc& target, int top
     std::cerr << chain->name << ": " << space.status() << "\n";
     return 1;
   }
-  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get();
-  int written = 0;
-  for (size_t i = 0; i < space->ranked.size() && written < top; ++i) {
-    const space::RankedSchedule& r = space->ranked[i];
-    auto nest = space::BuildLoopNest(*chain, r.schedule, target);
-    if (!nest.ok()) continue;
-    const std::string text = space::ScheduleToText(r.schedule, *chain);
-    auto kernel = codegen::EmitCudaFusedKernel(*chain, *nest, text, r.mappings);
-    if (!kernel.ok()) continue;
-    if (nvrtc != nullptr) {  // drop what would not compile or fit there
-      codegen::NvrtcOutput built =
-          nvrtc->Compile(kernel->source, target.arch, {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
-      if (!built.ok || !codegen::CheckResources(built.usage, kernel->threads, kernel->shared_bytes,
-                                                codegen::LimitsForArch(target.arch))
-                            .empty()) {
-        continue;
-      }
-    }
-    codegen::Program program = codegen::FusedProgram(*chain, *kernel);
-    program.steps[0].what = absl::StrCat(text, "  [", r.mappings, "] model ", r.prediction.t_estm_s * 1e6, " us");
-    std::ofstream(absl::StrCat(dir, "/candidate_", written, ".prog")) << codegen::ProgramToText(program);
-    ++written;
+  std::vector<std::string> skipped;
+  const std::vector<client::GpuCandidate> candidates =
+      client::CompilingGpuCandidates(*chain, target, *space, top, &skipped);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const client::GpuCandidate& c = candidates[i];
+    codegen::Program program = codegen::FusedProgram(*chain, c.kernel);
+    program.steps[0].what = absl::StrCat(c.schedule, "  [", c.ranked->mappings, "] model ",
+                                         c.ranked->prediction.t_estm_s * 1e6, " us");
+    std::ofstream(absl::StrCat(dir, "/candidate_", i, ".prog")) << codegen::ProgramToText(program);
   }
+  const int written = static_cast<int>(candidates.size());
   auto baseline = codegen::EmitCudaUnfusedBaseline(*chain, target);
   if (!baseline.ok()) {
     std::cerr << chain->name << ": baseline: " << baseline.status() << "\n";

@@ -112,21 +112,16 @@ struct Measured {
   double median_s = 0, max_rel = 0;
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-Measured MeasureOne(Runtime& gpu, const std::string& header, const std::string& path, const std::string& name,
-                    const Manifest& m, const std::vector<CUdeviceptr>& in, const std::vector<CUdeviceptr>& out,
+// `text`: a program (program.h) as the prep tool wrote it.
+Measured MeasureOne(Runtime& gpu, const std::string& text, const std::string& name, const Manifest& m, const std::vector<CUdeviceptr>& in, const std::vector<CUdeviceptr>& out,
                     const std::vector<float>& expected, double seconds) {
   Measured r;
   r.name = name;
   Program program;
-  if (!fusor::codegen::ProgramFromText(Read(path), &program, &r.error)) return r;
+  if (!fusor::codegen::ProgramFromText(text, &program, &r.error)) return r;
   r.what = program.steps.size() == 1 ? program.steps[0].what : std::to_string(program.steps.size()) + " steps";
   LoadedProgram loaded;
-  if (!loaded.Prepare(gpu, program, header, &r.error)) {
+  if (!loaded.Prepare(gpu, program, &r.error)) {
     r.error = "rejected: " + r.error;
     return r;
   }
@@ -162,7 +157,7 @@ Measured MeasureOne(Runtime& gpu, const std::string& header, const std::string& 
   plan.time_budget_s = seconds;
   std::vector<double> samples;
   if (!gpu.Time([&](std::string* w) { return loaded.Run(in, out, w); }, plan, &samples, &r.error)) return r;
-  r.median_s = Median(samples);
+  r.median_s = fusor::gpu::Median(samples);
   r.ok = true;
   return r;
 }
@@ -229,14 +224,14 @@ int main(int argc, char** argv) {
     }
     Measured best;
     for (int i = 0;; ++i) {
-      const std::string path = dir + "/candidate_" + std::to_string(i) + ".prog";
-      if (Read(path).empty()) break;
-      Measured r = MeasureOne(*gpu, header, path, "candidate_" + std::to_string(i), m, in, out, expected, seconds);
+      const std::string text = Read(dir + "/candidate_" + std::to_string(i) + ".prog");
+      if (text.empty()) break;
+      Measured r = MeasureOne(*gpu, text, "candidate_" + std::to_string(i), m, in, out, expected, seconds);
       std::printf("MEASURE %s %s %s %.2f us  max_rel %.1e  %s\n", name.c_str(), r.name.c_str(), r.ok ? "ok" : "FAIL",
                   r.median_s * 1e6, r.max_rel, r.ok ? r.what.c_str() : r.error.substr(0, 300).c_str());
       if (r.ok && (!best.ok || r.median_s < best.median_s)) best = r;
     }
-    Measured base = MeasureOne(*gpu, header, dir + "/baseline.prog", "baseline", m, in, out, expected, seconds);
+    Measured base = MeasureOne(*gpu, Read(dir + "/baseline.prog"), "baseline", m, in, out, expected, seconds);
     std::printf("MEASURE %s baseline %s %.2f us  max_rel %.1e  %s\n", name.c_str(), base.ok ? "ok" : "FAIL",
                 base.median_s * 1e6, base.max_rel, base.ok ? base.what.c_str() : base.error.substr(0, 300).c_str());
     if (!best.ok || !base.ok) ++failures;

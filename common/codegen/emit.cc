@@ -229,6 +229,18 @@ void NestIndex::OpenTileLoop(Writer& w, int d) const {
   w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
 }
 
+void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) const {
+  const std::vector<int>& block = nest_.schedule.block;
+  if (block.empty()) return;
+  w.Line(absl::StrCat("long rest = ", block_index, ";"));
+  for (int i = static_cast<int>(block.size()) - 1; i >= 0; --i) {
+    const int d = block[i];
+    w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", nest_.schedule.tile[d],
+                        "L; rest /= ", nest_.trips[d], "L;"));
+    w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+  }
+}
+
 void NestIndex::Store(Writer& w, const space::OpNest& on, const std::string& value) const {
   const ir::Op& op = chain_.ops[on.op];
   Access self = SelfAccess(op);

@@ -110,6 +110,8 @@ class NestIndex {
   void DefineFullRanges(Writer& w, const space::OpNest& on) const;
   // for (o_d = 0; o_d < extent; o_d += tile) with n_d its range.
   void OpenTileLoop(Writer& w, int d) const;
+  // o_d and n_d of every block dim from the block's flat index.
+  void DefineBlockOrigins(Writer& w, const std::string& block_index) const;
   // Writes `value` to the op's result at the current point: its local
   // buffer (accumulating across the stream loop when the op does, rescaled
   // by an online softmax's sscale<op>) and its global output (unless that

@@ -15,13 +15,6 @@
 namespace fusor::worker {
 namespace {
 
-JobOutcome Fail(OutcomeStatus status, std::string error) {
-  JobOutcome o;
-  o.status = status;
-  o.error = std::move(error);
-  return o;
-}
-
 // P is the model's dense f16 tensor rate; the calibration measures
 // mma.sync, which reaches the registry's share of it.
 double PeakFromMmaRate(double mma_rate) {
@@ -33,9 +26,9 @@ JobOutcome Calibrate(gpu::Runtime& rt, const JobSpec& spec) {
   std::string why;
   JobOutcome out;
   out.bandwidth_bytes_per_s = rt.CopyBandwidth(spec.timing.time_budget_s, &why);
-  if (out.bandwidth_bytes_per_s <= 0) return Fail(OutcomeStatus::kRuntimeError, "copy bandwidth: " + why);
+  if (out.bandwidth_bytes_per_s <= 0) return FailedOutcome(OutcomeStatus::kRuntimeError, "copy bandwidth: " + why);
   const double mma = rt.MmaRate(spec.timing.time_budget_s, &why);
-  if (mma <= 0) return Fail(OutcomeStatus::kRuntimeError, "mma rate: " + why);
+  if (mma <= 0) return FailedOutcome(OutcomeStatus::kRuntimeError, "mma rate: " + why);
   out.peak_flops = PeakFromMmaRate(mma);
   out.status = OutcomeStatus::kOk;
   return out;
@@ -58,7 +51,7 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
                           const codegen::Program& program) {
   std::string why;
   gpu::LoadedProgram loaded;
-  const bool prepared = loaded.Prepare(rt, program, std::string(codegen::CudaDeviceHeader()), &why);
+  const bool prepared = loaded.Prepare(rt, program, &why);
   JobOutcome out;
   out.compile_s = loaded.compile_s;
   out.compile_flags = absl::StrJoin(loaded.compile_options, " ");
@@ -96,7 +89,7 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
   for (size_t b : buf.out_bytes) buf.out.push_back(rt.Alloc(b, &why));
   for (const std::vector<CUdeviceptr>* list : {&buf.in, &buf.out}) {
     for (CUdeviceptr p : *list) {
-      if (p == 0) return Fail(OutcomeStatus::kRuntimeError, why);
+      if (p == 0) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
     }
   }
   auto run = [&](std::string* w) { return loaded.Run(buf.in, buf.out, w); };
@@ -148,17 +141,17 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
 
 JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
   auto schedule = space::ParseSchedule(spec.schedule_text, chain);
-  if (!schedule.ok()) return Fail(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
+  if (!schedule.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
   auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
-  if (!nest.ok()) return Fail(OutcomeStatus::kCompileError, std::string(nest.status().message()));
+  if (!nest.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(nest.status().message()));
   auto kernel = codegen::EmitCudaFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
-  if (!kernel.ok()) return Fail(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
+  if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
   return MeasureProgram(rt, spec, chain, codegen::FusedProgram(chain, *kernel));
 }
 
 JobOutcome MeasureBaseline(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
   auto program = codegen::EmitCudaUnfusedBaseline(chain, spec.target);
-  if (!program.ok()) return Fail(OutcomeStatus::kCompileError, std::string(program.status().message()));
+  if (!program.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(program.status().message()));
   return MeasureProgram(rt, spec, chain, *program);
 }
 
@@ -184,13 +177,13 @@ absl::StatusOr<hw::TargetDesc> DescribeGpuTarget(int ordinal) {
 JobOutcome RunCudaJob(const JobSpec& spec, const ir::Chain& chain) {
   std::string why;
   auto rt = gpu::Runtime::Open(spec.device, std::string(codegen::CudaDeviceHeader()), &why);
-  if (rt == nullptr) return Fail(OutcomeStatus::kRuntimeError, why);
+  if (rt == nullptr) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
   switch (spec.kind) {
     case JobKind::kCalibrate: return Calibrate(*rt, spec);
     case JobKind::kCandidate: return MeasureCandidate(*rt, spec, chain);
     case JobKind::kBaseline: return MeasureBaseline(*rt, spec, chain);
   }
-  return Fail(OutcomeStatus::kRuntimeError, "unknown job kind");
+  return FailedOutcome(OutcomeStatus::kRuntimeError, "unknown job kind");
 }
 
 }  // namespace fusor::worker

@@ -169,6 +169,13 @@ constexpr int kComputeF32 = 68, kComputeF32FastTf32 = 77, kGemmDefault = -1;
 
 }  // namespace
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 bool DescribeDevice(int ordinal, DeviceInfo* info, std::string* why) {
   const Driver* d = LoadDriver(why);
   if (d == nullptr) return false;
@@ -353,8 +360,7 @@ double Runtime::CopyBandwidth(double seconds, std::string* why) {
     plan.time_budget_s = seconds;
     plan.flush_l2 = false;  // the buffers are far larger than the L2
     if (Time([&](std::string* w) { return Launch(k, grid, 512, 0, &args, sizeof(args), w); }, plan, &samples, why)) {
-      std::sort(samples.begin(), samples.end());
-      rate = 2.0 * static_cast<double>(bytes) / samples[samples.size() / 2];
+      rate = 2.0 * static_cast<double>(bytes) / Median(samples);
     }
   }
   Free(in);
@@ -381,9 +387,8 @@ double Runtime::MmaRate(double seconds, std::string* why) {
     plan.flush_l2 = false;
     if (Time([&](std::string* w) { return Launch(k, grid, threads, 0, &args, sizeof(args), w); }, plan, &samples,
              why)) {
-      std::sort(samples.begin(), samples.end());
       const double flops = 2.0 * 16 * 8 * 16 * 8 * static_cast<double>(args.steps) * (threads / 32) * grid;
-      rate = flops / samples[samples.size() / 2];
+      rate = flops / Median(samples);
     }
   }
   Free(out);
@@ -391,13 +396,11 @@ double Runtime::MmaRate(double seconds, std::string* why) {
   return rate;
 }
 
-bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, const std::string& device_header,
-                            std::string* why) {
+bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, std::string* why) {
   rt_ = &rt;
   program_ = program;
   const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(why);
   if (nvrtc == nullptr) return false;
-  compiler = nvrtc->Version();
   codegen::DeviceLimits limits;
   limits.max_threads_per_block = rt.info().max_threads_per_block;
   limits.registers_per_sm = rt.info().registers_per_sm;
@@ -416,7 +419,7 @@ bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, const 
       continue;
     }
     const codegen::KernelStep& k = step.kernel;
-    codegen::NvrtcOutput built = nvrtc->Compile(k.source, rt.info().arch, {{"fusor_device.h", device_header}});
+    codegen::NvrtcOutput built = nvrtc->Compile(k.source, rt.info().arch, {{"fusor_device.h", rt.device_header()}});
     compile_s += built.seconds;
     code_bytes += static_cast<int64_t>(built.cubin.size());
     compile_options = built.options;

@@ -42,6 +42,9 @@ struct Driver;  // the resolved entry points
 // when there is no driver or no such device.
 bool DescribeDevice(int ordinal, DeviceInfo* info, std::string* why);
 
+// The median of timing samples (0 for none).
+double Median(std::vector<double> samples);
+
 struct TimingPlan {
   int warmup = 2;
   int min_repeats = 5;
@@ -60,6 +63,7 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   const DeviceInfo& info() const { return info_; }
+  const std::string& device_header() const { return device_header_; }
 
   // Device memory; 0 on failure.
   CUdeviceptr Alloc(size_t bytes, std::string* why);
@@ -115,7 +119,7 @@ class LoadedProgram {
  public:
   // false (with `why`) when a kernel does not compile or does not fit the
   // device (spills, shared memory, registers): such a program never runs.
-  bool Prepare(Runtime& rt, const codegen::Program& program, const std::string& device_header, std::string* why);
+  bool Prepare(Runtime& rt, const codegen::Program& program, std::string* why);
   ~LoadedProgram();
 
   // One run: `inputs` and `outputs` are device buffers in the chain's
@@ -125,7 +129,6 @@ class LoadedProgram {
   // Per kernel step: NVRTC's options and ptxas's report, for the record.
   std::vector<std::string> compile_options;
   std::vector<codegen::ResourceUsage> usage;
-  std::string compiler;  // "NVRTC 13.0"
   double compile_s = 0;
   int64_t code_bytes = 0;
 

@@ -8,10 +8,7 @@ absl::StatusOr<hw::TargetDesc> DescribeGpuTarget(int) {
 }
 
 JobOutcome RunCudaJob(const JobSpec&, const ir::Chain&) {
-  JobOutcome o;
-  o.status = OutcomeStatus::kRuntimeError;
-  o.error = "this fusor was built without the CUDA toolkit";
-  return o;
+  return FailedOutcome(OutcomeStatus::kRuntimeError, "this fusor was built without the CUDA toolkit");
 }
 
 }  // namespace fusor::worker

@@ -182,14 +182,7 @@ class FusedEmitter {
     w.Open(absl::StrCat("for (long blk = 0; blk < ", nest_.num_blocks, "L; ++blk)"));
     w.Line("if (!scratch) continue;");
     DeclareScratchPointers();
-    w.Line("long rest = blk;");
-    for (int i = static_cast<int>(s_.block.size()) - 1; i >= 0; --i) {
-      int d = s_.block[i];
-      w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d], "L; rest /= ",
-                          nest_.trips[d], "L;"));
-      w.Line(absl::StrCat("const long ", n_.N(d), " = ", x_.RangeOf(d, n_.O(d)), ";"));
-    }
-    w.Line("(void)rest;");
+    x_.DefineBlockOrigins(w, "blk");
     EmitRegion(space::Region::kBefore);
     if (nest_.stream_dim >= 0) EmitStream();
     EmitRegion(space::Region::kAfter);
@@ -260,9 +253,7 @@ class FusedEmitter {
       if (on.b_hoisted) Pack(op, on, false);
       w_.Close();
     }
-    w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
-                         " += ", s_.tile[sd], "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
+    x_.OpenTileLoop(w_, sd);
     EmitRegion(space::Region::kStream);
     w_.Close();
     for (const space::OpNest& on : nest_.ops) {

@@ -100,13 +100,7 @@ class CudaEmitter {
     w.Line(absl::StrCat("const int tid = threadIdx.x, lane = fusor_lane(), warp = fusor_warp();"));
     w.Line("(void)lane; (void)warp;");
     DeclareSharedPointers();
-    if (!s_.block.empty()) w.Line("long rest = blockIdx.x;");
-    for (int i = static_cast<int>(s_.block.size()) - 1; i >= 0; --i) {
-      int d = s_.block[i];
-      w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", s_.tile[d],
-                          "L; rest /= ", nest_.trips[d], "L;"));
-      w.Line(absl::StrCat("const long ", n_.N(d), " = ", x_.RangeOf(d, n_.O(d)), ";"));
-    }
+    x_.DefineBlockOrigins(w, "blockIdx.x");
     EmitRegion(space::Region::kBefore);
     if (nest_.stream_dim >= 0) EmitStream();
     EmitRegion(space::Region::kAfter);
@@ -182,16 +176,12 @@ class CudaEmitter {
 
   absl::Status PlanGemm(const space::OpNest& on, GemmLayout& g) const {
     const hw::Intrinsic& x = *on.mapping.intrinsic;
-    if (x.name == "mma.sync.m16n8k16.f16") {
-      g.kind = MmaKind::kF16;
-    } else if (x.name == "mma.sync.m16n8k16.bf16") {
-      g.kind = MmaKind::kBF16;
-    } else if (x.name == "mma.sync.m16n8k8.tf32") {
-      g.kind = MmaKind::kTF32;
-    } else {
+    const std::string& in = x.inputs[0].dtype;
+    if (x.backend != hw::Backend::kCuda || x.name.rfind("mma.sync.", 0) != 0) {
       return absl::UnimplementedError(absl::StrCat("no CUDA code generation for intrinsic ", x.name,
                                                    " (the CUDA backend emits mma.sync)"));
     }
+    g.kind = in == "tf32" ? MmaKind::kTF32 : in == "bf16" ? MmaKind::kBF16 : MmaKind::kF16;
     const bool tf32 = g.kind == MmaKind::kTF32;
     g.elem_bytes = tf32 ? 4 : 2;
     g.kstep = x.Extent(2);
@@ -258,7 +248,7 @@ class CudaEmitter {
       }
       if (chain_.ops[on.op].kind == OpKind::kSum && on.gemm.ok) {
         const GemmLayout& g = gemm_[on.op];
-        const std::string type = g.kind == MmaKind::kTF32 ? "float" : "fusor_u16";
+        const std::string type = StageType(on);
         for (const auto& [side, name] : {std::pair{&g.a, "pa"}, std::pair{&g.b, "pb"}}) {
           if (side->pipelined) {  // the op picks its stage inside the stream loop
             w_.Line(absl::StrCat(type, "* const ", name, o, "_stages = (", type, "*)(fusor_smem + ",
@@ -335,8 +325,8 @@ class CudaEmitter {
     for (const space::OpNest& on : nest_.ops) {
       if (!on.gemm.ok || on.region != space::Region::kStream) continue;
       for (bool a_side : {true, false}) {
-        const SideLayout& side = a_side ? gemm_[on.op].a : gemm_[on.op].b;
-        if (!side.pipelined || side.loop_dim != sd || (a_side ? on.a_depth : on.b_depth) != 0) continue;
+        const SideLayout& side = SideOf(on, a_side);
+        if (!side.pipelined || side.loop_dim != sd || DepthOf(on, a_side) != 0) continue;
         w_.Open("");
         x_.DefineFullRanges(w_, on);
         FirstStage(on, a_side);
@@ -346,9 +336,7 @@ class CudaEmitter {
     }
     if (pipeline) w_.Line("fusor_cp_async_commit();");
     Sync();
-    w_.Open(absl::StrCat("for (long ", n_.O(sd), " = 0; ", n_.O(sd), " < ", chain_.dims[sd].extent, "L; ", n_.O(sd),
-                         " += ", s_.tile[sd], "L)"));
-    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
+    x_.OpenTileLoop(w_, sd);
     if (pipeline) DefineStage(sd);
     EmitRegion(space::Region::kStream);
     w_.Close();
@@ -365,8 +353,8 @@ class CudaEmitter {
     x_.DefineFullRanges(w_, on);
     if (op.kind == OpKind::kSum && on.gemm.ok) {
       for (bool a_side : {true, false}) {
-        const SideLayout& side = a_side ? gemm_[o].a : gemm_[o].b;
-        if (side.pipelined && (a_side ? on.a_depth : on.b_depth) == 0) CurrentStage(on, a_side);
+        const SideLayout& side = SideOf(on, a_side);
+        if (side.pipelined && DepthOf(on, a_side) == 0) CurrentStage(on, a_side);
       }
       EmitGemmSum(op, on);
     } else if (op.kind == OpKind::kSum) {
@@ -465,8 +453,8 @@ class CudaEmitter {
     return v;
   }
 
-  // 16-byte cp.async chunks along the staged rows (8 elements each), the
-  // tail of a row and the padding rows zero-filled.
+  // 16-byte cp.async chunks along the staged rows (8 16-bit or 4 f32
+  // elements each), the tail of a row and the padding rows zero-filled.
   void PackAsync(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own,
                  const std::string& buf) {
     const space::GemmForm& g = on.gemm;
@@ -474,7 +462,7 @@ class CudaEmitter {
     const std::vector<int>& other = side.k_major ? own : g.kdims;
     const std::string rows = side.k_major ? "own_pad" : "kc_pad", row_len = side.k_major ? "kc" : "own",
                       row_pad = side.k_major ? "kc_pad" : "own_pad", other_len = side.k_major ? "own" : "kc";
-    const Access& a = (&side == &l.a ? g.a_side : g.b_side)[0];
+    const Access& a = (&side == &l.a ? g.a_side : g.b_side)[0];  // the side's one global access
     const int c = side.contiguous;
     const int chunk = 16 / l.elem_bytes;  // elements per 16-byte copy
     const std::string chunks = absl::StrCat("(", row_pad, " / ", chunk, "L)");
@@ -570,6 +558,11 @@ class CudaEmitter {
     Sync();
   }
 
+  const SideLayout& SideOf(const space::OpNest& on, bool a_side) const {
+    return a_side ? gemm_[on.op].a : gemm_[on.op].b;
+  }
+  static int DepthOf(const space::OpNest& on, bool a_side) { return a_side ? on.a_depth : on.b_depth; }
+
   std::string StageType(const space::OpNest& on) const {
     return gemm_[on.op].kind == MmaKind::kTF32 ? "float" : "fusor_u16";
   }
@@ -584,17 +577,17 @@ class CudaEmitter {
   std::string StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const {
     const std::string name = absl::StrCat(a_side ? "pa" : "pb", on.op);
     return absl::StrCat(StageType(on), "* const ", name, " = ", name, "_stages + (", stage, ") * ",
-                        (a_side ? gemm_[on.op].a : gemm_[on.op].b).stage_elems, "L;");
+                        SideOf(on, a_side).stage_elems, "L;");
   }
 
   void CurrentStage(const space::OpNest& on, bool a_side) {
-    const SideLayout& side = a_side ? gemm_[on.op].a : gemm_[on.op].b;
+    const SideLayout& side = SideOf(on, a_side);
     w_.Line(StagePointer(on, a_side, StageVar(side.loop_dim)));
   }
 
   // Before the loop: the first step's tile into stage 0 (the caller commits).
   void FirstStage(const space::OpNest& on, bool a_side) {
-    const int d = (a_side ? gemm_[on.op].a : gemm_[on.op].b).loop_dim;
+    const int d = SideOf(on, a_side).loop_dim;
     w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on.op].output].name,
                          ": the first ", chain_.dims[d].name, " step's tile, into stage 0"));
     w_.Open("");
@@ -607,7 +600,7 @@ class CudaEmitter {
   // Issues the cp.async copies of the next step's tile of one side into
   // the other stage (nothing after the last step).
   void Prefetch(const space::OpNest& on, bool a_side) {
-    const int d = (a_side ? gemm_[on.op].a : gemm_[on.op].b).loop_dim;
+    const int d = SideOf(on, a_side).loop_dim;
     w_.Line(absl::StrCat("// prefetch ", a_side ? "A" : "B", " of the next ", chain_.dims[d].name, " step"));
     w_.Open("");
     w_.Line(absl::StrCat("const long next_origin = ", n_.O(d), " + ", s_.tile[d], "L;"));
@@ -636,7 +629,7 @@ class CudaEmitter {
                                  : on.b_depth == level && !on.b_hoisted && !on.b_per_point;
         if (!here) continue;
         staged = true;
-        if ((a_side ? gemm_[on.op].a : gemm_[on.op].b).pipelined) {
+        if (SideOf(on, a_side).pipelined) {
           if (level > 0) CurrentStage(on, a_side);  // depth 0: defined with the op
           Prefetch(on, a_side);
           prefetched = true;
@@ -655,8 +648,8 @@ class CudaEmitter {
         // Tiles pipelined across this loop: the first step's before it.
         bool first = false;
         for (bool a_side : {true, false}) {
-          const SideLayout& side = a_side ? gemm_[on.op].a : gemm_[on.op].b;
-          if (side.pipelined && (a_side ? on.a_depth : on.b_depth) == level + 1) {
+          const SideLayout& side = SideOf(on, a_side);
+          if (side.pipelined && DepthOf(on, a_side) == level + 1) {
             FirstStage(on, a_side);
             first = true;
           }
@@ -991,28 +984,6 @@ static void fusor_gemm(const char* dtype, int ta, int tb, long m, long n, long k
   w.Close();
   k.source = w.Take();
   k.compile_flags = {"-O1", "-std=gnu++17", "-fopenmp", "-fno-strict-aliasing", "-w"};
-  return k;
-}
-
-KernelSource CudaEmulationHarness(const ir::Chain& chain, const CudaKernel& kernel) {
-  KernelSource k;
-  k.extra_files = {{"fusor_device.h", std::string(CudaEmulationHeader())},
-                   {"fusor_prelude.inc", std::string(CpuPreludeSource())},
-                   {"kernel.cu", kernel.source}};
-  Writer w;
-  w.Line("// Runs kernel.cu, the exact CUDA source, through fusor's host emulation.");
-  w.Line("#include \"kernel.cu\"");
-  w.Line("");
-  w.Open("extern \"C\" int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)");
-  w.Line("FusorArgs args;");
-  for (size_t i = 0; i < chain.inputs.size(); ++i) w.Line(absl::StrCat("args.in[", i, "] = inputs[", i, "];"));
-  for (size_t i = 0; i < chain.outputs.size(); ++i) w.Line(absl::StrCat("args.out[", i, "] = outputs[", i, "];"));
-  w.Line(absl::StrCat("return fusor_emu::Launch(", kernel.kernel_name, ", dim3{", kernel.grid, ", 1, 1}, dim3{",
-                      kernel.threads, ", 1, 1}, ", kernel.shared_bytes, ", args, num_threads);"));
-  w.Close();
-  k.source = w.Take();
-  k.compile_flags = {"-O1", "-std=gnu++17", "-fopenmp", "-fno-strict-aliasing", "-w"};
-  k.metadata_json = kernel.metadata_json;
   return k;
 }
 

@@ -84,11 +84,10 @@ absl::string_view CudaDeviceHeader();
 absl::string_view CudaEmulationHeader();
 
 // A host kernel (exporting fusor_run like a CPU kernel, see cpu_codegen.h)
-// that runs `kernel`'s exact source through the emulation header: compile
-// it with CompileKernel and validate it as any CPU kernel.
-KernelSource CudaEmulationHarness(const ir::Chain& chain, const CudaKernel& kernel);
-// The same for a whole program; its GEMM steps run as host loops with the
-// semantics of GemmStep (cuBLAS itself runs only on a GPU).
+// that runs a program's exact kernel sources through the emulation header,
+// its GEMM steps as host loops with the semantics of GemmStep (cuBLAS runs
+// only on a GPU): compile it with CompileKernel and validate it as any CPU
+// kernel. A fused kernel runs as FusedProgram(chain, kernel).
 KernelSource ProgramEmulationHarness(const Program& program);
 
 }  // namespace fusor::codegen

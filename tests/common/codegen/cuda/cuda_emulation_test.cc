@@ -52,7 +52,7 @@ std::string CompileWithNvrtc(const KernelStep& kernel) {
 std::string RunKernelEmulated(const ir::Chain& chain, const CudaKernel& kernel) {
   auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   if (!dir.ok()) return dir.status().ToString();
-  worker::CompileOutcome compiled = worker::CompileKernel(CudaEmulationHarness(chain, kernel), dir->path(), "c++", 120);
+  worker::CompileOutcome compiled = worker::CompileKernel(ProgramEmulationHarness(FusedProgram(chain, kernel)), dir->path(), "c++", 120);
   if (!compiled.ok) return absl::StrCat("compile failed: ", compiled.error, "\n", kernel.source);
   auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
   if (!loaded.ok()) return loaded.status().ToString();
