@@ -139,19 +139,7 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
     return out;
   }
 
-  auto valid = ValidateKernel(*loaded, chain, spec.seed, threads);
-  if (!valid.ok()) {
-    out.status = OutcomeStatus::kRuntimeError;
-    out.error = std::string(valid.status().message());
-    return out;
-  }
-  out.max_abs_error = valid->max_abs_error;
-  out.max_rel_error = valid->max_rel_error;
-  if (!valid->ok) {
-    out.status = OutcomeStatus::kInvalidResult;
-    out.error = valid->detail;
-    return out;
-  }
+  if (!RecordValidation(ValidateKernel(*loaded, chain, spec.seed, threads), out)) return out;
   TimingOptions timing = spec.timing;
   timing.num_threads = threads;
   timing.seed = spec.seed + 1;
@@ -174,6 +162,22 @@ JobOutcome FailedOutcome(OutcomeStatus status, std::string error) {
   o.status = status;
   o.error = std::move(error);
   return o;
+}
+
+bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out) {
+  if (!valid.ok()) {
+    out.status = OutcomeStatus::kRuntimeError;
+    out.error = std::string(valid.status().message());
+    return false;
+  }
+  out.max_abs_error = valid->max_abs_error;
+  out.max_rel_error = valid->max_rel_error;
+  if (!valid->ok) {
+    out.status = OutcomeStatus::kInvalidResult;
+    out.error = valid->detail;
+    return false;
+  }
+  return true;
 }
 
 const char* OutcomeStatusName(OutcomeStatus s) {

@@ -57,6 +57,11 @@ struct JobOutcome {
 // An outcome that says only what went wrong.
 JobOutcome FailedOutcome(OutcomeStatus status, std::string error);
 
+// Records a validation's errors in `out`; false when the kernel could not
+// be checked (runtime error) or computed a wrong result (invalid result),
+// with the status and error set.
+bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out);
+
 std::string JobSpecToJson(const JobSpec& spec);
 absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json);
 std::string JobOutcomeToJson(const JobOutcome& outcome);

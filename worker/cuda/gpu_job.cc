@@ -112,16 +112,8 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
         return 0;
       },
       chain, RandomInputs(chain, spec.seed), codegen::CudaTolerance(chain.dtype));
-  if (!valid.ok()) {
-    out.status = OutcomeStatus::kRuntimeError;
-    out.error = run_error.empty() ? std::string(valid.status().message()) : run_error;
-    return out;
-  }
-  out.max_abs_error = valid->max_abs_error;
-  out.max_rel_error = valid->max_rel_error;
-  if (!valid->ok) {
-    out.status = OutcomeStatus::kInvalidResult;
-    out.error = valid->detail;
+  if (!RecordValidation(valid, out)) {
+    if (!valid.ok() && !run_error.empty()) out.error = run_error;  // the CUDA error, not just its code
     return out;
   }
   gpu::TimingPlan plan;
