@@ -5,9 +5,6 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -69,47 +66,37 @@ const char* KindName(JobKind k) {
   return "?";
 }
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) return absl::InternalError("cannot write " + path);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
-  codegen::KernelSource kernel;
-  ir::Chain chain;
-  if (spec.kind != JobKind::kCalibrate) {
-    auto parsed = ir::ParseChainJson(spec.chain_json);
-    if (!parsed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(parsed.status().message()));
-    chain = std::move(*parsed);
-  }
-  if (spec.target.backend == hw::Backend::kCuda) return RunCudaJob(spec, chain);
-  if (spec.kind == JobKind::kCandidate) {
-    auto schedule = space::ParseSchedule(spec.schedule_text, chain);
-    if (!schedule.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
-    auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
-    if (!nest.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(nest.status().message()));
-    auto emitted = codegen::EmitCpuFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
-    if (!emitted.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
-    kernel = std::move(*emitted);
-  } else if (spec.kind == JobKind::kBaseline) {
-    auto emitted = codegen::EmitCpuUnfusedBaseline(chain);
-    if (!emitted.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(emitted.status().message()));
-    kernel = std::move(*emitted);
-  } else {
-    kernel = CalibrationKernel(spec.target);
-  }
-
+JobOutcome CalibrateCpuJob(const JobSpec& spec, const std::string& dir) {
+  const codegen::KernelSource kernel = CalibrationKernel(spec.target);
   CompileOutcome compiled = CompileKernel(kernel, dir, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
+  if (!compiled.ok) return FailedOutcome(OutcomeStatus::kCompileError, compiled.error);
+  auto loaded = LoadedKernel::Open(compiled.so_path, kernel.entry_point);
+  if (!loaded.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(loaded.status().message()));
+  using RateFn = double (*)(int, double);
+  auto peak = reinterpret_cast<RateFn>(loaded->Symbol("fusor_peak_flops"));
+  auto bandwidth = reinterpret_cast<RateFn>(loaded->Symbol("fusor_bandwidth"));
+  if (peak == nullptr || bandwidth == nullptr) {
+    return FailedOutcome(OutcomeStatus::kRuntimeError, "calibration kernel lacks its entry points");
+  }
+  JobOutcome out;
+  const int threads = std::max(1, spec.target.compute_units);
+  out.peak_flops = peak(threads, spec.timing.time_budget_s);
+  out.bandwidth_bytes_per_s = bandwidth(threads, spec.timing.time_budget_s);
+  out.status = OutcomeStatus::kOk;
+  return out;
+}
+
+// Generates the candidate's fused kernel (or the baseline) and compiles it
+// into `dir`, with its entry point in dir/compiled.json.
+JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
+  absl::StatusOr<codegen::KernelSource> kernel = [&]() -> absl::StatusOr<codegen::KernelSource> {
+    if (spec.kind == JobKind::kBaseline) return codegen::EmitCpuUnfusedBaseline(chain);
+    ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(spec.schedule_text, chain));
+    ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, schedule, spec.target));
+    return codegen::EmitCpuFusedKernel(chain, nest, spec.schedule_text, spec.mapping);
+  }();
+  if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
+  CompileOutcome compiled = CompileKernel(*kernel, dir, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
   JobOutcome out;
   out.compile_s = compiled.seconds;
   out.compile_flags = compiled.flags;
@@ -119,39 +106,50 @@ JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
     out.error = compiled.error;
     return out;
   }
-  auto loaded = LoadedKernel::Open(compiled.so_path, kernel.entry_point);
-  if (!loaded.ok()) {
-    out.status = OutcomeStatus::kRuntimeError;
-    out.error = std::string(loaded.status().message());
-    return out;
-  }
-  const int threads = std::max(1, spec.target.compute_units);
-  if (spec.kind == JobKind::kCalibrate) {
-    using RateFn = double (*)(int, double);
-    auto peak = reinterpret_cast<RateFn>(loaded->Symbol("fusor_peak_flops"));
-    auto bandwidth = reinterpret_cast<RateFn>(loaded->Symbol("fusor_bandwidth"));
-    if (peak == nullptr || bandwidth == nullptr) {
-      return FailedOutcome(OutcomeStatus::kRuntimeError, "calibration kernel lacks its entry points");
-    }
-    out.peak_flops = peak(threads, spec.timing.time_budget_s);
-    out.bandwidth_bytes_per_s = bandwidth(threads, spec.timing.time_budget_s);
-    out.status = OutcomeStatus::kOk;
-    return out;
-  }
+  const Json entry = {{"so_path", compiled.so_path}, {"entry_point", kernel->entry_point}};
+  absl::Status written = WriteFile(dir + "/compiled.json", entry.dump());
+  if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
+  out.status = OutcomeStatus::kOk;
+  return out;
+}
 
+// Validates and times the kernel CompileCpuJob left in `dir`.
+JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
+  auto text = ReadFile(dir + "/compiled.json");
+  if (!text.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(text.status().message()));
+  const Json entry = Json::parse(*text, nullptr, false);
+  if (!entry.is_object() || !entry.contains("so_path") || !entry.contains("entry_point")) {
+    return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
+  }
+  auto loaded = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
+  if (!loaded.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(loaded.status().message()));
+  JobOutcome out;
+  const int threads = std::max(1, spec.target.compute_units);
   if (!RecordValidation(ValidateKernel(*loaded, chain, spec.seed, threads), out)) return out;
   TimingOptions timing = spec.timing;
   timing.num_threads = threads;
   timing.seed = spec.seed + 1;
   auto timed = TimeKernel(*loaded, chain, timing);
-  if (!timed.ok()) {
-    out.status = OutcomeStatus::kRuntimeError;
-    out.error = std::string(timed.status().message());
-    return out;
-  }
+  if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
   out.samples_s = timed->samples_s;
   out.median_s = timed->median_s;
   out.status = OutcomeStatus::kOk;
+  return out;
+}
+
+JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
+  const bool cuda = spec.target.backend == hw::Backend::kCuda;
+  if (spec.kind == JobKind::kCalibrate) return cuda ? CalibrateCudaJob(spec) : CalibrateCpuJob(spec, dir);
+  auto chain = ir::ParseChainJson(spec.chain_json);
+  if (!chain.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(chain.status().message()));
+  const std::string& artifacts = spec.artifact_dir.empty() ? dir : spec.artifact_dir;
+  JobOutcome compiled;
+  if (spec.phase != JobPhase::kMeasure) {
+    compiled = cuda ? CompileCudaJob(spec, *chain, artifacts) : CompileCpuJob(spec, *chain, artifacts);
+    if (compiled.status != OutcomeStatus::kOk || spec.phase == JobPhase::kCompile) return compiled;
+  }
+  JobOutcome out = cuda ? MeasureCudaJob(spec, *chain, artifacts) : MeasureCpuJob(spec, *chain, artifacts);
+  if (spec.phase == JobPhase::kAll) MergeCompileRecord(compiled, out);
   return out;
 }
 
@@ -162,6 +160,13 @@ JobOutcome FailedOutcome(OutcomeStatus status, std::string error) {
   o.status = status;
   o.error = std::move(error);
   return o;
+}
+
+void MergeCompileRecord(const JobOutcome& compiled, JobOutcome& measured) {
+  measured.compile_s = compiled.compile_s;
+  measured.compile_flags = compiled.compile_flags;
+  measured.code_bytes = compiled.code_bytes;
+  measured.resources_json = compiled.resources_json;
 }
 
 bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out) {
@@ -194,6 +199,8 @@ const char* OutcomeStatusName(OutcomeStatus s) {
 
 std::string JobSpecToJson(const JobSpec& s) {
   Json j = {{"kind", KindName(s.kind)},
+            {"phase", static_cast<int>(s.phase)},
+            {"artifact_dir", s.artifact_dir},
             {"chain", s.chain_json},
             {"schedule", s.schedule_text},
             {"mapping", s.mapping},
@@ -220,6 +227,10 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
     JobSpec s;
     std::string kind = j.at("kind");
     s.kind = kind == "baseline" ? JobKind::kBaseline : kind == "calibrate" ? JobKind::kCalibrate : JobKind::kCandidate;
+    const int phase = j.at("phase");
+    if (phase < 0 || phase > static_cast<int>(JobPhase::kMeasure)) return absl::InvalidArgumentError("job spec: bad phase");
+    s.phase = static_cast<JobPhase>(phase);
+    s.artifact_dir = j.at("artifact_dir");
     s.chain_json = j.at("chain");
     s.schedule_text = j.at("schedule");
     s.mapping = j.at("mapping");
@@ -305,7 +316,9 @@ JobOutcome RunJobIsolated(const JobSpec& spec, const std::string& self_exe, cons
   absl::Status written = WriteFile(dir->path() + "/job.json", JobSpecToJson(spec));
   if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
   const std::string log = dir->path() + "/runner.log";
-  const double timeout = spec.compile_timeout_s + spec.run_timeout_s;
+  const double timeout = spec.phase == JobPhase::kCompile   ? spec.compile_timeout_s
+                         : spec.phase == JobPhase::kMeasure ? spec.run_timeout_s
+                                                            : spec.compile_timeout_s + spec.run_timeout_s;
   auto run = RunProcess({self_exe, "__run-job", dir->path()}, log, timeout);
   if (!run.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(run.status().message()));
   if (run->timed_out) {

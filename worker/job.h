@@ -5,6 +5,11 @@
 // its own executable with `__run-job <dir>`; the child compiles, validates
 // and measures, and writes outcome.json. Whatever the child does — crash,
 // hang, exhaust memory — the parent gets a JobOutcome.
+//
+// A candidate or baseline job may also run in two children: one compiles
+// into an artifact directory (kCompile), a later one measures what it
+// finds there (kMeasure), so that the worker compiles the next candidates
+// while the device measures this one.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,8 @@
 namespace fusor::worker {
 
 enum class JobKind { kCandidate, kBaseline, kCalibrate };
+// kAll: compile and measure in one child.
+enum class JobPhase { kAll, kCompile, kMeasure };
 
 // Mirrors fusor.v1.MeasurementStatus.
 enum class OutcomeStatus { kOk, kCompileError, kInvalidResult, kTimeout, kCrash, kRuntimeError };
@@ -24,6 +31,8 @@ const char* OutcomeStatusName(OutcomeStatus s);
 
 struct JobSpec {
   JobKind kind = JobKind::kCandidate;
+  JobPhase phase = JobPhase::kAll;
+  std::string artifact_dir;   // kCompile writes the compiled code here, kMeasure reads it
   std::string chain_json;     // the chain, as ir::ChainToJson writes it
   std::string schedule_text;  // kCandidate
   std::string mapping;        // kCandidate, for the kernel's header comment
@@ -62,6 +71,10 @@ JobOutcome FailedOutcome(OutcomeStatus status, std::string error);
 // with the status and error set.
 bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out);
 
+// Copies what compiling recorded (time, flags, size, resources) from a
+// kCompile outcome into the kMeasure outcome of the same job.
+void MergeCompileRecord(const JobOutcome& compiled, JobOutcome& measured);
+
 std::string JobSpecToJson(const JobSpec& spec);
 absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json);
 std::string JobOutcomeToJson(const JobOutcome& outcome);
@@ -73,7 +86,7 @@ int RunJobMain(const std::string& dir);
 
 // In the parent: runs `spec` in a child started as `self_exe __run-job DIR`
 // inside a fresh directory under `scratch_dir`, killing it after the
-// compile and run timeouts.
+// phase's timeout (compile, run, or both for kAll).
 JobOutcome RunJobIsolated(const JobSpec& spec, const std::string& self_exe, const std::string& scratch_dir);
 
 }  // namespace fusor::worker

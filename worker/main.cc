@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
   app.add_option("--calibration-seconds", options.calibration_s,
                  "length of each calibration microbenchmark (0: skip, the model then uses defaults)")
       ->capture_default_str();
+  app.add_option("--compile-ahead", options.compile_ahead,
+                 "jobs compiled while another is measured (-1: 2 on a GPU, 0 on a CPU, where compiling would "
+                 "disturb the measurement)")
+      ->check(CLI::Range(-1, 8))
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

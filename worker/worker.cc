@@ -1,6 +1,7 @@
 #include "worker/worker.h"
 
 #include <chrono>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
@@ -51,12 +52,13 @@ absl::Status Worker::Prepare() {
     auto gpu = DescribeGpuTarget(options_.gpu);
     if (gpu.ok()) {
       target_ = *gpu;
+      if (options_.compile_ahead < 0) options_.compile_ahead = 2;
       RETURN_IF_ERROR(Calibrate());
       Log()->info("CUDA backend: {} ({}, {} SMs, L2 {} MiB, {} KiB shared memory per block); W = {:.1f} GB/s, "
-                  "P = {:.1f} TFLOP/s; compiler: {}",
+                  "P = {:.1f} TFLOP/s; compiler: {}; compiling {} job(s) ahead of the measurement",
                   target_.device_name, target_.arch, target_.compute_units, target_.l2_bytes >> 20,
                   target_.shared_mem_per_block >> 10, target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e12,
-                  target_.compiler);
+                  target_.compiler, options_.compile_ahead);
       return absl::OkStatus();
     }
     if (options_.backend == "cuda") return gpu.status();
@@ -67,12 +69,14 @@ absl::Status Worker::Prepare() {
   auto target = DescribeCpu(options_.compiler, dir->path());
   if (!target.ok()) return target.status();
   target_ = *target;
+  if (options_.compile_ahead < 0) options_.compile_ahead = 0;
   RETURN_IF_ERROR(Calibrate());
   Log()->info("CPU backend: {} ({}, {} cores, {}-lane f32 SIMD, L1d {} KiB, L2 {} KiB, L3 {} KiB); W = {:.1f} GB/s, "
-              "P = {:.1f} GFLOP/s; compiler: {}",
+              "P = {:.1f} GFLOP/s; compiler: {}; compiling {} job(s) ahead of the measurement",
               target_.device_name, target_.arch, target_.compute_units, target_.vector_lanes_f32,
               target_.l1d_bytes / 1024, target_.l2_bytes / 1024, target_.l3_bytes / 1024,
-              target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e9, target_.compiler);
+              target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e9, target_.compiler,
+              options_.compile_ahead);
   return absl::OkStatus();
 }
 
@@ -137,83 +141,142 @@ absl::Status Worker::Run() {
   if (absl::Status st = Register(); !st.ok()) return st;
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   absl::Duration backoff = absl::Milliseconds(200);
+  // Leased jobs in order; the front one is measured next. Leases of the
+  // others are kept alive by the heartbeats.
+  std::deque<Pending> pending;
+  const size_t depth = 1 + static_cast<size_t>(std::max(0, options_.compile_ahead));
   while (!stop_) {
     if (reregister_) {
       Log()->warn("[worker={}] the scheduler no longer knows this worker; registering again", worker_id_);
       if (absl::Status st = Register(); !st.ok()) Log()->error("register failed: {}", st.ToString());
     }
-    v1::LeaseRequest req;
-    req.set_worker_id(worker_id_);
-    req.set_max_jobs(1);
-    req.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.lease_wait)));
-    v1::LeaseResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.lease_wait + absl::Seconds(15)));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) break;
-      lease_ctx_ = &ctx;
-    }
-    grpc::Status st = stub_->Lease(&ctx, req, &resp);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      lease_ctx_ = nullptr;
-    }
-    if (stop_) {
-      if (st.ok() && resp.jobs_size() > 0) {
-        Log()->info("[worker={}] stopping: {} leased job(s) go back to the queue when the lease expires", worker_id_,
-                    resp.jobs_size());
+    if (pending.size() < depth) {
+      // Wait for work only when there is none in hand.
+      const absl::Duration wait = pending.empty() ? options_.lease_wait : absl::ZeroDuration();
+      v1::LeaseRequest req;
+      req.set_worker_id(worker_id_);
+      req.set_max_jobs(static_cast<int32_t>(depth - pending.size()));
+      req.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(wait)));
+      v1::LeaseResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + wait + absl::Seconds(15)));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) break;
+        lease_ctx_ = &ctx;
       }
-      break;
+      grpc::Status st = stub_->Lease(&ctx, req, &resp);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        lease_ctx_ = nullptr;
+      }
+      if (stop_) {
+        if (st.ok() && resp.jobs_size() > 0) {
+          Log()->info("[worker={}] stopping: {} leased job(s) go back to the queue when the lease expires",
+                      worker_id_, resp.jobs_size());
+        }
+        break;
+      }
+      if (!st.ok()) {
+        if (st.error_code() == grpc::StatusCode::NOT_FOUND) reregister_ = true;
+        if (pending.empty()) {
+          Log()->warn("[worker={}] lease failed ({}); retrying in {}", worker_id_, st.error_message(),
+                      absl::FormatDuration(backoff));
+          std::unique_lock<std::mutex> lock(mu_);
+          cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stop_.load(); });
+          backoff = std::min(backoff * 2, absl::Seconds(5));
+          continue;
+        }
+      } else {
+        backoff = absl::Milliseconds(200);
+        for (const v1::Job& job : resp.jobs()) pending.push_back(Start(job));
+      }
     }
-    if (!st.ok()) {
-      if (st.error_code() == grpc::StatusCode::NOT_FOUND) reregister_ = true;
-      Log()->warn("[worker={}] lease failed ({}); retrying in {}", worker_id_, st.error_message(),
-                  absl::FormatDuration(backoff));
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stop_.load(); });
-      backoff = std::min(backoff * 2, absl::Seconds(5));
-      continue;
-    }
-    backoff = absl::Milliseconds(200);
-    for (const v1::Job& job : resp.jobs()) Execute(job);
+    if (pending.empty() || stop_) continue;
+    Finish(pending.front());
+    pending.pop_front();
   }
+  if (!pending.empty()) {
+    Log()->info("[worker={}] stopping: {} job(s) compiled ahead go back to the queue when their lease expires",
+                worker_id_, pending.size());
+  }
+  pending.clear();  // waits for compiles in flight
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
   return absl::OkStatus();
 }
 
-void Worker::Execute(const v1::Job& job) {
-  const std::string context = absl::StrCat("[task=", job.task_id(), " job=", job.job_id(),
-                                           job.kind() == v1::JOB_KIND_BASELINE ? " baseline" : "",
-                                           job.has_candidate() ? absl::StrCat(" cand=", job.candidate().id()) : "", "]");
-  v1::Measurement m;
+Worker::Pending Worker::Start(const v1::Job& job) {
+  Pending p;
+  p.job = job;
+  p.context = absl::StrCat("[task=", job.task_id(), " job=", job.job_id(),
+                           job.kind() == v1::JOB_KIND_BASELINE ? " baseline" : "",
+                           job.has_candidate() ? absl::StrCat(" cand=", job.candidate().id()) : "", "]");
   v1::Workload workload;
   *workload.mutable_chain() = job.chain();
   auto chain = wire::ChainFromWorkload(workload);
   if (!chain.ok()) {
+    p.spec = absl::InvalidArgumentError(absl::StrCat("job carries an invalid chain: ", chain.status().message()));
+    return p;
+  }
+  JobSpec spec;
+  spec.kind = job.kind() == v1::JOB_KIND_BASELINE ? JobKind::kBaseline : JobKind::kCandidate;
+  spec.chain_json = ir::ChainToJson(*chain);
+  spec.schedule_text = job.candidate().schedule().text();
+  spec.mapping = job.candidate().mapping().text();
+  spec.target = target_;
+  spec.compiler = options_.compiler;
+  spec.blas_dir = options_.blas_dir;
+  spec.timing.warmup = job.options().warmup();
+  spec.timing.min_repeats = job.options().min_repeats();
+  spec.timing.max_repeats = job.options().max_repeats();
+  spec.timing.time_budget_s = job.options().time_budget_s();
+  spec.timing.rotate_bytes = 2 * std::max(target_.l2_bytes * target_.compute_units, target_.l3_bytes);
+  spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
+  spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
+  spec.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  spec.device = options_.gpu;
+  if (options_.compile_ahead > 0) {
+    auto dir = TempDir::Create(options_.scratch_dir, "fusor-compiled-");
+    if (dir.ok()) {
+      p.artifacts.emplace(std::move(*dir));
+      spec.artifact_dir = p.artifacts->path();
+      JobSpec compile = spec;
+      compile.phase = JobPhase::kCompile;
+      Log()->debug("{} compiling {}", p.context, spec.schedule_text);
+      p.compiled = std::async(std::launch::async, [compile, exe = options_.self_exe, scratch = options_.scratch_dir] {
+        return RunJobIsolated(compile, exe, scratch);
+      });
+      spec.phase = JobPhase::kMeasure;
+    } else {
+      Log()->warn("{} compiling with the measurement: {}", p.context, std::string(dir.status().message()));
+    }
+  }
+  p.spec = std::move(spec);
+  return p;
+}
+
+void Worker::Finish(Pending& p) {
+  const std::string& context = p.context;
+  v1::Measurement m;
+  if (!p.spec.ok()) {
     m.set_status(v1::MEASUREMENT_STATUS_RUNTIME_ERROR);
-    m.set_error(absl::StrCat("job carries an invalid chain: ", chain.status().message()));
+    m.set_error(std::string(p.spec.status().message()));
   } else {
-    JobSpec spec;
-    spec.kind = job.kind() == v1::JOB_KIND_BASELINE ? JobKind::kBaseline : JobKind::kCandidate;
-    spec.chain_json = ir::ChainToJson(*chain);
-    spec.schedule_text = job.candidate().schedule().text();
-    spec.mapping = job.candidate().mapping().text();
-    spec.target = target_;
-    spec.compiler = options_.compiler;
-    spec.blas_dir = options_.blas_dir;
-    spec.timing.warmup = job.options().warmup();
-    spec.timing.min_repeats = job.options().min_repeats();
-    spec.timing.max_repeats = job.options().max_repeats();
-    spec.timing.time_budget_s = job.options().time_budget_s();
-    spec.timing.rotate_bytes = 2 * std::max(target_.l2_bytes * target_.compute_units, target_.l3_bytes);
-    spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
-    spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
-    spec.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-    spec.device = options_.gpu;
-    Log()->debug("{} running {}", context, spec.schedule_text);
-    JobOutcome out = RunJobIsolated(spec, options_.self_exe, options_.scratch_dir);
+    JobOutcome out;
+    if (p.compiled.valid()) {
+      JobOutcome compiled = p.compiled.get();
+      if (compiled.status == OutcomeStatus::kOk) {
+        Log()->debug("{} measuring", context);
+        out = RunJobIsolated(*p.spec, options_.self_exe, options_.scratch_dir);
+        MergeCompileRecord(compiled, out);
+      } else {
+        out = std::move(compiled);
+      }
+    } else {
+      Log()->debug("{} running {}", context, p.spec->schedule_text);
+      out = RunJobIsolated(*p.spec, options_.self_exe, options_.scratch_dir);
+    }
     m.set_status(ToProto(out.status));
     m.set_error(out.error);
     for (double s : out.samples_s) m.add_samples_s(s);
@@ -235,6 +298,7 @@ void Worker::Execute(const v1::Job& job) {
     Log()->warn("{} {}: {}", context, wire::MeasurementStatusName(m.status()), m.error().substr(0, 300));
   }
 
+  const v1::Job& job = p.job;
   v1::ReportRequest req;
   req.set_worker_id(worker_id_);
   req.set_job_id(job.job_id());

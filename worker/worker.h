@@ -1,6 +1,8 @@
 // fusor-worker's daemon logic: describe and calibrate this machine,
 // register with the scheduler, then lease jobs, run each in an isolated
-// child process and report what it measured. Workers dial out; the
+// child process and report what it measured. On a GPU the next jobs
+// compile in their own children while the device measures the current
+// one (compile_ahead); measurements never overlap. Workers dial out; the
 // scheduler never connects to them.
 #pragma once
 
@@ -8,6 +10,8 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +22,7 @@
 #include "fusor/v1/worker.grpc.pb.h"
 #include "proto/wire/retry.h"
 #include "worker/job.h"
+#include "worker/process.h"
 
 namespace fusor::worker {
 
@@ -32,6 +37,10 @@ struct WorkerOptions {
   std::string scratch_dir = "/tmp";
   std::string self_exe;           // this executable; runs jobs as `self_exe __run-job DIR`
   double calibration_s = 0.4;     // per microbenchmark; 0 skips calibration
+  // Jobs compiled (each in its own child) while the device measures
+  // another; -1: 2 on a GPU, 0 on a CPU, whose cores the compiler would
+  // take from the measurement.
+  int compile_ahead = -1;
   absl::Duration lease_wait = absl::Seconds(5);
   wire::RetryPolicy rpc;
 };
@@ -57,7 +66,17 @@ class Worker {
   absl::Status Calibrate();
   absl::Status Register();
   void HeartbeatLoop();
-  void Execute(const v1::Job& job);
+  // A leased job, compiling ahead when compile_ahead > 0.
+  struct Pending {
+    v1::Job job;
+    std::string context;  // "[task=... job=... cand=...]" for the log
+    absl::StatusOr<JobSpec> spec;
+    std::optional<TempDir> artifacts;
+    std::future<JobOutcome> compiled;  // declared after artifacts: joined before they go
+  };
+  Pending Start(const v1::Job& job);
+  // Measures (after its compile, when ahead) and reports.
+  void Finish(Pending& pending);
 
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   WorkerOptions options_;

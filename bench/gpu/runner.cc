@@ -120,8 +120,14 @@ Measured MeasureOne(Runtime& gpu, const std::string& text, const std::string& na
   Program program;
   if (!fusor::codegen::ProgramFromText(text, &program, &r.error)) return r;
   r.what = program.steps.size() == 1 ? program.steps[0].what : std::to_string(program.steps.size()) + " steps";
+  fusor::codegen::CompiledProgram compiled;
+  if (!fusor::codegen::CompileProgram(program, gpu.info().arch, gpu.device_header(), gpu.limits(), &compiled,
+                                      &r.error)) {
+    r.error = "rejected: " + r.error;
+    return r;
+  }
   LoadedProgram loaded;
-  if (!loaded.Prepare(gpu, program, &r.error)) {
+  if (!loaded.Prepare(gpu, program, compiled, &r.error)) {
     r.error = "rejected: " + r.error;
     return r;
   }

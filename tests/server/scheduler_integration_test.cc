@@ -71,8 +71,9 @@ class IntegrationTest : public ::testing::Test {
     server_ = std::move(*s);
   }
 
-  void StartWorker() {
+  void StartWorker(int compile_ahead = -1) {
     worker::WorkerOptions w;
+    w.compile_ahead = compile_ahead;
     w.name = "in-process";
     w.self_exe = worker::CurrentExecutable("");
     w.calibration_s = 0.05;
@@ -252,6 +253,32 @@ TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
   EXPECT_EQ(rows->size(), 7u);
   std::set<std::string> jobs;
   for (const auto& m : *rows) jobs.insert(m.job_id);
+  EXPECT_EQ(jobs.size(), rows->size());
+}
+
+// Jobs compiled in their own children while another is measured (what a
+// GPU worker does by default) are each measured once, with their compile
+// record, and the task completes as it would one job at a time.
+TEST_F(IntegrationTest, CompilingAheadMeasuresEveryJobOnce) {
+  options_.batch_size = 4;
+  StartServer();
+  StartWorker(/*compile_ahead=*/2);
+  client::Client client(server_->InProcessChannel());
+  auto result = client.Tune(Request(kChain, 6), nullptr, absl::Seconds(120));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->candidates_measured(), 6);
+  auto rows = server_->core().db().MeasurementsOfTask(result->task_id());
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->size(), 7u);
+  std::set<std::string> jobs;
+  for (const auto& m : *rows) {
+    jobs.insert(m.job_id);
+    EXPECT_EQ(m.status, "ok") << m.error;
+    EXPECT_FALSE(m.samples_s.empty());
+    EXPECT_GT(m.compile_s, 0);
+    EXPECT_GT(m.code_bytes, 0);
+    EXPECT_THAT(m.compile_flags, HasSubstr("-O"));
+  }
   EXPECT_EQ(jobs.size(), rows->size());
 }
 

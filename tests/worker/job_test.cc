@@ -69,6 +69,37 @@ TEST(RunJobIsolatedTest, MeasuresARealCandidate) {
   EXPECT_THAT(out.compile_flags, HasSubstr("-O3"));
 }
 
+TEST(RunJobIsolatedTest, CompilesAndMeasuresInTwoChildren) {
+  auto artifacts = TempDir::Create("/tmp", "fusor-artifacts-");
+  ASSERT_TRUE(artifacts.ok());
+  JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / S(n=32)");
+  spec.phase = JobPhase::kCompile;
+  spec.artifact_dir = artifacts->path();
+  JobOutcome compiled = RunJobIsolated(spec, worker::CurrentExecutable(""), "/tmp");
+  ASSERT_EQ(compiled.status, OutcomeStatus::kOk) << compiled.error;
+  EXPECT_GT(compiled.code_bytes, 0);
+  EXPECT_TRUE(compiled.samples_s.empty());  // nothing ran
+
+  spec.phase = JobPhase::kMeasure;
+  JobOutcome out = RunJobIsolated(spec, worker::CurrentExecutable(""), "/tmp");
+  ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+  EXPECT_GE(out.samples_s.size(), 3u);
+  EXPECT_LT(out.max_rel_error, 1e-4);
+  MergeCompileRecord(compiled, out);
+  EXPECT_THAT(out.compile_flags, HasSubstr("-O3"));
+}
+
+TEST(RunJobIsolatedTest, MeasuringWhatWasNeverCompiledIsAnError) {
+  auto artifacts = TempDir::Create("/tmp", "fusor-artifacts-");
+  ASSERT_TRUE(artifacts.ok());
+  JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / S(n=32)");
+  spec.phase = JobPhase::kMeasure;
+  spec.artifact_dir = artifacts->path();
+  JobOutcome out = RunJobIsolated(spec, worker::CurrentExecutable(""), "/tmp");
+  EXPECT_EQ(out.status, OutcomeStatus::kRuntimeError);
+  EXPECT_THAT(out.error, HasSubstr("compiled.json"));
+}
+
 TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
   JobOutcome out = RunJobIsolated(Spec(JobKind::kBaseline, ""), worker::CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;

@@ -9,8 +9,10 @@
 #include "common/hw/intrinsic.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "common/util/status_macros.h"
 #include "worker/cpu/measure.h"
 #include "worker/cuda/gpu_runtime.h"
+#include "worker/process.h"
 
 namespace fusor::worker {
 namespace {
@@ -34,6 +36,43 @@ JobOutcome Calibrate(gpu::Runtime& rt, const JobSpec& spec) {
   return out;
 }
 
+// The program a job measures: the candidate's fused kernel or the
+// unfused baseline.
+absl::StatusOr<codegen::Program> JobProgram(const JobSpec& spec, const ir::Chain& chain) {
+  if (spec.kind == JobKind::kBaseline) return codegen::EmitCudaUnfusedBaseline(chain, spec.target);
+  ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(spec.schedule_text, chain));
+  ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, schedule, spec.target));
+  ASSIGN_OR_RETURN(codegen::CudaKernel kernel,
+                   codegen::EmitCudaFusedKernel(chain, nest, spec.schedule_text, spec.mapping));
+  return codegen::FusedProgram(chain, kernel);
+}
+
+// The launch shape and ptxas's report of each kernel step, as JSON.
+std::string ResourcesJson(const codegen::Program& program, const codegen::CompiledProgram& compiled) {
+  nlohmann::json kernels = nlohmann::json::array();
+  size_t k = 0;
+  for (const codegen::ProgramStep& step : program.steps) {
+    nlohmann::json j = {{"step", step.what}};
+    if (!step.is_gemm) {
+      j["grid"] = step.kernel.grid;
+      j["threads"] = step.kernel.threads;
+      j["dynamic_shared_bytes"] = step.kernel.shared_bytes;
+      if (k < compiled.usage.size()) {
+        const codegen::ResourceUsage& u = compiled.usage[k++];
+        j["registers"] = u.registers;
+        j["stack_bytes"] = u.stack_bytes;
+        j["spill_store_bytes"] = u.spill_store_bytes;
+        j["spill_load_bytes"] = u.spill_load_bytes;
+        j["static_shared_bytes"] = u.static_shared_bytes;
+      }
+    }
+    kernels.push_back(j);
+  }
+  return kernels.dump();
+}
+
+std::string CubinPath(const std::string& dir, size_t step) { return absl::StrCat(dir, "/step", step, ".cubin"); }
+
 // Device buffers for the chain's inputs and outputs, freed on scope exit.
 struct Buffers {
   gpu::Runtime& rt;
@@ -45,43 +84,13 @@ struct Buffers {
   }
 };
 
-// Compiles, validates and times `program` (a fused candidate or the
-// unfused baseline) on fresh inputs.
+// Validates and times a compiled program on fresh inputs.
 JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain,
-                          const codegen::Program& program) {
+                          const codegen::Program& program, const codegen::CompiledProgram& compiled) {
   std::string why;
   gpu::LoadedProgram loaded;
-  const bool prepared = loaded.Prepare(rt, program, &why);
+  if (!loaded.Prepare(rt, program, compiled, &why)) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
   JobOutcome out;
-  out.compile_s = loaded.compile_s;
-  out.compile_flags = absl::StrJoin(loaded.compile_options, " ");
-  out.code_bytes = loaded.code_bytes;
-  nlohmann::json kernels = nlohmann::json::array();
-  size_t k = 0;
-  for (const codegen::ProgramStep& step : program.steps) {
-    nlohmann::json j = {{"step", step.what}};
-    if (!step.is_gemm) {
-      j["grid"] = step.kernel.grid;
-      j["threads"] = step.kernel.threads;
-      j["dynamic_shared_bytes"] = step.kernel.shared_bytes;
-      if (k < loaded.usage.size()) {
-        const codegen::ResourceUsage& u = loaded.usage[k++];
-        j["registers"] = u.registers;
-        j["stack_bytes"] = u.stack_bytes;
-        j["spill_store_bytes"] = u.spill_store_bytes;
-        j["spill_load_bytes"] = u.spill_load_bytes;
-        j["static_shared_bytes"] = u.static_shared_bytes;
-      }
-    }
-    kernels.push_back(j);
-  }
-  out.resources_json = kernels.dump();
-  if (!prepared) {
-    out.status = OutcomeStatus::kCompileError;
-    out.error = "rejected before running: " + why;
-    return out;
-  }
-
   Buffers buf{rt, {}, {}, {}, {}};
   for (int t : chain.inputs) buf.in_bytes.push_back(chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype));
   for (int t : chain.outputs) buf.out_bytes.push_back(chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype));
@@ -131,22 +140,6 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
   return out;
 }
 
-JobOutcome MeasureCandidate(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
-  auto schedule = space::ParseSchedule(spec.schedule_text, chain);
-  if (!schedule.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(schedule.status().message()));
-  auto nest = space::BuildLoopNest(chain, *schedule, spec.target);
-  if (!nest.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(nest.status().message()));
-  auto kernel = codegen::EmitCudaFusedKernel(chain, *nest, spec.schedule_text, spec.mapping);
-  if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
-  return MeasureProgram(rt, spec, chain, codegen::FusedProgram(chain, *kernel));
-}
-
-JobOutcome MeasureBaseline(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain) {
-  auto program = codegen::EmitCudaUnfusedBaseline(chain, spec.target);
-  if (!program.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(program.status().message()));
-  return MeasureProgram(rt, spec, chain, *program);
-}
-
 }  // namespace
 
 absl::StatusOr<hw::TargetDesc> DescribeGpuTarget(int ordinal) {
@@ -166,16 +159,58 @@ absl::StatusOr<hw::TargetDesc> DescribeGpuTarget(int ordinal) {
   return t;
 }
 
-JobOutcome RunCudaJob(const JobSpec& spec, const ir::Chain& chain) {
+JobOutcome CalibrateCudaJob(const JobSpec& spec) {
   std::string why;
   auto rt = gpu::Runtime::Open(spec.device, std::string(codegen::CudaDeviceHeader()), &why);
   if (rt == nullptr) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
-  switch (spec.kind) {
-    case JobKind::kCalibrate: return Calibrate(*rt, spec);
-    case JobKind::kCandidate: return MeasureCandidate(*rt, spec, chain);
-    case JobKind::kBaseline: return MeasureBaseline(*rt, spec, chain);
+  return Calibrate(*rt, spec);
+}
+
+JobOutcome CompileCudaJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
+  auto program = JobProgram(spec, chain);
+  if (!program.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(program.status().message()));
+  codegen::DeviceLimits limits = codegen::LimitsForArch(spec.target.arch);
+  if (spec.target.shared_mem_per_block > 0) limits.max_shared_per_block = spec.target.shared_mem_per_block;
+  codegen::CompiledProgram compiled;
+  std::string why;
+  const bool ok = codegen::CompileProgram(*program, spec.target.arch, std::string(codegen::CudaDeviceHeader()),
+                                          limits, &compiled, &why);
+  JobOutcome out;
+  out.compile_s = compiled.compile_s;
+  out.compile_flags = absl::StrJoin(compiled.options, " ");
+  out.code_bytes = compiled.code_bytes;
+  out.resources_json = ResourcesJson(*program, compiled);
+  if (!ok) {
+    out.status = OutcomeStatus::kCompileError;
+    out.error = "rejected before running: " + why;
+    return out;
   }
-  return FailedOutcome(OutcomeStatus::kRuntimeError, "unknown job kind");
+  absl::Status written = WriteFile(dir + "/program.txt", codegen::ProgramToText(*program));
+  for (size_t i = 0; written.ok() && i < compiled.cubins.size(); ++i) {
+    if (!compiled.cubins[i].empty()) written = WriteFile(CubinPath(dir, i), compiled.cubins[i]);
+  }
+  if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
+  out.status = OutcomeStatus::kOk;
+  return out;
+}
+
+JobOutcome MeasureCudaJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
+  auto text = ReadFile(dir + "/program.txt");
+  if (!text.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(text.status().message()));
+  codegen::Program program;
+  std::string why;
+  if (!codegen::ProgramFromText(*text, &program, &why)) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
+  codegen::CompiledProgram compiled;
+  compiled.cubins.resize(program.steps.size());
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    if (program.steps[i].is_gemm) continue;
+    auto cubin = ReadFile(CubinPath(dir, i));
+    if (!cubin.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(cubin.status().message()));
+    compiled.cubins[i] = std::move(*cubin);
+  }
+  auto rt = gpu::Runtime::Open(spec.device, std::string(codegen::CudaDeviceHeader()), &why);
+  if (rt == nullptr) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
+  return MeasureProgram(*rt, spec, chain, program, compiled);
 }
 
 }  // namespace fusor::worker

@@ -17,8 +17,13 @@ namespace fusor::worker {
 // without a driver, a device or a CUDA-enabled build.
 absl::StatusOr<hw::TargetDesc> DescribeGpuTarget(int ordinal);
 
-// In the job's child: calibrate, or measure a candidate or the unfused
-// baseline (cuBLAS GEMMs and separate kernels) on spec.device.
-JobOutcome RunCudaJob(const JobSpec& spec, const ir::Chain& chain);
+// In the job's child (see JobPhase): calibrate; generate and compile a
+// candidate's fused kernel or the unfused baseline (cuBLAS GEMMs and
+// separate kernels) with NVRTC for spec.target into `dir`, rejecting what
+// does not fit the device (this needs no GPU); validate and time what was
+// compiled into `dir` on spec.device.
+JobOutcome CalibrateCudaJob(const JobSpec& spec);
+JobOutcome CompileCudaJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir);
+JobOutcome MeasureCudaJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir);
 
 }  // namespace fusor::worker

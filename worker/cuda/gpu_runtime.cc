@@ -396,15 +396,22 @@ double Runtime::MmaRate(double seconds, std::string* why) {
   return rate;
 }
 
-bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, std::string* why) {
+codegen::DeviceLimits Runtime::limits() const {
+  codegen::DeviceLimits limits;
+  limits.max_threads_per_block = info_.max_threads_per_block;
+  limits.registers_per_sm = info_.registers_per_sm;
+  limits.max_shared_per_block = info_.shared_optin_bytes;
+  return limits;
+}
+
+bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, const codegen::CompiledProgram& compiled,
+                            std::string* why) {
   rt_ = &rt;
   program_ = program;
-  const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(why);
-  if (nvrtc == nullptr) return false;
-  codegen::DeviceLimits limits;
-  limits.max_threads_per_block = rt.info().max_threads_per_block;
-  limits.registers_per_sm = rt.info().registers_per_sm;
-  limits.max_shared_per_block = rt.info().shared_optin_bytes;
+  if (compiled.cubins.size() != program.steps.size()) {
+    *why = "the compiled program does not match the program";
+    return false;
+  }
   kernels_.assign(program.steps.size(), {});
   for (size_t i = 0; i < program.steps.size(); ++i) {
     const codegen::ProgramStep& step = program.steps[i];
@@ -419,20 +426,10 @@ bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, std::s
       continue;
     }
     const codegen::KernelStep& k = step.kernel;
-    codegen::NvrtcOutput built = nvrtc->Compile(k.source, rt.info().arch, {{"fusor_device.h", rt.device_header()}});
-    compile_s += built.seconds;
-    code_bytes += static_cast<int64_t>(built.cubin.size());
-    compile_options = built.options;
-    usage.push_back(built.usage);
-    if (!built.ok) {
-      *why = step.what + ": NVRTC: " + built.log;
+    if (!rt.Load(compiled.cubins[i], k.name, k.shared_bytes, &kernels_[i], why)) {
+      *why = step.what + ": " + *why;
       return false;
     }
-    if (std::string reject = codegen::CheckResources(built.usage, k.threads, k.shared_bytes, limits); !reject.empty()) {
-      *why = step.what + ": " + reject;
-      return false;
-    }
-    if (!rt.Load(built.cubin, k.name, k.shared_bytes, &kernels_[i], why)) return false;
   }
   scratch_.assign(program.buffers.size(), 0);
   for (size_t b = 0; b < program.buffers.size(); ++b) {

@@ -64,6 +64,8 @@ class Runtime {
 
   const DeviceInfo& info() const { return info_; }
   const std::string& device_header() const { return device_header_; }
+  // What a kernel may use on this device.
+  codegen::DeviceLimits limits() const;
 
   // Device memory; 0 on failure.
   CUdeviceptr Alloc(size_t bytes, std::string* why);
@@ -112,25 +114,18 @@ class Runtime {
   std::string device_header_;
 };
 
-// A program (program.h) ready to run: kernels compiled by NVRTC for the
-// device and loaded, scratch buffers allocated, cuBLAS loaded when a step
-// needs it.
+// A program (program.h) ready to run: its compiled kernels (CompileProgram)
+// loaded, scratch buffers allocated, cuBLAS loaded when a step needs it.
 class LoadedProgram {
  public:
-  // false (with `why`) when a kernel does not compile or does not fit the
-  // device (spills, shared memory, registers): such a program never runs.
-  bool Prepare(Runtime& rt, const codegen::Program& program, std::string* why);
+  // false (with `why`) when a kernel does not load or memory runs out.
+  bool Prepare(Runtime& rt, const codegen::Program& program, const codegen::CompiledProgram& compiled,
+               std::string* why);
   ~LoadedProgram();
 
   // One run: `inputs` and `outputs` are device buffers in the chain's
   // order; ends with the work queued (not synchronized).
   bool Run(const std::vector<CUdeviceptr>& inputs, const std::vector<CUdeviceptr>& outputs, std::string* why);
-
-  // Per kernel step: NVRTC's options and ptxas's report, for the record.
-  std::vector<std::string> compile_options;
-  std::vector<codegen::ResourceUsage> usage;
-  double compile_s = 0;
-  int64_t code_bytes = 0;
 
  private:
   Runtime* rt_ = nullptr;

@@ -185,4 +185,32 @@ std::string CheckResources(const ResourceUsage& usage, int threads, int64_t dyna
   return why.str();
 }
 
+bool CompileProgram(const Program& program, const std::string& arch, const std::string& device_header,
+                    const DeviceLimits& limits, CompiledProgram* out, std::string* why) {
+  *out = CompiledProgram();
+  out->cubins.resize(program.steps.size());
+  const Nvrtc* nvrtc = nullptr;
+  for (size_t i = 0; i < program.steps.size(); ++i) {
+    const ProgramStep& step = program.steps[i];
+    if (step.is_gemm) continue;
+    if (nvrtc == nullptr && (nvrtc = Nvrtc::Get(why)) == nullptr) return false;
+    const KernelStep& k = step.kernel;
+    NvrtcOutput built = nvrtc->Compile(k.source, arch, {{"fusor_device.h", device_header}});
+    out->compile_s += built.seconds;
+    out->code_bytes += static_cast<int64_t>(built.cubin.size());
+    out->options = built.options;
+    out->usage.push_back(built.usage);
+    if (!built.ok) {
+      *why = step.what + ": NVRTC: " + built.log;
+      return false;
+    }
+    if (std::string reject = CheckResources(built.usage, k.threads, k.shared_bytes, limits); !reject.empty()) {
+      *why = step.what + ": " + reject;
+      return false;
+    }
+    out->cubins[i] = std::move(built.cubin);
+  }
+  return true;
+}
+
 }  // namespace fusor::codegen

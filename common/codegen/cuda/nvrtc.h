@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/codegen/cuda/program.h"
 
 namespace fusor::codegen {
 
@@ -71,5 +72,22 @@ DeviceLimits LimitsForArch(const std::string& arch);
 // `dynamic_shared` bytes on a device without spilling; else the reason.
 std::string CheckResources(const ResourceUsage& usage, int threads, int64_t dynamic_shared,
                            const DeviceLimits& limits);
+
+// A program's kernels compiled for one arch: what a GPU needs to run it
+// (the worker compiles a candidate while the device measures another).
+struct CompiledProgram {
+  std::vector<std::string> cubins;  // per step ("" for GEMM steps)
+  std::vector<ResourceUsage> usage;  // per kernel step, in order
+  std::vector<std::string> options;  // NVRTC's, for the record
+  double compile_s = 0;
+  int64_t code_bytes = 0;
+};
+
+// Compiles every kernel step of `program` for `arch` with the device
+// header's text, and checks each against `limits`. false (with `why`) when
+// a kernel does not compile or does not fit: such a program never runs.
+// `out` holds what was compiled so far either way.
+bool CompileProgram(const Program& program, const std::string& arch, const std::string& device_header,
+                    const DeviceLimits& limits, CompiledProgram* out, std::string* why);
 
 }  // namespace fusor::codegen

@@ -10,6 +10,7 @@
 #include "common/ir/parse.h"
 #include "common/space/space.h"
 #include "tests/test_chains.h"
+#include "worker/process.h"
 
 namespace fusor::worker {
 namespace {
@@ -29,6 +30,16 @@ class GpuJobTest : public ::testing::Test {
     spec.timing.time_budget_s = 0.05;
     return spec;
   }
+  // Compiles into a fresh directory, then validates and times there.
+  JobOutcome CompileAndMeasure(const JobSpec& spec, const ir::Chain& chain) {
+    auto dir = TempDir::Create("/tmp", "fusor-gpu-test-");
+    if (!dir.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(dir.status().message()));
+    JobOutcome compiled = CompileCudaJob(spec, chain, dir->path());
+    if (compiled.status != OutcomeStatus::kOk) return compiled;
+    JobOutcome out = MeasureCudaJob(spec, chain, dir->path());
+    MergeCompileRecord(compiled, out);
+    return out;
+  }
   hw::TargetDesc target_;
 };
 
@@ -36,7 +47,7 @@ TEST_F(GpuJobTest, DescribesAndCalibrates) {
   EXPECT_EQ(target_.backend, hw::Backend::kCuda);
   EXPECT_GT(target_.compute_units, 0);
   EXPECT_EQ(target_.arch.rfind("sm_", 0), 0u);
-  JobOutcome out = RunCudaJob(Spec(JobKind::kCalibrate, ir::Chain()), ir::Chain());
+  JobOutcome out = CalibrateCudaJob(Spec(JobKind::kCalibrate, ir::Chain()));
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_GT(out.bandwidth_bytes_per_s, 1e11);
   EXPECT_GT(out.peak_flops, 1e13);
@@ -51,12 +62,12 @@ TEST_F(GpuJobTest, MeasuresCandidatesAndTheBaseline) {
     ASSERT_TRUE(space.ok());
     JobSpec spec = Spec(JobKind::kCandidate, *chain);
     spec.schedule_text = space::ScheduleToText(space->ranked[0].schedule, *chain);
-    JobOutcome fused = RunCudaJob(spec, *chain);
+    JobOutcome fused = CompileAndMeasure(spec, *chain);
     ASSERT_EQ(fused.status, OutcomeStatus::kOk) << fused.error;
     EXPECT_GT(fused.median_s, 0);
     EXPECT_GE(fused.samples_s.size(), 5u);
     EXPECT_GT(nlohmann::json::parse(fused.resources_json)[0]["registers"].get<int>(), 0);
-    JobOutcome baseline = RunCudaJob(Spec(JobKind::kBaseline, *chain), *chain);
+    JobOutcome baseline = CompileAndMeasure(Spec(JobKind::kBaseline, *chain), *chain);
     ASSERT_EQ(baseline.status, OutcomeStatus::kOk) << baseline.error;
     EXPECT_GT(baseline.median_s, 0);
   }
