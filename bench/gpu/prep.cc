@@ -5,7 +5,8 @@
 //   expected.f32      the float64 reference on the deterministic inputs
 //                     (inputs.h), as float32, outputs concatenated
 //   candidate_<i>.prog  the model's best fused candidates that NVRTC
-//                     compiles within the target's limits (program.h)
+//                     compiles within the target's limits (program.h),
+//                     then other launches (warps, stages) of the two best
 //   baseline.prog     the unfused baseline (cuBLAS + separate kernels)
 // The runner (runner.cc) then measures them on the GPU.
 #include <filesystem>
@@ -106,7 +107,28 @@ int Prepare(const std::string& chain_path, const hw::TargetDesc& target, int top
                                          c.ranked->prediction.t_estm_s * 1e6, " us");
     std::ofstream(absl::StrCat(dir, "/candidate_", i, ".prog")) << codegen::ProgramToText(program);
   }
-  const int written = static_cast<int>(candidates.size());
+  // Other launches of the two best: what the search would measure next,
+  // which the model cannot rank (the runner rejects what does not fit).
+  int written = static_cast<int>(candidates.size());
+  for (size_t i = 0; i < std::min<size_t>(2, candidates.size()); ++i) {
+    const client::GpuCandidate& c = candidates[i];
+    for (const auto& [warps, stages] : {std::pair{4, 1}, std::pair{8, 2}, std::pair{2, 2}}) {
+      space::Schedule variant = c.ranked->schedule;
+      variant.warps = warps;
+      variant.stages = stages;
+      const std::string text = space::ScheduleToText(variant, *chain);
+      auto nest = space::BuildLoopNest(*chain, variant, target);
+      auto kernel = nest.ok() ? codegen::EmitCudaFusedKernel(*chain, *nest, text, c.ranked->mappings)
+                              : absl::StatusOr<codegen::CudaKernel>(nest.status());
+      if (!kernel.ok()) {
+        std::cerr << chain->name << ": " << text << ": " << kernel.status() << "\n";
+        continue;
+      }
+      codegen::Program program = codegen::FusedProgram(*chain, *kernel);
+      program.steps[0].what = absl::StrCat(text, "  [", c.ranked->mappings, "] launch variant of #", i);
+      std::ofstream(absl::StrCat(dir, "/candidate_", written++, ".prog")) << codegen::ProgramToText(program);
+    }
+  }
   auto baseline = codegen::EmitCudaUnfusedBaseline(*chain, target);
   if (!baseline.ok()) {
     std::cerr << chain->name << ": baseline: " << baseline.status() << "\n";

@@ -52,6 +52,10 @@ class McfuserSearch : public SearchStrategy {
       return sa != sb ? sa < sb : a < b;
     });
     pool.erase(std::unique(pool.begin(), pool.end()), pool.end());
+    // A quarter of the batch (at least one) goes to other launches of the
+    // best measured schedule, which the model cannot rank.
+    std::vector<int> launches = LaunchVariants(std::max(1, room / 4));
+    pool.insert(pool.begin(), launches.begin(), launches.end());
     std::vector<CandidateSpec> batch;
     for (int i : pool) {
       if (static_cast<int>(batch.size()) >= room) break;
@@ -118,6 +122,47 @@ class McfuserSearch : public SearchStrategy {
     std::vector<int> out;
     for (size_t i = 0; i < proposed_.size() && out.size() < count; ++i) {
       if (!proposed_[i]) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
+  // Up to `count` unproposed launches (warps, stages) of the best measured
+  // schedule on a CUDA target, one change at a time first, added to the
+  // space as they are made.
+  std::vector<int> LaunchVariants(int count) {
+    std::vector<int> out;
+    if (task_.target.backend != hw::Backend::kCuda) return out;
+    const Measured* best = nullptr;
+    for (const Measured& m : measured_) {
+      if (m.median_s > 0 && (best == nullptr || m.median_s < best->median_s)) best = &m;
+    }
+    if (best == nullptr) return out;
+    const space::Schedule parent = space_.ranked[best->index].schedule;
+    const int warps = space::WarpsOf(parent), stages = space::StagesOf(parent);
+    const std::pair<int, int> changes[] = {{warps, 3 - stages},     {warps * 2, stages},     {warps / 2, stages},
+                                           {warps * 2, 3 - stages}, {warps / 2, 3 - stages}};
+    for (const auto& [w, st] : changes) {
+      if (static_cast<int>(out.size()) >= count) break;
+      if (w < 1 || w > 16) continue;
+      space::Schedule child = parent;
+      child.warps = w;
+      child.stages = st;
+      const std::string text = space::ScheduleToText(child, *task_.chain);
+      auto it = index_.find(text);
+      int i = 0;
+      if (it != index_.end()) {
+        i = it->second;
+      } else {
+        auto ranked = space::EvaluateSchedule(*task_.chain, task_.target, child, options_.space);
+        if (!ranked.ok()) continue;
+        i = static_cast<int>(space_.ranked.size());
+        space_.ranked.push_back(*ranked);
+        index_.emplace(text, i);
+        texts_.push_back(text);
+        classes_.push_back(classes_[best->index]);
+        proposed_.push_back(false);
+      }
+      if (!proposed_[i]) out.push_back(i);
     }
     return out;
   }

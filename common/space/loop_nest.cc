@@ -174,6 +174,9 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   }
   if (input.own.size() > chain.ops.size()) return Illegal(chain, "loops given for more ops than the chain has");
   const Schedule s = Canonical(input, chain);
+  if ((s.warps > 0 || s.stages > 0) && target.backend != hw::Backend::kCuda) {
+    return Illegal(chain, "warps and stages apply to CUDA targets only");
+  }
   LoopNest nest;
   nest.schedule = s;
   nest.trips.resize(num_dims);

@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "common/util/status_macros.h"
 
 namespace fusor::space {
 namespace {
@@ -46,6 +48,28 @@ absl::Status ParseEntries(absl::string_view text, const ir::Chain& chain, Schedu
   return absl::OkStatus();
 }
 
+// " warps=W stages=S" (either optional) into `s`.
+absl::StatusOr<Schedule> ParseLaunch(absl::string_view text, Schedule s) {
+  for (absl::string_view entry : absl::StrSplit(text, ' ', absl::SkipWhitespace())) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    int value = 0;
+    if (kv.first == "warps") {
+      if (!absl::SimpleAtoi(kv.second, &value) || (value != 1 && value != 2 && value != 4 && value != 8 && value != 16)) {
+        return Error(absl::StrCat("warps must be 1, 2, 4, 8 or 16, got '", kv.second, "'"));
+      }
+      s.warps = value;
+    } else if (kv.first == "stages") {
+      if (!absl::SimpleAtoi(kv.second, &value) || value < 1 || value > 2) {
+        return Error(absl::StrCat("stages must be 1 or 2, got '", kv.second, "'"));
+      }
+      s.stages = value;
+    } else {
+      return Error(absl::StrCat("unknown launch setting '", entry, "' (warps=W, stages=S)"));
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 Schedule UntiledSchedule(const ir::Chain& chain) {
@@ -65,6 +89,8 @@ Schedule Canonical(const Schedule& schedule, const ir::Chain& chain) {
   s.own.resize(chain.ops.size());
   s.maps.resize(chain.ops.size());
   for (auto& loops : s.own) std::erase_if(loops, one_trip);
+  if (s.warps == kDefaultWarps) s.warps = 0;
+  if (s.stages == kDefaultStages) s.stages = 0;
   // A tile nobody loops over is the full extent.
   std::vector<bool> used(chain.dims.size(), false);
   for (int d : s.block) used[d] = true;
@@ -94,6 +120,10 @@ std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
     maps.push_back(absl::StrCat(chain.tensors[chain.ops[o].output].name, "=", mapping::MappingToText(s.maps[o], chain)));
   }
   if (!maps.empty()) absl::StrAppend(&out, " / ", absl::StrJoin(maps, " "));
+  if (s.warps > 0 || s.stages > 0) {
+    absl::StrAppend(&out, " / cuda", s.warps > 0 ? absl::StrCat(" warps=", s.warps) : "",
+                    s.stages > 0 ? absl::StrCat(" stages=", s.stages) : "");
+  }
   return out;
 }
 
@@ -121,8 +151,13 @@ std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain) {
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& chain) {
   Schedule s = UntiledSchedule(chain);
   std::vector<absl::string_view> parts = absl::StrSplit(text, '/');
+  if (const absl::string_view last = absl::StripAsciiWhitespace(parts.back());
+      parts.size() > 3 && (last == "cuda" || absl::StartsWith(last, "cuda "))) {
+    ASSIGN_OR_RETURN(s, ParseLaunch(last.substr(4), std::move(s)));
+    parts.pop_back();
+  }
   if (parts.size() != 3 && parts.size() != 4) {
-    return Error("expected 'BLOCK / STREAM / OWN [/ MAPPINGS]' (use - for an empty level)");
+    return Error("expected 'BLOCK / STREAM / OWN [/ MAPPINGS] [/ cuda warps=W stages=S]' (use - for an empty level)");
   }
   std::vector<bool> tile_set(chain.dims.size(), false);
   auto level = [](absl::string_view p) {
@@ -194,6 +229,8 @@ Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map
     }
     out.maps[op_map[o]] = m;
   }
+  out.warps = schedule.warps;
+  out.stages = schedule.stages;
   return out;
 }
 

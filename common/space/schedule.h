@@ -19,9 +19,16 @@
 // Each sum op may also name its mapping onto an intrinsic (mapping.h); an
 // op without one gets the default mapping of the target's best intrinsic.
 //
+// On a CUDA target the schedule also says how a block runs: its warps and
+// the cp.async stages of operand tiles that change with every step of a
+// loop (2 prefetches the next step's tile while this one is multiplied, 1
+// waits for each). The model cannot rank these; the search measures them
+// around the best tilings.
+//
 // Text form (one tile size per dim; "-" for an empty level; the mappings
-// optional):
+// and the launch optional, the launch only where it is not the default):
 //   b=1 m=64 / n=32 / S(k=32) O(h=32) / S=fma.avx2.6x16[i=m j=n k=k]
+//   m=64 / n=64 / - / cuda warps=8 stages=1
 #pragma once
 
 #include <cstdint>
@@ -41,9 +48,17 @@ struct Schedule {
   std::vector<std::vector<int>> own;   // per op: dim ids, outermost first
   std::vector<int64_t> tile;           // per dim, in [1, extent]
   std::vector<mapping::Mapping> maps;  // per op; intrinsic == nullptr: the default
+  int warps = 0;   // CUDA: warps per block; 0: kDefaultWarps
+  int stages = 0;  // CUDA: 1 or 2; 0: kDefaultStages
 
   bool operator==(const Schedule& other) const = default;
 };
+
+inline constexpr int kDefaultWarps = 4;
+inline constexpr int kDefaultStages = 2;
+// The launch a schedule asks for, defaults filled in.
+inline int WarpsOf(const Schedule& s) { return s.warps > 0 ? s.warps : kDefaultWarps; }
+inline int StagesOf(const Schedule& s) { return s.stages > 0 ? s.stages : kDefaultStages; }
 
 // Every dim at full extent, no loops.
 Schedule UntiledSchedule(const ir::Chain& chain);

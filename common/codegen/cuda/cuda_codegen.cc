@@ -66,9 +66,9 @@ struct GemmLayout {
 
 class CudaEmitter {
  public:
-  CudaEmitter(const Chain& chain, const space::LoopNest& nest, const CudaOptions& options)
-      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, threads_(32 * options.warps),
-        stages_(options.stages), x_(chain, nest) {}
+  CudaEmitter(const Chain& chain, const space::LoopNest& nest)
+      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, threads_(32 * space::WarpsOf(nest.schedule)),
+        stages_(space::StagesOf(nest.schedule)), x_(chain, nest) {}
 
   absl::StatusOr<CudaKernel> Emit(const std::string& schedule_text, const std::string& mapping) {
     RETURN_IF_ERROR(Layout());
@@ -76,7 +76,8 @@ class CudaEmitter {
     std::string head = absl::StrCat(
         "// fusor fused CUDA kernel for chain '", chain_.name, "'\n", "// schedule: ", schedule_text, "  (",
         space::TilingExpression(s_, chain_), ")\n", "// mapping:  ", mapping, "\n", "// grid: ", nest_.num_blocks,
-        " blocks of ", threads_, " threads, ", shared_bytes_, " bytes of dynamic shared memory\n", "// chain:\n");
+        " blocks of ", threads_, " threads, ", shared_bytes_, " bytes of dynamic shared memory, ", stages_,
+        stages_ == 1 ? " stage" : " stages", " of streamed tiles\n", "// chain:\n");
     for (const Op& op : chain_.ops) absl::StrAppend(&head, "//   ", ir::OpToString(op, chain_), "\n");
     head += "#include \"fusor_device.h\"\n\n";
     absl::StrAppend(&head, "struct FusorArgs {\n  const void* in[", chain_.inputs.size(), "];\n  void* out[",
@@ -872,11 +873,9 @@ std::string NarrowIndices(const std::string& source) {
 }  // namespace
 
 absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
-                                               const std::string& schedule_text, const std::string& mapping,
-                                               const CudaOptions& options) {
+                                               const std::string& schedule_text, const std::string& mapping) {
   if (nest.ops.size() != chain.ops.size()) return absl::InvalidArgumentError("loop nest does not belong to this chain");
-  if (options.warps < 1 || options.warps > 32) return absl::InvalidArgumentError("warps must be in [1, 32]");
-  ASSIGN_OR_RETURN(CudaKernel k, CudaEmitter(chain, nest, options).Emit(schedule_text, mapping));
+  ASSIGN_OR_RETURN(CudaKernel k, CudaEmitter(chain, nest).Emit(schedule_text, mapping));
   if (IndexFits32(chain, nest)) k.source = NarrowIndices(k.source);
   nlohmann::json meta = {{"kernel", k.kernel_name},
                          {"language", "cuda"},

@@ -1,6 +1,7 @@
 // CUDA C++ code generation for NVIDIA GPUs with mma.sync (sm_80, sm_90).
 //
-// One thread block per tile of the block loops (the grid is their product);
+// One thread block per tile of the block loops (the grid is their product),
+// of the schedule's warps (space::WarpsOf);
 // the stream loop and each op's own loops run inside the block as in the
 // CPU nest (loop_nest.h), with every statement spread over the block's
 // threads:
@@ -8,7 +9,10 @@
 //    mma's input dtype (f16/bf16, or tf32 for f32 chains): with cp.async
 //    where a side is one global access contiguous along the staged tile's
 //    rows, by a predicated gather otherwise (affine indices, transposes,
-//    im2col all become a gather); warps take 16 x 8*NF output units, load
+//    im2col all become a gather); a tile that changes with every step of
+//    the stream loop or of the own loop it sits in is prefetched a step
+//    ahead into a second buffer when the schedule has 2 stages
+//    (space::StagesOf); warps take 16 x 8*NF output units, load
 //    fragments with ldmatrix (trans where the tile is stored k-outer) and
 //    accumulate in registers over the tile's reduction;
 //  - intermediates live in shared memory (f32), as the nest's local
@@ -37,14 +41,6 @@
 
 namespace fusor::codegen {
 
-struct CudaOptions {
-  int warps = 4;  // threads per block = 32 * warps
-  // cp.async stages of operand tiles that change with every step of the
-  // stream loop: 2 prefetches the next step's tile while the current one
-  // is multiplied; 1 waits for each tile.
-  int stages = 2;
-};
-
 struct CudaKernel {
   std::string source;  // CUDA C++; includes "fusor_device.h"
   std::string kernel_name = "fusor_fused";
@@ -59,8 +55,7 @@ struct CudaKernel {
 // The fused kernel for `chain` under `nest`. UNIMPLEMENTED when an op is
 // mapped onto an intrinsic this generator cannot emit (only mma.sync).
 absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
-                                               const std::string& schedule_text, const std::string& mapping,
-                                               const CudaOptions& options = {});
+                                               const std::string& schedule_text, const std::string& mapping);
 
 // The fused kernel as a program (its buffers: the chain's inputs, then
 // its outputs).

@@ -3,12 +3,16 @@
 
 #include <set>
 
+#include "common/hw/devices.h"
 #include "common/ir/parse.h"
+#include "common/space/loop_nest.h"
 #include "common/search/search_strategy.h"
 #include "tests/test_chains.h"
 
 namespace fusor::search {
 namespace {
+
+using ::testing::HasSubstr;
 
 hw::TargetDesc Cpu() {
   hw::TargetDesc t;
@@ -122,6 +126,43 @@ TEST(McfuserSearchTest, CandidatesCarryTheirMappings) {
   std::vector<CandidateSpec> batch = s->NextBatch(1);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0].mapping, "C=fma.avx2.6x16[i=m j=n k=k] E=fma.avx2.6x16[i=m j=h k=n]");
+}
+
+// On a GPU the search also measures other launches (warps, stages) of the
+// best schedule measured so far; they are legal schedules that parse back,
+// and a CPU target never gets one.
+TEST(McfuserSearchTest, TriesOtherLaunchesOfTheBestOnAGpu) {
+  auto chain = ir::ParseChainText(testing::kMaskedF16Attention);
+  ASSERT_TRUE(chain.ok());
+  const hw::TargetDesc gpu = *hw::LookupDevice("h200");
+  auto s = MakeMcfuserSearch();
+  ASSERT_TRUE(s->Initialize({&*chain, gpu, 16}).ok());
+  std::vector<CandidateSpec> first = s->NextBatch(4);
+  ASSERT_EQ(first.size(), 4u);
+  std::vector<MeasuredResult> results;
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_THAT(first[i].schedule_text, ::testing::Not(HasSubstr("cuda")));
+    results.push_back({first[i].schedule_text, true, i == 2 ? 1e-6 : 1e-5});  // the third is best
+  }
+  s->NotifyResults(results);
+  std::vector<CandidateSpec> second = s->NextBatch(4);
+  ASSERT_FALSE(second.empty());
+  // The variant comes first: the best with its stages flipped.
+  auto best = space::ParseSchedule(first[2].schedule_text, *chain);
+  ASSERT_TRUE(best.ok());
+  best->stages = 1;
+  EXPECT_EQ(second[0].schedule_text, space::ScheduleToText(*best, *chain));
+  EXPECT_THAT(second[0].schedule_text, HasSubstr("/ cuda stages=1"));
+  auto parsed = space::ParseSchedule(second[0].schedule_text, *chain);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(space::BuildLoopNest(*chain, *parsed, gpu).ok());
+  EXPECT_EQ(second[0].mapping, first[2].mapping);
+
+  auto cpu = MakeMcfuserSearch();
+  ASSERT_TRUE(cpu->Initialize({&*chain, Cpu(), 16}).ok());
+  for (const std::string& text : Drive(*cpu, 4, [](const CandidateSpec& c) { return c.prediction.t_estm_s; })) {
+    EXPECT_THAT(text, ::testing::Not(HasSubstr("cuda")));
+  }
 }
 
 }  // namespace

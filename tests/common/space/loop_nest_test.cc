@@ -207,6 +207,7 @@ TEST(LoopNestTest, RejectsIllegalNests) {
   EXPECT_THAT(error("- / - / C(h=16)"), HasSubstr("is not a loop of 'C'"));
   EXPECT_THAT(error("- / - / E(n=16 m=16)"), HasSubstr("output dims come before reduced dims"));
   EXPECT_THAT(error("m=16 / - / C(m=16)"), HasSubstr("already a block or stream loop"));
+  EXPECT_THAT(error("m=16 / - / - / cuda warps=8"), HasSubstr("CUDA targets only"));
   auto attention = ir::ParseChainText(std::string(testing::kMaskedF16Attention) + "out P\n");
   auto s = ParseSchedule("b=1 / n=16 / -", *attention);
   EXPECT_THAT(std::string(BuildLoopNest(*attention, *s, Avx512()).status().message()),

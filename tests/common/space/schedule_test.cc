@@ -38,11 +38,32 @@ out Y
             "i=16 / j=32 / X(l=16) Y(o=16)");
 }
 
+// A CUDA schedule's launch: only what differs from the default is printed,
+// after the mappings; it survives renaming; a CPU nest refuses it.
+TEST(ScheduleTest, CarriesTheCudaLaunch) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto s = ParseSchedule("m=16 / n=32 / - /  cuda  stages=1 warps=8", *chain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(WarpsOf(*s), 8);
+  EXPECT_EQ(StagesOf(*s), 1);
+  EXPECT_EQ(ScheduleToText(*s, *chain), "m=16 / n=32 / - / cuda warps=8 stages=1");
+  auto mapped = ParseSchedule("m=16 / n=32 / - / C=fma.avx2.6x16[i=m j=n k=k] / cuda warps=2", *chain);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->warps, 2);
+  EXPECT_NE(mapped->maps[0].intrinsic, nullptr);
+  auto defaults = ParseSchedule("m=16 / n=32 / - / cuda warps=4 stages=2", *chain);
+  EXPECT_EQ(ScheduleToText(*defaults, *chain), "m=16 / n=32 / -");
+  EXPECT_EQ(Canonical(*defaults, *chain), Canonical(*ParseSchedule("m=16 / n=32 / -", *chain), *chain));
+  EXPECT_EQ(RemapSchedule(*s, {0, 1, 2, 3}, {0, 1}, *chain).warps, 8);
+}
+
 TEST(ScheduleTest, RejectsMalformedText) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
   for (const char* bad : {"m=16", "m=16 / -", "m=0 / - / -", "m=65 / - / -", "q=4 / - / -", "m=16 m=16 / - / -",
                           "m=16 / - / C(m=8)", "m=x / - / -", "- / - / Q(k=16)", "- / - / A(k=16)",
-                          "- / - / C(k=16", "m=16 / m=16 / -", "- / - / C(k=16) C(n=16)"}) {
+                          "- / - / C(k=16", "m=16 / m=16 / -", "- / - / C(k=16) C(n=16)",
+                          "m=16 / - / - / cuda warps=3", "m=16 / - / - / cuda stages=3", "m=16 / - / - / cuda x=1",
+                          "m=16 / - / - / cuda warps=8 / cuda stages=1"}) {
     EXPECT_TRUE(absl::IsInvalidArgument(ParseSchedule(bad, *chain).status())) << bad;
   }
 }

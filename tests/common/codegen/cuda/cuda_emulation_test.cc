@@ -63,20 +63,17 @@ std::string RunKernelEmulated(const ir::Chain& chain, const CudaKernel& kernel) 
 }
 
 absl::StatusOr<CudaKernel> Emit(const ir::Chain& chain, const space::Schedule& schedule,
-                                const hw::TargetDesc& target, const CudaOptions& options) {
+                                const hw::TargetDesc& target) {
   const std::string text = space::ScheduleToText(schedule, chain);
   auto nest = space::BuildLoopNest(chain, schedule, target);
   if (!nest.ok()) return nest.status();
-  return EmitCudaFusedKernel(chain, *nest, text, space::DescribeMappings(chain, *nest), options);
+  return EmitCudaFusedKernel(chain, *nest, text, space::DescribeMappings(chain, *nest));
 }
 
 // Emits, compiles with NVRTC and for the emulation, validates; "" or what failed.
-std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule, const hw::TargetDesc& target,
-                        int warps = 4) {
+std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule, const hw::TargetDesc& target) {
   const std::string text = space::ScheduleToText(schedule, chain);
-  CudaOptions options;
-  options.warps = warps;
-  auto kernel = Emit(chain, schedule, target, options);
+  auto kernel = Emit(chain, schedule, target);
   if (!kernel.ok()) return absl::StrCat(text, ": ", kernel.status().ToString());
   if (std::string nvrtc = CompileWithNvrtc(FusedProgram(chain, *kernel).steps[0].kernel); !nvrtc.empty()) {
     return absl::StrCat(text, ": ", nvrtc);
@@ -124,14 +121,15 @@ ir::Chain Parse(const std::string& text) {
   return *chain;
 }
 
-void CheckSchedule(const std::string& chain_text, const std::string& schedule_text, int warps = 4) {
+void CheckSchedule(const std::string& chain_text, const std::string& schedule_text) {
   ir::Chain chain = Parse(chain_text);
   auto schedule = space::ParseSchedule(schedule_text, chain);
   ASSERT_TRUE(schedule.ok()) << schedule.status();
-  EXPECT_EQ(RunEmulated(chain, *schedule, Gpu(), warps), "");
+  EXPECT_EQ(RunEmulated(chain, *schedule, Gpu()), "");
 }
 
-// `count` schedules spread over the ranked space (the best, then evenly).
+// `count` schedules spread over the ranked space (the best, then evenly),
+// the others with launches the search would try (warps, stages).
 void CheckSpace(const std::string& chain_text, int count, const char* device = "a100") {
   ir::Chain chain = Parse(chain_text);
   auto space = space::BuildSpace(chain, Gpu(device));
@@ -141,9 +139,14 @@ void CheckSpace(const std::string& chain_text, int count, const char* device = "
   std::vector<size_t> picks = {0};
   std::uniform_int_distribution<size_t> pick(0, space->ranked.size() - 1);
   while (static_cast<int>(picks.size()) < std::min<int>(count, space->ranked.size())) picks.push_back(pick(rng));
-  for (size_t i : picks) {
-    SCOPED_TRACE(space::ScheduleToText(space->ranked[i].schedule, chain));
-    EXPECT_EQ(RunEmulated(chain, space->ranked[i].schedule, Gpu(device)), "");
+  for (size_t p = 0; p < picks.size(); ++p) {
+    space::Schedule schedule = space->ranked[picks[p]].schedule;
+    if (p > 0) {
+      schedule.warps = 1 << (rng() % 4);
+      schedule.stages = 1 + static_cast<int>(rng() % 2);
+    }
+    SCOPED_TRACE(space::ScheduleToText(schedule, chain));
+    EXPECT_EQ(RunEmulated(chain, schedule, Gpu(device)), "");
   }
 }
 
@@ -341,8 +344,8 @@ TEST(CudaEmulationTest, MaskedBf16AttentionAndEpilogues) {
   CheckSpace(kBf16MaskedAttention, 3);
   CheckSpace(kEpilogues, 3);
   // Warps per block other than the default.
-  CheckSchedule(kEpilogues, "m=16 / f=16 / -", 1);
-  CheckSchedule(kEpilogues, "- / - / H(f=8) Y(o=8)", 8);
+  CheckSchedule(kEpilogues, "m=16 / f=16 / - / cuda warps=1");
+  CheckSchedule(kEpilogues, "- / - / H(f=8) Y(o=8) / cuda warps=8");
 }
 
 // Tiles that change with every step of the stream loop (or of the own
@@ -354,7 +357,7 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   ir::Chain chain = Parse(testing::kMaskedF16Attention);
   auto schedule = space::ParseSchedule("b=1 m=16 / n=16 / -", chain);
   ASSERT_TRUE(schedule.ok());
-  auto kernel = Emit(chain, *schedule, Gpu(), CudaOptions());
+  auto kernel = Emit(chain, *schedule, Gpu());
   ASSERT_TRUE(kernel.ok()) << kernel.status();
   ASSERT_NE(kernel->source.find("prefetch B of the next n step"), std::string::npos) << kernel->source;
   EXPECT_EQ(RunKernelEmulated(chain, *kernel), "");
@@ -365,7 +368,7 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   // Across an own loop too: V's tiles along h.
   auto own_loop = space::ParseSchedule("b=1 m=16 / n=16 / O(h=8)", chain);
   ASSERT_TRUE(own_loop.ok());
-  auto by_h = Emit(chain, *own_loop, Gpu(), CudaOptions());
+  auto by_h = Emit(chain, *own_loop, Gpu());
   ASSERT_TRUE(by_h.ok()) << by_h.status();
   const size_t at = by_h->source.find("prefetch B of the next h step");
   ASSERT_NE(at, std::string::npos) << by_h->source;
@@ -373,9 +376,9 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   CudaKernel unwaited_h = *by_h;
   unwaited_h.source.replace(unwaited_h.source.find(wait, at), wait.size(), "");
   EXPECT_NE(RunKernelEmulated(chain, unwaited_h), "");
-  CudaOptions one_stage;
+  space::Schedule one_stage = *schedule;
   one_stage.stages = 1;
-  auto unpipelined = Emit(chain, *schedule, Gpu(), one_stage);
+  auto unpipelined = Emit(chain, one_stage, Gpu());
   ASSERT_TRUE(unpipelined.ok());
   EXPECT_EQ(unpipelined->source.find("prefetch"), std::string::npos);
   EXPECT_LT(unpipelined->shared_bytes, kernel->shared_bytes);
@@ -384,8 +387,8 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
 
 TEST(CudaEmulationTest, GemmChainF32) {
   CheckSchedule(testing::kGemmChain, "m=32 / n=32 / C(k=16) E(h=16)");
-  CheckSchedule(testing::kGemmChain, "m=64 h=32 / n=16 / -", 2);
-  CheckSchedule(testing::kGemmChain, "m=16 / - / C(n=32 k=16) E(h=16 n=32)", 8);
+  CheckSchedule(testing::kGemmChain, "m=64 h=32 / n=16 / - / cuda warps=2 stages=1");
+  CheckSchedule(testing::kGemmChain, "m=16 / - / C(n=32 k=16) E(h=16 n=32) / cuda warps=8");
 }
 
 TEST(CudaEmulationTest, AttentionOnlineAndPlainSoftmax) {
