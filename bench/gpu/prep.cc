@@ -6,7 +6,8 @@
 //                     (inputs.h), as float32, outputs concatenated
 //   candidate_<i>.prog  the model's best fused candidates that NVRTC
 //                     compiles within the target's limits (program.h),
-//                     then other launches (warps, stages) of the two best
+//                     then other launches (intermediates in registers,
+//                     warps, stages) of the two best
 //   baseline.prog     the unfused baseline (cuBLAS + separate kernels)
 // The runner (runner.cc) then measures them on the GPU.
 #include <filesystem>
@@ -112,10 +113,18 @@ int Prepare(const std::string& chain_path, const hw::TargetDesc& target, int top
   int written = static_cast<int>(candidates.size());
   for (size_t i = 0; i < std::min<size_t>(2, candidates.size()); ++i) {
     const client::GpuCandidate& c = candidates[i];
+    std::vector<space::Schedule> variants;
+    if (auto r = space::RegisterResidentVariant(*chain, c.ranked->schedule, target)) {
+      variants.push_back(*r);
+      variants.push_back(*r);
+      variants.back().stages = 1;
+    }
     for (const auto& [warps, stages] : {std::pair{4, 1}, std::pair{8, 2}, std::pair{2, 2}}) {
-      space::Schedule variant = c.ranked->schedule;
-      variant.warps = warps;
-      variant.stages = stages;
+      variants.push_back(c.ranked->schedule);
+      variants.back().warps = warps;
+      variants.back().stages = stages;
+    }
+    for (const space::Schedule& variant : variants) {
       const std::string text = space::ScheduleToText(variant, *chain);
       auto nest = space::BuildLoopNest(*chain, variant, target);
       auto kernel = nest.ok() ? codegen::EmitCudaFusedKernel(*chain, *nest, text, c.ranked->mappings)

@@ -126,9 +126,10 @@ class McfuserSearch : public SearchStrategy {
     return out;
   }
 
-  // Up to `count` unproposed launches (warps, stages) of the best measured
-  // schedule on a CUDA target, one change at a time first, added to the
-  // space as they are made.
+  // Up to `count` unproposed launches (intermediates in registers or not,
+  // stages, warps) of the best measured schedule on a CUDA target, one
+  // change at a time first, added to the space as they are made (those
+  // BuildLoopNest refuses are skipped).
   std::vector<int> LaunchVariants(int count) {
     std::vector<int> out;
     if (task_.target.backend != hw::Backend::kCuda) return out;
@@ -139,14 +140,22 @@ class McfuserSearch : public SearchStrategy {
     if (best == nullptr) return out;
     const space::Schedule parent = space_.ranked[best->index].schedule;
     const int warps = space::WarpsOf(parent), stages = space::StagesOf(parent);
-    const std::pair<int, int> changes[] = {{warps, 3 - stages},     {warps * 2, stages},     {warps / 2, stages},
-                                           {warps * 2, 3 - stages}, {warps / 2, 3 - stages}};
-    for (const auto& [w, st] : changes) {
-      if (static_cast<int>(out.size()) >= count) break;
+    std::vector<space::Schedule> children;
+    if (!parent.registers) {
+      if (auto r = space::RegisterResidentVariant(*task_.chain, parent, task_.target)) children.push_back(*r);
+    } else {
+      children.push_back(parent);
+      children.back().registers = false;
+    }
+    for (const auto& [w, st] : {std::pair{warps, 3 - stages}, std::pair{warps * 2, stages}, std::pair{warps / 2, stages},
+                                std::pair{warps * 2, 3 - stages}, std::pair{warps / 2, 3 - stages}}) {
       if (w < 1 || w > 16) continue;
-      space::Schedule child = parent;
-      child.warps = w;
-      child.stages = st;
+      children.push_back(parent);
+      children.back().warps = w;
+      children.back().stages = st;
+    }
+    for (const space::Schedule& child : children) {
+      if (static_cast<int>(out.size()) >= count) break;
       const std::string text = space::ScheduleToText(child, *task_.chain);
       auto it = index_.find(text);
       int i = 0;

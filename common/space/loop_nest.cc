@@ -75,6 +75,80 @@ std::vector<int> ReadTensors(const ir::Op& op) {
   return t;
 }
 
+// True when `a` reads its tensor at the point `index` names, axis by axis.
+bool ReadsAtPoint(const ir::Access& a, const std::vector<int>& index) {
+  if (a.index.size() != index.size()) return false;
+  for (size_t i = 0; i < index.size(); ++i) {
+    if (!a.index[i].IsPlainDim() || a.index[i].terms[0].first != index[i]) return false;
+  }
+  return true;
+}
+
+// Why the nest cannot keep its intermediates in registers ("" when it
+// can): the warp that computes 16 rows of the first GEMM's tile must own
+// them through the elementwise ops and the online softmax, and feed them
+// as the A fragments of the second GEMM, whose 16 x h accumulator it keeps
+// across the stream loop.
+std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest) {
+  const int sd = nest.stream_dim, last = static_cast<int>(chain.ops.size()) - 1;
+  if (sd < 0) return "needs a stream loop";
+  if (last < 2) return "needs GEMM, softmax, GEMM";
+  const OpNest& first = nest.ops[0];
+  const OpNest& second = nest.ops[last];
+  for (const OpNest* on : {&first, &second}) {
+    const ir::Op& op = chain.ops[on->op];
+    if (op.kind != ir::OpKind::kSum || !on->gemm.ok) return "the first and the last op must be GEMM-shaped sums";
+    if (on->mapping.intrinsic == nullptr || on->mapping.intrinsic->name.rfind("mma.sync.", 0) != 0) {
+      return "both GEMMs must map onto mma.sync";
+    }
+    if (!on->loops.empty()) return "no op may have own loops";
+    if (on->batch_tile != 1) return "batch dims must have tiles of 1";
+    if (!on->gemm.outer_reduce.empty()) return "every reduced dim must be on the intrinsic";
+    if (on->gemm.rows.size() != 1 || on->gemm.cols.size() != 1) return "rows and columns must be one dim each";
+    if (on->gemm.a_side.size() != 1 || on->gemm.b_side.size() != 1) return "operands must be single accesses";
+  }
+  if (first.gemm.cols[0] != sd) return "the first GEMM's columns must be the stream dim";
+  if (second.gemm.kdims != std::vector<int>{sd}) return "the last GEMM must reduce the stream dim alone";
+  if (second.gemm.rows != first.gemm.rows) return "both GEMMs must share their rows";
+  const std::vector<int>& point = chain.ops[0].index;
+  int softmax = -1;
+  for (int o = 1; o < last; ++o) {
+    const ir::Op& op = chain.ops[o];
+    if (op.kind == ir::OpKind::kSum) return "only elementwise ops and one softmax may sit between the GEMMs";
+    if (op.kind == ir::OpKind::kSoftmax) {
+      if (softmax >= 0 || !nest.ops[o].online) return "needs one softmax, online along the stream loop";
+      softmax = o;
+    }
+    if (op.index != point) return "the ops between the GEMMs must span the first GEMM's points";
+  }
+  if (softmax < 0 || second.online_softmax != softmax) return "needs one softmax, online along the stream loop";
+  // Every intermediate is read at the point it was produced; the last GEMM
+  // reads only the softmax's result (checked below).
+  for (int o = 0; o < last; ++o) {
+    const int t = chain.ops[o].output;
+    if (chain.tensors[t].role == ir::TensorRole::kOutput) return "an intermediate is a chain output";
+    bool elsewhere = false;
+    for (int r = o + 1; r <= last; ++r) {
+      ir::ForEachAccess(chain.ops[r].body, [&](const ir::Access& a) {
+        if (a.tensor == t) elsewhere |= r == last ? o != softmax : !ReadsAtPoint(a, point);
+      });
+    }
+    if (elsewhere) return "an intermediate is read at another point";
+  }
+  const ir::Access& p = second.gemm.a_side[0];
+  if (p.tensor != chain.ops[softmax].output || !ReadsAtPoint(p, point)) {
+    return "the last GEMM must read the softmax's result at its points";
+  }
+  for (const OpNest* on : {&first, &second}) {
+    for (const std::vector<ir::Access>* side : {&on->gemm.a_side, &on->gemm.b_side}) {
+      if (side == &second.gemm.a_side) continue;
+      if (chain.tensors[(*side)[0].tensor].producer >= 0) return "the GEMMs' other operands must be chain inputs";
+    }
+  }
+  if (first.rows_tile > 16 * WarpsOf(nest.schedule)) return "the row tile exceeds 16 rows per warp";
+  return "";
+}
+
 }  // namespace
 
 std::vector<int> BlockEligibleDims(const ir::Chain& chain) {
@@ -109,6 +183,21 @@ GemmForm FormOf(const ir::Chain& chain, const mapping::SoftwareOp& sw, const map
   }
   for (int d : op.reduce) (Contains(m.axes[2], d) ? g.kdims : g.outer_reduce).push_back(d);
   return g;
+}
+
+std::optional<Schedule> RegisterResidentVariant(const ir::Chain& chain, const Schedule& schedule,
+                                                const hw::TargetDesc& target) {
+  Schedule s = schedule;
+  s.registers = true;
+  s.own.assign(chain.ops.size(), {});
+  s.warps = 16;
+  auto nest = BuildLoopNest(chain, s, target);
+  if (!nest.ok()) return std::nullopt;
+  int warps = 1;
+  while (warps < 16 && 16 * warps < nest->ops[0].rows_tile) warps *= 2;
+  s.warps = warps;
+  if (!BuildLoopNest(chain, s, target).ok()) return std::nullopt;
+  return Canonical(s, chain);
 }
 
 std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const hw::TargetDesc& target) {
@@ -174,8 +263,8 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   }
   if (input.own.size() > chain.ops.size()) return Illegal(chain, "loops given for more ops than the chain has");
   const Schedule s = Canonical(input, chain);
-  if ((s.warps > 0 || s.stages > 0) && target.backend != hw::Backend::kCuda) {
-    return Illegal(chain, "warps and stages apply to CUDA targets only");
+  if ((s.warps > 0 || s.stages > 0 || s.registers) && target.backend != hw::Backend::kCuda) {
+    return Illegal(chain, "warps, stages and registers apply to CUDA targets only");
   }
   LoopNest nest;
   nest.schedule = s;
@@ -516,6 +605,11 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     }
   }
   nest.scratch_bytes = nest.intermediate_bytes + (stream_temps + shared_temps) * static_cast<int64_t>(sizeof(float));
+  if (s.registers) {
+    if (std::string why = RegisterResidentProblem(chain, nest); !why.empty()) {
+      return Illegal(chain, absl::StrCat("intermediates cannot live in registers: ", why));
+    }
+  }
   return nest;
 }
 

@@ -148,6 +148,12 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
                                        const hw::TargetDesc& target, const NestContext* context = nullptr);
 
+// `schedule` with its intermediates in registers (schedule.h): no own
+// loops, and warps enough for the row tile's 16-row groups (a power of
+// two up to 16); nullopt when BuildLoopNest would refuse it.
+std::optional<Schedule> RegisterResidentVariant(const ir::Chain& chain, const Schedule& schedule,
+                                                const hw::TargetDesc& target);
+
 // The intrinsics a chain can use on a target, best first: on a GPU those
 // fusor emits code for (mma.sync) whose inputs take the chain's dtype
 // (tf32 for f32), by rate.

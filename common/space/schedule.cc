@@ -48,9 +48,13 @@ absl::Status ParseEntries(absl::string_view text, const ir::Chain& chain, Schedu
   return absl::OkStatus();
 }
 
-// " warps=W stages=S" (either optional) into `s`.
+// " warps=W stages=S registers" (each optional) into `s`.
 absl::StatusOr<Schedule> ParseLaunch(absl::string_view text, Schedule s) {
   for (absl::string_view entry : absl::StrSplit(text, ' ', absl::SkipWhitespace())) {
+    if (entry == "registers") {
+      s.registers = true;
+      continue;
+    }
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
     int value = 0;
     if (kv.first == "warps") {
@@ -64,7 +68,7 @@ absl::StatusOr<Schedule> ParseLaunch(absl::string_view text, Schedule s) {
       }
       s.stages = value;
     } else {
-      return Error(absl::StrCat("unknown launch setting '", entry, "' (warps=W, stages=S)"));
+      return Error(absl::StrCat("unknown launch setting '", entry, "' (warps=W, stages=S, registers)"));
     }
   }
   return s;
@@ -120,9 +124,9 @@ std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
     maps.push_back(absl::StrCat(chain.tensors[chain.ops[o].output].name, "=", mapping::MappingToText(s.maps[o], chain)));
   }
   if (!maps.empty()) absl::StrAppend(&out, " / ", absl::StrJoin(maps, " "));
-  if (s.warps > 0 || s.stages > 0) {
+  if (s.warps > 0 || s.stages > 0 || s.registers) {
     absl::StrAppend(&out, " / cuda", s.warps > 0 ? absl::StrCat(" warps=", s.warps) : "",
-                    s.stages > 0 ? absl::StrCat(" stages=", s.stages) : "");
+                    s.stages > 0 ? absl::StrCat(" stages=", s.stages) : "", s.registers ? " registers" : "");
   }
   return out;
 }
@@ -157,7 +161,7 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& 
     parts.pop_back();
   }
   if (parts.size() != 3 && parts.size() != 4) {
-    return Error("expected 'BLOCK / STREAM / OWN [/ MAPPINGS] [/ cuda warps=W stages=S]' (use - for an empty level)");
+    return Error("expected 'BLOCK / STREAM / OWN [/ MAPPINGS] [/ cuda warps=W stages=S registers]' (use - for an empty level)");
   }
   std::vector<bool> tile_set(chain.dims.size(), false);
   auto level = [](absl::string_view p) {
@@ -231,6 +235,7 @@ Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map
   }
   out.warps = schedule.warps;
   out.stages = schedule.stages;
+  out.registers = schedule.registers;
   return out;
 }
 

@@ -19,16 +19,20 @@
 // Each sum op may also name its mapping onto an intrinsic (mapping.h); an
 // op without one gets the default mapping of the target's best intrinsic.
 //
-// On a CUDA target the schedule also says how a block runs: its warps and
+// On a CUDA target the schedule also says how a block runs: its warps,
 // the cp.async stages of operand tiles that change with every step of a
 // loop (2 prefetches the next step's tile while this one is multiplied, 1
-// waits for each). The model cannot rank these; the search measures them
-// around the best tilings.
+// waits for each), and where the intermediates live: in shared memory
+// (the default) or, for attention-shaped chains (GEMM, elementwise ops, an
+// online softmax along the stream loop, GEMM), in each warp's registers
+// ("registers": FlashAttention's layout; BuildLoopNest says when it
+// applies). The model cannot rank these; the search measures them around
+// the best tilings.
 //
 // Text form (one tile size per dim; "-" for an empty level; the mappings
 // and the launch optional, the launch only where it is not the default):
 //   b=1 m=64 / n=32 / S(k=32) O(h=32) / S=fma.avx2.6x16[i=m j=n k=k]
-//   m=64 / n=64 / - / cuda warps=8 stages=1
+//   b=1 m=64 / n=64 / - / cuda warps=4 stages=1 registers
 #pragma once
 
 #include <cstdint>
@@ -50,6 +54,7 @@ struct Schedule {
   std::vector<mapping::Mapping> maps;  // per op; intrinsic == nullptr: the default
   int warps = 0;   // CUDA: warps per block; 0: kDefaultWarps
   int stages = 0;  // CUDA: 1 or 2; 0: kDefaultStages
+  bool registers = false;  // CUDA: intermediates in registers, not shared memory
 
   bool operator==(const Schedule& other) const = default;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -71,7 +72,7 @@ class CudaEmitter {
         stages_(space::StagesOf(nest.schedule)), x_(chain, nest) {}
 
   absl::StatusOr<CudaKernel> Emit(const std::string& schedule_text, const std::string& mapping) {
-    RETURN_IF_ERROR(Layout());
+    RETURN_IF_ERROR(s_.registers ? RegisterLayout() : Layout());
     const std::string type = StorageType();
     std::string head = absl::StrCat(
         "// fusor fused CUDA kernel for chain '", chain_.name, "'\n", "// schedule: ", schedule_text, "  (",
@@ -100,11 +101,15 @@ class CudaEmitter {
     }
     w.Line(absl::StrCat("const int tid = threadIdx.x, lane = fusor_lane(), warp = fusor_warp();"));
     w.Line("(void)lane; (void)warp;");
-    DeclareSharedPointers();
-    x_.DefineBlockOrigins(w, "blockIdx.x");
-    EmitRegion(space::Region::kBefore);
-    if (nest_.stream_dim >= 0) EmitStream();
-    EmitRegion(space::Region::kAfter);
+    if (s_.registers) {
+      EmitRegisterResident();
+    } else {
+      DeclareSharedPointers();
+      x_.DefineBlockOrigins(w, "blockIdx.x");
+      EmitRegion(space::Region::kBefore);
+      if (nest_.stream_dim >= 0) EmitStream();
+      EmitRegion(space::Region::kAfter);
+    }
     w.Close();
 
     CudaKernel k;
@@ -485,6 +490,50 @@ class CudaEmitter {
     w_.Close();
   }
 
+  // The A fragment (rows r0.., reduction kk..) of a staged tile into `a`
+  // (fusor_u32[4]); `g` and `t` are the lane's group and thread in it.
+  void LoadAFragment(const GemmLayout& l, const std::string& buf, const std::string& a, const std::string& bi,
+                     const std::string& r0, const std::string& kk) {
+    if (l.kind == MmaKind::kTF32) {
+      w_.Line("#pragma unroll");
+      w_.Open("for (int i = 0; i < 4; ++i)");
+      w_.Line(absl::StrCat(a, "[i] = fusor_bits(", buf, "[",
+                           PackIndex(l.a, l, bi, r0 + " + g + 8 * (i % 2)", kk + " + t + 4 * (i / 2)"), "]);"));
+      w_.Close();
+    } else if (l.a.k_major) {
+      w_.Line(absl::StrCat("fusor_ldmatrix_x4(", a, ", ", buf, " + ",
+                           PackIndex(l.a, l, bi, r0 + " + lane % 16", kk + " + lane / 16 * 8"), ");"));
+    } else {
+      w_.Line(absl::StrCat("fusor_ldmatrix_x4_trans(", a, ", ", buf, " + ",
+                           PackIndex(l.a, l, bi, r0 + " + (lane / 8) % 2 * 8", kk + " + lane / 16 * 8 + lane % 8"),
+                           ");"));
+    }
+  }
+
+  // The B fragment (columns n0.., reduction kk..) into `b` (fusor_u32[2]).
+  void LoadBFragment(const GemmLayout& l, const std::string& buf, const std::string& b, const std::string& bi,
+                     const std::string& n0, const std::string& kk) {
+    const std::string n = "(" + n0 + ")";
+    if (l.kind == MmaKind::kTF32) {
+      w_.Line(absl::StrCat(b, "[0] = fusor_bits(", buf, "[", PackIndex(l.b, l, bi, n + " + g", kk + " + t"), "]);"));
+      w_.Line(absl::StrCat(b, "[1] = fusor_bits(", buf, "[", PackIndex(l.b, l, bi, n + " + g", kk + " + t + 4"),
+                           "]);"));
+    } else if (l.b.k_major) {
+      w_.Line(absl::StrCat("fusor_ldmatrix_x2(", b, ", ", buf, " + ",
+                           PackIndex(l.b, l, bi, n + " + lane % 8", kk + " + (lane / 8) % 2 * 8"), ");"));
+    } else {
+      w_.Line(absl::StrCat("fusor_ldmatrix_x2_trans(", b, ", ", buf, " + ",
+                           PackIndex(l.b, l, bi, n, kk + " + (lane / 8) % 2 * 8 + lane % 8"), ");"));
+    }
+  }
+
+  void Mma(const GemmLayout& l, const std::string& c, const std::string& a, const std::string& b) {
+    const char* fn = l.kind == MmaKind::kTF32  ? "fusor_mma_m16n8k8_tf32"
+                     : l.kind == MmaKind::kF16 ? "fusor_mma_m16n8k16_f16"
+                                               : "fusor_mma_m16n8k16_bf16";
+    w_.Line(absl::StrCat(fn, "(", c, ", ", a, ", ", b, ");"));
+  }
+
   // Warps take 16 x (8 nf) units of the tile and run the mma over its
   // whole reduction, accumulating into acc (f32, shared) between calls.
   void MmaTile(const space::OpNest& on) {
@@ -513,39 +562,12 @@ class CudaEmitter {
     w_.Close();
     w_.Open(absl::StrCat("for (long kk = 0; kk < kc_pad; kk += ", l.kstep, ")"));
     w_.Line("fusor_u32 a[4];");
-    const std::string pa = "pa" + o, pb = "pb" + o;
-    if (l.kind == MmaKind::kTF32) {
-      w_.Line("#pragma unroll");
-      w_.Open("for (int i = 0; i < 4; ++i)");
-      w_.Line(absl::StrCat("a[i] = fusor_bits(", pa, "[", PackIndex(l.a, l, "bi", "r0 + g + 8 * (i % 2)", "kk + t + 4 * (i / 2)"),
-                           "]);"));
-      w_.Close();
-    } else if (l.a.k_major) {
-      w_.Line(absl::StrCat("fusor_ldmatrix_x4(a, ", pa, " + ", PackIndex(l.a, l, "bi", "r0 + lane % 16", "kk + lane / 16 * 8"),
-                           ");"));
-    } else {
-      w_.Line(absl::StrCat("fusor_ldmatrix_x4_trans(a, ", pa, " + ",
-                           PackIndex(l.a, l, "bi", "r0 + (lane / 8) % 2 * 8", "kk + lane / 16 * 8 + lane % 8"), ");"));
-    }
+    LoadAFragment(l, "pa" + o, "a", "bi", "r0", "kk");
     w_.Line("#pragma unroll");
     w_.Open(absl::StrCat("for (int f = 0; f < ", nf, "; ++f)"));
-    w_.Line("const long n0 = c0 + 8 * f;");
     w_.Line("fusor_u32 b[2];");
-    if (l.kind == MmaKind::kTF32) {
-      w_.Line(absl::StrCat("b[0] = fusor_bits(", pb, "[", PackIndex(l.b, l, "bi", "n0 + g", "kk + t"), "]);"));
-      w_.Line(absl::StrCat("b[1] = fusor_bits(", pb, "[", PackIndex(l.b, l, "bi", "n0 + g", "kk + t + 4"), "]);"));
-      w_.Line("fusor_mma_m16n8k8_tf32(c[f], a, b);");
-    } else {
-      if (l.b.k_major) {
-        w_.Line(absl::StrCat("fusor_ldmatrix_x2(b, ", pb, " + ",
-                             PackIndex(l.b, l, "bi", "n0 + lane % 8", "kk + (lane / 8) % 2 * 8"), ");"));
-      } else {
-        w_.Line(absl::StrCat("fusor_ldmatrix_x2_trans(b, ", pb, " + ",
-                             PackIndex(l.b, l, "bi", "n0", "kk + (lane / 8) % 2 * 8 + lane % 8"), ");"));
-      }
-      w_.Line(absl::StrCat(l.kind == MmaKind::kF16 ? "fusor_mma_m16n8k16_f16" : "fusor_mma_m16n8k16_bf16",
-                           "(c[f], a, b);"));
-    }
+    LoadBFragment(l, "pb" + o, "b", "bi", "c0 + 8 * f", "kk");
+    Mma(l, "c[f]", "a", "b");
     w_.Close();
     w_.Close();  // kk
     w_.Line("#pragma unroll");
@@ -803,6 +825,254 @@ class CudaEmitter {
     w_.Close();
     Sync();
     w_.Close();
+  }
+
+  // ------------------------------------------- registers (FlashAttention) ---
+  //
+  // Schedule "registers" (BuildLoopNest checked the shape: GEMM S, then
+  // elementwise ops and an online softmax over S's points, then GEMM O over
+  // the stream dim). Warp w owns rows 16w..16w+15 of the block's tile: S's
+  // accumulator fragments stay in its registers, the elementwise ops and
+  // the softmax run on them (row reductions across the 4 lanes of a
+  // fragment row), and pairs of S fragments become the A fragments of O's
+  // mma, whose accumulator lives in registers across the stream loop. Only
+  // the GEMMs' other operands go through shared memory: S's A tile once,
+  // S's B and O's B tile per stream step (prefetched with 2 stages).
+
+  int LastOp() const { return static_cast<int>(chain_.ops.size()) - 1; }
+
+  absl::Status RegisterLayout() {
+    const int last = LastOp();
+    local_offset_.assign(chain_.tensors.size(), -1);
+    gemm_.assign(chain_.ops.size(), {});
+    temp_offset_.assign(chain_.ops.size(), 0);
+    RETURN_IF_ERROR(PlanGemm(nest_.ops[0], gemm_[0]));
+    RETURN_IF_ERROR(PlanGemm(nest_.ops[last], gemm_[last]));
+    int64_t offset = 0;
+    auto place = [&](SideLayout& side, int elem_bytes, bool per_step) {
+      side.loop_dim = per_step ? nest_.stream_dim : -1;
+      side.pipelined = per_step && stages_ >= 2 && side.contiguous >= 0;
+      side.stage_elems = RoundUp(side.bytes, 16) / elem_bytes;
+      side.offset = offset;
+      offset += RoundUp(side.bytes, 16) * (side.pipelined ? 2 : 1);
+    };
+    place(gemm_[0].a, gemm_[0].elem_bytes, false);
+    place(gemm_[0].b, gemm_[0].elem_bytes, true);
+    place(gemm_[last].b, gemm_[last].elem_bytes, true);
+    shared_bytes_ = std::max<int64_t>(offset, 16);
+    return absl::OkStatus();
+  }
+
+  // Issues this stream step's tile of a B side: the current stage and the
+  // next step's prefetch, or a plain staging that waits.
+  void StageStep(const space::OpNest& on) {
+    if (SideOf(on, false).pipelined) {
+      CurrentStage(on, false);
+      Prefetch(on, false);
+    } else {
+      Pack(on, false);
+    }
+  }
+
+  // The C expression of intermediate `t` at the current fragment element
+  // (v_ of its dims defined): S's accumulator (scaled) or an elementwise
+  // op's body over the earlier ones.
+  std::string RegisterValue(int t) const {
+    const int o = chain_.tensors[t].producer;
+    if (o == 0) {
+      const double scale = nest_.ops[0].gemm.scale;
+      return scale == 1 ? "sf[f][e]" : absl::StrCat("sf[f][e] * ", FloatLit(scale));
+    }
+    return "(" + ExprToC(chain_.ops[o].body, [this](const Access& a) {
+             return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor) : x_.Load(a);
+           }) + ")";
+  }
+
+  void EmitRegisterResident() {
+    const int last = LastOp(), sd = nest_.stream_dim;
+    const space::OpNest& son = nest_.ops[0];
+    const space::OpNest& oon = nest_.ops[last];
+    const GemmLayout& ls = gemm_[0];
+    const GemmLayout& lo = gemm_[last];
+    const int rows_dim = son.gemm.rows[0], cols_dim = oon.gemm.cols[0];
+    const int64_t nfs = son.cols_pad / 8, ks = ls.k_pad / ls.kstep, nfo = oon.cols_pad / 8, kp = lo.k_pad / lo.kstep;
+    const bool tf32 = lo.kind == MmaKind::kTF32;
+    int softmax = -1;
+    for (int o = 1; o < last; ++o) softmax = chain_.ops[o].kind == OpKind::kSoftmax ? o : softmax;
+    const std::string mma_in = chain_.dtype == ir::DType::kBF16 ? "fusor_f32_to_bf16" : "fusor_f32_to_f16";
+
+    Writer& w = w_;
+    const std::string stage_type = StageType(son);
+    for (const auto& [side, name, op] :
+         {std::tuple{&ls.a, "pa", 0}, std::tuple{&ls.b, "pb", 0}, std::tuple{&lo.b, "pb", last}}) {
+      w.Line(absl::StrCat(stage_type, "* const ", name, op, side->pipelined ? "_stages" : "", " = (", stage_type,
+                          "*)(fusor_smem + ", side->offset, ");"));
+    }
+    x_.DefineBlockOrigins(w, "blockIdx.x");
+    // Ranges no loop sets (the GEMMs' reductions and O's columns), once.
+    std::vector<int> dims;
+    for (const space::OpNest* on : {&son, &oon}) {
+      const Op& op = chain_.ops[on->op];
+      for (const std::vector<int>* list : {&op.index, &op.reduce}) {
+        for (int d : *list) {
+          if (!x_.IsBlock(d) && d != sd && std::find(dims.begin(), dims.end(), d) == dims.end()) dims.push_back(d);
+        }
+      }
+    }
+    for (int d : dims) {
+      w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+    }
+    w.Line(absl::StrCat("// intermediates in registers: warp w owns rows 16w..16w+15 of the ",
+                        chain_.dims[rows_dim].name, " tile"));
+    w.Line("const int g = lane / 4, t = lane % 4;");
+    w.Line(absl::StrCat("const long r0 = warp * 16L;"));
+    w.Line(absl::StrCat("const bool has_rows = r0 < ", son.rows_pad, "L;"));
+    w.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once"));
+    Pack(son, /*a_side=*/true);
+    bool pipeline = false;
+    for (const space::OpNest* on : {&son, &oon}) {
+      if (!SideOf(*on, false).pipelined) continue;
+      FirstStage(*on, false);
+      pipeline = true;
+    }
+    if (pipeline) w.Line("fusor_cp_async_commit();");
+    Sync();
+    w.Line(absl::StrCat("fusor_u32 qf[", ks, "][4];"));
+    w.Open("if (has_rows)");
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int kq = 0; kq < ", ks, "; ++kq)"));
+    LoadAFragment(ls, "pa0", "qf[kq]", "0L", "r0", absl::StrCat("kq * ", ls.kstep, "L"));
+    w.Close();
+    w.Close();
+    w.Line(absl::StrCat("float of[", nfo, "][4];"));
+    w.Line(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f) of[f][0] = of[f][1] = of[f][2] = of[f][3] = 0.0f;"));
+    w.Line("float row_max[2] = {-FUSOR_INFINITY, -FUSOR_INFINITY}, row_sum[2] = {0.0f, 0.0f};");
+
+    w.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
+    x_.OpenTileLoop(w, sd);
+    if (pipeline) DefineStage(sd);
+    StageStep(son);
+    StageStep(oon);
+    if (pipeline) {
+      w.Line("fusor_cp_async_commit();");
+      w.Line("fusor_cp_async_wait<1>();");
+    }
+    Sync();
+    w.Open("if (has_rows)");
+    // S = A B over the whole reduction, in registers.
+    w.Line(absl::StrCat("float sf[", nfs, "][4];"));
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int f = 0; f < ", nfs, "; ++f)"));
+    w.Line("sf[f][0] = sf[f][1] = sf[f][2] = sf[f][3] = 0.0f;");
+    w.Line(absl::StrCat("if (8 * f >= ", n_.N(sd), ") continue;  // columns this step did not stage"));
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int kq = 0; kq < ", ks, "; ++kq)"));
+    w.Line("fusor_u32 b[2];");
+    LoadBFragment(ls, "pb0", "b", "0L", "8 * f", absl::StrCat("kq * ", ls.kstep, "L"));
+    Mma(ls, "sf[f]", "qf[kq]", "b");
+    w.Close();
+    w.Close();
+    // The elementwise ops and the softmax's input, element by element;
+    // points outside the extents are -inf (they weigh nothing).
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int f = 0; f < ", nfs, "; ++f)"));
+    w.Line("#pragma unroll");
+    w.Open("for (int e = 0; e < 4; ++e)");
+    w.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
+    w.Line("float x = -FUSOR_INFINITY;");
+    w.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(sd), ")"));
+    for (int d : chain_.ops[0].index) {
+      const std::string within = d == rows_dim ? " + ri" : d == sd ? " + ci" : "";
+      w.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+    }
+    w.Line(absl::StrCat("x = ", ExprToC(chain_.ops[softmax].body, [this](const Access& a) {
+                          return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor) : x_.Load(a);
+                        }),
+                        ";"));
+    w.Close();
+    w.Line("sf[f][e] = x;");
+    w.Close();
+    w.Close();
+    // Online softmax per fragment row (g and g + 8), across the 4 lanes
+    // that hold it; O's accumulator is rescaled with it.
+    w.Line("#pragma unroll");
+    w.Open("for (int h2 = 0; h2 < 2; ++h2)");
+    w.Line("float mx = -FUSOR_INFINITY;");
+    w.Line(absl::StrCat("for (int f = 0; f < ", nfs,
+                        "; ++f) mx = fmaxf(mx, fmaxf(sf[f][2 * h2], sf[f][2 * h2 + 1]));"));
+    w.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 1));");
+    w.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 2));");
+    w.Line("const float m_new = fmaxf(row_max[h2], mx);");
+    w.Line("const float rescale = m_new == -FUSOR_INFINITY ? 1.0f : expf(row_max[h2] - m_new);");
+    w.Line("float total = 0.0f;");
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int f = 0; f < ", nfs, "; ++f)"));
+    w.Line("#pragma unroll");
+    w.Open("for (int c = 0; c < 2; ++c)");
+    w.Line("const float p = m_new == -FUSOR_INFINITY ? 0.0f : expf(sf[f][2 * h2 + c] - m_new);");
+    w.Line("sf[f][2 * h2 + c] = p;");
+    w.Line("total += p;");
+    w.Close();
+    w.Close();
+    w.Line("total += fusor_shfl_xor(total, 1);");
+    w.Line("total += fusor_shfl_xor(total, 2);");
+    w.Line("row_sum[h2] = row_sum[h2] * rescale + total;");
+    w.Line("row_max[h2] = m_new;");
+    w.Line(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f) { of[f][2 * h2] *= rescale; of[f][2 * h2 + 1] *= rescale; }"));
+    w.Close();
+    // O += P V. f16/bf16: two S fragments (16 columns) are one A fragment.
+    // tf32: one S fragment is one A fragment, whose lane holds columns t
+    // and t + 4 where the accumulator's holds 2t and 2t + 1: shuffled in
+    // from the lanes of the same fragment row.
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int kq = 0; kq < ", kp, "; ++kq)"));
+    w.Line(absl::StrCat("if (", lo.kstep, " * kq >= ", n_.N(sd), ") break;  // rows of B this step did not stage"));
+    w.Line("fusor_u32 a[4];");
+    w.Line("#pragma unroll");
+    w.Open("for (int i = 0; i < 4; ++i)");
+    if (tf32) {
+      w.Line("const int e = 2 * (i % 2), src = g * 4 + t / 2 + 2 * (i / 2);");
+      w.Line("const float lo = fusor_shfl(sf[kq][e], src), hi = fusor_shfl(sf[kq][e + 1], src);");
+      w.Line("a[i] = fusor_bits(fusor_round_tf32(t % 2 ? hi : lo));");
+    } else {
+      w.Line("const int f = 2 * kq + i / 2, e = 2 * (i % 2);");
+      w.Line(absl::StrCat("a[i] = f < ", nfs, " ? (fusor_u32)", mma_in, "(sf[f][e]) | ((fusor_u32)", mma_in,
+                          "(sf[f][e + 1]) << 16) : 0u;"));
+    }
+    w.Close();
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f)"));
+    w.Line("fusor_u32 b[2];");
+    LoadBFragment(lo, absl::StrCat("pb", last), "b", "0L", "8 * f", absl::StrCat("kq * ", lo.kstep, "L"));
+    Mma(lo, "of[f]", "a", "b");
+    w.Close();
+    w.Close();
+    w.Close();  // has_rows
+    Sync();     // the next step's staging reuses these buffers
+    w.Close();  // stream loop
+
+    // O = accumulator / row sum, to global memory.
+    const Op& oop = chain_.ops[last];
+    w.Line(absl::StrCat("// ", chain_.tensors[oop.output].name, " is complete"));
+    w.Open("if (has_rows)");
+    w.Line("#pragma unroll");
+    w.Open(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f)"));
+    w.Line("#pragma unroll");
+    w.Open("for (int e = 0; e < 4; ++e)");
+    w.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
+    w.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(cols_dim), ")"));
+    for (int d : oop.index) {
+      const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
+      w.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+    }
+    std::string value = "of[f][e] / row_sum[e / 2]";
+    if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
+    w.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
+                        StoreConvert(chain_.dtype, value), ";"));
+    w.Close();
+    w.Close();
+    w.Close();
+    w.Close();
   }
 
   const Chain& chain_;

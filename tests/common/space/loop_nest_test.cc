@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/hw/devices.h"
 #include "common/ir/parse.h"
 #include "common/model/cost_model.h"
 #include "common/space/schedule.h"
@@ -193,6 +194,31 @@ TEST(LoopNestTest, OnlineSoftmaxAlongTheStreamLoop) {
   EXPECT_EQ(TilingExpression(nest.schedule, *chain), "bmn");
 }
 
+// Intermediates in registers: attention-shaped chains only, whole rows
+// (no own loops), rows within the warps; the variant sizes the warps.
+TEST(LoopNestTest, RegisterResidentIntermediates) {
+  const hw::TargetDesc gpu = *hw::LookupDevice("h200");
+  auto attention = ir::ParseChainText(testing::kMaskedF16Attention);
+  auto nest = [&](const ir::Chain& chain, const std::string& text) {
+    return BuildLoopNest(chain, *ParseSchedule(text, chain), gpu);
+  };
+  EXPECT_TRUE(nest(*attention, "b=1 m=16 / n=16 / - / cuda registers").ok());
+  EXPECT_THAT(std::string(nest(*attention, "b=1 m=16 / n=16 / O(h=8) / cuda registers").status().message()),
+              HasSubstr("no op may have own loops"));
+  EXPECT_THAT(std::string(nest(*attention, "b=1 / n=16 / - / cuda warps=1 registers").status().message()),
+              HasSubstr("exceeds 16 rows per warp"));
+  EXPECT_THAT(std::string(nest(*attention, "b=1 m=16 / - / - / cuda registers").status().message()),
+              HasSubstr("needs a stream loop"));
+  auto gemm = ir::ParseChainText(testing::kGemmChain);
+  EXPECT_THAT(std::string(nest(*gemm, "m=16 / n=16 / - / cuda registers").status().message()),
+              HasSubstr("cannot live in registers"));
+
+  auto variant = RegisterResidentVariant(*attention, *ParseSchedule("b=1 / n=16 / O(h=8)", *attention), gpu);
+  ASSERT_TRUE(variant.has_value());
+  EXPECT_EQ(ScheduleToText(*variant, *attention), "b=1 / n=16 / - / cuda registers");  // 33 rows: 4 warps
+  EXPECT_FALSE(RegisterResidentVariant(*gemm, *ParseSchedule("m=16 / n=16 / -", *gemm), gpu).has_value());
+}
+
 TEST(LoopNestTest, RejectsIllegalNests) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
   auto error = [&](const std::string& text) {
@@ -208,6 +234,7 @@ TEST(LoopNestTest, RejectsIllegalNests) {
   EXPECT_THAT(error("- / - / E(n=16 m=16)"), HasSubstr("output dims come before reduced dims"));
   EXPECT_THAT(error("m=16 / - / C(m=16)"), HasSubstr("already a block or stream loop"));
   EXPECT_THAT(error("m=16 / - / - / cuda warps=8"), HasSubstr("CUDA targets only"));
+  EXPECT_THAT(error("m=16 / - / - / cuda registers"), HasSubstr("CUDA targets only"));
   auto attention = ir::ParseChainText(std::string(testing::kMaskedF16Attention) + "out P\n");
   auto s = ParseSchedule("b=1 / n=16 / -", *attention);
   EXPECT_THAT(std::string(BuildLoopNest(*attention, *s, Avx512()).status().message()),

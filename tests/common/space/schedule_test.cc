@@ -55,6 +55,11 @@ TEST(ScheduleTest, CarriesTheCudaLaunch) {
   EXPECT_EQ(ScheduleToText(*defaults, *chain), "m=16 / n=32 / -");
   EXPECT_EQ(Canonical(*defaults, *chain), Canonical(*ParseSchedule("m=16 / n=32 / -", *chain), *chain));
   EXPECT_EQ(RemapSchedule(*s, {0, 1, 2, 3}, {0, 1}, *chain).warps, 8);
+  auto regs = ParseSchedule("m=16 / n=32 / - / cuda registers", *chain);
+  ASSERT_TRUE(regs.ok()) << regs.status();
+  EXPECT_TRUE(regs->registers);
+  EXPECT_EQ(ScheduleToText(*regs, *chain), "m=16 / n=32 / - / cuda registers");
+  EXPECT_TRUE(RemapSchedule(*regs, {0, 1, 2, 3}, {0, 1}, *chain).registers);
 }
 
 TEST(ScheduleTest, RejectsMalformedText) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <iostream>
 
 #include "common/codegen/cuda/nvrtc.h"
 #include "common/codegen/cuda/program.h"
@@ -101,6 +102,28 @@ out O
   EXPECT_THAT(out.error, HasSubstr("rejected before running"));
   EXPECT_THAT(out.error, HasSubstr("shared memory"));
   EXPECT_FALSE(std::filesystem::exists(dir_->path() + "/program.txt"));
+}
+
+// The examples' attention with its intermediates in registers
+// (FlashAttention's layout) fits an H200 without spilling.
+TEST_F(GpuCompileTest, RegisterResidentAttentionCompilesWithoutSpills) {
+  for (const char* file : {"bert_large_attention_f16.fusor", "bert_base_attention.fusor"}) {
+    for (const char* schedule : {"b=1 m=64 / n=64 / - / cuda registers", "b=1 m=128 / n=64 / - / cuda warps=8 registers",
+                                 "b=1 m=64 / n=32 / - / cuda stages=1 registers"}) {
+      SCOPED_TRACE(std::string(file) + ": " + schedule);
+      auto text = ReadFile(std::string(FUSOR_SOURCE_DIR) + "/examples/" + file);
+      ASSERT_TRUE(text.ok());
+      auto chain = ir::ParseChainText(*text);
+      ASSERT_TRUE(chain.ok()) << chain.status();
+      JobOutcome out = CompileCudaJob(Spec(JobKind::kCandidate, *chain, schedule), *chain, dir_->path());
+      ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+      auto resources = nlohmann::json::parse(out.resources_json);
+      EXPECT_EQ(resources[0]["spill_store_bytes"].get<int>(), 0);
+      EXPECT_LE(resources[0]["registers"].get<int>(), 255);
+      std::cout << file << " " << schedule << ": " << resources[0]["registers"] << " registers, "
+                << resources[0]["dynamic_shared_bytes"] << " bytes of shared memory\n";
+    }
+  }
 }
 
 TEST_F(GpuCompileTest, MeasuringWithoutCompiledCodeSaysWhatIsMissing) {

@@ -50,6 +50,7 @@ FUSOR_INLINE float fusor_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 FUSOR_INLINE int fusor_lane() { return (int)(threadIdx.x & 31u); }
 FUSOR_INLINE int fusor_warp() { return (int)(threadIdx.x >> 5); }
 FUSOR_INLINE float fusor_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+FUSOR_INLINE float fusor_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 
 /* ------------------------------------------------------ memory moves --- */
 FUSOR_INLINE fusor_u32 fusor_smem_addr(const void* p) { return (fusor_u32)__cvta_generic_to_shared(p); }

@@ -350,6 +350,16 @@ FUSOR_INLINE float fusor_shfl_xor(float v, int mask) {
   return other;
 }
 
+FUSOR_INLINE float fusor_shfl(float v, int src_lane) {
+  fusor_emu::Warp& w = fusor_emu::MyWarp();
+  const int lane = fusor_emu::MyLane();
+  w.lanes[lane].f = v;
+  fusor_emu::WarpBarrier();
+  const float other = w.lanes[src_lane & 31].f;
+  fusor_emu::WarpBarrier();
+  return other;
+}
+
 /* ------------------------------------------------------ memory moves --- */
 FUSOR_INLINE void fusor_cp_async16(void* smem, const void* gmem, int src_bytes) {
   if (((uintptr_t)smem | (uintptr_t)gmem) % 16 != 0 || src_bytes < 0 || src_bytes > 16) {

@@ -129,7 +129,8 @@ void CheckSchedule(const std::string& chain_text, const std::string& schedule_te
 }
 
 // `count` schedules spread over the ranked space (the best, then evenly),
-// the others with launches the search would try (warps, stages).
+// the others with launches the search would try (warps, stages, every
+// other one with intermediates in registers where that applies).
 void CheckSpace(const std::string& chain_text, int count, const char* device = "a100") {
   ir::Chain chain = Parse(chain_text);
   auto space = space::BuildSpace(chain, Gpu(device));
@@ -144,6 +145,8 @@ void CheckSpace(const std::string& chain_text, int count, const char* device = "
     if (p > 0) {
       schedule.warps = 1 << (rng() % 4);
       schedule.stages = 1 + static_cast<int>(rng() % 2);
+      // Every other one with its intermediates in registers where it can.
+      if (p % 2 == 0) schedule = space::RegisterResidentVariant(chain, schedule, Gpu(device)).value_or(schedule);
     }
     SCOPED_TRACE(space::ScheduleToText(schedule, chain));
     EXPECT_EQ(RunEmulated(chain, schedule, Gpu(device)), "");
@@ -383,6 +386,46 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   EXPECT_EQ(unpipelined->source.find("prefetch"), std::string::npos);
   EXPECT_LT(unpipelined->shared_bytes, kernel->shared_bytes);
   EXPECT_EQ(RunKernelEmulated(chain, *unpipelined), "");
+}
+
+// FlashAttention's layout: S, the mask, the softmax and P in each warp's
+// registers, O's accumulator too; non-divisible extents, a row tile short
+// of the warps' rows, 1 and 2 stages, f16, bf16 and f32.
+constexpr char kBf16Attention[] = R"(
+chain attn_bf16_o
+dtype bf16
+dim b=3 m=24 n=40 k=32 h=16
+in Q[b,m,k] K[b,n,k] V[b,n,h] M[m,n]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.17
+P[b,m,n] = softmax(n) S[b,m,n] + M[m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+
+TEST(CudaEmulationTest, AttentionWithIntermediatesInRegisters) {
+  for (const char* schedule : {"b=1 m=16 / n=16 / - / cuda registers", "b=1 m=24 / n=32 / - / cuda warps=2 registers",
+                               "b=1 m=20 / n=16 / - / cuda stages=1 registers",
+                               "b=1 m=16 / n=24 / - / cuda warps=1 registers"}) {
+    SCOPED_TRACE(schedule);
+    CheckSchedule(testing::kMaskedF16Attention, schedule);
+    CheckSchedule(kBf16Attention, schedule);
+    CheckSchedule(kAttention, schedule);  // f32: tf32 fragments, re-laid out by shuffles
+  }
+  ir::Chain chain = Parse(testing::kMaskedF16Attention);
+  auto schedule = space::ParseSchedule("b=1 m=16 / n=16 / - / cuda registers", chain);
+  ASSERT_TRUE(schedule.ok());
+  auto kernel = Emit(chain, *schedule, Gpu());
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_NE(kernel->source.find("intermediates in registers"), std::string::npos);
+  EXPECT_EQ(kernel->source.find("acc0"), std::string::npos) << "no shared accumulator";
+  auto shared = Emit(chain, *space::ParseSchedule("b=1 m=16 / n=16 / -", chain), Gpu());
+  ASSERT_TRUE(shared.ok());
+  EXPECT_LT(kernel->shared_bytes, shared->shared_bytes);
+  // A dropped wait is caught here too.
+  CudaKernel unwaited = *kernel;
+  const std::string wait = "fusor_cp_async_wait<1>();";
+  unwaited.source.replace(unwaited.source.find(wait), wait.size(), "");
+  EXPECT_NE(RunKernelEmulated(chain, unwaited), "");
 }
 
 TEST(CudaEmulationTest, GemmChainF32) {
