@@ -59,8 +59,13 @@ absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir
 // inputs and the (NaN-poisoned) output buffers in host memory, dense in
 // the chain's dtype, and returns 0 on success.
 using RunFn = std::function<int(const void* const* inputs, void* const* outputs)>;
+// `reference` computes the expected outputs from the inputs as rounded to
+// the chain's dtype (default: the float64 interpreter, ir/reference.h).
+using Outputs = std::vector<std::vector<double>>;
+using ReferenceFn = std::function<absl::StatusOr<Outputs>(const std::vector<std::vector<double>>& inputs)>;
 absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
-                                       const std::vector<std::vector<double>>& inputs, double rtol = 0);
+                                       const std::vector<std::vector<double>>& inputs, double rtol = 0,
+                                       const ReferenceFn& reference = nullptr);
 
 // Fresh random inputs, uniform in [-1, 1], one buffer per chain input.
 std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed);

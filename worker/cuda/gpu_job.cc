@@ -71,7 +71,36 @@ std::string ResourcesJson(const codegen::Program& program, const codegen::Compil
   return kernels.dump();
 }
 
-std::string CubinPath(const std::string& dir, size_t step) { return absl::StrCat(dir, "/step", step, ".cubin"); }
+// A compiled program in `dir`: <name>.txt and <name>.step<i>.cubin.
+absl::Status WriteCompiled(const std::string& dir, const std::string& name, const codegen::Program& program,
+                           const codegen::CompiledProgram& compiled) {
+  absl::Status written = WriteFile(absl::StrCat(dir, "/", name, ".txt"), codegen::ProgramToText(program));
+  for (size_t i = 0; written.ok() && i < compiled.cubins.size(); ++i) {
+    if (!compiled.cubins[i].empty()) {
+      written = WriteFile(absl::StrCat(dir, "/", name, ".step", i, ".cubin"), compiled.cubins[i]);
+    }
+  }
+  return written;
+}
+
+absl::Status ReadCompiled(const std::string& dir, const std::string& name, codegen::Program* program,
+                          codegen::CompiledProgram* compiled) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(absl::StrCat(dir, "/", name, ".txt")));
+  std::string why;
+  if (!codegen::ProgramFromText(text, program, &why)) return absl::DataLossError(why);
+  compiled->cubins.assign(program->steps.size(), "");
+  for (size_t i = 0; i < program->steps.size(); ++i) {
+    if (program->steps[i].is_gemm) continue;
+    ASSIGN_OR_RETURN(compiled->cubins[i], ReadFile(absl::StrCat(dir, "/", name, ".step", i, ".cubin")));
+  }
+  return absl::OkStatus();
+}
+
+codegen::DeviceLimits TargetLimits(const hw::TargetDesc& target) {
+  codegen::DeviceLimits limits = codegen::LimitsForArch(target.arch);
+  if (target.shared_mem_per_block > 0) limits.max_shared_per_block = target.shared_mem_per_block;
+  return limits;
+}
 
 // Device buffers for the chain's inputs and outputs, freed on scope exit.
 struct Buffers {
@@ -84,14 +113,25 @@ struct Buffers {
   }
 };
 
-// Validates and times a compiled program on fresh inputs.
+// Validates and times a compiled program on fresh inputs, against the
+// f32 reference program (EmitCudaReference) run on the same device inputs.
 JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain& chain,
-                          const codegen::Program& program, const codegen::CompiledProgram& compiled) {
+                          const codegen::Program& program, const codegen::CompiledProgram& compiled,
+                          const codegen::Program& reference, const codegen::CompiledProgram& reference_compiled) {
   std::string why;
-  gpu::LoadedProgram loaded;
+  gpu::LoadedProgram loaded, expected;
   if (!loaded.Prepare(rt, program, compiled, &why)) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
+  if (!expected.Prepare(rt, reference, reference_compiled, &why)) {
+    return FailedOutcome(OutcomeStatus::kRuntimeError, "reference: " + why);
+  }
   JobOutcome out;
   Buffers buf{rt, {}, {}, {}, {}};
+  Buffers ref{rt, {}, {}, {}, {}};  // the reference's f32 outputs
+  for (int t : chain.outputs) {
+    ref.out_bytes.push_back(chain.tensors[t].NumElements() * sizeof(float));
+    ref.out.push_back(rt.Alloc(ref.out_bytes.back(), &why));
+    if (ref.out.back() == 0) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
+  }
   for (int t : chain.inputs) buf.in_bytes.push_back(chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype));
   for (int t : chain.outputs) buf.out_bytes.push_back(chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype));
   for (size_t b : buf.in_bytes) buf.in.push_back(rt.Alloc(b, &why));
@@ -104,13 +144,31 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
   auto run = [&](std::string* w) { return loaded.Run(buf.in, buf.out, w); };
 
   // Validation: fresh inputs, outputs poisoned (all-ones bytes are NaN in
-  // every dtype), every element against the float64 reference.
+  // every dtype), every element against the reference, computed on the
+  // device from the same inputs before the candidate runs.
   std::string run_error;
+  Outputs expected_values(chain.outputs.size());
+  auto run_reference = [&]() {
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      if (!rt.Fill(ref.out[i], 0xff, ref.out_bytes[i], &run_error)) return false;
+    }
+    if (!expected.Run(buf.in, ref.out, &run_error) || !rt.Synchronize(&run_error)) {
+      run_error = "reference: " + run_error;
+      return false;
+    }
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      std::vector<float> host(ref.out_bytes[i] / sizeof(float));
+      if (!rt.Download(host.data(), ref.out[i], ref.out_bytes[i], &run_error)) return false;
+      expected_values[i].assign(host.begin(), host.end());
+    }
+    return true;
+  };
   auto valid = ValidateRun(
       [&](const void* const* in, void* const* outputs) {
         for (size_t i = 0; i < buf.in.size(); ++i) {
           if (!rt.Upload(buf.in[i], in[i], buf.in_bytes[i], &run_error)) return 1;
         }
+        if (!run_reference()) return 1;
         for (size_t i = 0; i < buf.out.size(); ++i) {
           if (!rt.Fill(buf.out[i], 0xff, buf.out_bytes[i], &run_error)) return 1;
         }
@@ -120,7 +178,8 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
         }
         return 0;
       },
-      chain, RandomInputs(chain, spec.seed), codegen::CudaTolerance(chain.dtype));
+      chain, RandomInputs(chain, spec.seed), codegen::CudaTolerance(chain.dtype),
+      [&](const std::vector<std::vector<double>>&) -> absl::StatusOr<Outputs> { return expected_values; });
   if (!RecordValidation(valid, out)) {
     if (!valid.ok() && !run_error.empty()) out.error = run_error;  // the CUDA error, not just its code
     return out;
@@ -169,12 +228,10 @@ JobOutcome CalibrateCudaJob(const JobSpec& spec) {
 JobOutcome CompileCudaJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
   auto program = JobProgram(spec, chain);
   if (!program.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(program.status().message()));
-  codegen::DeviceLimits limits = codegen::LimitsForArch(spec.target.arch);
-  if (spec.target.shared_mem_per_block > 0) limits.max_shared_per_block = spec.target.shared_mem_per_block;
+  const std::string header(codegen::CudaDeviceHeader());
   codegen::CompiledProgram compiled;
   std::string why;
-  const bool ok = codegen::CompileProgram(*program, spec.target.arch, std::string(codegen::CudaDeviceHeader()),
-                                          limits, &compiled, &why);
+  const bool ok = codegen::CompileProgram(*program, spec.target.arch, header, TargetLimits(spec.target), &compiled, &why);
   JobOutcome out;
   out.compile_s = compiled.compile_s;
   out.compile_flags = absl::StrJoin(compiled.options, " ");
@@ -185,32 +242,29 @@ JobOutcome CompileCudaJob(const JobSpec& spec, const ir::Chain& chain, const std
     out.error = "rejected before running: " + why;
     return out;
   }
-  absl::Status written = WriteFile(dir + "/program.txt", codegen::ProgramToText(*program));
-  for (size_t i = 0; written.ok() && i < compiled.cubins.size(); ++i) {
-    if (!compiled.cubins[i].empty()) written = WriteFile(CubinPath(dir, i), compiled.cubins[i]);
+  const codegen::Program reference = codegen::EmitCudaReference(chain);
+  codegen::CompiledProgram reference_compiled;
+  if (!codegen::CompileProgram(reference, spec.target.arch, header, TargetLimits(spec.target), &reference_compiled,
+                               &why)) {
+    return FailedOutcome(OutcomeStatus::kRuntimeError, "the validation reference does not compile: " + why);
   }
+  absl::Status written = WriteCompiled(dir, "program", *program, compiled);
+  if (written.ok()) written = WriteCompiled(dir, "reference", reference, reference_compiled);
   if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
   out.status = OutcomeStatus::kOk;
   return out;
 }
 
 JobOutcome MeasureCudaJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
-  auto text = ReadFile(dir + "/program.txt");
-  if (!text.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(text.status().message()));
-  codegen::Program program;
+  codegen::Program program, reference;
+  codegen::CompiledProgram compiled, reference_compiled;
+  absl::Status read = ReadCompiled(dir, "program", &program, &compiled);
+  if (read.ok()) read = ReadCompiled(dir, "reference", &reference, &reference_compiled);
+  if (!read.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(read.message()));
   std::string why;
-  if (!codegen::ProgramFromText(*text, &program, &why)) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
-  codegen::CompiledProgram compiled;
-  compiled.cubins.resize(program.steps.size());
-  for (size_t i = 0; i < program.steps.size(); ++i) {
-    if (program.steps[i].is_gemm) continue;
-    auto cubin = ReadFile(CubinPath(dir, i));
-    if (!cubin.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(cubin.status().message()));
-    compiled.cubins[i] = std::move(*cubin);
-  }
   auto rt = gpu::Runtime::Open(spec.device, std::string(codegen::CudaDeviceHeader()), &why);
   if (rt == nullptr) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
-  return MeasureProgram(*rt, spec, chain, program, compiled);
+  return MeasureProgram(*rt, spec, chain, program, compiled, reference, reference_compiled);
 }
 
 }  // namespace fusor::worker

@@ -165,7 +165,7 @@ const Cublas* LoadCublas(std::string* why) {
 }
 
 constexpr int kCudaR32F = 0, kCudaR16F = 2, kCudaR16BF = 14;
-constexpr int kComputeF32 = 68, kComputeF32FastTf32 = 77, kGemmDefault = -1;
+constexpr int kComputeF32 = 68, kComputeF32Pedantic = 69, kComputeF32FastTf32 = 77, kGemmDefault = -1;
 
 }  // namespace
 
@@ -489,7 +489,8 @@ bool LoadedProgram::Run(const std::vector<CUdeviceptr>& inputs, const std::vecto
         static_cast<int>(g.ldb), g.stride_b, reinterpret_cast<const void*>(address[g.a] + g.offset_a * bytes), type,
         static_cast<int>(g.lda), g.stride_a, &beta, reinterpret_cast<void*>(address[g.c] + g.offset_c * bytes), type,
         static_cast<int>(g.ldc), g.stride_c, static_cast<int>(g.batch),
-        type == kCudaR32F ? kComputeF32FastTf32 : kComputeF32, kGemmDefault);
+        g.dtype == "f32-exact" ? kComputeF32Pedantic : type == kCudaR32F ? kComputeF32FastTf32 : kComputeF32,
+        kGemmDefault);
     if (rc != 0) {
       *why = step.what + ": cublasGemmStridedBatchedEx failed with status " + std::to_string(rc);
       return false;

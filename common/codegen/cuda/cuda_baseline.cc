@@ -39,10 +39,9 @@ std::optional<std::pair<int64_t, int64_t>> Flatten(const Chain& chain, const std
   return std::make_pair(extent, stride);
 }
 
-// A cuBLAS strided batched GEMM for `op`, if its operands allow one: one
-// plain access per side, and the rows, columns, reduced and batch dims
-// each flattening to one stride per operand (a 1x1 convolution's p, q).
-std::optional<GemmStep> CublasStep(const Chain& chain, int o) {
+}  // namespace
+
+std::optional<GemmStep> CublasGemmStep(const Chain& chain, int o) {
   const Op& op = chain.ops[o];
   if (op.kind != ir::OpKind::kSum) return std::nullopt;
   auto sw = mapping::ViewOp(chain, o);
@@ -129,6 +128,8 @@ std::optional<GemmStep> CublasStep(const Chain& chain, int o) {
   return step;
 }
 
+namespace {
+
 // The op alone as a chain: the tensors it reads as inputs, its result as
 // the output, the dims it uses.
 absl::StatusOr<Chain> SingleOpChain(const Chain& chain, int o, std::vector<int>* reads) {
@@ -165,7 +166,7 @@ absl::StatusOr<Program> EmitCudaUnfusedBaseline(const Chain& chain, const hw::Ta
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     ProgramStep step;
     step.what = ir::OpToString(chain.ops[o], chain);
-    if (auto gemm = CublasStep(chain, static_cast<int>(o))) {
+    if (auto gemm = CublasGemmStep(chain, static_cast<int>(o))) {
       step.is_gemm = true;
       step.gemm = *gemm;
       step.what += "  (cuBLAS)";

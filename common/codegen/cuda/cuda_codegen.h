@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -67,6 +68,19 @@ Program FusedProgram(const ir::Chain& chain, const CudaKernel& kernel);
 // other ops as kernels of this generator, scheduled by the model for
 // `target`. Buffers are the chain's tensors, by id.
 absl::StatusOr<Program> EmitCudaUnfusedBaseline(const ir::Chain& chain, const hw::TargetDesc& target);
+
+// A cuBLAS strided batched GEMM for sum op `o`, if its operands allow one:
+// one plain access per side, and the rows, columns, reduced and batch dims
+// each flattening to one stride per operand (a 1x1 convolution's p, q).
+// Buffers are the chain's tensors, by id; the dtype is the chain's.
+std::optional<GemmStep> CublasGemmStep(const ir::Chain& chain, int o);
+
+// The reference GPU candidates are validated against on the device
+// (cuda_reference.cc): the chain op by op in f32 — 16-bit inputs converted,
+// cuBLAS in plain f32 ("f32-exact") where it applies, one thread per point
+// otherwise. Buffers 0..T-1 are the chain's tensors in f32 (its outputs
+// are the program's outputs); 16-bit inputs come in their own buffers.
+Program EmitCudaReference(const ir::Chain& chain);
 
 // Relative tolerance of validation: the mma's inputs are f16, bf16 or
 // tf32 (10-bit mantissa for f32 chains), intermediates included.

@@ -24,7 +24,9 @@ struct ProgramBuffer {
 // at buffer + offset + batch * stride (elements); `trans_a`: A is stored
 // [k][m] (row length lda), `trans_b`: B is stored [n][k].
 struct GemmStep {
-  std::string dtype = "f32";  // f32 (tf32 tensor cores), f16, bf16; f32 accumulation
+  // f32 (tf32 tensor cores), f16, bf16, all with f32 accumulation; or
+  // f32-exact: f32 arithmetic throughout (the validation reference).
+  std::string dtype = "f32";
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;

@@ -44,6 +44,36 @@ TEST(ValidateKernelTest, RejectsWrongUnwrittenAndNanOutputs) {
   EXPECT_FALSE(ValidateSource("for (int i = 0; i < 64; ++i) o[i] = NAN;").ok);
 }
 
+// A reference other than the float64 interpreter (the GPU path's, run on
+// the device): the check uses it, and refuses one of the wrong shape.
+TEST(ValidateRunTest, ChecksAgainstAGivenReference) {
+  auto chain = ir::ParseChainText("dim m=8\nin A[m]\nO[m] = A[m] * 2\nout O");
+  ASSERT_TRUE(chain.ok());
+  auto doubling = [](const void* const* in, void* const* out) {
+    for (int i = 0; i < 8; ++i) static_cast<float*>(out[0])[i] = 2 * static_cast<const float*>(in[0])[i];
+    return 0;
+  };
+  auto times = [](double factor) {
+    return [factor](const std::vector<std::vector<double>>& in) -> absl::StatusOr<Outputs> {
+      Outputs out(1);
+      for (double x : in[0]) out[0].push_back(factor * x);
+      return out;
+    };
+  };
+  const auto inputs = RandomInputs(*chain, 5);
+  auto right = ValidateRun(doubling, *chain, inputs, 0, times(2));
+  ASSERT_TRUE(right.ok()) << right.status();
+  EXPECT_TRUE(right->ok) << right->detail;
+  auto wrong = ValidateRun(doubling, *chain, inputs, 0, times(3));
+  ASSERT_TRUE(wrong.ok());
+  EXPECT_FALSE(wrong->ok);
+  auto short_reference = ValidateRun(doubling, *chain, inputs, 0,
+                                     [](const std::vector<std::vector<double>>&) -> absl::StatusOr<Outputs> {
+                                       return Outputs{{1.0}};
+                                     });
+  EXPECT_FALSE(short_reference.ok());
+}
+
 TEST(TimeKernelTest, KeepsEverySampleWithinTheRepeatBounds) {
   codegen::KernelSource k;
   k.source = "extern \"C\" int fusor_run(const void* const*, void* const* out, int) { ((float*)out[0])[0] = 1; return 0; }\n";

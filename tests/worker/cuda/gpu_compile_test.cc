@@ -62,7 +62,14 @@ TEST_F(GpuCompileTest, WritesTheProgramAndItsCubins) {
   std::string why;
   ASSERT_TRUE(codegen::ProgramFromText(*text, &program, &why)) << why;
   ASSERT_EQ(program.steps.size(), 1u);
-  EXPECT_EQ(std::filesystem::file_size(dir_->path() + "/step0.cubin"), static_cast<uintmax_t>(out.code_bytes));
+  EXPECT_EQ(std::filesystem::file_size(dir_->path() + "/program.step0.cubin"), static_cast<uintmax_t>(out.code_bytes));
+  // The f32 validation reference, compiled with it.
+  codegen::Program reference;
+  ASSERT_TRUE(codegen::ProgramFromText(*ReadFile(dir_->path() + "/reference.txt"), &reference, &why)) << why;
+  for (size_t i = 0; i < reference.steps.size(); ++i) {
+    EXPECT_EQ(std::filesystem::exists(dir_->path() + "/reference.step" + std::to_string(i) + ".cubin"),
+              !reference.steps[i].is_gemm);
+  }
 }
 
 TEST_F(GpuCompileTest, TheBaselineCompilesItsKernelsAndKeepsItsGemms) {
@@ -77,7 +84,7 @@ TEST_F(GpuCompileTest, TheBaselineCompilesItsKernelsAndKeepsItsGemms) {
   for (size_t i = 0; i < program.steps.size(); ++i) {
     SCOPED_TRACE(program.steps[i].what);
     gemms += program.steps[i].is_gemm;
-    EXPECT_EQ(std::filesystem::exists(dir_->path() + "/step" + std::to_string(i) + ".cubin"),
+    EXPECT_EQ(std::filesystem::exists(dir_->path() + "/program.step" + std::to_string(i) + ".cubin"),
               !program.steps[i].is_gemm);
   }
   EXPECT_EQ(gemms, 2);  // Q·K and P·V through cuBLAS; softmax is a kernel

@@ -1,7 +1,7 @@
 // The worker's CUDA path on a real GPU (label gpu: run only where one is
 // present; skipped otherwise): description, calibration, a fused candidate
-// and the unfused cuBLAS baseline, each validated against the float64
-// reference.
+// and the unfused cuBLAS baseline, each validated against the on-device
+// f32 reference.
 #include "worker/cuda/gpu_job.h"
 
 #include <gtest/gtest.h>

@@ -4,6 +4,7 @@
 // (GEMM chains, attention with and without a mask, epilogues, conv chains,
 // extents no tile divides), in f32 (tf32 mma), f16 and bf16.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 
@@ -14,6 +15,7 @@
 #include "common/codegen/cuda/nvrtc.h"
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
+#include "common/ir/reference.h"
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "tests/test_chains.h"
@@ -471,6 +473,62 @@ TEST(CudaEmulationTest, UnfusedBaselinePrograms) {
   EXPECT_FALSE(ProgramFromText("fusor-program 1\n1 buffers\n16 0 -1\n1 steps\nkernel 1\nx\nk 1 32 0 1 5 0\n", &bad,
                                &why));
   EXPECT_NE(why.find("kernel argument"), std::string::npos) << why;
+}
+
+// The on-device validation reference (f32, cuBLAS without TF32 or one
+// thread per point) agrees with the float64 interpreter far inside any
+// candidate's tolerance, for every chain kind; its kernels compile.
+TEST(CudaEmulationTest, ValidationReferenceProgram) {
+  for (const char* text : {testing::kGemmChain, kAttention, testing::kMaskedF16Attention, kBf16Attention, kFfn,
+                           kEpilogues, testing::kConvChain}) {
+    ir::Chain chain = Parse(text);
+    SCOPED_TRACE(chain.name);
+    const Program reference = EmitCudaReference(chain);
+    for (const ProgramStep& step : reference.steps) {
+      if (!step.is_gemm) EXPECT_EQ(CompileWithNvrtc(step.kernel), "") << step.what;
+    }
+    auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-ref-test-");
+    ASSERT_TRUE(dir.ok());
+    worker::CompileOutcome compiled = worker::CompileKernel(ProgramEmulationHarness(reference), dir->path(), "c++", 120);
+    ASSERT_TRUE(compiled.ok) << compiled.error;
+    auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    // Inputs rounded to the chain's dtype, given in it; outputs in f32.
+    std::vector<std::vector<double>> inputs = worker::RandomInputs(chain, 7);
+    std::vector<std::vector<unsigned char>> given;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      given.emplace_back(inputs[i].size() * ir::DTypeBytes(chain.dtype));
+      for (size_t e = 0; e < inputs[i].size(); ++e) {
+        const float f = static_cast<float>(inputs[i][e]);
+        if (chain.dtype == ir::DType::kF32) {
+          std::memcpy(given[i].data() + 4 * e, &f, 4);
+          inputs[i][e] = f;
+          continue;
+        }
+        const uint16_t h = chain.dtype == ir::DType::kF16 ? rt::fusor_f32_to_f16(f) : rt::fusor_f32_to_bf16(f);
+        std::memcpy(given[i].data() + 2 * e, &h, 2);
+        inputs[i][e] = chain.dtype == ir::DType::kF16 ? rt::fusor_f16_to_f32(h) : rt::fusor_bf16_to_f32(h);
+      }
+    }
+    std::vector<std::vector<float>> outputs;
+    for (int t : chain.outputs) outputs.emplace_back(chain.tensors[t].NumElements(), 0.0f);
+    std::vector<const void*> in;
+    for (const auto& g : given) in.push_back(g.data());
+    std::vector<void*> out;
+    for (auto& o : outputs) out.push_back(o.data());
+    ASSERT_EQ(loaded->entry()(in.data(), out.data(), 1), 0);
+    auto expected = ir::EvaluateReference(chain, inputs);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      double sq = 0;
+      for (double x : (*expected)[o]) sq += x * x;
+      const double rms = std::sqrt(sq / static_cast<double>((*expected)[o].size()));
+      for (size_t e = 0; e < outputs[o].size(); ++e) {
+        const double want = (*expected)[o][e];
+        ASSERT_LE(std::fabs(outputs[o][e] - want), 1e-5 * (std::fabs(want) + rms)) << "output " << o << " element " << e;
+      }
+    }
+  }
 }
 
 TEST(CudaEmulationTest, SpaceOfEachChainKind) {

@@ -1,0 +1,161 @@
+// The on-device reference a GPU candidate is validated against: the chain
+// op by op in f32 — inputs converted to f32, GEMM-shaped sums through
+// cuBLAS in plain f32 (no TF32) where their operands allow, every other op
+// one thread per output point (a softmax: per row) accumulating in f32.
+// Straightforward on purpose: it shares no schedule, staging or fragment
+// code with the kernels it checks.
+#include "absl/strings/str_cat.h"
+#include "common/codegen/cuda/cuda_codegen.h"
+#include "common/codegen/emit.h"
+
+namespace fusor::codegen {
+namespace {
+
+using emit::ExprToC;
+using emit::GlobalOffset;
+using emit::Names;
+using emit::Writer;
+using ir::Chain;
+using ir::Op;
+
+constexpr int kThreads = 128;
+
+// Defines v_d of `dims` from the flat index `flat` (the last dim fastest).
+void Decompose(Writer& w, const Chain& chain, const Names& n, const std::string& flat, const std::vector<int>& dims) {
+  w.Line(absl::StrCat("long q = ", flat, ";"));
+  for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
+    const int64_t extent = chain.dims[dims[i]].extent;
+    w.Line(absl::StrCat("const long ", n.V(dims[i]), " = q % ", extent, "L; q /= ", extent, "L;"));
+  }
+}
+
+int64_t Points(const Chain& chain, const std::vector<int>& dims) {
+  int64_t p = 1;
+  for (int d : dims) p *= chain.dims[d].extent;
+  return p;
+}
+
+// One op over f32 tensors: arguments are the tensors it reads, in `reads`
+// order, then its result.
+KernelStep NaiveKernel(const Chain& chain, int o, const std::vector<int>& reads) {
+  const Op& op = chain.ops[o];
+  const Names n{chain};
+  Writer w;
+  w.Line(absl::StrCat("// fusor reference: ", ir::OpToString(op, chain), " (f32, one thread per ",
+                      op.kind == ir::OpKind::kSoftmax ? "row" : "point", ")"));
+  w.Line("#include \"fusor_device.h\"\n");
+  w.Line(absl::StrCat("struct FusorArgs {\n  const void* in[", std::max<size_t>(reads.size(), 1),
+                      "];\n  void* out[1];\n};\n"));
+  w.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", kThreads,
+                      ") fusor_reference(const FusorArgs args)"));
+  for (size_t i = 0; i < reads.size(); ++i) {
+    w.Line(absl::StrCat("const float* const ", n.Global(reads[i]), " = (const float*)args.in[", i, "];"));
+  }
+  w.Line(absl::StrCat("float* const ", n.Global(op.output), " = (float*)args.out[0];"));
+  const auto load = [&](const ir::Access& a) { return absl::StrCat(n.Global(a.tensor), "[", GlobalOffset(a, n), "]"); };
+  ir::Access self;
+  self.tensor = op.output;
+  for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+  const std::string out = absl::StrCat(n.Global(op.output), "[", GlobalOffset(self, n), "]");
+  std::vector<int> outer = op.index;
+  if (op.kind == ir::OpKind::kSoftmax) outer.erase(std::find(outer.begin(), outer.end(), op.axis));
+  const int64_t count = Points(chain, outer);
+  w.Line("const long p = (long)blockIdx.x * blockDim.x + threadIdx.x;");
+  w.Line(absl::StrCat("if (p >= ", count, "L) return;"));
+  Decompose(w, chain, n, "p", outer);
+  const std::string x = ExprToC(op.body, load);
+  if (op.kind == ir::OpKind::kMap) {
+    w.Line(absl::StrCat(out, " = ", x, ";"));
+  } else if (op.kind == ir::OpKind::kSum) {
+    w.Line("float s = 0.0f;");
+    for (int d : op.reduce) {
+      w.Open(absl::StrCat("for (long ", n.V(d), " = 0; ", n.V(d), " < ", chain.dims[d].extent, "L; ++", n.V(d), ")"));
+    }
+    w.Line(absl::StrCat("s += ", x, ";"));
+    for (size_t i = 0; i < op.reduce.size(); ++i) w.Close();
+    w.Line(absl::StrCat(out, " = s;"));
+  } else {
+    const std::string axis = absl::StrCat("for (long ", n.V(op.axis), " = 0; ", n.V(op.axis), " < ",
+                                          chain.dims[op.axis].extent, "L; ++", n.V(op.axis), ")");
+    w.Line("float mx = -FUSOR_INFINITY, total = 0.0f;");
+    w.Line(absl::StrCat(axis, " mx = fmaxf(mx, ", x, ");"));
+    w.Line(absl::StrCat(axis, " total += expf(", x, " - mx);"));
+    w.Line(absl::StrCat(axis, " ", out, " = expf(", x, " - mx) / total;"));
+  }
+  w.Close();
+  KernelStep k;
+  k.name = "fusor_reference";
+  k.source = w.Take();
+  k.threads = kThreads;
+  k.grid = (count + kThreads - 1) / kThreads;
+  k.args = reads;
+  k.args.push_back(op.output);
+  return k;
+}
+
+// Input tensor `t` given in 16 bits (buffer `given`) into its f32 buffer.
+KernelStep ConvertKernel(const Chain& chain, int t, int given) {
+  const int64_t count = chain.tensors[t].NumElements();
+  Writer w;
+  w.Line(absl::StrCat("// fusor reference: ", chain.tensors[t].name, " to f32"));
+  w.Line("#include \"fusor_device.h\"\n");
+  w.Line("struct FusorArgs {\n  const void* in[1];\n  void* out[1];\n};\n");
+  w.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", kThreads,
+                      ") fusor_reference(const FusorArgs args)"));
+  w.Line("const long p = (long)blockIdx.x * blockDim.x + threadIdx.x;");
+  w.Line(absl::StrCat("if (p < ", count, "L) ((float*)args.out[0])[p] = ",
+                      emit::LoadConvert(chain.dtype, "((const fusor_u16*)args.in[0])[p]"), ";"));
+  w.Close();
+  KernelStep k;
+  k.name = "fusor_reference";
+  k.source = w.Take();
+  k.threads = kThreads;
+  k.grid = (count + kThreads - 1) / kThreads;
+  k.args = {given, t};
+  return k;
+}
+
+}  // namespace
+
+Program EmitCudaReference(const Chain& chain) {
+  Program p;
+  // Buffers 0..T-1: the chain's tensors in f32 (outputs are the program's
+  // outputs, in f32); then the 16-bit inputs as given.
+  const bool convert = chain.dtype != ir::DType::kF32;
+  std::vector<int> given(chain.tensors.size(), -1);
+  for (const ir::Tensor& t : chain.tensors) p.buffers.push_back({t.NumElements() * 4});
+  for (size_t i = 0; i < chain.outputs.size(); ++i) p.buffers[chain.outputs[i]].output = static_cast<int>(i);
+  for (size_t i = 0; i < chain.inputs.size(); ++i) {
+    const int t = chain.inputs[i];
+    if (!convert) {
+      p.buffers[t].input = static_cast<int>(i);
+      continue;
+    }
+    given[t] = static_cast<int>(p.buffers.size());
+    p.buffers.push_back({chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype), static_cast<int>(i), -1});
+    ProgramStep step;
+    step.what = absl::StrCat(chain.tensors[t].name, " to f32");
+    step.kernel = ConvertKernel(chain, t, given[t]);
+    p.steps.push_back(std::move(step));
+  }
+  for (size_t o = 0; o < chain.ops.size(); ++o) {
+    ProgramStep step;
+    step.what = ir::OpToString(chain.ops[o], chain);
+    if (auto gemm = CublasGemmStep(chain, static_cast<int>(o))) {
+      step.is_gemm = true;
+      step.gemm = *gemm;
+      step.gemm.dtype = "f32-exact";
+      step.what += "  (cuBLAS, f32)";
+    } else {
+      std::vector<int> reads;
+      ir::ForEachAccess(chain.ops[o].body, [&](const ir::Access& a) {
+        if (std::find(reads.begin(), reads.end(), a.tensor) == reads.end()) reads.push_back(a.tensor);
+      });
+      step.kernel = NaiveKernel(chain, static_cast<int>(o), reads);
+    }
+    p.steps.push_back(std::move(step));
+  }
+  return p;
+}
+
+}  // namespace fusor::codegen
