@@ -256,4 +256,12 @@ double ChainFlops(const Chain& chain) {
   return total;
 }
 
+std::vector<int> TensorsRead(const Op& op) {
+  std::vector<int> out;
+  ForEachAccess(op.body, [&](const Access& a) {
+    if (std::find(out.begin(), out.end(), a.tensor) == out.end()) out.push_back(a.tensor);
+  });
+  return out;
+}
+
 }  // namespace fusor::ir

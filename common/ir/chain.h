@@ -108,6 +108,9 @@ void ForEachAccess(const Expr& expr, Fn&& fn) {
   for (const Expr& arg : expr.args) ForEachAccess(arg, fn);
 }
 
+// The tensors `op` reads, each once, in the order of first access.
+std::vector<int> TensorsRead(const Op& op);
+
 // Printing in the text front end's syntax, with the chain's names.
 std::string AffineToString(const AffineExpr& e, const Chain& chain);
 std::string AccessToString(const Access& a, const Chain& chain);

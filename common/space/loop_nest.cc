@@ -69,12 +69,6 @@ absl::Status Illegal(const ir::Chain& chain, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("schedule: ", message));
 }
 
-std::vector<int> ReadTensors(const ir::Op& op) {
-  std::vector<int> t;
-  ir::ForEachAccess(op.body, [&](const ir::Access& a) { t.push_back(a.tensor); });
-  return t;
-}
-
 // True when `a` reads its tensor at the point `index` names, axis by axis.
 bool ReadsAtPoint(const ir::Access& a, const std::vector<int>& index) {
   if (a.index.size() != index.size()) return false;
@@ -396,7 +390,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     }
     int consumer = -1, reads = 0;
     for (size_t c = o + 1; c < chain.ops.size(); ++c) {
-      for (int t : ReadTensors(chain.ops[c])) {
+      for (int t : ir::TensorsRead(chain.ops[c])) {
         if (t == sm.output) {
           ++reads;
           consumer = static_cast<int>(c);
@@ -434,7 +428,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   nest.local.resize(chain.tensors.size());
   std::vector<bool> read(chain.tensors.size(), false);
   for (const ir::Op& op : chain.ops) {
-    for (int t : ReadTensors(op)) read[t] = true;
+    for (int t : ir::TensorsRead(op)) read[t] = true;
   }
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];

@@ -137,10 +137,9 @@ absl::StatusOr<Chain> SingleOpChain(const Chain& chain, int o, std::vector<int>*
   std::set<int> dims(op.index.begin(), op.index.end());
   dims.insert(op.reduce.begin(), op.reduce.end());
   std::vector<std::string> decls;
-  ir::ForEachAccess(op.body, [&](const ir::Access& a) {
-    if (std::find(reads->begin(), reads->end(), a.tensor) != reads->end()) return;
-    reads->push_back(a.tensor);
-    const ir::Tensor& t = chain.tensors[a.tensor];
+  *reads = ir::TensorsRead(op);
+  for (int read : *reads) {
+    const ir::Tensor& t = chain.tensors[read];
     std::vector<std::string> axes;
     for (size_t i = 0; i < t.shape.size(); ++i) {
       const int d = i < t.axis_dims.size() ? t.axis_dims[i] : -1;
@@ -148,7 +147,7 @@ absl::StatusOr<Chain> SingleOpChain(const Chain& chain, int o, std::vector<int>*
       axes.push_back(d >= 0 ? chain.dims[d].name : absl::StrCat(t.shape[i]));
     }
     decls.push_back(absl::StrCat(t.name, "[", absl::StrJoin(axes, ","), "]"));
-  });
+  }
   std::string text = absl::StrCat("chain ", chain.name, "_op", o, "\ndtype ", ir::DTypeName(chain.dtype), "\ndim");
   for (int d : dims) absl::StrAppend(&text, " ", chain.dims[d].name, "=", chain.dims[d].extent);
   absl::StrAppend(&text, "\nin ", absl::StrJoin(decls, " "), "\n", ir::OpToString(op, chain), "\nout ",

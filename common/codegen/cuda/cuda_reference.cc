@@ -35,19 +35,39 @@ int64_t Points(const Chain& chain, const std::vector<int>& dims) {
   return p;
 }
 
-// One op over f32 tensors: arguments are the tensors it reads, in `reads`
-// order, then its result.
-KernelStep NaiveKernel(const Chain& chain, int o, const std::vector<int>& reads) {
-  const Op& op = chain.ops[o];
-  const Names n{chain};
-  Writer w;
-  w.Line(absl::StrCat("// fusor reference: ", ir::OpToString(op, chain), " (f32, one thread per ",
-                      op.kind == ir::OpKind::kSoftmax ? "row" : "point", ")"));
+// The head of a reference kernel with `inputs` input pointers and one
+// output; `p` is the thread's flat index.
+void OpenKernel(Writer& w, const std::string& what, size_t inputs) {
+  w.Line(absl::StrCat("// fusor reference: ", what));
   w.Line("#include \"fusor_device.h\"\n");
-  w.Line(absl::StrCat("struct FusorArgs {\n  const void* in[", std::max<size_t>(reads.size(), 1),
-                      "];\n  void* out[1];\n};\n"));
+  w.Line(absl::StrCat("struct FusorArgs {\n  const void* in[", std::max<size_t>(inputs, 1), "];\n  void* out[1];\n};\n"));
   w.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", kThreads,
                       ") fusor_reference(const FusorArgs args)"));
+  w.Line("const long p = (long)blockIdx.x * blockDim.x + threadIdx.x;");
+}
+
+// The kernel step of a finished kernel over `count` threads.
+KernelStep CloseKernel(Writer& w, int64_t count, std::vector<int> args) {
+  w.Close();
+  KernelStep k;
+  k.name = "fusor_reference";
+  k.source = w.Take();
+  k.threads = kThreads;
+  k.grid = (count + kThreads - 1) / kThreads;
+  k.args = std::move(args);
+  return k;
+}
+
+// One op over f32 tensors: arguments are the tensors it reads, then its
+// result.
+KernelStep NaiveKernel(const Chain& chain, int o) {
+  const Op& op = chain.ops[o];
+  const Names n{chain};
+  const std::vector<int> reads = ir::TensorsRead(op);
+  Writer w;
+  OpenKernel(w, absl::StrCat(ir::OpToString(op, chain), " (f32, one thread per ",
+                             op.kind == ir::OpKind::kSoftmax ? "row" : "point", ")"),
+             reads.size());
   for (size_t i = 0; i < reads.size(); ++i) {
     w.Line(absl::StrCat("const float* const ", n.Global(reads[i]), " = (const float*)args.in[", i, "];"));
   }
@@ -60,7 +80,6 @@ KernelStep NaiveKernel(const Chain& chain, int o, const std::vector<int>& reads)
   std::vector<int> outer = op.index;
   if (op.kind == ir::OpKind::kSoftmax) outer.erase(std::find(outer.begin(), outer.end(), op.axis));
   const int64_t count = Points(chain, outer);
-  w.Line("const long p = (long)blockIdx.x * blockDim.x + threadIdx.x;");
   w.Line(absl::StrCat("if (p >= ", count, "L) return;"));
   Decompose(w, chain, n, "p", outer);
   const std::string x = ExprToC(op.body, load);
@@ -82,37 +101,19 @@ KernelStep NaiveKernel(const Chain& chain, int o, const std::vector<int>& reads)
     w.Line(absl::StrCat(axis, " total += expf(", x, " - mx);"));
     w.Line(absl::StrCat(axis, " ", out, " = expf(", x, " - mx) / total;"));
   }
-  w.Close();
-  KernelStep k;
-  k.name = "fusor_reference";
-  k.source = w.Take();
-  k.threads = kThreads;
-  k.grid = (count + kThreads - 1) / kThreads;
-  k.args = reads;
-  k.args.push_back(op.output);
-  return k;
+  std::vector<int> args = reads;
+  args.push_back(op.output);
+  return CloseKernel(w, count, args);
 }
 
 // Input tensor `t` given in 16 bits (buffer `given`) into its f32 buffer.
 KernelStep ConvertKernel(const Chain& chain, int t, int given) {
   const int64_t count = chain.tensors[t].NumElements();
   Writer w;
-  w.Line(absl::StrCat("// fusor reference: ", chain.tensors[t].name, " to f32"));
-  w.Line("#include \"fusor_device.h\"\n");
-  w.Line("struct FusorArgs {\n  const void* in[1];\n  void* out[1];\n};\n");
-  w.Open(absl::StrCat("extern \"C\" __global__ void __launch_bounds__(", kThreads,
-                      ") fusor_reference(const FusorArgs args)"));
-  w.Line("const long p = (long)blockIdx.x * blockDim.x + threadIdx.x;");
+  OpenKernel(w, chain.tensors[t].name + " to f32", 1);
   w.Line(absl::StrCat("if (p < ", count, "L) ((float*)args.out[0])[p] = ",
                       emit::LoadConvert(chain.dtype, "((const fusor_u16*)args.in[0])[p]"), ";"));
-  w.Close();
-  KernelStep k;
-  k.name = "fusor_reference";
-  k.source = w.Take();
-  k.threads = kThreads;
-  k.grid = (count + kThreads - 1) / kThreads;
-  k.args = {given, t};
-  return k;
+  return CloseKernel(w, count, {given, t});
 }
 
 }  // namespace
@@ -147,11 +148,7 @@ Program EmitCudaReference(const Chain& chain) {
       step.gemm.dtype = "f32-exact";
       step.what += "  (cuBLAS, f32)";
     } else {
-      std::vector<int> reads;
-      ir::ForEachAccess(chain.ops[o].body, [&](const ir::Access& a) {
-        if (std::find(reads.begin(), reads.end(), a.tensor) == reads.end()) reads.push_back(a.tensor);
-      });
-      step.kernel = NaiveKernel(chain, static_cast<int>(o), reads);
+      step.kernel = NaiveKernel(chain, static_cast<int>(o));
     }
     p.steps.push_back(std::move(step));
   }
