@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "client/embedded.h"
 #include "client/explain.h"
+#include "client/extract.h"
 #include "client/mappings.h"
 #include "client/model_only.h"
 #include "client/report.h"
@@ -233,6 +234,23 @@ int CompileModelOnly(const GlobalOptions& g, const std::string& file, const std:
   return 0;
 }
 
+int Extract(const std::string& file, const std::vector<std::string>& bindings, const std::string& out_dir) {
+  std::map<std::string, int64_t> dims;
+  for (const std::string& b : bindings) {
+    auto dim = fusor::client::ParseDimBinding(b);
+    if (!dim.ok()) return Fail(dim.status());
+    dims[dim->first] = dim->second;
+  }
+  auto extraction = fusor::client::ExtractModel(file, dims);
+  if (!extraction.ok()) return Fail(extraction.status());
+  std::cout << fusor::client::FormatExtraction(*extraction);
+  if (out_dir.empty()) return 0;
+  auto written = fusor::client::WriteExtraction(*extraction, out_dir);
+  if (!written.ok()) return Fail(written.status());
+  for (const std::string& path : *written) std::cout << "wrote " << path << "\n";
+  return 0;
+}
+
 int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
   fusor::SetLogLevel("warn");
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -342,7 +360,15 @@ int main(int argc, char** argv) {
   mappings->add_option("--target", g.target_fp, "local (default), a device name, or a registered fingerprint");
   mappings->add_option("--intrinsic", intrinsic_name, "only this intrinsic (any, whatever the target)");
   mappings->add_flag("--summary", summary, "one markdown row of counts per op");
+  std::vector<std::string> dim_bindings;
+  std::string extract_dir;
+  CLI::App* extract = app.add_subcommand(
+      "extract", "list the fusible chains of a model description (examples/models/*.json), optionally as chain files");
+  extract->add_option("file", file, "model description (JSON)")->required()->check(CLI::ExistingFile);
+  extract->add_option("--dim", dim_bindings, "bind batch, seq or target_seq, e.g. --dim seq=512 (repeatable)");
+  extract->add_option("-o,--out", extract_dir, "write each chain to DIR/<chain>.fusor");
   CLI11_PARSE(app, argc, argv);
+  if (*extract) return Extract(file, dim_bindings, extract_dir);
   if (*explain) return Explain(g, file, top, space_options);
   if (*mappings) return Mappings(g, files, intrinsic_name, summary);
   if (*compile && model_only) return CompileModelOnly(g, file, out_dir);
