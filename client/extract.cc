@@ -16,9 +16,14 @@
 namespace fusor::client {
 
 absl::StatusOr<Extraction> ExtractModel(const std::string& path, const std::map<std::string, int64_t>& dims) {
+  Extraction e;
   if (absl::EndsWith(absl::AsciiStrToLower(path), ".onnx")) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": ONNX import is not built yet; describe the model as JSON instead (see examples/models/)"));
+    ASSIGN_OR_RETURN(zoo::OnnxExtraction onnx, zoo::ExtractOnnx(path, dims));
+    e.model = onnx.model.empty() ? path : onnx.model;
+    e.about.push_back(absl::StrCat("ONNX graph from ", path));
+    e.chains = std::move(onnx.chains);
+    e.rejected = std::move(onnx.rejected);
+    return e;
   }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -26,29 +31,32 @@ absl::StatusOr<Extraction> ExtractModel(const std::string& path, const std::map<
   text << in.rdbuf();
   auto config = zoo::ParseTransformerConfig(text.str());
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", config.status().message()));
-  Extraction e;
-  e.config = *config;
-  RETURN_IF_ERROR(zoo::BindDims(dims, e.config));
-  ASSIGN_OR_RETURN(e.chains, zoo::ExpandTransformer(e.config));
+  zoo::TransformerConfig& c = *config;
+  RETURN_IF_ERROR(zoo::BindDims(dims, c));
+  ASSIGN_OR_RETURN(e.chains, zoo::ExpandTransformer(c));
+  e.model = c.model;
+  std::string line = absl::StrCat(c.architecture, ", hidden ", c.hidden, ", ", c.heads, " heads");
+  if (c.kv_heads != c.heads) absl::StrAppend(&line, " (", c.kv_heads, " K/V heads)");
+  absl::StrAppend(&line, ", ffn ", c.ffn, " (", c.activation, "), batch ", c.batch, ", seq ", c.seq);
+  if (c.architecture == "encoder-decoder") absl::StrAppend(&line, ", target seq ", c.target_seq);
+  absl::StrAppend(&line, ", ", ir::DTypeName(c.dtype));
+  e.about.push_back(line);
+  if (!c.source.empty()) e.about.push_back("shapes: " + c.source);
   return e;
 }
 
 std::string FormatExtraction(const Extraction& e) {
-  const zoo::TransformerConfig& c = e.config;
-  std::string out = absl::StrCat(c.model, ": ", c.architecture, ", hidden ", c.hidden, ", ", c.heads, " heads");
-  if (c.kv_heads != c.heads) absl::StrAppend(&out, " (", c.kv_heads, " K/V heads)");
-  absl::StrAppend(&out, ", ffn ", c.ffn, " (", c.activation, "), batch ", c.batch, ", seq ", c.seq);
-  if (c.architecture == "encoder-decoder") absl::StrAppend(&out, ", target seq ", c.target_seq);
-  absl::StrAppend(&out, ", ", ir::DTypeName(c.dtype), "\n");
-  if (!c.source.empty()) absl::StrAppend(&out, "  shapes: ", c.source, "\n");
-  absl::StrAppend(&out, absl::StrFormat("  %-32s %-24s %-24s %5s  %s\n", "chain", "role", "stands for", "runs", "key"));
+  std::string out = absl::StrCat(e.model, "\n");
+  for (const std::string& line : e.about) absl::StrAppend(&out, "  ", line, "\n");
+  absl::StrAppend(&out, absl::StrFormat("  %-32s %-24s %5s  %-12s  %s\n", "chain", "role", "runs", "key", "from"));
   int runs = 0;
   for (const zoo::ModelChain& m : e.chains) {
-    absl::StrAppend(&out, absl::StrFormat("  %-32s %-24s %-24s %5d  %s\n", m.chain.name, m.role, m.layers, m.instances,
-                                          ir::Canonicalize(m.chain).key.substr(0, 12)));
+    absl::StrAppend(&out, absl::StrFormat("  %-32s %-24s %5d  %-12s  %s\n", m.chain.name, m.role, m.instances,
+                                          ir::Canonicalize(m.chain).key.substr(0, 12), m.layers));
     runs += m.instances;
   }
   absl::StrAppend(&out, "  ", e.chains.size(), " distinct chains, run ", runs, " times per forward pass\n");
+  for (const std::string& r : e.rejected) absl::StrAppend(&out, "  not fused: ", r, "\n");
   return out;
 }
 
@@ -60,7 +68,7 @@ absl::StatusOr<std::vector<std::string>> WriteExtraction(const Extraction& e, co
   for (const zoo::ModelChain& m : e.chains) {
     const std::string path = absl::StrCat(dir, "/", m.chain.name, ".fusor");
     std::ofstream f(path);
-    f << "# " << e.config.model << ": " << m.role << " (" << m.layers << ", run " << m.instances
+    f << "# " << e.model << ": " << m.role << " (" << m.layers << ", run " << m.instances
       << " times per forward pass)\n"
       << ir::ChainToText(m.chain);
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));

@@ -1,6 +1,7 @@
-// `fusor extract`: the fusible chains of a model, from a built-in model
-// description (common/zoo), printed as a table and optionally written out
-// as chain files that `fusor tune` takes.
+// `fusor extract`: the fusible chains of a model — an ONNX file or a
+// built-in model description (common/zoo) — printed as a table with the
+// candidates that did not match and why, and optionally written out as
+// chain files that `fusor tune` takes.
 #pragma once
 
 #include <cstdint>
@@ -9,17 +10,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/zoo/onnx_import.h"
 #include "common/zoo/transformer.h"
 
 namespace fusor::client {
 
 struct Extraction {
-  zoo::TransformerConfig config;
+  std::string model;
+  std::vector<std::string> about;  // lines describing the model
   std::vector<zoo::ModelChain> chains;
+  std::vector<std::string> rejected;
 };
 
-// Reads `path` (a model description; ONNX files are refused with the
-// reason) and binds `dims` (batch, seq, target_seq).
+// Reads `path` (*.onnx: an ONNX model, whose symbolic dims `dims` binds;
+// otherwise a model description, where `dims` sets batch, seq or
+// target_seq).
 absl::StatusOr<Extraction> ExtractModel(const std::string& path, const std::map<std::string, int64_t>& dims);
 
 std::string FormatExtraction(const Extraction& extraction);

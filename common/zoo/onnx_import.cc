@@ -1,0 +1,561 @@
+#include "common/zoo/onnx_import.h"
+
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/ir/canonical.h"
+#include "common/ir/parse.h"
+
+namespace fusor::zoo {
+namespace {
+
+// Why a candidate pattern does not make a chain ("" when it is no
+// candidate at all).
+struct Reject {
+  std::string why;
+};
+
+class Graph {
+ public:
+  explicit Graph(const onnx::GraphProto& g) : g_(g) {
+    for (const onnx::NodeProto& n : g.node()) {
+      for (const std::string& out : n.output()) producer_[out] = &n;
+      for (const std::string& in : n.input()) ++consumers_[in];
+    }
+    for (const onnx::TensorProto& t : g.initializer()) {
+      initializer_[t.name()] = &t;
+      shape_[t.name()] = {t.dims().begin(), t.dims().end()};
+    }
+    auto add = [&](const onnx::ValueInfoProto& v) {
+      if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return;
+      std::vector<int64_t> dims;
+      for (const auto& d : v.type().tensor_type().shape().dim()) {
+        if (d.has_dim_value()) {
+          dims.push_back(d.dim_value());
+        } else {
+          dims.push_back(-1);
+          if (d.has_dim_param()) symbolic_[v.name()] = d.dim_param();
+        }
+      }
+      shape_[v.name()] = dims;
+    };
+    for (const auto& v : g.input()) add(v);
+    for (const auto& v : g.value_info()) add(v);
+    for (const auto& v : g.output()) add(v);
+    for (const auto& v : g.output()) outputs_.insert(v.name());
+  }
+
+  const onnx::NodeProto* Producer(const std::string& t) const {
+    auto it = producer_.find(t);
+    return it == producer_.end() ? nullptr : it->second;
+  }
+  // The one node reading `t`, unless more read it or it is a graph output.
+  const onnx::NodeProto* SoleConsumer(const std::string& t) const {
+    auto it = consumers_.find(t);
+    if (it == consumers_.end() || it->second != 1 || outputs_.count(t) > 0) return nullptr;
+    for (const onnx::NodeProto& n : g_.node()) {
+      for (const std::string& in : n.input()) {
+        if (in == t) return &n;
+      }
+    }
+    return nullptr;
+  }
+  std::vector<const onnx::NodeProto*> Consumers(const std::string& t) const {
+    std::vector<const onnx::NodeProto*> out;
+    for (const onnx::NodeProto& n : g_.node()) {
+      for (const std::string& in : n.input()) {
+        if (in == t) {
+          out.push_back(&n);
+          break;
+        }
+      }
+    }
+    return out;
+  }
+  // The known shape of `t`, or why not.
+  std::variant<std::vector<int64_t>, Reject> Shape(const std::string& t) const {
+    auto it = shape_.find(t);
+    if (it == shape_.end()) return Reject{absl::StrCat("the shape of '", t, "' is unknown after shape inference")};
+    for (int64_t d : it->second) {
+      if (d < 0) {
+        auto s = symbolic_.find(t);
+        return Reject{s != symbolic_.end()
+                          ? absl::StrCat("'", t, "' has the symbolic dim '", s->second, "': bind it with --dim ",
+                                         s->second, "=N")
+                          : absl::StrCat("'", t, "' has a dim shape inference could not resolve (bind the "
+                                         "model's symbolic dims with --dim)")};
+      }
+    }
+    return it->second;
+  }
+  // A scalar constant (an initializer or a Constant node's value).
+  std::variant<double, Reject> Scalar(const std::string& t) const {
+    const onnx::TensorProto* p = nullptr;
+    if (auto it = initializer_.find(t); it != initializer_.end()) p = it->second;
+    if (const onnx::NodeProto* n = Producer(t); p == nullptr && n != nullptr && n->op_type() == "Constant") {
+      for (const onnx::AttributeProto& a : n->attribute()) {
+        if (a.name() == "value" && a.has_t()) p = &a.t();
+        if (a.name() == "value_float") return static_cast<double>(a.f());
+      }
+    }
+    if (p == nullptr) return Reject{absl::StrCat("'", t, "' is not a constant")};
+    int64_t count = 1;
+    for (int64_t d : p->dims()) count *= d;
+    if (count != 1) return Reject{absl::StrCat("'", t, "' is not a scalar")};
+    if (p->data_location() == onnx::TensorProto::EXTERNAL) {
+      return Reject{absl::StrCat("the value of '", t, "' is in external data, which is not read")};
+    }
+    switch (p->data_type()) {
+      case onnx::TensorProto::FLOAT:
+        if (p->float_data_size() == 1) return static_cast<double>(p->float_data(0));
+        if (p->raw_data().size() == 4) {
+          float f;
+          std::memcpy(&f, p->raw_data().data(), 4);
+          return static_cast<double>(f);
+        }
+        break;
+      case onnx::TensorProto::DOUBLE:
+        if (p->double_data_size() == 1) return p->double_data(0);
+        if (p->raw_data().size() == 8) {
+          double d;
+          std::memcpy(&d, p->raw_data().data(), 8);
+          return d;
+        }
+        break;
+      default:
+        break;
+    }
+    return Reject{absl::StrCat("'", t, "' is not an f32 or f64 scalar")};
+  }
+  bool IsScalar(const std::string& t, double value) const {
+    auto v = Scalar(t);
+    return std::holds_alternative<double>(v) && std::fabs(std::get<double>(v) - value) < 1e-3 * std::fabs(value);
+  }
+
+  const onnx::GraphProto& proto() const { return g_; }
+
+ private:
+  const onnx::GraphProto& g_;
+  std::map<std::string, const onnx::NodeProto*> producer_;
+  std::map<std::string, int> consumers_;
+  std::map<std::string, const onnx::TensorProto*> initializer_;
+  std::map<std::string, std::vector<int64_t>> shape_;
+  std::map<std::string, std::string> symbolic_;
+  std::set<std::string> outputs_;
+};
+
+std::string Label(const onnx::NodeProto& n) {
+  return absl::StrCat("'", n.name().empty() ? n.output(0) : n.name(), "' (", n.op_type(), ")");
+}
+
+template <typename T>
+bool Failed(const std::variant<T, Reject>& v, std::string* why) {
+  if (const Reject* r = std::get_if<Reject>(&v)) {
+    *why = r->why;
+    return true;
+  }
+  return false;
+}
+
+int64_t AttrInt(const onnx::NodeProto& n, const std::string& name, int64_t fallback) {
+  for (const onnx::AttributeProto& a : n.attribute()) {
+    if (a.name() == name) return a.i();
+  }
+  return fallback;
+}
+
+std::vector<int64_t> AttrInts(const onnx::NodeProto& n, const std::string& name) {
+  for (const onnx::AttributeProto& a : n.attribute()) {
+    if (a.name() == name) return {a.ints().begin(), a.ints().end()};
+  }
+  return {};
+}
+
+// An operand of the chain: the graph value read, and the dim names of the
+// chain's view in the value's axis order (a Transpose before it folded in).
+struct Operand {
+  std::string value;
+  std::vector<int64_t> shape;
+  std::vector<std::string> axes;  // per axis of `value`: a dim name or a constant index ("0")
+};
+
+// `value` viewed with dims `names` (one per axis of the view), looking
+// through a Transpose that produces it.
+std::variant<Operand, Reject> View(const Graph& g, const std::string& value, const std::vector<std::string>& names,
+                                   std::vector<const onnx::NodeProto*>* nodes) {
+  Operand op;
+  op.value = value;
+  std::vector<std::string> axes = names;
+  if (const onnx::NodeProto* t = g.Producer(value); t != nullptr && t->op_type() == "Transpose") {
+    std::vector<int64_t> perm = AttrInts(*t, "perm");
+    if (perm.empty()) {
+      for (int i = static_cast<int>(names.size()) - 1; i >= 0; --i) perm.push_back(i);
+    }
+    if (perm.size() == names.size()) {
+      // out axis j is in axis perm[j]
+      axes.assign(names.size(), "");
+      for (size_t j = 0; j < perm.size(); ++j) axes[perm[j]] = names[j];
+      op.value = t->input(0);
+      nodes->push_back(t);
+    }
+  }
+  auto shape = g.Shape(op.value);
+  std::string why;
+  if (Failed(shape, &why)) return Reject{why};
+  op.shape = std::get<std::vector<int64_t>>(shape);
+  op.axes = axes;
+  if (op.shape.size() != axes.size()) return Reject{absl::StrCat("'", op.value, "' has an unexpected rank")};
+  return op;
+}
+
+std::string Decl(const std::string& name, const Operand& o) {
+  std::vector<std::string> dims;
+  for (size_t i = 0; i < o.axes.size(); ++i) dims.push_back(o.axes[i] == "0" ? absl::StrCat(o.shape[i]) : o.axes[i]);
+  return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]");
+}
+std::string Use(const std::string& name, const Operand& o) { return absl::StrCat(name, "[", absl::StrJoin(o.axes, ","), "]"); }
+
+std::string DTypeOf(const Graph& g, const std::string& value) {
+  for (const auto* list : {&g.proto().input(), &g.proto().value_info(), &g.proto().output()}) {
+    for (const onnx::ValueInfoProto& v : *list) {
+      if (v.name() != value) continue;
+      switch (v.type().tensor_type().elem_type()) {
+        case onnx::TensorProto::FLOAT16: return "f16";
+        case onnx::TensorProto::BFLOAT16: return "bf16";
+        default: return "f32";
+      }
+    }
+  }
+  return "f32";
+}
+
+// Attention ending in Softmax `s`.
+std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> MatchAttention(
+    const Graph& g, const onnx::NodeProto& s, int index) {
+  std::vector<const onnx::NodeProto*> nodes = {&s};
+  std::string why;
+  auto scores_shape = g.Shape(s.input(0));
+  if (Failed(scores_shape, &why)) return Reject{why};
+  const std::vector<int64_t> sshape = std::get<std::vector<int64_t>>(scores_shape);
+  const int rank = static_cast<int>(sshape.size());
+  if (rank < 2) return Reject{"the scores have fewer than 2 axes"};
+  const int64_t axis = AttrInt(s, "axis", -1);
+  if (axis != -1 && axis != rank - 1) return Reject{"the softmax is not over the last axis"};
+  // Backwards: optional mask Add, optional scale, the Q K' MatMul.
+  std::string cur = s.input(0);
+  std::optional<std::string> mask;
+  double scale = 1;
+  const onnx::NodeProto* n = g.Producer(cur);
+  if (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == &s) {
+    const onnx::NodeProto* left = g.Producer(n->input(0));
+    const bool first = left != nullptr && (left->op_type() == "MatMul" || left->op_type() == "Div" ||
+                                           left->op_type() == "Mul");
+    mask = n->input(first ? 1 : 0);
+    cur = n->input(first ? 0 : 1);
+    nodes.push_back(n);
+    n = g.Producer(cur);
+  }
+  if (n != nullptr && (n->op_type() == "Div" || n->op_type() == "Mul")) {
+    auto c = g.Scalar(n->input(1));
+    if (Failed(c, &why)) return Reject{absl::StrCat("the scale ", Label(*n), ": ", why)};
+    const double v = std::get<double>(c);
+    if (n->op_type() == "Div" && v == 0) return Reject{"the scale divides by zero"};
+    scale = n->op_type() == "Div" ? 1 / v : v;
+    nodes.push_back(n);
+    cur = n->input(0);
+    n = g.Producer(cur);
+  }
+  if (n == nullptr || n->op_type() != "MatMul") return Reject{"no MatMul produces the scores"};
+  const onnx::NodeProto& qk = *n;
+  nodes.push_back(&qk);
+  const onnx::NodeProto* pv = g.SoleConsumer(s.output(0));
+  if (pv == nullptr || pv->op_type() != "MatMul" || pv->input(0) != s.output(0)) {
+    return Reject{"the probabilities do not feed one MatMul as its left operand"};
+  }
+  nodes.push_back(pv);
+  // Dims: batch axes b0.., then m, n; head dims d (Q K') and e (V).
+  std::vector<std::string> batch;
+  for (int i = 0; i + 2 < rank; ++i) batch.push_back(absl::StrCat("b", i));
+  auto with = [&](std::vector<std::string> tail) {
+    std::vector<std::string> v = batch;
+    v.insert(v.end(), tail.begin(), tail.end());
+    return v;
+  };
+  auto q = View(g, qk.input(0), with({"m", "d"}), &nodes);
+  if (Failed(q, &why)) return Reject{why};
+  auto k = View(g, qk.input(1), with({"d", "n"}), &nodes);
+  if (Failed(k, &why)) return Reject{why};
+  auto v = View(g, pv->input(1), with({"n", "e"}), &nodes);
+  if (Failed(v, &why)) return Reject{why};
+  const Operand& Q = std::get<Operand>(q);
+  const Operand& K = std::get<Operand>(k);
+  const Operand& V = std::get<Operand>(v);
+  std::map<std::string, int64_t> extent;
+  for (const Operand* o : {&Q, &K, &V}) {
+    for (size_t i = 0; i < o->axes.size(); ++i) {
+      auto [it, fresh] = extent.emplace(o->axes[i], o->shape[i]);
+      if (!fresh && it->second != o->shape[i]) {
+        return Reject{absl::StrCat("Q, K and V disagree on dim ", o->axes[i], " (broadcasting is not folded)")};
+      }
+    }
+  }
+  std::string inputs = absl::StrCat(Decl("Q", Q), " ", Decl("K", K), " ", Decl("V", V));
+  std::string add;
+  if (mask) {
+    auto mshape = g.Shape(*mask);
+    if (Failed(mshape, &why)) return Reject{absl::StrCat("the mask: ", why)};
+    const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(mshape);
+    if (ms.size() > sshape.size()) return Reject{"the mask has more axes than the scores"};
+    Operand M;
+    M.value = *mask;
+    M.shape = ms;
+    const std::vector<std::string> score_axes = with({"m", "n"});
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const std::string& dim = score_axes[score_axes.size() - ms.size() + i];
+      if (ms[i] == extent[dim]) {
+        M.axes.push_back(dim);
+      } else if (ms[i] == 1) {
+        M.axes.push_back("0");
+      } else {
+        return Reject{absl::StrCat("the mask's axis ", i, " (", ms[i], ") does not broadcast to the scores")};
+      }
+    }
+    inputs += " " + Decl("M", M);
+    add = " + " + Use("M", M);
+  }
+  std::string dims;
+  for (const auto& [name, e] : extent) absl::StrAppend(&dims, " ", name, "=", e);
+  const std::vector<std::string> point = with({"m"});
+  const std::string p = absl::StrJoin(point, ",");
+  const std::string text = absl::StrCat(
+      "chain attention_", index, "\ndtype ", DTypeOf(g, qk.input(0)), "\ndim", dims, "\nin ", inputs, "\n",
+      "S[", p, ",n] = sum(d) ", Use("Q", Q), " * ", Use("K", K), scale == 1 ? "" : absl::StrCat(" * ", scale), "\n",
+      "P[", p, ",n] = softmax(n) S[", p, ",n]", add, "\n",
+      "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", V), "\nout O\n");
+  auto chain = ir::ParseChainText(text);
+  if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  return std::make_pair(std::move(*chain), nodes);
+}
+
+bool IsGemm(const onnx::NodeProto* n) { return n != nullptr && (n->op_type() == "MatMul" || n->op_type() == "Gemm"); }
+
+// A bias Add after `t` (the other operand a vector of `width`), or null.
+const onnx::NodeProto* BiasAdd(const Graph& g, const std::string& t, int64_t width, std::string* bias) {
+  const onnx::NodeProto* a = g.SoleConsumer(t);
+  if (a == nullptr || a->op_type() != "Add") return nullptr;
+  const std::string other = a->input(0) == t ? a->input(1) : a->input(0);
+  auto shape = g.Shape(other);
+  if (!std::holds_alternative<std::vector<int64_t>>(shape) ||
+      std::get<std::vector<int64_t>>(shape) != std::vector<int64_t>{width}) {
+    return nullptr;
+  }
+  *bias = other;
+  return a;
+}
+
+// GELU written out with Erf from `x`: x * 0.5 * (1 + erf(x / sqrt 2)) in the
+// orders exporters emit; its output, or "".
+std::string ErfGelu(const Graph& g, const std::string& x, std::vector<const onnx::NodeProto*>* nodes) {
+  for (const onnx::NodeProto* scaled : g.Consumers(x)) {
+    const bool div = scaled->op_type() == "Div" && g.IsScalar(scaled->input(1), std::sqrt(2.0));
+    const bool mul = scaled->op_type() == "Mul" && g.IsScalar(scaled->input(1), 1 / std::sqrt(2.0));
+    if (!div && !mul) continue;
+    const onnx::NodeProto* erf = g.SoleConsumer(scaled->output(0));
+    if (erf == nullptr || erf->op_type() != "Erf") continue;
+    const onnx::NodeProto* one = g.SoleConsumer(erf->output(0));
+    if (one == nullptr || one->op_type() != "Add" ||
+        !g.IsScalar(one->input(0) == erf->output(0) ? one->input(1) : one->input(0), 1)) {
+      continue;
+    }
+    const onnx::NodeProto* m = g.SoleConsumer(one->output(0));
+    if (m == nullptr || m->op_type() != "Mul") continue;
+    const std::string other = m->input(0) == one->output(0) ? m->input(1) : m->input(0);
+    std::vector<const onnx::NodeProto*> found = {scaled, erf, one, m};
+    std::string out;
+    if (other == x) {  // x * (1 + erf) then * 0.5
+      const onnx::NodeProto* half = g.SoleConsumer(m->output(0));
+      if (half == nullptr || half->op_type() != "Mul" || !g.IsScalar(half->input(1), 0.5)) continue;
+      found.push_back(half);
+      out = half->output(0);
+    } else if (const onnx::NodeProto* h = g.Producer(other);
+               h != nullptr && h->op_type() == "Mul" && h->input(0) == x && g.IsScalar(h->input(1), 0.5)) {
+      found.push_back(h);  // (x * 0.5) * (1 + erf)
+      out = m->output(0);
+    } else {
+      continue;
+    }
+    nodes->insert(nodes->end(), found.begin(), found.end());
+    return out;
+  }
+  return "";
+}
+
+// GEMM -> [bias] -> activation -> GEMM -> [bias] starting at `first`.
+std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> MatchGemmChain(
+    const Graph& g, const onnx::NodeProto& first, int index) {
+  std::vector<const onnx::NodeProto*> nodes = {&first};
+  std::string why;
+  {  // Only a GEMM an activation follows (past an Add) is a candidate.
+    std::string t = first.output(0);
+    if (const onnx::NodeProto* a = g.SoleConsumer(t); a != nullptr && a->op_type() == "Add") t = a->output(0);
+    const onnx::NodeProto* act = g.SoleConsumer(t);
+    std::vector<const onnx::NodeProto*> ignored;
+    if ((act == nullptr || (act->op_type() != "Relu" && act->op_type() != "Gelu")) && ErfGelu(g, t, &ignored).empty()) {
+      return Reject{};
+    }
+  }
+  auto gemm_operands = [&](const onnx::NodeProto& n, const std::vector<std::string>& a_names,
+                           const std::string& k, const std::string& col) -> std::variant<std::pair<Operand, Operand>, Reject> {
+    std::vector<std::string> an = a_names;
+    an.push_back(k);
+    std::vector<std::string> bn = {k, col};
+    if (n.op_type() == "Gemm") {
+      if (AttrInt(n, "transA", 0) != 0) return Reject{absl::StrCat(Label(n), " transposes A")};
+      if (AttrInt(n, "transB", 0) != 0) bn = {col, k};
+      if (n.input_size() > 2) return Reject{absl::StrCat(Label(n), " adds C inside the Gemm")};
+    }
+    auto a = View(g, n.input(0), an, &nodes);
+    if (Failed(a, &why)) return Reject{why};
+    auto shape = g.Shape(n.input(1));
+    if (Failed(shape, &why)) return Reject{why};
+    if (std::get<std::vector<int64_t>>(shape).size() != 2) return Reject{absl::StrCat(Label(n), ": B is not a matrix")};
+    Operand b{n.input(1), std::get<std::vector<int64_t>>(shape), bn};
+    return std::make_pair(std::get<Operand>(a), b);
+  };
+  auto in_shape = g.Shape(first.input(0));
+  if (Failed(in_shape, &why)) return Reject{why};
+  const size_t rank = std::get<std::vector<int64_t>>(in_shape).size();
+  if (rank < 2) return Reject{"the input is not a matrix"};
+  std::vector<std::string> rows;
+  for (size_t i = 0; i + 1 < rank; ++i) rows.push_back(absl::StrCat("a", i));
+  auto first_ops = gemm_operands(first, rows, "c", "f");
+  if (Failed(first_ops, &why)) return Reject{why};
+  const auto& [X, W1] = std::get<std::pair<Operand, Operand>>(first_ops);
+  const int64_t f = W1.shape[W1.axes[0] == "f" ? 0 : 1];
+  std::string cur = first.output(0), bias1, bias2;
+  if (const onnx::NodeProto* a = BiasAdd(g, cur, f, &bias1)) {
+    nodes.push_back(a);
+    cur = a->output(0);
+  }
+  std::string act;
+  const onnx::NodeProto* n = g.SoleConsumer(cur);
+  if (n != nullptr && (n->op_type() == "Relu" || n->op_type() == "Gelu")) {
+    act = n->op_type() == "Relu" ? "relu" : "gelu";
+    nodes.push_back(n);
+    cur = n->output(0);
+  } else if (std::string out = ErfGelu(g, cur, &nodes); !out.empty()) {
+    act = "gelu";
+    cur = out;
+  } else {
+    return Reject{"the activation does not follow the GEMM's bias"};
+  }
+  const onnx::NodeProto* second = g.SoleConsumer(cur);
+  if (!IsGemm(second) || second->input(0) != cur) return Reject{"the activation does not feed one MatMul or Gemm"};
+  nodes.push_back(second);
+  auto second_ops = gemm_operands(*second, rows, "f", "o");
+  if (Failed(second_ops, &why)) return Reject{why};
+  const Operand& W2 = std::get<std::pair<Operand, Operand>>(second_ops).second;
+  const int64_t o = W2.shape[W2.axes[0] == "o" ? 0 : 1];
+  std::string out = second->output(0);
+  if (const onnx::NodeProto* a = BiasAdd(g, out, o, &bias2)) nodes.push_back(a);
+  std::map<std::string, int64_t> extent;
+  for (size_t i = 0; i < X.axes.size(); ++i) extent[X.axes[i]] = X.shape[i];
+  extent["f"] = f;
+  extent["o"] = o;
+  std::string dims;
+  for (const auto& [name, e] : extent) absl::StrAppend(&dims, " ", name, "=", e);
+  const std::string r = absl::StrJoin(rows, ",");
+  std::string inputs = absl::StrCat(Decl("X", X), " ", Decl("W1", W1), " ", Decl("W2", W2));
+  if (!bias1.empty()) inputs += " B1[f]";
+  if (!bias2.empty()) inputs += " B2[o]";
+  std::string text = absl::StrCat("chain gemm_chain_", index, "\ndtype ", DTypeOf(g, first.input(0)), "\ndim", dims,
+                                  "\nin ", inputs, "\n", "H[", r, ",f] = sum(c) ", Use("X", X), " * ", Use("W1", W1),
+                                  "\n", "A[", r, ",f] = ", act, "(H[", r, ",f]", bias1.empty() ? "" : " + B1[f]", ")\n",
+                                  "Y[", r, ",o] = sum(f) A[", r, ",f] * ", Use("W2", W2), "\n");
+  text += bias2.empty() ? "out Y\n" : absl::StrCat("Z[", r, ",o] = Y[", r, ",o] + B2[o]\nout Z\n");
+  auto chain = ir::ParseChainText(text);
+  if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  return std::make_pair(std::move(*chain), nodes);
+}
+
+}  // namespace
+
+absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::map<std::string, int64_t>& dims) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  onnx::ModelProto model;
+  if (!model.ParseFromString(bytes.str()) || !model.has_graph()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not an ONNX model (the protobuf does not parse)"));
+  }
+  // Bind symbolic dims of the graph's inputs, then infer shapes.
+  for (onnx::ValueInfoProto& v : *model.mutable_graph()->mutable_input()) {
+    if (!v.type().has_tensor_type()) continue;
+    for (auto& d : *v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+      if (!d.has_dim_param()) continue;
+      auto it = dims.find(d.dim_param());
+      if (it != dims.end()) d.set_dim_value(it->second);
+    }
+  }
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": shape inference failed: ", e.what()));
+  }
+  const Graph g(model.graph());
+  OnnxExtraction out;
+  out.model = model.graph().name();
+  std::set<const onnx::NodeProto*> used;
+  int index = 0;
+  auto keep = [&](ir::Chain chain, const std::vector<const onnx::NodeProto*>& nodes, const std::string& role) {
+    used.insert(nodes.begin(), nodes.end());
+    std::vector<std::string> names;
+    for (const onnx::NodeProto* n : nodes) names.push_back(n->name().empty() ? n->output(0) : n->name());
+    const std::string source = absl::StrCat("nodes ", absl::StrJoin(names, ", "));
+    const std::string key = ir::Canonicalize(chain).key;
+    for (ModelChain& m : out.chains) {
+      if (ir::Canonicalize(m.chain).key == key) {
+        ++m.instances;
+        m.layers += "; " + source;
+        return;
+      }
+    }
+    ++index;
+    out.chains.push_back({std::move(chain), role, source, 1});
+  };
+  for (const onnx::NodeProto& n : model.graph().node()) {
+    if (n.op_type() != "Softmax") continue;
+    auto m = MatchAttention(g, n, index + 1);
+    if (const Reject* r = std::get_if<Reject>(&m)) {
+      out.rejected.push_back(absl::StrCat("attention at ", Label(n), ": ", r->why));
+    } else {
+      auto& [chain, nodes] = std::get<0>(m);
+      keep(std::move(chain), nodes, "attention");
+    }
+  }
+  for (const onnx::NodeProto& n : model.graph().node()) {
+    if (!IsGemm(&n) || used.count(&n) > 0) continue;
+    auto m = MatchGemmChain(g, n, index + 1);
+    if (const Reject* r = std::get_if<Reject>(&m)) {
+      if (!r->why.empty()) out.rejected.push_back(absl::StrCat("GEMM chain at ", Label(n), ": ", r->why));
+    } else {
+      auto& [chain, nodes] = std::get<0>(m);
+      keep(std::move(chain), nodes, "gemm chain");
+    }
+  }
+  return out;
+}
+
+}  // namespace fusor::zoo

@@ -1,0 +1,37 @@
+// ONNX import (Debian's libonnx): the fusible chains of an ONNX model's
+// graph. Weights are never read — only the graph, the shapes and the few
+// scalars a chain needs (an attention's scale) — so a model whose
+// external data files are absent imports all the same.
+//
+// Symbolic dims are bound by name (--dim batch=8) before ONNX's shape
+// inference runs. Recognized, each from the nodes exporters produce:
+//  - attention: MatMul(Q, K') -> Div or Mul by a scalar -> optional Add of
+//    a mask (broadcast as ONNX broadcasts) -> Softmax over the last axis ->
+//    MatMul(., V); a Transpose producing Q, K' or V folds into the chain's
+//    indices (K' = Transpose(K) is read as K);
+//  - GEMM chains: MatMul or Gemm -> optional bias Add -> Relu, Gelu or
+//    GELU written out with Erf -> MatMul or Gemm -> optional bias Add.
+// Every candidate that does not match says why, naming its node.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/zoo/transformer.h"
+
+namespace fusor::zoo {
+
+struct OnnxExtraction {
+  std::string model;                  // the graph's name
+  std::vector<ModelChain> chains;     // each distinct one once; layers: its source nodes
+  std::vector<std::string> rejected;  // "node 'X' (Softmax): why"
+};
+
+// INVALID_ARGUMENT for a file that is not an ONNX model; NOT_FOUND when it
+// cannot be read.
+absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::map<std::string, int64_t>& dims);
+
+}  // namespace fusor::zoo

@@ -1,0 +1,243 @@
+// ONNX import: models built here with the ONNX API in the shapes exporters
+// produce (BERT-style attention with its head transposes and padding mask,
+// a GELU MLP written out with Erf), checked chain by chain against
+// hand-written chains by canonical key; a model with nothing to fuse, one
+// whose external weight data is missing, unbound symbolic dims, and
+// corrupt files.
+#include "common/zoo/onnx_import.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <variant>
+
+#include "common/ir/canonical.h"
+#include "common/ir/parse.h"
+#include "worker/process.h"
+
+namespace fusor::zoo {
+namespace {
+
+using ::testing::HasSubstr;
+using Dim = std::variant<int64_t, std::string>;
+
+class Model {
+ public:
+  explicit Model(const std::string& name) {
+    m_.set_ir_version(8);
+    auto* op = m_.add_opset_import();
+    op->set_domain("");
+    op->set_version(13);
+    m_.mutable_graph()->set_name(name);
+  }
+  void Input(const std::string& name, const std::vector<Dim>& dims) {
+    auto* v = m_.mutable_graph()->add_input();
+    v->set_name(name);
+    auto* t = v->mutable_type()->mutable_tensor_type();
+    t->set_elem_type(onnx::TensorProto::FLOAT);
+    for (const Dim& d : dims) {
+      auto* dim = t->mutable_shape()->add_dim();
+      if (std::holds_alternative<int64_t>(d)) {
+        dim->set_dim_value(std::get<int64_t>(d));
+      } else {
+        dim->set_dim_param(std::get<std::string>(d));
+      }
+    }
+  }
+  // A weight whose data lives in a file that is not there.
+  void ExternalWeight(const std::string& name, const std::vector<int64_t>& dims) {
+    auto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) t->add_dims(d);
+    t->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto* e = t->add_external_data();
+    e->set_key("location");
+    e->set_value("weights_that_are_not_here.bin");
+  }
+  void Scalar(const std::string& name, float value) {
+    auto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_float_data(value);
+  }
+  onnx::NodeProto* Node(const std::string& op, const std::vector<std::string>& in, const std::string& out) {
+    auto* n = m_.mutable_graph()->add_node();
+    n->set_op_type(op);
+    n->set_name(out + "_node");
+    for (const std::string& i : in) n->add_input(i);
+    n->add_output(out);
+    return n;
+  }
+  void Perm(onnx::NodeProto* n, const std::vector<int64_t>& perm) {
+    auto* a = n->add_attribute();
+    a->set_name("perm");
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t p : perm) a->add_ints(p);
+  }
+  void Output(const std::string& name) { m_.mutable_graph()->add_output()->set_name(name); }
+  std::string Write(const std::string& dir) const {
+    const std::string path = dir + "/" + m_.graph().name() + ".onnx";
+    std::ofstream f(path, std::ios::binary);
+    f << m_.SerializeAsString();
+    return path;
+  }
+
+ private:
+  onnx::ModelProto m_;
+};
+
+// One BERT-style attention layer as exporters write it: heads split by
+// Transpose, K transposed for Q·Kᵀ, scaled by a Div, the padding mask
+// added, softmax, ·V.
+void AttentionLayer(Model& m, const std::string& l) {
+  for (const char* x : {"q", "k", "v"}) m.Input(l + x, {std::string("batch"), std::string("seq"), 4, 16});
+  m.Perm(m.Node("Transpose", {l + "q"}, l + "Q"), {0, 2, 1, 3});
+  m.Perm(m.Node("Transpose", {l + "k"}, l + "Kt"), {0, 2, 3, 1});
+  m.Perm(m.Node("Transpose", {l + "v"}, l + "V"), {0, 2, 1, 3});
+  m.Node("MatMul", {l + "Q", l + "Kt"}, l + "scores");
+  m.Node("Div", {l + "scores", "sqrt_d"}, l + "scaled");
+  m.Node("Add", {l + "scaled", "mask"}, l + "masked");
+  m.Node("Softmax", {l + "masked"}, l + "probs");
+  m.Node("MatMul", {l + "probs", l + "V"}, l + "context");
+  m.Output(l + "context");
+}
+
+Model BertAttention(int layers) {
+  Model m("bert_attention");
+  m.Input("mask", {std::string("batch"), 1, 1, std::string("seq")});
+  m.Scalar("sqrt_d", 4);
+  for (int i = 0; i < layers; ++i) AttentionLayer(m, "l" + std::to_string(i) + "_");
+  return m;
+}
+
+std::string Key(const std::string& text) {
+  auto chain = ir::ParseChainText(text);
+  EXPECT_TRUE(chain.ok()) << chain.status();
+  return chain.ok() ? ir::Canonicalize(*chain).key : "";
+}
+
+class OnnxImportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = worker::TempDir::Create("/tmp", "fusor-onnx-test-");
+    ASSERT_TRUE(dir.ok());
+    dir_.emplace(std::move(*dir));
+  }
+  std::optional<worker::TempDir> dir_;
+};
+
+TEST_F(OnnxImportTest, BertStyleAttentionWithMaskAndHeadTransposes) {
+  auto out = ExtractOnnx(BertAttention(2).Write(dir_->path()), {{"batch", 2}, {"seq", 24}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  const ModelChain& m = out->chains[0];
+  EXPECT_EQ(m.instances, 2);  // both layers, one chain
+  EXPECT_THAT(m.layers, HasSubstr("l0_probs_node"));
+  EXPECT_THAT(m.layers, HasSubstr("l1_probs_node"));
+  // Q, K and V read through the head transposes, the mask broadcast.
+  EXPECT_EQ(ir::Canonicalize(m.chain).key, Key(R"(
+dim b=2 s=24 h=4 t=24 d=16 e=16
+in Q[b,s,h,d] K[b,t,h,d] V[b,t,h,e] M[b,1,1,t]
+S[b,h,s,t] = sum(d) Q[b,s,h,d] * K[b,t,h,d] * 0.25
+P[b,h,s,t] = softmax(t) S[b,h,s,t] + M[b,0,0,t]
+O[b,h,s,e] = sum(t) P[b,h,s,t] * V[b,t,h,e]
+out O
+)")) << ir::ChainToText(m.chain);
+}
+
+TEST_F(OnnxImportTest, GeluMlpWithErfAndMissingExternalWeights) {
+  Model m("mlp");
+  m.Input("x", {std::string("batch"), 16, 32});
+  m.ExternalWeight("w1", {32, 64});
+  m.ExternalWeight("b1", {64});
+  m.ExternalWeight("w2", {64, 32});
+  m.ExternalWeight("b2", {32});
+  m.Scalar("sqrt2", 1.4142135f);
+  m.Scalar("one", 1);
+  m.Scalar("half", 0.5f);
+  m.Node("MatMul", {"x", "w1"}, "h");
+  m.Node("Add", {"h", "b1"}, "hb");
+  m.Node("Div", {"hb", "sqrt2"}, "hs");
+  m.Node("Erf", {"hs"}, "he");
+  m.Node("Add", {"he", "one"}, "h1");
+  m.Node("Mul", {"hb", "half"}, "hh");
+  m.Node("Mul", {"hh", "h1"}, "g");
+  m.Node("MatMul", {"g", "w2"}, "y");
+  m.Node("Add", {"y", "b2"}, "z");
+  m.Output("z");
+  auto out = ExtractOnnx(m.Write(dir_->path()), {{"batch", 3}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  EXPECT_EQ(out->chains[0].role, "gemm chain");
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim a=3 s=16 c=32 f=64 o=32
+in X[a,s,c] W1[c,f] B1[f] W2[f,o] B2[o]
+H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
+G[a,s,f] = gelu(H[a,s,f] + B1[f])
+Y[a,s,o] = sum(f) G[a,s,f] * W2[f,o]
+Z[a,s,o] = Y[a,s,o] + B2[o]
+out Z
+)")) << ir::ChainToText(out->chains[0].chain);
+}
+
+TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {
+  Model plain("plain");
+  plain.Input("x", {8, 8});
+  plain.Node("Relu", {"x"}, "y");
+  plain.Output("y");
+  auto none = ExtractOnnx(plain.Write(dir_->path()), {});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->chains.empty());
+  EXPECT_TRUE(none->rejected.empty());
+
+  // Without --dim the attention's shapes are unknown: rejected, saying how.
+  auto unbound = ExtractOnnx(BertAttention(1).Write(dir_->path()), {});
+  ASSERT_TRUE(unbound.ok()) << unbound.status();
+  EXPECT_TRUE(unbound->chains.empty());
+  ASSERT_EQ(unbound->rejected.size(), 1u);
+  EXPECT_THAT(unbound->rejected[0], HasSubstr("l0_probs_node"));
+  EXPECT_THAT(unbound->rejected[0], HasSubstr("--dim"));
+}
+
+TEST_F(OnnxImportTest, RejectedPatternsNameTheirNode) {
+  Model m("softmax_mid");
+  m.Input("q", {2, 8, 16});
+  m.Input("k", {2, 16, 8});
+  m.Input("v", {2, 8, 16});
+  m.Node("MatMul", {"q", "k"}, "s");
+  auto* sm = m.Node("Softmax", {"s"}, "p");
+  auto* axis = sm->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  m.Node("MatMul", {"p", "v"}, "o");
+  m.Output("o");
+  auto out = ExtractOnnx(m.Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->chains.empty());
+  ASSERT_FALSE(out->rejected.empty());
+  EXPECT_THAT(out->rejected[0], HasSubstr("'p_node' (Softmax)"));
+  EXPECT_THAT(out->rejected[0], HasSubstr("last axis"));
+}
+
+TEST_F(OnnxImportTest, CorruptAndMissingFilesAreClearErrors) {
+  const std::string path = dir_->path() + "/corrupt.onnx";
+  std::ofstream(path) << "this is not a protobuf \xff\xfe\x01";
+  auto corrupt = ExtractOnnx(path, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(corrupt.status())) << corrupt.status();
+  EXPECT_THAT(std::string(corrupt.status().message()), HasSubstr("not an ONNX model"));
+  // A truncated model.
+  const std::string whole = BertAttention(1).Write(dir_->path());
+  std::ifstream in(whole, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(dir_->path() + "/truncated.onnx", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  EXPECT_FALSE(ExtractOnnx(dir_->path() + "/truncated.onnx", {}).ok());
+  EXPECT_TRUE(absl::IsNotFound(ExtractOnnx(dir_->path() + "/absent.onnx", {}).status()));
+}
+
+}  // namespace
+}  // namespace fusor::zoo
