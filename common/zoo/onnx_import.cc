@@ -489,6 +489,90 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
   return std::make_pair(std::move(*chain), nodes);
 }
 
+// Conv -> [Relu] -> 1x1 Conv starting at `first` (2-D convolutions, one
+// group, no padding: the chain's indices cannot express a padded border).
+std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> MatchConvChain(
+    const Graph& g, const onnx::NodeProto& first, int index) {
+  std::vector<const onnx::NodeProto*> nodes = {&first};
+  std::string cur = first.output(0);
+  const onnx::NodeProto* relu = g.SoleConsumer(cur);
+  if (relu != nullptr && relu->op_type() == "Relu") {
+    nodes.push_back(relu);
+    cur = relu->output(0);
+  } else {
+    relu = nullptr;
+  }
+  const onnx::NodeProto* second = g.SoleConsumer(cur);
+  if (second == nullptr || second->op_type() != "Conv" || second->input(0) != cur) return Reject{};  // no candidate
+  nodes.push_back(second);
+  std::string why;
+  auto attrs = [&](const onnx::NodeProto& n) -> std::variant<std::pair<int64_t, int64_t>, Reject> {
+    if (AttrInt(n, "group", 1) != 1) return Reject{absl::StrCat(Label(n), " is a grouped convolution")};
+    for (int64_t p : AttrInts(n, "pads")) {
+      if (p != 0) return Reject{absl::StrCat(Label(n), " pads its input (the chain cannot express the border)")};
+    }
+    for (const onnx::AttributeProto& a : n.attribute()) {
+      if (a.name() == "auto_pad" && a.s() != "NOTSET" && a.s() != "VALID") {
+        return Reject{absl::StrCat(Label(n), " pads its input (auto_pad ", a.s(), ")")};
+      }
+    }
+    const std::vector<int64_t> strides = AttrInts(n, "strides"), dilations = AttrInts(n, "dilations");
+    const int64_t stride = strides.empty() ? 1 : strides[0], dilation = dilations.empty() ? 1 : dilations[0];
+    if ((strides.size() == 2 && strides[1] != stride) || (dilations.size() == 2 && dilations[1] != dilation)) {
+      return Reject{absl::StrCat(Label(n), " has different strides or dilations per axis")};
+    }
+    return std::make_pair(stride, dilation);
+  };
+  auto a1 = attrs(first);
+  if (Failed(a1, &why)) return Reject{why};
+  auto a2 = attrs(*second);
+  if (Failed(a2, &why)) return Reject{why};
+  const auto [stride, dilation] = std::get<std::pair<int64_t, int64_t>>(a1);
+  if (std::get<std::pair<int64_t, int64_t>>(a2) != std::make_pair(int64_t{1}, int64_t{1})) {
+    return Reject{absl::StrCat(Label(*second), " is not a 1x1 convolution of stride 1")};
+  }
+  auto shape = [&](const std::string& t) -> std::variant<std::vector<int64_t>, Reject> {
+    auto s = g.Shape(t);
+    if (Failed(s, &why)) return Reject{why};
+    if (std::get<std::vector<int64_t>>(s).size() != 4) return Reject{absl::StrCat("'", t, "' is not 4-D (NCHW)")};
+    return s;
+  };
+  auto xs = shape(first.input(0));
+  auto w1s = shape(first.input(1));
+  auto ts = shape(first.output(0));
+  auto w2s = shape(second->input(1));
+  for (const auto* v : {&xs, &w1s, &ts, &w2s}) {
+    if (Failed(*v, &why)) return Reject{why};
+  }
+  const std::vector<int64_t>& X = std::get<std::vector<int64_t>>(xs);
+  const std::vector<int64_t>& W1 = std::get<std::vector<int64_t>>(w1s);
+  const std::vector<int64_t>& T = std::get<std::vector<int64_t>>(ts);
+  const std::vector<int64_t>& W2 = std::get<std::vector<int64_t>>(w2s);
+  if (W2[2] != 1 || W2[3] != 1) return Reject{absl::StrCat(Label(*second), " is not a 1x1 convolution")};
+  const bool bias1 = first.input_size() > 2 && !first.input(2).empty();
+  const bool bias2 = second->input_size() > 2 && !second->input(2).empty();
+  auto at = [&](const char* out, const char* k) {
+    return absl::StrCat(out, stride == 1 ? "" : absl::StrCat("*", stride), "+", k,
+                        dilation == 1 ? "" : absl::StrCat("*", dilation));
+  };
+  std::string text = absl::StrCat(
+      "chain conv_chain_", index, "\ndtype ", DTypeOf(g, first.input(0)), "\ndim n=", X[0], " c=", X[1], " y=", X[2],
+      " x=", X[3], " k=", W1[0], " r=", W1[2], " s=", W1[3], " p=", T[2], " q=", T[3], " j=", W2[0],
+      "\nin X[n,c,y,x] W1[k,c,r,s] W2[j,k,1,1]", bias1 ? " B1[k]" : "", bias2 ? " B2[j]" : "", "\n",
+      "T[n,k,p,q] = sum(c,r,s) X[n,c,", at("p", "r"), ",", at("q", "s"), "] * W1[k,c,r,s]\n");
+  std::string u = "T";
+  if (relu != nullptr || bias1) {
+    const std::string in = bias1 ? "T[n,k,p,q] + B1[k]" : "T[n,k,p,q]";
+    absl::StrAppend(&text, "U[n,k,p,q] = ", relu != nullptr ? absl::StrCat("relu(", in, ")") : in, "\n");
+    u = "U";
+  }
+  absl::StrAppend(&text, "O[n,j,p,q] = sum(k) ", u, "[n,k,p,q] * W2[j,k,0,0]\n");
+  absl::StrAppend(&text, bias2 ? "Z[n,j,p,q] = O[n,j,p,q] + B2[j]\nout Z\n" : "out O\n");
+  auto chain = ir::ParseChainText(text);
+  if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  return std::make_pair(std::move(*chain), nodes);
+}
+
 }  // namespace
 
 absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::map<std::string, int64_t>& dims) {
@@ -553,6 +637,16 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
     } else {
       auto& [chain, nodes] = std::get<0>(m);
       keep(std::move(chain), nodes, "gemm chain");
+    }
+  }
+  for (const onnx::NodeProto& n : model.graph().node()) {
+    if (n.op_type() != "Conv" || used.count(&n) > 0) continue;
+    auto m = MatchConvChain(g, n, index + 1);
+    if (const Reject* r = std::get_if<Reject>(&m)) {
+      if (!r->why.empty()) out.rejected.push_back(absl::StrCat("conv chain at ", Label(n), ": ", r->why));
+    } else {
+      auto& [chain, nodes] = std::get<0>(m);
+      keep(std::move(chain), nodes, "conv chain");
     }
   }
   return out;

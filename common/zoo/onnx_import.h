@@ -10,7 +10,9 @@
 //    MatMul(., V); a Transpose producing Q, K' or V folds into the chain's
 //    indices (K' = Transpose(K) is read as K);
 //  - GEMM chains: MatMul or Gemm -> optional bias Add -> Relu, Gelu or
-//    GELU written out with Erf -> MatMul or Gemm -> optional bias Add.
+//    GELU written out with Erf -> MatMul or Gemm -> optional bias Add;
+//  - convolution chains: Conv (one group, unpadded) -> optional Relu ->
+//    1x1 Conv.
 // Every candidate that does not match says why, naming its node.
 #pragma once
 

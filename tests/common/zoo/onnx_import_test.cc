@@ -1,6 +1,6 @@
 // ONNX import: models built here with the ONNX API in the shapes exporters
 // produce (BERT-style attention with its head transposes and padding mask,
-// a GELU MLP written out with Erf), checked chain by chain against
+// a GELU MLP written out with Erf, a convolution chain), checked chain by chain against
 // hand-written chains by canonical key; a model with nothing to fuse, one
 // whose external weight data is missing, unbound symbolic dims, and
 // corrupt files.
@@ -182,6 +182,47 @@ Y[a,s,o] = sum(f) G[a,s,f] * W2[f,o]
 Z[a,s,o] = Y[a,s,o] + B2[o]
 out Z
 )")) << ir::ChainToText(out->chains[0].chain);
+}
+
+// A bottleneck-style convolution chain: 3x3 stride-2 Conv with bias,
+// Relu, 1x1 Conv; and a padded one, which the chain cannot express.
+TEST_F(OnnxImportTest, ConvReluConv1x1) {
+  Model m("convs");
+  m.Input("img", {std::string("n"), 8, 19, 23});
+  m.ExternalWeight("w1", {16, 8, 3, 3});
+  m.ExternalWeight("b1", {16});
+  m.ExternalWeight("w2", {12, 16, 1, 1});
+  auto* conv = m.Node("Conv", {"img", "w1", "b1"}, "t");
+  auto* strides = conv->add_attribute();
+  strides->set_name("strides");
+  strides->set_type(onnx::AttributeProto::INTS);
+  strides->add_ints(2);
+  strides->add_ints(2);
+  m.Node("Relu", {"t"}, "u");
+  m.Node("Conv", {"u", "w2"}, "o");
+  m.Output("o");
+  m.Input("img2", {1, 8, 10, 10});
+  auto* padded = m.Node("Conv", {"img2", "w1"}, "t2");
+  auto* pads = padded->add_attribute();
+  pads->set_name("pads");
+  pads->set_type(onnx::AttributeProto::INTS);
+  for (int i = 0; i < 4; ++i) pads->add_ints(1);
+  m.Node("Relu", {"t2"}, "u2");
+  m.Node("Conv", {"u2", "w2"}, "o2");
+  m.Output("o2");
+  auto out = ExtractOnnx(m.Write(dir_->path()), {{"n", 2}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u);
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim n=2 c=8 y=19 x=23 k=16 r=3 s=3 p=9 q=11 j=12
+in I[n,c,y,x] W1[k,c,r,s] B1[k] W2[j,k,1,1]
+T[n,k,p,q] = sum(c,r,s) I[n,c,p*2+r,q*2+s] * W1[k,c,r,s]
+U[n,k,p,q] = relu(T[n,k,p,q] + B1[k])
+O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k,0,0]
+out O
+)")) << ir::ChainToText(out->chains[0].chain);
+  ASSERT_EQ(out->rejected.size(), 1u);
+  EXPECT_THAT(out->rejected[0], HasSubstr("'t2_node' (Conv) pads its input"));
 }
 
 TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {
