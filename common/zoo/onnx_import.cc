@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
@@ -619,34 +620,24 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
     ++index;
     out.chains.push_back({std::move(chain), role, source, 1});
   };
-  for (const onnx::NodeProto& n : model.graph().node()) {
-    if (n.op_type() != "Softmax") continue;
-    auto m = MatchAttention(g, n, index + 1);
-    if (const Reject* r = std::get_if<Reject>(&m)) {
-      out.rejected.push_back(absl::StrCat("attention at ", Label(n), ": ", r->why));
-    } else {
-      auto& [chain, nodes] = std::get<0>(m);
-      keep(std::move(chain), nodes, "attention");
-    }
-  }
-  for (const onnx::NodeProto& n : model.graph().node()) {
-    if (!IsGemm(&n) || used.count(&n) > 0) continue;
-    auto m = MatchGemmChain(g, n, index + 1);
-    if (const Reject* r = std::get_if<Reject>(&m)) {
-      if (!r->why.empty()) out.rejected.push_back(absl::StrCat("GEMM chain at ", Label(n), ": ", r->why));
-    } else {
-      auto& [chain, nodes] = std::get<0>(m);
-      keep(std::move(chain), nodes, "gemm chain");
-    }
-  }
-  for (const onnx::NodeProto& n : model.graph().node()) {
-    if (n.op_type() != "Conv" || used.count(&n) > 0) continue;
-    auto m = MatchConvChain(g, n, index + 1);
-    if (const Reject* r = std::get_if<Reject>(&m)) {
-      if (!r->why.empty()) out.rejected.push_back(absl::StrCat("conv chain at ", Label(n), ": ", r->why));
-    } else {
-      auto& [chain, nodes] = std::get<0>(m);
-      keep(std::move(chain), nodes, "conv chain");
+  // Each pattern from the nodes it starts at (attention: its Softmax),
+  // skipping nodes an earlier chain took.
+  using Matcher = std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> (*)(
+      const Graph&, const onnx::NodeProto&, int);
+  const std::tuple<const char*, Matcher, bool (*)(const onnx::NodeProto&)> patterns[] = {
+      {"attention", MatchAttention, [](const onnx::NodeProto& n) { return n.op_type() == "Softmax"; }},
+      {"gemm chain", MatchGemmChain, [](const onnx::NodeProto& n) { return IsGemm(&n); }},
+      {"conv chain", MatchConvChain, [](const onnx::NodeProto& n) { return n.op_type() == "Conv"; }}};
+  for (const auto& [role, match, starts] : patterns) {
+    for (const onnx::NodeProto& n : model.graph().node()) {
+      if (!starts(n) || used.count(&n) > 0) continue;
+      auto m = match(g, n, index + 1);
+      if (const Reject* r = std::get_if<Reject>(&m)) {
+        if (!r->why.empty()) out.rejected.push_back(absl::StrCat(role, " at ", Label(n), ": ", r->why));
+      } else {
+        auto& [chain, nodes] = std::get<0>(m);
+        keep(std::move(chain), nodes, role);
+      }
     }
   }
   return out;
