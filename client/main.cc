@@ -238,7 +238,10 @@ int Extract(const std::string& file, const std::vector<std::string>& bindings, c
   std::map<std::string, int64_t> dims;
   for (const std::string& b : bindings) {
     auto dim = fusor::client::ParseDimBinding(b);
-    if (!dim.ok()) return Fail(dim.status());
+    if (!dim.ok()) {
+      Fail(dim.status());
+      return 2;  // usage
+    }
     dims[dim->first] = dim->second;
   }
   auto extraction = fusor::client::ExtractModel(file, dims);
