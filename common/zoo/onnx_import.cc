@@ -3,7 +3,15 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <thread>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -202,6 +210,11 @@ std::variant<Operand, Reject> View(const Graph& g, const std::string& value, con
     std::vector<int64_t> perm = AttrInts(*t, "perm");
     if (perm.empty()) {
       for (int i = static_cast<int>(names.size()) - 1; i >= 0; --i) perm.push_back(i);
+    }
+    std::vector<int64_t> sorted = perm;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (sorted[i] != static_cast<int64_t>(i)) return Reject{absl::StrCat(Label(*t), " has no valid perm")};
     }
     if (perm.size() == names.size()) {
       // out axis j is in axis perm[j]
@@ -574,6 +587,64 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
   return std::make_pair(std::move(*chain), nodes);
 }
 
+// ONNX's shape inference, in a child process: libonnx 1.12 reads some
+// malformed graphs out of bounds (a convolution whose weight has the wrong
+// rank crashes it), and a damaged file must never take the caller down.
+absl::Status InferShapesIsolated(onnx::ModelProto& model) {
+  char name[] = "/tmp/fusor-onnx-shapes-XXXXXX";
+  const int fd = mkstemp(name);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create a temporary file: ", strerror(errno)));
+  unlink(name);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    int code = 0;
+    std::string bytes;
+    try {
+      onnx::shape_inference::InferShapes(model);
+      if (!model.SerializeToString(&bytes)) code = 3;
+    } catch (const std::exception& e) {
+      bytes = e.what();
+      code = 2;
+    }
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+      if (n <= 0) _exit(4);
+      done += static_cast<size_t>(n);
+    }
+    _exit(code);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      close(fd);
+      return absl::DeadlineExceededError("ONNX shape inference did not finish in 120 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::string bytes;
+  lseek(fd, 0, SEEK_SET);
+  char buf[1 << 16];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) bytes.append(buf, static_cast<size_t>(n));
+  close(fd);
+  if (WIFSIGNALED(status)) {
+    return absl::InvalidArgumentError(absl::StrCat("ONNX shape inference crashed (signal ", WTERMSIG(status),
+                                                   "): the model is malformed"));
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 2) return absl::InvalidArgumentError(absl::StrCat("shape inference failed: ", bytes));
+  if (code != 0 || !model.ParseFromString(bytes)) {
+    return absl::InternalError(absl::StrCat("shape inference ended with code ", code));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::map<std::string, int64_t>& dims) {
@@ -594,10 +665,24 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       if (it != dims.end()) d.set_dim_value(it->second);
     }
   }
-  try {
-    onnx::shape_inference::InferShapes(model);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": shape inference failed: ", e.what()));
+  if (absl::Status st = InferShapesIsolated(model); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+  }
+  // Nodes the patterns read must have their operands: a malformed graph is
+  // an error naming the node, never an out-of-range read.
+  static const std::map<std::string, int> kInputs = {{"MatMul", 2}, {"Gemm", 2}, {"Conv", 2},    {"Add", 2},
+                                                     {"Mul", 2},    {"Div", 2},  {"Softmax", 1}, {"Transpose", 1},
+                                                     {"Erf", 1},    {"Relu", 1}, {"Gelu", 1}};
+  for (const onnx::NodeProto& n : model.graph().node()) {
+    auto need = kInputs.find(n.op_type());
+    if (n.output_size() < 1 || n.output(0).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": node '", n.name(), "' (", n.op_type(), ") has no output"));
+    }
+    if (need != kInputs.end() && n.input_size() < need->second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": node ", Label(n), " has ", n.input_size(),
+                                                     " inputs, needs ", need->second));
+    }
   }
   const Graph g(model.graph());
   OnnxExtraction out;
