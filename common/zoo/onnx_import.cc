@@ -272,9 +272,14 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
   double scale = 1;
   const onnx::NodeProto* n = g.Producer(cur);
   if (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == &s) {
-    const onnx::NodeProto* left = g.Producer(n->input(0));
-    const bool first = left != nullptr && (left->op_type() == "MatMul" || left->op_type() == "Div" ||
-                                           left->op_type() == "Mul");
+    // The scores come from the MatMul, directly or through the scale; the
+    // other operand is the mask (which may itself be computed by a Mul).
+    auto scores = [&](const std::string& t) {
+      const onnx::NodeProto* p = g.Producer(t);
+      if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
+      return p != nullptr && p->op_type() == "MatMul";
+    };
+    const bool first = scores(n->input(0));
     mask = n->input(first ? 1 : 0);
     cur = n->input(first ? 0 : 1);
     nodes.push_back(n);

@@ -92,7 +92,7 @@ class Model {
 
 // One BERT-style attention layer as exporters write it: heads split by
 // Transpose, K transposed for Q·Kᵀ, scaled by a Div, the padding mask
-// added, softmax, ·V.
+// (scaled by a Mul first, as BERT exports do) added, softmax, ·V.
 void AttentionLayer(Model& m, const std::string& l) {
   for (const char* x : {"q", "k", "v"}) m.Input(l + x, {std::string("batch"), std::string("seq"), 4, 16});
   m.Perm(m.Node("Transpose", {l + "q"}, l + "Q"), {0, 2, 1, 3});
@@ -100,7 +100,7 @@ void AttentionLayer(Model& m, const std::string& l) {
   m.Perm(m.Node("Transpose", {l + "v"}, l + "V"), {0, 2, 1, 3});
   m.Node("MatMul", {l + "Q", l + "Kt"}, l + "scores");
   m.Node("Div", {l + "scores", "sqrt_d"}, l + "scaled");
-  m.Node("Add", {l + "scaled", "mask"}, l + "masked");
+  m.Node("Add", {"mask_bias", l + "scaled"}, l + "masked");  // the mask first, made by a Mul
   m.Node("Softmax", {l + "masked"}, l + "probs");
   m.Node("MatMul", {l + "probs", l + "V"}, l + "context");
   m.Output(l + "context");
@@ -110,6 +110,8 @@ Model BertAttention(int layers) {
   Model m("bert_attention");
   m.Input("mask", {std::string("batch"), 1, 1, std::string("seq")});
   m.Scalar("sqrt_d", 4);
+  m.Scalar("minus_big", -10000);
+  m.Node("Mul", {"mask", "minus_big"}, "mask_bias");
   for (int i = 0; i < layers; ++i) AttentionLayer(m, "l" + std::to_string(i) + "_");
   return m;
 }
