@@ -1,8 +1,6 @@
 #include "client/extract.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -11,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/ir/canonical.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::client {
@@ -25,11 +24,8 @@ absl::StatusOr<Extraction> ExtractModel(const std::string& path, const std::map<
     e.rejected = std::move(onnx.rejected);
     return e;
   }
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  auto config = zoo::ParseTransformerConfig(text.str());
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  auto config = zoo::ParseTransformerConfig(text);
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", config.status().message()));
   zoo::TransformerConfig& c = *config;
   RETURN_IF_ERROR(zoo::BindDims(dims, c));
@@ -67,11 +63,8 @@ absl::StatusOr<std::vector<std::string>> WriteExtraction(const Extraction& e, co
   std::vector<std::string> paths;
   for (const zoo::ModelChain& m : e.chains) {
     const std::string path = absl::StrCat(dir, "/", m.chain.name, ".fusor");
-    std::ofstream f(path);
-    f << "# " << e.model << ": " << m.role << " (" << m.layers << ", run " << m.instances
-      << " times per forward pass)\n"
-      << ir::ChainToText(m.chain);
-    if (!f) return absl::InternalError(absl::StrCat("cannot write ", path));
+    RETURN_IF_ERROR(WriteFile(path, absl::StrCat("# ", e.model, ": ", m.role, " (", m.layers, ", run ", m.instances,
+                                                 " times per forward pass)\n", ir::ChainToText(m.chain))));
     paths.push_back(path);
   }
   return paths;

@@ -1,7 +1,6 @@
 #include "client/model_only.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -12,15 +11,15 @@
 #include "common/hw/devices.h"
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::client {
 namespace {
 
+// Writes a file and records its path.
 absl::Status WriteFile(const std::string& path, const std::string& bytes, std::vector<std::string>& written) {
-  std::ofstream f(path, std::ios::binary);
-  f << bytes;
-  if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
+  if (absl::Status st = fusor::WriteFile(path, bytes); !st.ok()) return absl::PermissionDeniedError(st.message());
   written.push_back(path);
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 #include "worker/cpu/calibration.h"
 #include "worker/cpu/compiler.h"

@@ -30,10 +30,6 @@ std::string CurrentExecutable(const std::string& fallback);
 // The last `max_bytes` of a file, for error messages; empty if unreadable.
 std::string ReadTail(const std::string& path, size_t max_bytes);
 
-// A whole file's bytes; NOT_FOUND when it cannot be read.
-absl::StatusOr<std::string> ReadFile(const std::string& path);
-absl::Status WriteFile(const std::string& path, const std::string& bytes);
-
 // A fresh directory under `base_dir`, removed with its contents on
 // destruction.
 class TempDir {

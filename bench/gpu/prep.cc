@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "bench/gpu/inputs.h"
@@ -23,6 +22,7 @@
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
 #include "common/space/space.h"
+#include "common/util/files.h"
 
 namespace {
 
@@ -30,15 +30,9 @@ using namespace fusor;
 
 constexpr uint64_t kSeed = 20261202;
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 int Prepare(const std::string& chain_path, const hw::TargetDesc& target, int top, const std::string& out_root) {
-  auto chain = ir::ParseChainText(Read(chain_path));
+  auto text = ReadFile(chain_path);
+  auto chain = text.ok() ? ir::ParseChainText(*text) : absl::StatusOr<ir::Chain>(text.status());
   if (!chain.ok()) {
     std::cerr << chain_path << ": " << chain.status() << "\n";
     return 1;

@@ -13,11 +13,9 @@
 #include <cstring>
 #include <thread>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <tuple>
 #include <variant>
 
@@ -25,6 +23,8 @@
 #include "absl/strings/str_join.h"
 #include "common/ir/canonical.h"
 #include "common/ir/parse.h"
+#include "common/util/files.h"
+#include "common/util/status_macros.h"
 
 namespace fusor::zoo {
 namespace {
@@ -653,12 +653,9 @@ absl::Status InferShapesIsolated(onnx::ModelProto& model) {
 }  // namespace
 
 absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::map<std::string, int64_t>& dims) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream bytes;
-  bytes << in.rdbuf();
+  ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   onnx::ModelProto model;
-  if (!model.ParseFromString(bytes.str()) || !model.has_graph()) {
+  if (!model.ParseFromString(bytes) || !model.has_graph()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not an ONNX model (the protobuf does not parse)"));
   }
   // Bind symbolic dims of the graph's inputs, then infer shapes.

@@ -4,22 +4,17 @@
 // clean refusal without a driver (or, with one, a full pass); the table.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <gtest/gtest.h>
 
+#include "common/util/files.h"
 #include "common/codegen/cuda/program.h"
 #include "worker/process.h"
 
 namespace fusor {
 namespace {
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::string Read(const std::string& path) { return ReadFile(path).value_or(""); }
 
 TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
   auto dir = worker::TempDir::Create("/tmp", "fusor-gpu-check-test-");

@@ -3,12 +3,11 @@
 #include "client/model_only.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/util/files.h"
 #include "common/codegen/cuda/nvrtc.h"
 #include "common/ir/parse.h"
 #include "worker/process.h"
@@ -16,12 +15,7 @@
 namespace fusor::client {
 namespace {
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+std::string Read(const std::string& path) { return ReadFile(path).value_or(""); }
 
 TEST(ModelOnlyTest, GpuTargetsByNameOrArch) {
   EXPECT_EQ(GpuTarget("h100")->arch, "sm_90");

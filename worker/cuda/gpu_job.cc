@@ -9,10 +9,10 @@
 #include "common/hw/intrinsic.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 #include "worker/cpu/measure.h"
 #include "worker/cuda/gpu_runtime.h"
-#include "worker/process.h"
 
 namespace fusor::worker {
 namespace {

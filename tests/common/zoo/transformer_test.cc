@@ -7,9 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "common/util/files.h"
 #include "common/hw/devices.h"
 #include "common/ir/canonical.h"
 #include "common/space/space.h"
@@ -19,12 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string Read(const std::string& path) { return ReadFile(path).value_or(""); }
 
 TransformerConfig Example(const std::string& name) {
   auto c = ParseTransformerConfig(Read(std::string(FUSOR_SOURCE_DIR) + "/examples/models/" + name));

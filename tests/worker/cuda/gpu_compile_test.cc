@@ -13,6 +13,7 @@
 #include "common/codegen/cuda/program.h"
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
+#include "common/util/files.h"
 #include "tests/test_chains.h"
 #include "worker/cuda/gpu_job.h"
 #include "worker/process.h"
