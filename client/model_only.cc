@@ -57,17 +57,12 @@ std::vector<GpuCandidate> CompilingGpuCandidates(const ir::Chain& chain, const h
       continue;
     }
     c.kernel = std::move(*kernel);
-    if (nvrtc != nullptr) {
-      c.compiled = nvrtc->Compile(c.kernel.source, target.arch,
-                                  {{"fusor_device.h", std::string(codegen::CudaDeviceHeader())}});
-      const std::string why = c.compiled.ok ? codegen::CheckResources(c.compiled.usage, c.kernel.threads,
-                                                                      c.kernel.shared_bytes,
-                                                                      codegen::LimitsForArch(target.arch))
-                                            : c.compiled.log;
-      if (!why.empty()) {
-        skipped->push_back(absl::StrCat(c.schedule, ": ", why));
-        continue;
-      }
+    std::string why;
+    if (nvrtc != nullptr && !codegen::CompileProgram(codegen::FusedProgram(chain, c.kernel), target.arch,
+                                                     std::string(codegen::CudaDeviceHeader()),
+                                                     codegen::LimitsForArch(target.arch), &c.compiled, &why)) {
+      skipped->push_back(absl::StrCat(c.schedule, ": ", why));
+      continue;
     }
     out.push_back(std::move(c));
   }
@@ -127,7 +122,7 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
   std::string no_nvrtc;
   const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(&no_nvrtc);
   if (nvrtc != nullptr) {
-    const codegen::ResourceUsage& u = c.compiled.usage;
+    const codegen::ResourceUsage& u = c.compiled.usage[0];
     meta["compiler"] = {{"version", nvrtc->Version()},
                         {"options", c.compiled.options},
                         {"registers", u.registers},
@@ -135,7 +130,7 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
                         {"spill_store_bytes", u.spill_store_bytes},
                         {"spill_load_bytes", u.spill_load_bytes},
                         {"static_shared_bytes", u.static_shared_bytes}};
-    RETURN_IF_ERROR(WriteFile(base + ".cubin", c.compiled.cubin, out.files));
+    RETURN_IF_ERROR(WriteFile(base + ".cubin", c.compiled.cubins[0], out.files));
   }
   RETURN_IF_ERROR(WriteFile(absl::StrCat(out_dir, "/fusor_device.h"), std::string(codegen::CudaDeviceHeader()),
                             out.files));

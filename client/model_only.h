@@ -27,7 +27,7 @@ struct GpuCandidate {
   int rank = 0;  // 1-based, in model order
   std::string schedule;
   codegen::CudaKernel kernel;
-  codegen::NvrtcOutput compiled;  // not compiled (ok false) when NVRTC is missing
+  codegen::CompiledProgram compiled;  // of FusedProgram(chain, kernel); empty when NVRTC is missing
 };
 
 // The `count` best-ranked candidates of `space` whose CUDA compiles for the
