@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/ir/canonical.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
 
@@ -48,7 +47,7 @@ std::string FormatExtraction(const Extraction& e) {
   int runs = 0;
   for (const zoo::ModelChain& m : e.chains) {
     absl::StrAppend(&out, absl::StrFormat("  %-32s %-24s %5d  %-12s  %s\n", m.chain.name, m.role, m.instances,
-                                          ir::Canonicalize(m.chain).key.substr(0, 12), m.layers));
+                                          m.key.substr(0, 12), m.layers));
     runs += m.instances;
   }
   absl::StrAppend(&out, "  ", e.chains.size(), " distinct chains, run ", runs, " times per forward pass\n");

@@ -21,7 +21,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/ir/canonical.h"
 #include "common/ir/parse.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
@@ -40,7 +39,10 @@ class Graph {
   explicit Graph(const onnx::GraphProto& g) : g_(g) {
     for (const onnx::NodeProto& n : g.node()) {
       for (const std::string& out : n.output()) producer_[out] = &n;
-      for (const std::string& in : n.input()) ++consumers_[in];
+      for (const std::string& in : n.input()) {
+        std::vector<const onnx::NodeProto*>& readers = consumers_[in];
+        if (readers.empty() || readers.back() != &n) readers.push_back(&n);
+      }
     }
     for (const onnx::TensorProto& t : g.initializer()) {
       initializer_[t.name()] = &t;
@@ -72,25 +74,13 @@ class Graph {
   // The one node reading `t`, unless more read it or it is a graph output.
   const onnx::NodeProto* SoleConsumer(const std::string& t) const {
     auto it = consumers_.find(t);
-    if (it == consumers_.end() || it->second != 1 || outputs_.count(t) > 0) return nullptr;
-    for (const onnx::NodeProto& n : g_.node()) {
-      for (const std::string& in : n.input()) {
-        if (in == t) return &n;
-      }
-    }
-    return nullptr;
+    if (it == consumers_.end() || it->second.size() != 1 || outputs_.count(t) > 0) return nullptr;
+    return it->second[0];
   }
+  // The nodes reading `t`, each once, in graph order.
   std::vector<const onnx::NodeProto*> Consumers(const std::string& t) const {
-    std::vector<const onnx::NodeProto*> out;
-    for (const onnx::NodeProto& n : g_.node()) {
-      for (const std::string& in : n.input()) {
-        if (in == t) {
-          out.push_back(&n);
-          break;
-        }
-      }
-    }
-    return out;
+    auto it = consumers_.find(t);
+    return it == consumers_.end() ? std::vector<const onnx::NodeProto*>() : it->second;
   }
   // The known shape of `t`, or why not.
   std::variant<std::vector<int64_t>, Reject> Shape(const std::string& t) const {
@@ -157,7 +147,7 @@ class Graph {
  private:
   const onnx::GraphProto& g_;
   std::map<std::string, const onnx::NodeProto*> producer_;
-  std::map<std::string, int> consumers_;
+  std::map<std::string, std::vector<const onnx::NodeProto*>> consumers_;
   std::map<std::string, const onnx::TensorProto*> initializer_;
   std::map<std::string, std::vector<int64_t>> shape_;
   std::map<std::string, std::string> symbolic_;
@@ -696,16 +686,9 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
     std::vector<std::string> names;
     for (const onnx::NodeProto* n : nodes) names.push_back(n->name().empty() ? n->output(0) : n->name());
     const std::string source = absl::StrCat("nodes ", absl::StrJoin(names, ", "));
-    const std::string key = ir::Canonicalize(chain).key;
-    for (ModelChain& m : out.chains) {
-      if (ir::Canonicalize(m.chain).key == key) {
-        ++m.instances;
-        m.layers += "; " + source;
-        return;
-      }
-    }
-    ++index;
-    out.chains.push_back({std::move(chain), role, source, 1});
+    const size_t before = out.chains.size();
+    AddDistinct(out.chains, {std::move(chain), role, source, 1});
+    index += out.chains.size() > before;
   };
   // Each pattern from the nodes it starts at (attention: its Softmax),
   // skipping nodes an earlier chain took.

@@ -94,6 +94,18 @@ std::string Range(const std::string& what, int64_t layers) {
 
 }  // namespace
 
+void AddDistinct(std::vector<ModelChain>& chains, ModelChain chain) {
+  chain.key = ir::Canonicalize(chain.chain).key;
+  for (ModelChain& m : chains) {
+    if (m.key != chain.key) continue;
+    if (m.role != chain.role) m.role += " = " + chain.role;
+    m.layers += "; " + chain.layers;
+    m.instances += chain.instances;
+    return;
+  }
+  chains.push_back(std::move(chain));
+}
+
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& text) {
   const Json j = Json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("a model description is a JSON object");
@@ -186,15 +198,7 @@ absl::StatusOr<std::vector<ModelChain>> ExpandTransformer(const TransformerConfi
   auto add = [&](absl::StatusOr<ir::Chain> chain, const std::string& role, const std::string& layers,
                  int64_t instances) -> absl::Status {
     if (!chain.ok()) return Invalid(c.model, absl::StrCat(role, ": ", chain.status().message()));
-    const std::string key = ir::Canonicalize(*chain).key;
-    for (ModelChain& m : out) {
-      if (ir::Canonicalize(m.chain).key != key) continue;
-      m.role += " = " + role;
-      m.layers += ", " + layers;
-      m.instances += static_cast<int>(instances);
-      return absl::OkStatus();
-    }
-    out.push_back({std::move(*chain), role, layers, static_cast<int>(instances)});
+    AddDistinct(out, {std::move(*chain), role, layers, static_cast<int>(instances)});
     return absl::OkStatus();
   };
   const bool enc_dec = c.architecture == "encoder-decoder";

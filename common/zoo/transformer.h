@@ -57,9 +57,15 @@ absl::Status BindDims(const std::map<std::string, int64_t>& dims, TransformerCon
 struct ModelChain {
   ir::Chain chain;
   std::string role;     // "self-attention", "decoder cross-attention", "ffn", ...
-  std::string layers;   // the layers it stands for, e.g. "encoder layers 1-12"
+  std::string layers;   // where it comes from, e.g. "encoder layers 1-12" or the ONNX nodes
   int instances = 0;    // how many times the model runs it
+  std::string key;      // the chain's canonical key (AddDistinct sets it)
 };
+
+// Appends `chain` to `chains`, or folds it into the one with its canonical
+// key: roles joined by " = " when they differ, sources by "; ", instances
+// added.
+void AddDistinct(std::vector<ModelChain>& chains, ModelChain chain);
 
 // The chains of the model, each distinct one once.
 absl::StatusOr<std::vector<ModelChain>> ExpandTransformer(const TransformerConfig& config);

@@ -103,7 +103,7 @@ TEST(TransformerTest, IdenticalChainsAreOneWithTheirInstances) {
   ASSERT_EQ(chains->size(), 4u);  // the two FFNs are the same chain
   EXPECT_EQ((*chains)[1].role, "ffn = decoder ffn");
   EXPECT_EQ((*chains)[1].instances, 24);
-  EXPECT_EQ((*chains)[1].layers, "encoder layers 1-12, decoder layers 1-12");
+  EXPECT_EQ((*chains)[1].layers, "encoder layers 1-12; decoder layers 1-12");
 }
 
 TEST(TransformerTest, EveryExampleExpandsToChainsWithASpace) {
