@@ -4,8 +4,11 @@
 // task from its database.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -264,9 +267,43 @@ TEST_F(IntegrationTest, CompilingAheadMeasuresEveryJobOnce) {
   StartServer();
   StartWorker(/*compile_ahead=*/2);
   client::Client client(server_->InProcessChannel());
-  auto result = client.Tune(Request(kChain, 6), nullptr, absl::Seconds(120));
+  // While the task runs, count the jobs the one worker holds at once: more
+  // than one only if it leases ahead to compile.
+  std::atomic<bool> done{false};
+  std::atomic<size_t> most_held{0};
+  std::mutex mu;
+  std::string task_id;
+  std::thread watcher([&] {
+    for (int i = 0; i < 12000 && !done; ++i) {
+      std::string id;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        id = task_id;
+      }
+      if (!id.empty()) {
+        auto jobs = server_->core().db().JobsOfTask(id);
+        size_t held = 0;
+        if (jobs.ok()) {
+          for (const auto& j : *jobs) held += j.state == "leased";
+        }
+        most_held = std::max<size_t>(most_held, held);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  auto result = client.Tune(
+      Request(kChain, 6),
+      [&](const v1::TuneEvent& e) {
+        if (!e.has_started()) return;
+        std::lock_guard<std::mutex> lock(mu);
+        task_id = e.started().task_id();
+      },
+      absl::Seconds(120));
+  done = true;
+  watcher.join();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->candidates_measured(), 6);
+  EXPECT_GE(most_held.load(), 2u);
   auto rows = server_->core().db().MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(rows->size(), 7u);
