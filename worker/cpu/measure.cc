@@ -120,12 +120,33 @@ double Median(std::vector<double> values) {
 }
 
 std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed) {
+  // A long sum of unit-sized products grows like the square root of its
+  // length, and a chain of them (LLaMA's FFN: 4096, then 11008) leaves the
+  // f16 range. As initialized weights are, the last input that a long
+  // (>= 1024) sum reduces over is scaled by 1 / sqrt(length).
+  std::vector<double> scale(chain.tensors.size(), 1.0);
+  for (const ir::Op& op : chain.ops) {
+    if (op.kind != ir::OpKind::kSum) continue;
+    double length = 1;
+    for (int d : op.reduce) length *= static_cast<double>(chain.dims[d].extent);
+    if (length < 1024) continue;
+    int last = -1;
+    ir::ForEachAccess(op.body, [&](const ir::Access& a) {
+      if (chain.tensors[a.tensor].producer >= 0) return;
+      for (const ir::AffineExpr& e : a.index) {
+        for (int d : op.reduce) {
+          if (e.DependsOn(d)) last = a.tensor;
+        }
+      }
+    });
+    if (last >= 0) scale[last] = std::min(scale[last], 1 / std::sqrt(length));
+  }
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   std::vector<std::vector<double>> inputs;
   for (int t : chain.inputs) {
     std::vector<double> values(Elements(chain, t));
-    for (double& v : values) v = dist(rng);
+    for (double& v : values) v = dist(rng) * scale[t];
     inputs.push_back(std::move(values));
   }
   return inputs;

@@ -67,7 +67,9 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
                                        const std::vector<std::vector<double>>& inputs, double rtol = 0,
                                        const ReferenceFn& reference = nullptr);
 
-// Fresh random inputs, uniform in [-1, 1], one buffer per chain input.
+// Fresh random inputs, uniform in [-1, 1], one buffer per chain input; the
+// last input a sum of 1024 or more terms reduces over is scaled by
+// 1 / sqrt(terms), so that chains of long sums stay in the f16 range.
 std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed);
 
 struct TimingOptions {

@@ -3,7 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "common/ir/parse.h"
+#include "common/ir/reference.h"
 #include "worker/cpu/compiler.h"
 #include "worker/process.h"
 
@@ -72,6 +76,41 @@ TEST(ValidateRunTest, ChecksAgainstAGivenReference) {
                                        return Outputs{{1.0}};
                                      });
   EXPECT_FALSE(short_reference.ok());
+}
+
+// LLaMA-7B's FFN in f16: with every input uniform in [-1, 1] its output
+// (~3e4 typical) overflowed f16, so every candidate and the baseline were
+// "invalid". Scaled as weights are, it stays well inside the range while
+// short sums (attention's 64) keep their unit-sized inputs.
+TEST(RandomInputsTest, LongSumsStayInTheF16Range) {
+  auto chain = ir::ParseChainText(R"(chain llama_ffn
+dtype f16
+dim t=1 c=4096 f=11008 o=4096
+in X[t,c] WG[c,f] WU[c,f] WD[f,o]
+G[t,f] = sum(c) X[t,c] * WG[c,f]
+U[t,f] = sum(c) X[t,c] * WU[c,f]
+A[t,f] = G[t,f] * sigmoid(G[t,f]) * U[t,f]
+Y[t,o] = sum(f) A[t,f] * WD[f,o]
+out Y)");
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  const auto inputs = RandomInputs(*chain, 11);
+  auto max_abs = [](const std::vector<double>& v) {
+    double m = 0;
+    for (double x : v) m = std::max(m, std::abs(x));
+    return m;
+  };
+  EXPECT_GT(max_abs(inputs[0]), 0.9);  // X: not reduced last, unscaled
+  EXPECT_LT(max_abs(inputs[1]), 1 / std::sqrt(4096.0) + 1e-12);
+  EXPECT_LT(max_abs(inputs[3]), 1 / std::sqrt(11008.0) + 1e-12);
+  auto out = ir::EvaluateReference(*chain, inputs);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_GT(max_abs((*out)[0]), 1e-3);
+  EXPECT_LT(max_abs((*out)[0]), 100);
+
+  auto attention = ir::ParseChainText(
+      "dim m=8 n=8 k=64\nin Q[m,k] K[n,k]\nS[m,n] = sum(k) Q[m,k] * K[n,k]\nout S");
+  ASSERT_TRUE(attention.ok());
+  EXPECT_GT(max_abs(RandomInputs(*attention, 11)[1]), 0.9);
 }
 
 TEST(TimeKernelTest, KeepsEverySampleWithinTheRepeatBounds) {
