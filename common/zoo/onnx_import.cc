@@ -34,6 +34,14 @@ struct Reject {
   std::string why;
 };
 
+// A chain a pattern made, from these nodes; `note` says what the chain
+// assumes of its inputs beyond the graph's.
+struct Match {
+  ir::Chain chain;
+  std::vector<const onnx::NodeProto*> nodes;
+  std::string note;
+};
+
 class Graph {
  public:
   explicit Graph(const onnx::GraphProto& g) : g_(g) {
@@ -245,7 +253,7 @@ std::string DTypeOf(const Graph& g, const std::string& value) {
 }
 
 // Attention ending in Softmax `s`.
-std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> MatchAttention(
+std::variant<Match, Reject> MatchAttention(
     const Graph& g, const onnx::NodeProto& s, int index) {
   std::vector<const onnx::NodeProto*> nodes = {&s};
   std::string why;
@@ -354,7 +362,7 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
       "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", V), "\nout O\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return std::make_pair(std::move(*chain), nodes);
+  return Match{std::move(*chain), nodes, ""};
 }
 
 bool IsGemm(const onnx::NodeProto* n) { return n != nullptr && (n->op_type() == "MatMul" || n->op_type() == "Gemm"); }
@@ -411,7 +419,7 @@ std::string ErfGelu(const Graph& g, const std::string& x, std::vector<const onnx
 }
 
 // GEMM -> [bias] -> activation -> GEMM -> [bias] starting at `first`.
-std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> MatchGemmChain(
+std::variant<Match, Reject> MatchGemmChain(
     const Graph& g, const onnx::NodeProto& first, int index) {
   std::vector<const onnx::NodeProto*> nodes = {&first};
   std::string why;
@@ -495,13 +503,14 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
   text += bias2.empty() ? "out Y\n" : absl::StrCat("Z[", r, ",o] = Y[", r, ",o] + B2[o]\nout Z\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return std::make_pair(std::move(*chain), nodes);
+  return Match{std::move(*chain), nodes, ""};
 }
 
 // Conv -> [Relu] -> 1x1 Conv starting at `first` (2-D convolutions, one
-// group, no padding: the chain's indices cannot express a padded border).
-std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> MatchConvChain(
-    const Graph& g, const onnx::NodeProto& first, int index) {
+// group). The chain's indices cannot express a padded border, so a padded
+// first convolution reads its input zero-padded ahead of the kernel (the
+// chain's X is the padded tensor; the source says so); the 1x1 must not pad.
+std::variant<Match, Reject> MatchConvChain(const Graph& g, const onnx::NodeProto& first, int index) {
   std::vector<const onnx::NodeProto*> nodes = {&first};
   std::string cur = first.output(0);
   const onnx::NodeProto* relu = g.SoleConsumer(cur);
@@ -515,30 +524,44 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
   if (second == nullptr || second->op_type() != "Conv" || second->input(0) != cur) return Reject{};  // no candidate
   nodes.push_back(second);
   std::string why;
-  auto attrs = [&](const onnx::NodeProto& n) -> std::variant<std::pair<int64_t, int64_t>, Reject> {
+  struct ConvAttrs {
+    int64_t stride = 1, dilation = 1;
+    std::vector<int64_t> pads = {0, 0, 0, 0};  // ONNX order: y begin, x begin, y end, x end
+  };
+  auto attrs = [&](const onnx::NodeProto& n) -> std::variant<ConvAttrs, Reject> {
     if (AttrInt(n, "group", 1) != 1) return Reject{absl::StrCat(Label(n), " is a grouped convolution")};
-    for (int64_t p : AttrInts(n, "pads")) {
-      if (p != 0) return Reject{absl::StrCat(Label(n), " pads its input (the chain cannot express the border)")};
+    ConvAttrs a;
+    const std::vector<int64_t> pads = AttrInts(n, "pads");
+    if (!pads.empty()) {
+      if (pads.size() != 4) return Reject{absl::StrCat(Label(n), " has ", pads.size(), " pads, not 4 (2-D)")};
+      for (int64_t p : pads) {
+        if (p < 0) return Reject{absl::StrCat(Label(n), " has a negative pad")};
+      }
+      a.pads = pads;
     }
-    for (const onnx::AttributeProto& a : n.attribute()) {
-      if (a.name() == "auto_pad" && a.s() != "NOTSET" && a.s() != "VALID") {
-        return Reject{absl::StrCat(Label(n), " pads its input (auto_pad ", a.s(), ")")};
+    for (const onnx::AttributeProto& at : n.attribute()) {
+      if (at.name() == "auto_pad" && at.s() != "NOTSET" && at.s() != "VALID") {
+        return Reject{absl::StrCat(Label(n), " pads with auto_pad ", at.s(), "; export with explicit pads")};
       }
     }
     const std::vector<int64_t> strides = AttrInts(n, "strides"), dilations = AttrInts(n, "dilations");
-    const int64_t stride = strides.empty() ? 1 : strides[0], dilation = dilations.empty() ? 1 : dilations[0];
-    if ((strides.size() == 2 && strides[1] != stride) || (dilations.size() == 2 && dilations[1] != dilation)) {
+    a.stride = strides.empty() ? 1 : strides[0];
+    a.dilation = dilations.empty() ? 1 : dilations[0];
+    if ((strides.size() == 2 && strides[1] != a.stride) || (dilations.size() == 2 && dilations[1] != a.dilation)) {
       return Reject{absl::StrCat(Label(n), " has different strides or dilations per axis")};
     }
-    return std::make_pair(stride, dilation);
+    if (a.stride < 1 || a.dilation < 1) return Reject{absl::StrCat(Label(n), " has a stride or dilation below 1")};
+    return a;
   };
   auto a1 = attrs(first);
   if (Failed(a1, &why)) return Reject{why};
   auto a2 = attrs(*second);
   if (Failed(a2, &why)) return Reject{why};
-  const auto [stride, dilation] = std::get<std::pair<int64_t, int64_t>>(a1);
-  if (std::get<std::pair<int64_t, int64_t>>(a2) != std::make_pair(int64_t{1}, int64_t{1})) {
-    return Reject{absl::StrCat(Label(*second), " is not a 1x1 convolution of stride 1")};
+  const ConvAttrs& c1 = std::get<ConvAttrs>(a1);
+  const ConvAttrs& c2 = std::get<ConvAttrs>(a2);
+  const int64_t stride = c1.stride, dilation = c1.dilation;
+  if (c2.stride != 1 || c2.dilation != 1 || c2.pads != std::vector<int64_t>{0, 0, 0, 0}) {
+    return Reject{absl::StrCat(Label(*second), " is not an unpadded 1x1 convolution of stride 1")};
   }
   auto shape = [&](const std::string& t) -> std::variant<std::vector<int64_t>, Reject> {
     auto s = g.Shape(t);
@@ -564,9 +587,11 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
     return absl::StrCat(out, stride == 1 ? "" : absl::StrCat("*", stride), "+", k,
                         dilation == 1 ? "" : absl::StrCat("*", dilation));
   };
+  const std::vector<int64_t>& pad = c1.pads;
+  const bool padded = pad != std::vector<int64_t>{0, 0, 0, 0};
   std::string text = absl::StrCat(
-      "chain conv_chain_", index, "\ndtype ", DTypeOf(g, first.input(0)), "\ndim n=", X[0], " c=", X[1], " y=", X[2],
-      " x=", X[3], " k=", W1[0], " r=", W1[2], " s=", W1[3], " p=", T[2], " q=", T[3], " j=", W2[0],
+      "chain conv_chain_", index, padded ? "_padded" : "", "\ndtype ", DTypeOf(g, first.input(0)), "\ndim n=", X[0],
+      " c=", X[1], " y=", X[2] + pad[0] + pad[2], " x=", X[3] + pad[1] + pad[3], " k=", W1[0], " r=", W1[2], " s=", W1[3], " p=", T[2], " q=", T[3], " j=", W2[0],
       "\nin X[n,c,y,x] W1[k,c,r,s] W2[j,k,1,1]", bias1 ? " B1[k]" : "", bias2 ? " B2[j]" : "", "\n",
       "T[n,k,p,q] = sum(c,r,s) X[n,c,", at("p", "r"), ",", at("q", "s"), "] * W1[k,c,r,s]\n");
   std::string u = "T";
@@ -579,7 +604,12 @@ std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> 
   absl::StrAppend(&text, bias2 ? "Z[n,j,p,q] = O[n,j,p,q] + B2[j]\nout Z\n" : "out O\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return std::make_pair(std::move(*chain), nodes);
+  std::string note;
+  if (padded) {
+    note = absl::StrCat("X is '", first.input(0), "' zero-padded ahead of the kernel to ", X[2] + pad[0] + pad[2],
+                        "x", X[3] + pad[1] + pad[3], " (pads ", absl::StrJoin(pad, ","), ")");
+  }
+  return Match{std::move(*chain), nodes, note};
 }
 
 // ONNX's shape inference, in a child process: libonnx 1.12 reads some
@@ -681,18 +711,19 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
   out.model = model.graph().name();
   std::set<const onnx::NodeProto*> used;
   int index = 0;
-  auto keep = [&](ir::Chain chain, const std::vector<const onnx::NodeProto*>& nodes, const std::string& role) {
-    used.insert(nodes.begin(), nodes.end());
+  auto keep = [&](Match m, const std::string& role) {
+    used.insert(m.nodes.begin(), m.nodes.end());
     std::vector<std::string> names;
-    for (const onnx::NodeProto* n : nodes) names.push_back(n->name().empty() ? n->output(0) : n->name());
-    const std::string source = absl::StrCat("nodes ", absl::StrJoin(names, ", "));
+    for (const onnx::NodeProto* n : m.nodes) names.push_back(n->name().empty() ? n->output(0) : n->name());
+    std::string source = absl::StrCat("nodes ", absl::StrJoin(names, ", "));
+    if (!m.note.empty()) absl::StrAppend(&source, " (", m.note, ")");
     const size_t before = out.chains.size();
-    AddDistinct(out.chains, {std::move(chain), role, source, 1});
+    AddDistinct(out.chains, {std::move(m.chain), role, source, 1});
     index += out.chains.size() > before;
   };
   // Each pattern from the nodes it starts at (attention: its Softmax),
   // skipping nodes an earlier chain took.
-  using Matcher = std::variant<std::pair<ir::Chain, std::vector<const onnx::NodeProto*>>, Reject> (*)(
+  using Matcher = std::variant<Match, Reject> (*)(
       const Graph&, const onnx::NodeProto&, int);
   const std::tuple<const char*, Matcher, bool (*)(const onnx::NodeProto&)> patterns[] = {
       {"attention", MatchAttention, [](const onnx::NodeProto& n) { return n.op_type() == "Softmax"; }},
@@ -705,8 +736,7 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       if (const Reject* r = std::get_if<Reject>(&m)) {
         if (!r->why.empty()) out.rejected.push_back(absl::StrCat(role, " at ", Label(n), ": ", r->why));
       } else {
-        auto& [chain, nodes] = std::get<0>(m);
-        keep(std::move(chain), nodes, role);
+        keep(std::move(std::get<Match>(m)), role);
       }
     }
   }

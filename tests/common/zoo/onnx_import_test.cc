@@ -1,6 +1,6 @@
 // ONNX import: models built here with the ONNX API in the shapes exporters
 // produce (BERT-style attention with its head transposes and padding mask,
-// a GELU MLP written out with Erf, a convolution chain), checked chain by chain against
+// a GELU MLP written out with Erf, convolution chains, a ResNet bottleneck), checked chain by chain against
 // hand-written chains by canonical key; a model with nothing to fuse, one
 // whose external weight data is missing, unbound symbolic dims, and
 // corrupt files.
@@ -141,7 +141,15 @@ Model GeluMlp() {
   return m;
 }
 
-// A 3x3 stride-2 Conv with bias, Relu, 1x1 Conv; and a padded one.
+void Ints(onnx::NodeProto* n, const std::string& name, const std::vector<int64_t>& values) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t v : values) a->add_ints(v);
+}
+
+// A 3x3 stride-2 Conv with bias, Relu, 1x1 Conv; and one padded by
+// auto_pad, which the import does not work out.
 Model Convs() {
   Model m("convs");
   m.Input("img", {std::string("n"), 8, 19, 23});
@@ -160,12 +168,35 @@ Model Convs() {
   m.Input("img2", {1, 8, 10, 10});
   auto* padded = m.Node("Conv", {"img2", "w1"}, "t2");
   auto* pads = padded->add_attribute();
-  pads->set_name("pads");
-  pads->set_type(onnx::AttributeProto::INTS);
-  for (int i = 0; i < 4; ++i) pads->add_ints(1);
+  pads->set_name("auto_pad");
+  pads->set_type(onnx::AttributeProto::STRING);
+  pads->set_s("SAME_UPPER");
   m.Node("Relu", {"t2"}, "u2");
   m.Node("Conv", {"u2", "w2"}, "o2");
   m.Output("o2");
+  return m;
+}
+
+// A ResNet-50 bottleneck (conv2_x, batch-norm folded into the biases, as
+// inference exports have it): 1x1 reduce, Relu, 3x3 padded by 1, Relu, 1x1
+// expand, the residual Add, Relu.
+Model Bottleneck() {
+  Model m("resnet_bottleneck");
+  m.Input("x", {std::string("N"), 256, 56, 56});
+  m.ExternalWeight("w1", {64, 256, 1, 1});
+  m.ExternalWeight("b1", {64});
+  m.ExternalWeight("w2", {64, 64, 3, 3});
+  m.ExternalWeight("b2", {64});
+  m.ExternalWeight("w3", {256, 64, 1, 1});
+  m.ExternalWeight("b3", {256});
+  m.Node("Conv", {"x", "w1", "b1"}, "c1");
+  m.Node("Relu", {"c1"}, "r1");
+  Ints(m.Node("Conv", {"r1", "w2", "b2"}, "c2"), "pads", {1, 1, 1, 1});
+  m.Node("Relu", {"c2"}, "r2");
+  m.Node("Conv", {"r2", "w3", "b3"}, "c3");
+  m.Node("Add", {"c3", "x"}, "sum");
+  m.Node("Relu", {"sum"}, "y");
+  m.Output("y");
   return m;
 }
 
@@ -237,7 +268,32 @@ O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k,0,0]
 out O
 )")) << ir::ChainToText(out->chains[0].chain);
   ASSERT_EQ(out->rejected.size(), 1u);
-  EXPECT_THAT(out->rejected[0], HasSubstr("'t2_node' (Conv) pads its input"));
+  EXPECT_THAT(out->rejected[0], HasSubstr("'t2_node' (Conv) pads with auto_pad SAME_UPPER"));
+}
+
+// The bottleneck's 3x3 -> Relu -> 1x1 expand is a chain over the padded
+// input; the 1x1 reduce cannot start one (a 3x3 follows it), and the
+// expand's residual Add ends the pattern.
+TEST_F(OnnxImportTest, ResnetBottleneckFusesThePadded3x3WithTheExpand) {
+  Model m = Bottleneck();
+  auto out = ExtractOnnx(m.Write(dir_->path()), {{"N", 1}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u);
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim n=1 c=64 y=58 x=58 k=64 r=3 s=3 p=56 q=56 j=256
+in R[n,c,y,x] W2[k,c,r,s] B2[k] W3[j,k,1,1] B3[j]
+T[n,k,p,q] = sum(c,r,s) R[n,c,p+r,q+s] * W2[k,c,r,s]
+U[n,k,p,q] = relu(T[n,k,p,q] + B2[k])
+O[n,j,p,q] = sum(k) U[n,k,p,q] * W3[j,k,0,0]
+Z[n,j,p,q] = O[n,j,p,q] + B3[j]
+out Z
+)")) << ir::ChainToText(out->chains[0].chain);
+  EXPECT_THAT(out->chains[0].layers,
+              HasSubstr("nodes c2_node, r2_node, c3_node (X is 'r1' zero-padded ahead of the kernel to 58x58 "
+                        "(pads 1,1,1,1))"));
+  ASSERT_EQ(out->rejected.size(), 1u);
+  EXPECT_THAT(out->rejected[0],
+              HasSubstr("conv chain at 'c1_node' (Conv): 'c2_node' (Conv) is not an unpadded 1x1 convolution"));
 }
 
 TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {
@@ -312,7 +368,7 @@ TEST_F(OnnxImportTest, DamagedModelsNeverCrash) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return state >> 33;
   };
-  for (const Model& model : {BertAttention(1), GeluMlp(), Convs()}) {
+  for (const Model& model : {BertAttention(1), GeluMlp(), Convs(), Bottleneck()}) {
     const std::string whole = model.Write(dir_->path());
     std::ifstream in(whole, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -324,7 +380,7 @@ TEST_F(OnnxImportTest, DamagedModelsNeverCrash) {
       }
       const std::string path = dir_->path() + "/damaged.onnx";
       std::ofstream(path, std::ios::binary | std::ios::trunc) << damaged;
-      imported += ExtractOnnx(path, {{"batch", 2}, {"seq", 8}, {"n", 1}}).ok();
+      imported += ExtractOnnx(path, {{"batch", 2}, {"seq", 8}, {"n", 1}, {"N", 1}}).ok();
     }
     EXPECT_GT(imported, 0) << whole;  // some damage leaves a model that still parses
   }
