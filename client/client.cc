@@ -70,6 +70,29 @@ absl::StatusOr<v1::TaskInfo> Client::GetTask(const std::string& task_id) {
   return resp;
 }
 
+absl::StatusOr<v1::SweepReport> Client::Sweep(const v1::SweepRequest& request,
+                                              const std::function<void(const v1::SweepEvent&)>& on_event,
+                                              absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  std::unique_ptr<grpc::ClientReader<v1::SweepEvent>> reader = stub_->Sweep(&ctx, request);
+  v1::SweepEvent event;
+  std::optional<v1::SweepReport> report;
+  while (reader->Read(&event)) {
+    if (on_event) on_event(event);
+    if (event.has_started() && request.detach()) {
+      report.emplace();
+      report->set_sweep_id(event.started().sweep_id());
+      report->set_state("running");
+    }
+    if (event.has_report()) report = event.report();
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  if (!report) return absl::InternalError("the scheduler ended the sweep's stream without a report");
+  return *report;
+}
+
 absl::StatusOr<v1::Workload> ReadWorkloadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read workload file '", path, "'"));

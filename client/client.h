@@ -28,6 +28,12 @@ class Client {
   absl::StatusOr<v1::TuneResult> Lookup(const v1::LookupRequest& request);
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
   absl::StatusOr<v1::TaskInfo> GetTask(const std::string& task_id);
+  // Starts or resumes a sweep and follows it: `on_event` sees every event.
+  // Returns the report, or (detach) the started event's sweep with an
+  // empty report. The sweep goes on in the scheduler if this call ends.
+  absl::StatusOr<v1::SweepReport> Sweep(const v1::SweepRequest& request,
+                                        const std::function<void(const v1::SweepEvent&)>& on_event,
+                                        absl::Duration deadline);
 
  private:
   std::unique_ptr<v1::Scheduler::Stub> stub_;

@@ -8,19 +8,24 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <set>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/embedded.h"
 #include "client/explain.h"
 #include "client/extract.h"
+#include "client/manifest.h"
 #include "client/mappings.h"
 #include "client/model_only.h"
 #include "client/report.h"
+#include "client/sweep_report.h"
 #include "common/util/log.h"
 #include "common/hw/devices.h"
 #include "common/space/loop_nest.h"
@@ -254,6 +259,98 @@ int Extract(const std::string& file, const std::vector<std::string>& bindings, c
   return 0;
 }
 
+// The manifest's models, extracted before any scheduler starts so that a
+// bad manifest costs nothing.
+absl::StatusOr<std::pair<fusor::client::Manifest, std::vector<fusor::client::SweepModel>>> PlanSweep(
+    const std::string& path, int budget) {
+  auto manifest = fusor::client::LoadManifest(path);
+  if (!manifest.ok()) return manifest.status();
+  if (budget > 0) manifest->budget = budget;
+  std::set<std::string> keys;
+  int chains = 0;
+  auto models = fusor::client::ExtractManifest(*manifest, [&](const fusor::client::SweepModel& m) {
+    for (const auto& c : m.extraction.chains) keys.insert(c.key);
+    chains += static_cast<int>(m.extraction.chains.size());
+    std::cerr << absl::StrCat("  ", m.name, ": ", m.extraction.chains.size(), " chains",
+                              m.extraction.rejected.empty()
+                                  ? ""
+                                  : absl::StrCat(" (", m.extraction.rejected.size(), " candidates not fused)"),
+                              "\n");
+  });
+  if (!models.ok()) return models.status();
+  std::cerr << absl::StrCat("sweep ", manifest->name, ": ", models->size(), " models, ", chains, " chains, ",
+                            keys.size(), " distinct\n");
+  if (chains == 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no model has a fusible chain"));
+  return std::make_pair(std::move(*manifest), std::move(*models));
+}
+
+int Sweep(Client& client, const GlobalOptions& g, const fusor::client::Manifest& manifest,
+          const std::vector<fusor::client::SweepModel>& models, std::string out_dir, bool detach,
+          absl::Duration deadline) {
+  fusor::v1::SweepRequest req = fusor::client::MakeSweepRequest(manifest, models);
+  *req.mutable_target() = Selector(g);
+  req.set_detach(detach);
+  const bool tty = isatty(STDERR_FILENO);
+  int last_done = -1;
+  auto last_line = std::chrono::steady_clock::now();
+  auto report = client.Sweep(
+      req,
+      [&](const fusor::v1::SweepEvent& e) {
+        if (e.has_started()) {
+          const auto& s = e.started();
+          std::cerr << absl::StrCat("sweep ", s.sweep_id(), s.resumed() ? " resumed" : " started", ": ", s.chains(),
+                                    " distinct chains, budget ", s.budget(), " each, target ",
+                                    s.target_fingerprint(),
+                                    detach ? "" : "\n  (interrupting is safe: the same command resumes it)", "\n");
+        } else if (e.has_progress()) {
+          const std::string line = "  " + fusor::client::FormatSweepProgress(e.progress());
+          const auto now = std::chrono::steady_clock::now();
+          if (tty) {
+            std::cerr << "\r\033[K" << line << std::flush;
+          } else if (e.progress().done() != last_done || now - last_line > std::chrono::seconds(30)) {
+            std::cerr << line << "\n";
+            last_line = now;
+          }
+          last_done = e.progress().done();
+        } else if (e.has_report() && tty) {
+          std::cerr << "\n";
+        }
+      },
+      deadline);
+  if (!report.ok()) {
+    if (tty) std::cerr << "\n";
+    if (!g.server.empty() && absl::IsDeadlineExceeded(report.status())) {
+      std::cerr << "fusor: stopped following the sweep (--timeout); it goes on in the scheduler, and the same "
+                   "command follows it again\n";
+    }
+    return Fail(report.status());
+  }
+  if (detach) {
+    std::cout << "sweep " << report->sweep_id() << " runs in the scheduler; the same command without --detach "
+              << "follows it and writes the report\n";
+    return 0;
+  }
+  if (out_dir.empty()) out_dir = "fusor-sweep-" + manifest.name;
+  auto written = fusor::client::WriteSweepReport(*report, models, out_dir);
+  if (!written.ok()) return Fail(written.status());
+  int failed = 0, cache = 0, tuned = 0;
+  for (const auto& r : report->results()) {
+    failed += r.state() == "failed";
+    cache += r.state() == "cache";
+    tuned += r.state() == "tuned";
+  }
+  std::cout << absl::StrFormat("sweep %s %s: %d chains (%d from the cache, %d tuned, %d failed)\n",
+                               report->sweep_id(), report->state(), report->results_size(), cache, tuned, failed);
+  std::cout << absl::StrFormat("%-44s %6s %12s %12s %8s\n", "model", "chains", "unfused", "fused", "speedup");
+  for (const auto& t : fusor::client::TotalsPerModel(*report)) {
+    std::cout << absl::StrFormat("%-44s %6d %12s %12s %8s\n", t.model, t.chains,
+                                 fusor::client::FormatSeconds(t.baseline_s), fusor::client::FormatSeconds(t.fused_s),
+                                 t.speedup() > 0 ? absl::StrFormat("%.2fx", t.speedup()) : "-");
+  }
+  for (size_t i = 0; i < written->size(); ++i) std::cout << (i == 0 ? "wrote " : "      ") << (*written)[i] << "\n";
+  return failed > 0 ? 1 : 0;
+}
+
 int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
   fusor::SetLogLevel("warn");
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -370,11 +467,32 @@ int main(int argc, char** argv) {
   extract->add_option("file", file, "model description (JSON)")->required()->check(CLI::ExistingFile);
   extract->add_option("--dim", dim_bindings, "bind batch, seq or target_seq, e.g. --dim seq=512 (repeatable)");
   extract->add_option("-o,--out", extract_dir, "write each chain to DIR/<chain>.fusor");
+  std::string manifest_path, sweep_dir;
+  bool detach = false;
+  CLI::App* sweep = app.add_subcommand(
+      "sweep", "tune every fusible chain of the models in a zoo manifest (YAML or JSON), each distinct chain once, "
+               "and write the report; resumes an interrupted sweep");
+  sweep->add_option("manifest", manifest_path, "zoo manifest, e.g. examples/zoo.yaml")->required()->check(CLI::ExistingFile);
+  sweep->add_option("-o,--out", sweep_dir, "report directory (default: fusor-sweep-<name>)");
+  sweep->add_option("--budget", budget, "candidates to measure per chain (default: the manifest's, else the scheduler's)");
+  sweep->add_flag("--detach", detach, "with --server: start the sweep and return; it runs in the scheduler");
   CLI11_PARSE(app, argc, argv);
   if (*extract) return Extract(file, dim_bindings, extract_dir);
   if (*explain) return Explain(g, file, top, space_options);
   if (*mappings) return Mappings(g, files, intrinsic_name, summary);
   if (*compile && model_only) return CompileModelOnly(g, file, out_dir);
+
+  std::optional<std::pair<fusor::client::Manifest, std::vector<fusor::client::SweepModel>>> plan;
+  if (*sweep) {
+    if (detach && g.server.empty()) {
+      std::cerr << "fusor: --detach needs --server: an embedded scheduler stops with this process\n";
+      return 2;
+    }
+    fusor::SetLogLevel("warn");
+    auto planned = PlanSweep(manifest_path, budget);
+    if (!planned.ok()) return Fail(planned.status());
+    plan = std::move(*planned);
+  }
 
   const std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? (g.verbose ? "info" : "warn") : Env("FUSOR_LOG_LEVEL");
   if (!fusor::SetLogLevel(log_level)) {
@@ -398,7 +516,7 @@ int main(int argc, char** argv) {
     options.heartbeat_interval = absl::Seconds(1);
     // Only commands that may measure need the local worker.
     std::optional<fusor::worker::WorkerOptions> worker;
-    if (*tune || (*compile && !cache_only)) {
+    if (*tune || (*compile && !cache_only) || *sweep) {
       worker.emplace();
       worker->name = "embedded";
       worker->backend = g.backend;
@@ -418,6 +536,11 @@ int main(int argc, char** argv) {
   Client client(channel);
 
   if (*tune) return Tune(client, g, files, budget, force);
+  if (*sweep) {
+    // A sweep is followed until it ends unless --timeout says otherwise.
+    const absl::Duration deadline = app.count("--timeout") > 0 ? absl::Seconds(g.timeout_s) : absl::Hours(24 * 365);
+    return Sweep(client, g, plan->first, plan->second, sweep_dir, detach, deadline);
+  }
   if (*compile) return Compile(client, g, file, out_dir, budget, cache_only);
   if (*lookup) return Lookup(client, g, files);
   if (*workers) {

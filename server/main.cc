@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   app.add_option("--worker-timeout-seconds", worker_timeout_s, "silence after which a worker is listed lost")
       ->capture_default_str();
   app.add_option("--max-attempts", options.max_attempts, "leases of one job before it fails")->capture_default_str();
+  app.add_option("--sweep-parallel", options.sweep_parallel, "chains of one sweep tuned at once")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
   app.add_option("--job-timeout", job_timeout_s, "seconds a worker may spend on one job")->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")

@@ -121,9 +121,7 @@ absl::StatusOr<v1::Target> Scheduler::TargetProto(const std::string& fp) {
 
 absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
                                                    const v1::TargetSelector& selector) {
-  PreparedRequest req;
-  ASSIGN_OR_RETURN(req.chain, wire::ChainFromWorkload(workload));
-  req.canonical = ir::Canonicalize(req.chain);
+  ASSIGN_OR_RETURN(ir::Chain chain, wire::ChainFromWorkload(workload));
 
   const std::string backend =
       selector.backend() == v1::BACKEND_UNSPECIFIED ? "cpu" : wire::BackendName(selector.backend());
@@ -155,10 +153,21 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
     return absl::FailedPreconditionError(
         absl::StrCat("no worker has registered ", what, "; start fusor-worker pointed at this scheduler"));
   }
-  req.target_fp = chosen->fingerprint;
-  ASSIGN_OR_RETURN(v1::Target proto, TargetProto(req.target_fp));
+  return PrepareFor(chain, chosen->fingerprint);
+}
+
+absl::StatusOr<PreparedRequest> Scheduler::PrepareFor(const ir::Chain& chain, const std::string& target_fp) {
+  PreparedRequest req;
+  req.chain = chain;
+  req.canonical = ir::Canonicalize(chain);
+  req.target_fp = target_fp;
+  ASSIGN_OR_RETURN(v1::Target proto, TargetProto(target_fp));
   req.target = wire::TargetFromProto(proto);
   return req;
+}
+
+int Scheduler::EffectiveBudget(int requested) const {
+  return requested > 0 ? std::min(requested, options_.max_budget) : options_.default_budget;
 }
 
 absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key, const std::string& fp,
@@ -279,7 +288,7 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
       return start;
     }
   }
-  const int budget = options.budget() > 0 ? std::min(options.budget(), options_.max_budget) : options_.default_budget;
+  const int budget = EffectiveBudget(options.budget());
   auto task = std::make_unique<Task>();
   task->row.id = NewId("t-");
   task->row.workload_key = key;

@@ -47,6 +47,7 @@ struct SchedulerOptions {
   absl::Duration worker_timeout = absl::Seconds(20);
   absl::Duration reaper_interval = absl::Milliseconds(250);
   int max_attempts = 3;
+  int sweep_parallel = 2;  // chains of one sweep tuned at once
   v1::MeasureOptions measure;  // zero fields take the defaults in Create
 };
 
@@ -80,6 +81,13 @@ class Scheduler {
   // INVALID_ARGUMENT for a bad workload; FAILED_PRECONDITION when no
   // worker has registered a matching target.
   absl::StatusOr<PreparedRequest> Prepare(const v1::Workload& workload, const v1::TargetSelector& selector);
+  // `chain` for the known target `target_fp` (NOT_FOUND if unknown).
+  absl::StatusOr<PreparedRequest> PrepareFor(const ir::Chain& chain, const std::string& target_fp);
+  // The budget a task asking for `requested` gets (0: the default).
+  int EffectiveBudget(int requested) const;
+  // The cache-key salt of this scheduler's results.
+  std::string Salt() const;
+  absl::StatusOr<v1::Target> TargetProto(const std::string& fp);
   // The cached result (translated), or NOT_FOUND.
   absl::StatusOr<v1::TuneResult> Lookup(const PreparedRequest& request);
   // Starts a task (or joins the running one for the same key). When the
@@ -114,7 +122,6 @@ class Scheduler {
  private:
   struct Task;
   explicit Scheduler(SchedulerOptions options, std::unique_ptr<db::TuningDb> db);
-  std::string Salt() const;
   std::string NewId(const char* prefix);
   absl::Status ResumeTasks();
   absl::StatusOr<Task*> LoadTask(const db::TaskRow& row);
@@ -122,7 +129,6 @@ class Scheduler {
   absl::Status Finalize(Task& task);  // mu_ held
   absl::Status RefreshProgress(Task& task);  // mu_ held
   absl::StatusOr<v1::TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
-  absl::StatusOr<v1::Target> TargetProto(const std::string& fp);
   void ReaperLoop();
 
   const SchedulerOptions options_;

@@ -1,5 +1,8 @@
 #include "server/service.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/util/log.h"
 #include "proto/wire/grpc_status.h"
@@ -116,6 +119,47 @@ grpc::Status SchedulerService::GetTask(grpc::ServerContext*, const v1::GetTaskRe
   return grpc::Status::OK;
 }
 
+grpc::Status SchedulerService::Sweep(grpc::ServerContext* ctx, const v1::SweepRequest* req,
+                                     grpc::ServerWriter<v1::SweepEvent>* writer) {
+  auto started = sweeps_->Start(*req);
+  if (!started.ok()) return ToGrpcStatus(started.status());
+  v1::SweepEvent event;
+  *event.mutable_started() = *started;
+  if (!writer->Write(event)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  if (req->detach()) return grpc::Status::OK;
+  // The sweep runs in the runner; this only follows it.
+  std::string last;
+  while (true) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    auto status = sweeps_->Progress(started->sweep_id());
+    if (!status.ok()) return ToGrpcStatus(status.status());
+    std::string now = status->progress.SerializeAsString();
+    if (now != last) {
+      v1::SweepEvent progress;
+      *progress.mutable_progress() = status->progress;
+      if (!writer->Write(progress)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      last = std::move(now);
+    }
+    if (status->finished) {
+      auto report = sweeps_->Report(started->sweep_id());
+      if (!report.ok()) return ToGrpcStatus(report.status());
+      v1::SweepEvent done;
+      *done.mutable_report() = std::move(*report);
+      writer->Write(done);
+      return grpc::Status::OK;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
+grpc::Status SchedulerService::GetSweep(grpc::ServerContext*, const v1::GetSweepRequest* req, v1::SweepReport* resp) {
+  if (req->sweep_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "sweep_id is required");
+  auto report = sweeps_->Report(req->sweep_id());
+  if (!report.ok()) return ToGrpcStatus(report.status());
+  *resp = std::move(*report);
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* resp) {
   auto r = core_->Register(*req);
@@ -158,7 +202,10 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const Sc
   auto core = Scheduler::Create(options);
   if (!core.ok()) return core.status();
   s->core_ = std::move(*core);
-  s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get());
+  SweepOptions sweep_options;
+  sweep_options.parallel = std::max(1, options.sweep_parallel);
+  s->sweeps_ = std::make_unique<SweepRunner>(s->core_.get(), sweep_options);
+  s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get(), s->sweeps_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get());
   grpc::ServerBuilder builder;
   if (!address.empty()) builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
@@ -188,6 +235,7 @@ void SchedulerServer::Wait() {
 
 SchedulerServer::~SchedulerServer() {
   Shutdown();
+  sweeps_.reset();
   core_.reset();
 }
 

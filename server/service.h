@@ -7,12 +7,13 @@
 #include "fusor/v1/scheduler.grpc.pb.h"
 #include "fusor/v1/worker.grpc.pb.h"
 #include "server/scheduler.h"
+#include "server/sweeps.h"
 
 namespace fusor::server {
 
 class SchedulerService final : public v1::Scheduler::Service {
  public:
-  explicit SchedulerService(Scheduler* core) : core_(core) {}
+  SchedulerService(Scheduler* core, SweepRunner* sweeps) : core_(core), sweeps_(sweeps) {}
   grpc::Status Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
                     grpc::ServerWriter<v1::TuneEvent>* writer) override;
   grpc::Status Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req, v1::CompileResponse* resp) override;
@@ -20,9 +21,13 @@ class SchedulerService final : public v1::Scheduler::Service {
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
                            v1::ListWorkersResponse* resp) override;
   grpc::Status GetTask(grpc::ServerContext* ctx, const v1::GetTaskRequest* req, v1::TaskInfo* resp) override;
+  grpc::Status Sweep(grpc::ServerContext* ctx, const v1::SweepRequest* req,
+                     grpc::ServerWriter<v1::SweepEvent>* writer) override;
+  grpc::Status GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::SweepReport* resp) override;
 
  private:
   Scheduler* core_;
+  SweepRunner* sweeps_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -55,6 +60,7 @@ class SchedulerServer {
  private:
   SchedulerServer() = default;
   std::unique_ptr<Scheduler> core_;
+  std::unique_ptr<SweepRunner> sweeps_;
   std::unique_ptr<SchedulerService> scheduler_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;

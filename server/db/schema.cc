@@ -105,6 +105,42 @@ CREATE TABLE baselines(
   PRIMARY KEY(workload_key, target_fp));
 )sql";
 
+// Sweeps over model zoos: the models' chains (entries, in the requester's
+// names) and, per distinct canonical key, where the sweep stands with it.
+constexpr char kSchemaV3[] = R"sql(
+CREATE TABLE sweeps(
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  digest TEXT NOT NULL,
+  target_fp TEXT NOT NULL REFERENCES targets(fingerprint),
+  salt TEXT NOT NULL,
+  budget INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  finished_ms INTEGER);
+CREATE INDEX sweeps_by_digest ON sweeps(digest, state);
+CREATE TABLE sweep_entries(
+  sweep_id TEXT NOT NULL REFERENCES sweeps(id),
+  idx INTEGER NOT NULL,
+  model TEXT NOT NULL,
+  role TEXT NOT NULL,
+  source TEXT NOT NULL,
+  instances INTEGER NOT NULL,
+  workload_key TEXT NOT NULL REFERENCES workloads(key),
+  chain_json TEXT NOT NULL,
+  PRIMARY KEY(sweep_id, idx));
+CREATE TABLE sweep_chains(
+  sweep_id TEXT NOT NULL REFERENCES sweeps(id),
+  workload_key TEXT NOT NULL REFERENCES workloads(key),
+  ord INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  from_cache INTEGER NOT NULL DEFAULT 0,
+  task_id TEXT REFERENCES tasks(id),
+  error TEXT NOT NULL DEFAULT '',
+  updated_ms INTEGER NOT NULL,
+  PRIMARY KEY(sweep_id, workload_key));
+)sql";
+
 absl::StatusOr<int> MetaValue(Database& db, const std::string& key) {
   ASSIGN_OR_RETURN(Statement stmt, db.Prepare("SELECT value FROM meta WHERE key = ?"));
   stmt.Bind(1, key);
@@ -129,6 +165,9 @@ const std::vector<Migration>& SchemaMigrations() {
        [](Database& db) {
          return db.Exec("ALTER TABLE measurements ADD COLUMN resources_json TEXT NOT NULL DEFAULT '';");
        }},
+      // New tables only: older fusor goes on reading and writing the rest.
+      {3, 1, "sweeps, sweep_entries, sweep_chains: batch sweeps over model zoos",
+       [](Database& db) { return db.Exec(kSchemaV3); }},
   };
   return *migrations;
 }

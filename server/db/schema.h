@@ -4,7 +4,7 @@
 // `compatible_version` (the oldest schema version whose code can still use
 // it). Opening upgrades an older database one step at a time, all steps in
 // one transaction, and refuses a database whose compatible_version is newer
-// than this code's kSchemaVersion.
+// than the last migration this code has.
 #pragma once
 
 #include <functional>
@@ -23,8 +23,7 @@ struct Migration {
   std::function<absl::Status(Database&)> apply;
 };
 
-// The schema of this code.
-inline constexpr int kSchemaVersion = 1;
+// The migrations of this code; the last one's to_version is its schema.
 const std::vector<Migration>& SchemaMigrations();
 
 // Brings `db` up to the last migration of `migrations` (which must be in

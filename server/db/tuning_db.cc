@@ -573,4 +573,135 @@ absl::Status TuningDb::SetBaseline(const std::string& key, const std::string& fp
   return s.Bind(1, key).Bind(2, fp).Bind(3, measurement_id).Bind(4, median_s).Run();
 }
 
+// -------------------------------------------------------------- sweeps ---
+
+namespace {
+
+constexpr char kSweepColumns[] = "id, name, digest, target_fp, salt, budget, state, created_ms, finished_ms";
+
+SweepRow ReadSweep(const Statement& s) {
+  SweepRow w;
+  w.id = s.Text(0);
+  w.name = s.Text(1);
+  w.digest = s.Text(2);
+  w.target_fp = s.Text(3);
+  w.salt = s.Text(4);
+  w.budget = static_cast<int>(s.Int(5));
+  w.state = s.Text(6);
+  w.created_ms = s.Int(7);
+  w.finished_ms = s.OptionalInt(8);
+  return w;
+}
+
+absl::StatusOr<std::vector<SweepRow>> ReadSweeps(Statement& s) {
+  std::vector<SweepRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back(ReadSweep(s));
+  }
+}
+
+}  // namespace
+
+absl::Status TuningDb::CreateSweep(const SweepRow& sweep, const std::vector<SweepEntryRow>& entries,
+                                   int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO sweeps(", kSweepColumns,
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?)")));
+  RETURN_IF_ERROR(s.Bind(1, sweep.id).Bind(2, sweep.name).Bind(3, sweep.digest).Bind(4, sweep.target_fp)
+                      .Bind(5, sweep.salt).Bind(6, sweep.budget).Bind(7, sweep.state).Bind(8, sweep.created_ms)
+                      .Bind(9, sweep.finished_ms).Run());
+  int ord = 0;
+  for (const SweepEntryRow& e : entries) {
+    ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO sweep_entries(sweep_id, idx, model, role, source, "
+                                                 "instances, workload_key, chain_json) VALUES (?,?,?,?,?,?,?,?)"));
+    RETURN_IF_ERROR(ins.Bind(1, sweep.id).Bind(2, e.idx).Bind(3, e.model).Bind(4, e.role).Bind(5, e.source)
+                        .Bind(6, e.instances).Bind(7, e.workload_key).Bind(8, e.chain_json).Run());
+    ASSIGN_OR_RETURN(Statement chain, db_->Prepare("INSERT OR IGNORE INTO sweep_chains(sweep_id, workload_key, ord, "
+                                                   "state, updated_ms) VALUES (?,?,?,'pending',?)"));
+    RETURN_IF_ERROR(chain.Bind(1, sweep.id).Bind(2, e.workload_key).Bind(3, ord).Bind(4, now_ms).Run());
+    ord += db_->Changes();
+  }
+  return txn.Commit();
+}
+
+absl::StatusOr<SweepRow> TuningDb::GetSweep(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kSweepColumns, " FROM sweeps WHERE id = ?")));
+  s.Bind(1, id);
+  ASSIGN_OR_RETURN(std::vector<SweepRow> rows, ReadSweeps(s));
+  if (rows.empty()) return absl::NotFoundError(absl::StrCat("no sweep '", id, "'"));
+  return rows.front();
+}
+
+absl::StatusOr<std::optional<SweepRow>> TuningDb::FindRunningSweep(const std::string& digest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kSweepColumns, " FROM sweeps WHERE digest = ? "
+                                                          "AND state = 'running' ORDER BY created_ms LIMIT 1")));
+  s.Bind(1, digest);
+  ASSIGN_OR_RETURN(std::vector<SweepRow> rows, ReadSweeps(s));
+  if (rows.empty()) return std::optional<SweepRow>();
+  return std::optional<SweepRow>(rows.front());
+}
+
+absl::StatusOr<std::vector<SweepRow>> TuningDb::ListSweepsInState(const std::string& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kSweepColumns,
+                                                          " FROM sweeps WHERE state = ? ORDER BY created_ms")));
+  s.Bind(1, state);
+  return ReadSweeps(s);
+}
+
+absl::StatusOr<std::vector<SweepEntryRow>> TuningDb::SweepEntries(const std::string& sweep_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT idx, model, role, source, instances, workload_key, chain_json "
+                                             "FROM sweep_entries WHERE sweep_id = ? ORDER BY idx"));
+  s.Bind(1, sweep_id);
+  std::vector<SweepEntryRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({static_cast<int>(s.Int(0)), s.Text(1), s.Text(2), s.Text(3), static_cast<int>(s.Int(4)), s.Text(5),
+                   s.Text(6)});
+  }
+}
+
+absl::StatusOr<std::vector<SweepChainRow>> TuningDb::SweepChains(const std::string& sweep_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT workload_key, ord, state, from_cache, COALESCE(task_id, ''), "
+                                             "error FROM sweep_chains WHERE sweep_id = ? ORDER BY ord"));
+  s.Bind(1, sweep_id);
+  std::vector<SweepChainRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Text(0), static_cast<int>(s.Int(1)), s.Text(2), s.Int(3) != 0, s.Text(4), s.Text(5)});
+  }
+}
+
+absl::Status TuningDb::UpdateSweepChain(const std::string& sweep_id, const SweepChainRow& chain, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE sweep_chains SET state = ?, from_cache = ?, task_id = ?, "
+                                             "error = ?, updated_ms = ? WHERE sweep_id = ? AND workload_key = ?"));
+  s.Bind(1, chain.state).Bind(2, chain.from_cache ? 1 : 0);
+  if (chain.task_id.empty()) {
+    s.BindNull(3);
+  } else {
+    s.Bind(3, chain.task_id);
+  }
+  RETURN_IF_ERROR(s.Bind(4, chain.error).Bind(5, now_ms).Bind(6, sweep_id).Bind(7, chain.workload_key).Run());
+  if (db_->Changes() != 1) {
+    return absl::NotFoundError(absl::StrCat("sweep ", sweep_id, " has no chain ", chain.workload_key));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TuningDb::FinishSweep(const std::string& id, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE sweeps SET state = 'done', finished_ms = ? WHERE id = ?"));
+  return s.Bind(1, now_ms).Bind(2, id).Run();
+}
+
 }  // namespace fusor::db

@@ -105,6 +105,39 @@ struct BestRow {
   double median_s = 0;
 };
 
+struct SweepRow {
+  std::string id;
+  std::string name;
+  std::string digest;  // of what was asked: target, salt, budget, entries
+  std::string target_fp;
+  std::string salt;
+  int budget = 0;
+  std::string state;  // "running" or "done"
+  int64_t created_ms = 0;
+  std::optional<int64_t> finished_ms;
+};
+
+// One chain of one model of a sweep, in the requester's names.
+struct SweepEntryRow {
+  int idx = 0;
+  std::string model;
+  std::string role;
+  std::string source;
+  int instances = 0;
+  std::string workload_key;
+  std::string chain_json;
+};
+
+// Where a sweep stands with one distinct chain (canonical key).
+struct SweepChainRow {
+  std::string workload_key;
+  int ord = 0;        // tuning order: first seen first
+  std::string state;  // "pending", "tuning", "done", "failed"
+  bool from_cache = false;
+  std::string task_id;  // of the task that tuned it (also when it joined one)
+  std::string error;
+};
+
 enum class ReportOutcome { kRecorded, kDuplicate, kStaleLease };
 
 struct RecordResult {
@@ -181,6 +214,19 @@ class TuningDb {
   // Sets the best record unless an existing one is faster.
   absl::Status OfferBest(const std::string& key, const std::string& fp, const std::string& salt,
                          const BestRow& best, int64_t now_ms);
+  // A new sweep with its entries and one pending chain per distinct key (in
+  // the entries' order), in one transaction. The entries' workloads must
+  // exist.
+  absl::Status CreateSweep(const SweepRow& sweep, const std::vector<SweepEntryRow>& entries, int64_t now_ms);
+  absl::StatusOr<SweepRow> GetSweep(const std::string& id);
+  // The running sweep with this digest, if any.
+  absl::StatusOr<std::optional<SweepRow>> FindRunningSweep(const std::string& digest);
+  absl::StatusOr<std::vector<SweepRow>> ListSweepsInState(const std::string& state);
+  absl::StatusOr<std::vector<SweepEntryRow>> SweepEntries(const std::string& sweep_id);
+  absl::StatusOr<std::vector<SweepChainRow>> SweepChains(const std::string& sweep_id);  // by ord
+  absl::Status UpdateSweepChain(const std::string& sweep_id, const SweepChainRow& chain, int64_t now_ms);
+  absl::Status FinishSweep(const std::string& id, int64_t now_ms);
+
   absl::StatusOr<std::optional<double>> GetBaseline(const std::string& key, const std::string& fp);
   absl::Status SetBaseline(const std::string& key, const std::string& fp, int64_t measurement_id,
                            double median_s);

@@ -3,6 +3,8 @@
 // lease; the task still completes on the other with nothing lost or
 // duplicated. A repeated request is a cache hit with no new measurement;
 // a malformed and an oversized request get clear errors and change nothing.
+// Sweeps over a small zoo are interrupted (client, then scheduler killed)
+// and resumed, every distinct chain tuned exactly once.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -98,11 +101,17 @@ class E2eTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     db_path_ = (dir_ / "tuning.db").string();
+    StartScheduler();
+  }
+
+  // A scheduler on the test's database, on a free port.
+  void StartScheduler() {
+    static int n = 0;
     scheduler_ = std::make_unique<Daemon>(
         std::vector<std::string>{kBin + "/server/fusor-scheduler", "--listen", "127.0.0.1:0", "--db", db_path_,
                                  "--lease-seconds", "2", "--heartbeat-seconds", "0.3", "--worker-timeout-seconds",
                                  "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120"},
-        (dir_ / "scheduler.log").string());
+        (dir_ / ("scheduler" + std::to_string(++n) + ".log")).string());
     std::smatch match;
     std::regex port_re("listening on port (\\d+)");
     ASSERT_TRUE(WaitFor(
@@ -138,25 +147,40 @@ class E2eTest : public ::testing::Test {
                                     (dir_ / (name + ".log")).string());
   }
 
+  // The CLI in the background: against the scheduler, or (args starting
+  // with --db) with an embedded one.
+  std::unique_ptr<Daemon> StartCli(std::vector<std::string> args) {
+    static int n = 0;
+    std::vector<std::string> argv = {kBin + "/client/fusor"};
+    if (args.empty() || args[0] != "--db") argv.insert(argv.end(), {"--server", address_});
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<Daemon>(argv, (dir_ / ("cli" + std::to_string(++n) + ".log")).string());
+  }
+
   // Runs the CLI to completion (bounded); returns exit code and output.
   std::pair<int, std::string> Cli(std::vector<std::string> args, Clock::duration timeout = std::chrono::seconds(180)) {
-    static int n = 0;
-    std::vector<std::string> argv = {kBin + "/client/fusor", "--server", address_};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Daemon cli(argv, (dir_ / ("cli" + std::to_string(++n) + ".log")).string());
-    std::optional<int> rc = cli.Wait(timeout);
+    std::unique_ptr<Daemon> cli = StartCli(std::move(args));
+    std::optional<int> rc = cli->Wait(timeout);
     EXPECT_TRUE(rc.has_value()) << "the CLI did not finish in time";
-    return {rc.value_or(-1), cli.Log()};
+    return {rc.value_or(-1), cli->Log()};
+  }
+
+  // The first column of the first row, as text; nullopt when the query
+  // fails (e.g. a table that does not exist yet) or returns nothing.
+  std::optional<std::string> TryQuery(const std::string& sql) {
+    auto db = db::Database::Open(db_path_);
+    if (!db.ok()) return std::nullopt;
+    auto stmt = (*db)->Prepare(sql);
+    if (!stmt.ok()) return std::nullopt;
+    auto row = stmt->Step();
+    if (!row.ok() || !*row) return std::nullopt;
+    return stmt->Text(0);
   }
 
   int64_t Query(const std::string& sql) {
-    auto db = db::Database::Open(db_path_);
-    EXPECT_TRUE(db.ok()) << db.status();
-    auto stmt = (*db)->Prepare(sql);
-    EXPECT_TRUE(stmt.ok()) << stmt.status();
-    auto row = stmt->Step();
-    EXPECT_TRUE(row.ok() && *row) << sql;
-    return stmt->Int(0);
+    std::optional<std::string> v = TryQuery(sql);
+    EXPECT_TRUE(v.has_value()) << sql;
+    return v ? std::stoll(*v) : -1;
   }
 
   std::map<std::string, int64_t> TableCounts() {
@@ -260,6 +284,124 @@ TEST_F(E2eTest, SurvivesAKilledWorkerAndServesTheCache) {
   auto workers = Cli({"workers"});
   EXPECT_THAT(workers.second, HasSubstr("B"));
   EXPECT_EQ(TableCounts(), before);
+}
+
+// A small zoo: an encoder at two sequence lengths and a decoder whose FFN
+// is the encoder's at 32 tokens: 6 chains, 5 distinct.
+class SweepE2eTest : public E2eTest {
+ protected:
+  std::string WriteZoo() {
+    std::filesystem::create_directories(dir_ / "models");
+    WriteFile("models/enc.json", R"({"model": "enc", "architecture": "encoder", "hidden": 64, "heads": 2,
+      "ffn": 128, "layers": 2, "activation": "gelu", "mask": "padding", "seq": 32, "batch": 1, "dtype": "f32"})");
+    WriteFile("models/dec.json", R"({"model": "dec", "architecture": "decoder", "hidden": 64, "heads": 2,
+      "ffn": 128, "layers": 2, "activation": "gelu", "mask": "causal", "seq": 32, "batch": 1, "dtype": "f32"})");
+    return WriteFile("zoo.yaml", "name: tiny-zoo\nbudget: 2\nmodels:\n"
+                                 "  - description: models/enc.json\n    seq: [16, 32]\n"
+                                 "  - description: models/dec.json\n");
+  }
+
+  int64_t ChainsDone() {
+    std::optional<std::string> v = TryQuery("SELECT COUNT(*) FROM sweep_chains WHERE state = 'done'");
+    return v ? std::stoll(*v) : 0;
+  }
+
+  // Kills `cli` once the sweep has finished a chain, with chains left.
+  void KillAfterTheFirstChain(Daemon& cli) {
+    ASSERT_TRUE(WaitFor([&] { return ChainsDone() >= 1 || !cli.running(); }, std::chrono::seconds(150)))
+        << cli.Log();
+    cli.Signal(SIGKILL);
+    cli.Wait(std::chrono::seconds(10));
+    ASSERT_LT(ChainsDone(), 5) << "the sweep finished before it could be interrupted";
+  }
+
+  // Every distinct chain was tuned by exactly one task, which finished,
+  // and measured at most its budget of candidates.
+  void ExpectEachChainTunedOnce() {
+    EXPECT_EQ(Query("SELECT COUNT(*) FROM sweep_chains WHERE state = 'done' AND from_cache = 0"), 5);
+    EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 5);
+    EXPECT_EQ(Query("SELECT COUNT(DISTINCT workload_key) FROM tasks WHERE state = 'done'"), 5);
+    EXPECT_EQ(Query("SELECT COUNT(*) FROM (SELECT task_id FROM candidates GROUP BY task_id HAVING COUNT(*) > 2)"), 0);
+    EXPECT_EQ(Query("SELECT COUNT(*) FROM (SELECT job_id FROM measurements GROUP BY job_id HAVING COUNT(*) > 1)"), 0);
+    EXPECT_EQ(TryQuery("PRAGMA integrity_check").value_or(""), "ok");
+  }
+
+  // The report's CSV rows' results (the "result" column).
+  std::vector<std::string> CsvResults(const std::string& dir) {
+    std::ifstream in(dir + "/report.csv");
+    std::string line;
+    std::vector<std::string> results;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      for (const char* r : {",tuned,", ",cache,", ",failed,"}) {
+        if (line.find(r) != std::string::npos) results.push_back(std::string(r).substr(1, strlen(r) - 2));
+      }
+    }
+    return results;
+  }
+};
+
+// The README's way: an embedded scheduler, killed with its client halfway,
+// resumed by the same command; run again, the cache answers everything.
+TEST_F(SweepE2eTest, EmbeddedSweepResumesAfterAKillAndThenComesFromTheCache) {
+  db_path_ = (dir_ / "embedded.db").string();  // not the fixture's scheduler's
+  const std::string zoo = WriteZoo();
+  const std::string out = (dir_ / "report").string();
+  const std::vector<std::string> args = {"--db", db_path_, "--calibration-seconds", "0.05", "sweep", zoo, "-o", out};
+  std::unique_ptr<Daemon> first = StartCli(args);
+  KillAfterTheFirstChain(*first);
+
+  auto [rc, log] = Cli(args, std::chrono::seconds(300));
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_THAT(log, HasSubstr("resumed"));
+  EXPECT_THAT(log, HasSubstr("sweep tiny-zoo: 3 models, 6 chains, 5 distinct"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM sweeps"), 1);
+  ExpectEachChainTunedOnce();
+  EXPECT_THAT(CsvResults(out), ::testing::ElementsAre("tuned", "tuned", "tuned", "tuned", "tuned", "tuned"));
+  for (const char* f : {"report.md", "report.json", "speedups.svg"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_ / "report" / f)) << f;
+  }
+
+  const int64_t measurements = Query("SELECT COUNT(*) FROM measurements");
+  auto again = Cli(args);
+  ASSERT_EQ(again.first, 0) << again.second;
+  EXPECT_THAT(again.second, HasSubstr("(6 from the cache, 0 tuned, 0 failed)"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM sweeps"), 2);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 5);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), measurements);
+  EXPECT_THAT(CsvResults(out), ::testing::Each("cache"));
+}
+
+// Against a remote scheduler: the sweep goes on without its client; the
+// scheduler is then killed (-9) and restarted, and the same command
+// resumes the sweep and completes it.
+TEST_F(SweepE2eTest, RemoteSweepOutlivesItsClientAndARestartedScheduler) {
+  const std::string zoo = WriteZoo();
+  worker_a_ = StartWorker("A");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
+                      std::chrono::seconds(60)))
+      << worker_a_->Log();
+  const std::vector<std::string> args = {"sweep", zoo, "-o", (dir_ / "report").string()};
+  std::unique_ptr<Daemon> client = StartCli(args);
+  KillAfterTheFirstChain(*client);
+  const int64_t done_at_kill = ChainsDone();
+  ASSERT_TRUE(WaitFor([&] { return ChainsDone() > done_at_kill; }, std::chrono::seconds(120)))
+      << "the sweep stopped with its client\n" << scheduler_->Log();
+
+  scheduler_->Signal(SIGKILL);
+  scheduler_->Wait(std::chrono::seconds(10));
+  worker_a_->Signal(SIGKILL);
+  worker_a_->Wait(std::chrono::seconds(10));
+  ASSERT_LT(ChainsDone(), 5) << "the sweep finished before the scheduler could be killed";
+  StartScheduler();
+  worker_b_ = StartWorker("B");
+
+  auto [rc, log] = Cli(args, std::chrono::seconds(300));
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_THAT(log, HasSubstr("resumed"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM sweeps"), 1);
+  ExpectEachChainTunedOnce();
+  EXPECT_THAT(CsvResults((dir_ / "report").string()), ::testing::Each("tuned"));
 }
 
 }  // namespace

@@ -99,8 +99,9 @@ TEST_P(SchemaTest, ProductionSchemaOpensAndReopens) {
   ASSERT_TRUE(again.ok()) << again.status();
 }
 
-// A version-1 database (before GPU resource reports) upgrades in place:
-// its measurements keep their rows and read an empty report.
+// A version-1 database (before GPU resource reports and sweeps) upgrades
+// in place: its measurements keep their rows and read an empty report, and
+// the sweep tables appear empty.
 TEST(SchemaFileTest, Version1MeasurementsGainAnEmptyResourceReport) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("fusor-schema-v1-" + std::to_string(getpid()) + ".db")).string();
@@ -120,7 +121,8 @@ TEST(SchemaFileTest, Version1MeasurementsGainAnEmptyResourceReport) {
   ASSERT_TRUE(db.ok()) << db.status();
   auto raw = Database::Open(path);
   ASSERT_TRUE(raw.ok());
-  EXPECT_EQ(*SchemaVersion(**raw), 2);
+  EXPECT_EQ(*SchemaVersion(**raw), static_cast<int>(SchemaMigrations().size()));
+  EXPECT_TRUE(db->get()->ListSweepsInState("running")->empty());
   auto rows = (*raw)->Prepare("SELECT job_id, resources_json FROM measurements");
   ASSERT_TRUE(rows.ok()) << rows.status();
   ASSERT_TRUE(*rows->Step());

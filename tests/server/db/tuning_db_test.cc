@@ -142,5 +142,52 @@ TEST_F(TuningDbTest, SilentWorkersAreMarkedLostAndRevivedByContact) {
   EXPECT_TRUE(absl::IsNotFound(db_->TouchWorker("nobody", 1)));
 }
 
+// A sweep keeps one chain per distinct key, in the entries' order, and
+// is found again by its digest only while it runs.
+TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
+  ASSERT_TRUE(db_->UpsertWorkload({"wk2", "other", "canon2", "{}"}, 1).ok());
+  SweepRow sweep;
+  sweep.id = "s1";
+  sweep.name = "zoo";
+  sweep.digest = "d";
+  sweep.target_fp = "fp";
+  sweep.salt = "s";
+  sweep.budget = 4;
+  sweep.state = "running";
+  sweep.created_ms = 5;
+  const std::vector<SweepEntryRow> entries = {{0, "a", "ffn", "layers 1-2", 2, "wk2", "{}"},
+                                              {1, "a", "attention", "layers 1-2", 2, "wk", "{}"},
+                                              {2, "b", "ffn", "layer 1", 1, "wk2", "{}"}};
+  ASSERT_TRUE(db_->CreateSweep(sweep, entries, 5).ok());
+  EXPECT_EQ(db_->SweepEntries("s1")->size(), 3u);
+  auto chains = db_->SweepChains("s1");
+  ASSERT_TRUE(chains.ok()) << chains.status();
+  ASSERT_EQ(chains->size(), 2u);
+  EXPECT_EQ((*chains)[0].workload_key, "wk2");
+  EXPECT_EQ((*chains)[1].workload_key, "wk");
+  EXPECT_EQ((*chains)[1].ord, 1);
+  EXPECT_EQ((*chains)[0].state, "pending");
+
+  SweepChainRow c = (*chains)[1];
+  c.state = "tuning";
+  c.task_id = "t1";
+  ASSERT_TRUE(db_->UpdateSweepChain("s1", c, 6).ok());
+  EXPECT_EQ((*db_->SweepChains("s1"))[1].task_id, "t1");
+  c.workload_key = "nope";
+  EXPECT_TRUE(absl::IsNotFound(db_->UpdateSweepChain("s1", c, 6)));
+
+  ASSERT_TRUE(db_->FindRunningSweep("d")->has_value());
+  EXPECT_EQ(db_->ListSweepsInState("running")->size(), 1u);
+  ASSERT_TRUE(db_->FinishSweep("s1", 9).ok());
+  EXPECT_FALSE(db_->FindRunningSweep("d")->has_value());
+  EXPECT_EQ(db_->GetSweep("s1")->state, "done");
+  EXPECT_EQ(*db_->GetSweep("s1")->finished_ms, 9);
+  EXPECT_TRUE(absl::IsNotFound(db_->GetSweep("s2").status()));
+  // An entry of an unknown workload is refused and nothing is kept.
+  sweep.id = "s3";
+  EXPECT_FALSE(db_->CreateSweep(sweep, {{0, "c", "ffn", "", 1, "missing", "{}"}}, 10).ok());
+  EXPECT_TRUE(absl::IsNotFound(db_->GetSweep("s3").status()));
+}
+
 }  // namespace
 }  // namespace fusor::db

@@ -1,0 +1,314 @@
+#include "server/sweeps.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/ir/parse.h"
+#include "common/util/log.h"
+#include "common/util/sha256.h"
+#include "common/util/status_macros.h"
+#include "proto/wire/convert.h"
+
+namespace fusor::server {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() { return Logger("sweeps"); }
+
+bool Finished(const std::string& chain_state) { return chain_state == "done" || chain_state == "failed"; }
+
+// What identifies "the same sweep": everything that was asked for.
+std::string Digest(const v1::SweepRequest& request, const std::vector<PreparedRequest>& prepared,
+                   const std::string& target_fp, const std::string& salt, int budget) {
+  std::string text = absl::StrCat("sweep\n", request.name(), "\n", target_fp, "\n", salt, "\n", budget, "\n");
+  for (int i = 0; i < request.entries_size(); ++i) {
+    const v1::SweepEntry& e = request.entries(i);
+    absl::StrAppend(&text, e.model(), "\t", e.role(), "\t", e.source(), "\t", e.instances(), "\t",
+                    prepared[i].chain.name, "\t", prepared[i].canonical.key, "\n");
+  }
+  return Sha256Hex(text).substr(0, 32);
+}
+
+}  // namespace
+
+SweepRunner::SweepRunner(Scheduler* core, SweepOptions options) : core_(core), options_(options) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+SweepRunner::~SweepRunner() {
+  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& request) {
+  if (request.entries_size() == 0) return absl::InvalidArgumentError("sweep: no entries (models' chains) to tune");
+  if (request.entries_size() > options_.max_entries) {
+    return absl::InvalidArgumentError(absl::StrCat("sweep: ", request.entries_size(), " entries; at most ",
+                                                   options_.max_entries, " per sweep"));
+  }
+  if (request.options().force()) {
+    return absl::InvalidArgumentError("sweep: force is not supported; a sweep asks the cache first");
+  }
+  std::vector<PreparedRequest> prepared;
+  std::string target_fp;
+  std::set<std::string> models;
+  for (int i = 0; i < request.entries_size(); ++i) {
+    const v1::SweepEntry& e = request.entries(i);
+    const std::string what = absl::StrCat("sweep entry ", i + 1, " (model '", e.model(), "', chain '",
+                                          e.chain().name(), "')");
+    if (e.model().empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": model is required"));
+    if (e.instances() < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
+    v1::Workload workload;
+    *workload.mutable_chain() = e.chain();
+    auto p = target_fp.empty() ? core_->Prepare(workload, request.target()) : [&]() -> absl::StatusOr<PreparedRequest> {
+      ASSIGN_OR_RETURN(ir::Chain chain, wire::ChainFromWorkload(workload));
+      return core_->PrepareFor(chain, target_fp);
+    }();
+    if (!p.ok()) {
+      if (absl::IsInvalidArgument(p.status())) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.status().message()));
+      }
+      return p.status();
+    }
+    target_fp = p->target_fp;
+    models.insert(e.model());
+    prepared.push_back(std::move(*p));
+  }
+  const int budget = core_->EffectiveBudget(request.options().budget());
+  const std::string digest = Digest(request, prepared, target_fp, core_->Salt(), budget);
+
+  std::lock_guard<std::mutex> start_lock(start_mu_);
+  db::TuningDb& db = core_->db();
+  ASSIGN_OR_RETURN(std::optional<db::SweepRow> running, db.FindRunningSweep(digest));
+  v1::SweepStarted started;
+  std::string id;
+  if (running) {
+    id = running->id;
+    started.set_resumed(true);
+  } else {
+    const int64_t now = NowMs();
+    std::vector<db::SweepEntryRow> entries;
+    for (size_t i = 0; i < prepared.size(); ++i) {
+      const PreparedRequest& p = prepared[i];
+      RETURN_IF_ERROR(db.UpsertWorkload(
+          {p.canonical.key, p.chain.name, p.canonical.text, ir::ChainToJson(p.canonical.chain)}, now));
+      const v1::SweepEntry& e = request.entries(static_cast<int>(i));
+      entries.push_back({static_cast<int>(i), e.model(), e.role(), e.source(), e.instances(), p.canonical.key,
+                         ir::ChainToJson(p.chain)});
+    }
+    db::SweepRow row;
+    id = absl::StrCat("s-", digest.substr(0, 8), "-", std::to_string(now));
+    row.id = id;
+    row.name = request.name();
+    row.digest = digest;
+    row.target_fp = target_fp;
+    row.salt = core_->Salt();
+    row.budget = budget;
+    row.state = "running";
+    row.created_ms = now;
+    RETURN_IF_ERROR(db.CreateSweep(row, entries, now));
+  }
+  ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(id));
+  started.set_sweep_id(id);
+  started.set_models(static_cast<int>(models.size()));
+  started.set_entries(request.entries_size());
+  started.set_chains(static_cast<int>(chains.size()));
+  started.set_target_fingerprint(target_fp);
+  started.set_budget(budget);
+  Log()->info("[sweep={}] {} '{}': {} models, {} entries, {} distinct chains, budget {}", id,
+              running ? "resumed" : "started", request.name(), models.size(), request.entries_size(), chains.size(),
+              budget);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+    cv_.notify_all();
+  }
+  return started;
+}
+
+void SweepRunner::Loop() {
+  while (!stop_) {
+    auto sweeps = core_->db().ListSweepsInState("running");
+    if (!sweeps.ok()) {
+      Log()->error("listing sweeps failed: {}", sweeps.status().ToString());
+    } else {
+      for (const db::SweepRow& sweep : *sweeps) {
+        if (stop_) break;
+        absl::Status st = Advance(sweep);
+        if (!st.ok()) Log()->error("[sweep={}] {}", sweep.id, st.ToString());
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.poll), [this] { return wake_ || stop_.load(); });
+    wake_ = false;
+  }
+}
+
+absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
+  db::TuningDb& db = core_->db();
+  ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(sweep.id));
+  int tuning = 0;
+  for (db::SweepChainRow& c : chains) {
+    if (c.state != "tuning") continue;
+    ASSIGN_OR_RETURN(db::TaskRow task, db.GetTask(c.task_id));
+    if (task.state == "running") {
+      ++tuning;
+      continue;
+    }
+    c.state = task.state == "done" ? "done" : "failed";
+    c.error = task.error;
+    RETURN_IF_ERROR(db.UpdateSweepChain(sweep.id, c, NowMs()));
+    Log()->info("[sweep={} task={}] chain {} {}", sweep.id, task.id, c.workload_key, c.state);
+  }
+  for (db::SweepChainRow& c : chains) {
+    if (stop_ || tuning >= options_.parallel) break;
+    if (c.state != "pending") continue;
+    ASSIGN_OR_RETURN(db::WorkloadRow workload, db.GetWorkload(c.workload_key));
+    absl::StatusOr<Scheduler::TuneStart> start = [&]() -> absl::StatusOr<Scheduler::TuneStart> {
+      ASSIGN_OR_RETURN(ir::Chain chain, ir::ParseChainJson(workload.chain_json));
+      ASSIGN_OR_RETURN(PreparedRequest request, core_->PrepareFor(chain, sweep.target_fp));
+      v1::TuneOptions options;
+      options.set_budget(sweep.budget);
+      return core_->StartTune(request, options);
+    }();
+    if (!start.ok()) {
+      c.state = "failed";
+      c.error = std::string(start.status().message());
+    } else if (start->cached) {
+      c.state = "done";
+      c.from_cache = true;
+      c.task_id = start->cached->task_id();
+    } else {
+      c.state = "tuning";
+      c.task_id = start->started.task_id();
+      ++tuning;
+    }
+    RETURN_IF_ERROR(db.UpdateSweepChain(sweep.id, c, NowMs()));
+    Log()->info("[sweep={}] chain {} ({}): {}", sweep.id, c.workload_key, workload.name,
+                c.state == "tuning" ? absl::StrCat("tuning in task ", c.task_id)
+                : c.from_cache      ? std::string("answered from the cache")
+                                    : absl::StrCat("failed: ", c.error));
+  }
+  if (std::all_of(chains.begin(), chains.end(), [](const db::SweepChainRow& c) { return Finished(c.state); })) {
+    RETURN_IF_ERROR(db.FinishSweep(sweep.id, NowMs()));
+    Log()->info("[sweep={}] done after {:.1f} s", sweep.id, static_cast<double>(NowMs() - sweep.created_ms) / 1000);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SweepRunner::Status> SweepRunner::Progress(const std::string& sweep_id) {
+  db::TuningDb& db = core_->db();
+  ASSIGN_OR_RETURN(db::SweepRow sweep, db.GetSweep(sweep_id));
+  ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(sweep_id));
+  ASSIGN_OR_RETURN(std::vector<db::SweepEntryRow> entries, db.SweepEntries(sweep_id));
+  std::map<std::string, const db::SweepEntryRow*> first_entry;
+  for (const db::SweepEntryRow& e : entries) first_entry.emplace(e.workload_key, &e);
+  const int64_t now = NowMs();
+  Status status;
+  status.finished = sweep.state == "done";
+  v1::SweepProgress& p = status.progress;
+  p.set_chains(static_cast<int>(chains.size()));
+  double tuned_s = 0;  // time the chains this sweep tuned took, and the
+  int tuned = 0;       // work left, in chains
+  double left = 0, rate_samples = 0, rate_sum_s = 0;
+  for (const db::SweepChainRow& c : chains) {
+    if (c.state == "pending") left += 1;
+    if (c.state == "failed") p.set_failed(p.failed() + 1);
+    if (c.state == "done" && c.from_cache) p.set_cache_hits(p.cache_hits() + 1);
+    if (c.state == "done" && !c.from_cache) p.set_tuned(p.tuned() + 1);
+    if (c.state != "tuning" && !(c.state == "done" && !c.from_cache)) continue;
+    ASSIGN_OR_RETURN(db::TaskRow task, db.GetTask(c.task_id));
+    if (c.state == "done") {
+      if (task.finished_ms) {
+        tuned_s += static_cast<double>(*task.finished_ms - task.created_ms) / 1000;
+        ++tuned;
+      }
+      continue;
+    }
+    auto info = core_->GetTask(c.task_id);
+    const int measured = info.ok() ? info->progress().measured() : 0;
+    const int budget = std::max(1, task.budget);
+    v1::SweepChainProgress* t = p.add_tuning();
+    t->set_workload_key(c.workload_key);
+    auto e = first_entry.find(c.workload_key);
+    if (e != first_entry.end()) {
+      t->set_model(e->second->model);
+      auto chain = ir::ParseChainJson(e->second->chain_json);
+      if (chain.ok()) t->set_chain(chain->name);
+    }
+    t->set_measured(measured);
+    t->set_budget(budget);
+    const double fraction = std::min(1.0, static_cast<double>(measured) / budget);
+    left += 1 - fraction;
+    if (fraction > 0) {
+      rate_sum_s += static_cast<double>(now - task.created_ms) / 1000 / fraction;
+      ++rate_samples;
+    }
+  }
+  p.set_done(p.cache_hits() + p.tuned() + p.failed());
+  p.set_elapsed_s(static_cast<double>((sweep.finished_ms ? *sweep.finished_ms : now) - sweep.created_ms) / 1000);
+  // Seconds per chain: from the chains tuned so far, else from the running
+  // ones' pace; divided among the chains tuned at once.
+  const double per_chain = tuned > 0 ? tuned_s / tuned : rate_samples > 0 ? rate_sum_s / rate_samples : -1;
+  const double lanes = std::max(1.0, std::min<double>(options_.parallel, std::ceil(left)));
+  p.set_eta_s(status.finished ? 0 : per_chain < 0 ? -1 : per_chain * left / lanes);
+  return status;
+}
+
+absl::StatusOr<v1::SweepReport> SweepRunner::Report(const std::string& sweep_id) {
+  db::TuningDb& db = core_->db();
+  ASSIGN_OR_RETURN(db::SweepRow sweep, db.GetSweep(sweep_id));
+  ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(sweep_id));
+  ASSIGN_OR_RETURN(std::vector<db::SweepEntryRow> entries, db.SweepEntries(sweep_id));
+  std::map<std::string, const db::SweepChainRow*> by_key;
+  for (const db::SweepChainRow& c : chains) by_key[c.workload_key] = &c;
+  v1::SweepReport report;
+  report.set_sweep_id(sweep.id);
+  report.set_name(sweep.name);
+  report.set_state(sweep.state);
+  ASSIGN_OR_RETURN(*report.mutable_target(), core_->TargetProto(sweep.target_fp));
+  report.set_budget(sweep.budget);
+  report.set_created_unix_ms(sweep.created_ms);
+  if (sweep.finished_ms) report.set_finished_unix_ms(*sweep.finished_ms);
+  for (const db::SweepEntryRow& e : entries) {
+    v1::SweepChainResult* r = report.add_results();
+    r->set_model(e.model);
+    r->set_role(e.role);
+    r->set_source(e.source);
+    r->set_instances(e.instances);
+    r->set_workload_key(e.workload_key);
+    ASSIGN_OR_RETURN(ir::Chain chain, ir::ParseChainJson(e.chain_json));
+    r->set_chain(chain.name);
+    auto c = by_key.find(e.workload_key);
+    if (c == by_key.end()) return absl::DataLossError(absl::StrCat("sweep ", sweep_id, " lost chain ", e.workload_key));
+    const db::SweepChainRow& state = *c->second;
+    r->set_task_id(state.task_id);
+    r->set_error(state.error);
+    r->set_state(state.state == "done" ? (state.from_cache ? "cache" : "tuned") : state.state);
+    if (state.state != "done") continue;
+    ASSIGN_OR_RETURN(PreparedRequest request, core_->PrepareFor(chain, sweep.target_fp));
+    auto result = core_->Lookup(request);
+    if (!result.ok()) {
+      // The cache lost it (e.g. a new salt since): say so in the entry.
+      r->set_state("failed");
+      r->set_error(std::string(result.status().message()));
+      continue;
+    }
+    r->set_best_s(result->best_measurement().median_s());
+    r->set_baseline_s(result->baseline_s());
+    r->set_speedup(result->speedup());
+    r->set_tuning_s(result->tuning_s());
+    r->set_schedule(result->best().schedule().text());
+    r->set_candidates_measured(result->candidates_measured());
+  }
+  return report;
+}
+
+}  // namespace fusor::server

@@ -1,0 +1,216 @@
+// Zoo manifests (YAML and JSON) and the sweep's report files.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_split.h"
+#include "client/manifest.h"
+#include "client/sweep_report.h"
+
+namespace fusor::client {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kSource = FUSOR_SOURCE_DIR;
+
+class ManifestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("fusor-manifest-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_ / "models");
+    Write("models/tiny.json", R"({"model": "tiny", "architecture": "encoder", "hidden": 64, "heads": 2,
+      "ffn": 128, "layers": 3, "activation": "relu", "mask": "none", "seq": 16, "batch": 1, "dtype": "f32"})");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  absl::Status Error(const std::string& yaml) { return LoadManifest(Write("bad.yaml", yaml)).status(); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(ManifestTest, ExpandsEveryCombinationOfSizes) {
+  auto m = LoadManifest(Write("zoo.yaml", R"(# a comment
+name: small
+budget: 3
+models:
+  - description: models/tiny.json
+    batch: [1, 2]
+    seq: [8, 16]
+  - description: models/tiny.json
+    name: tiny-long
+    dims: {seq: 32}
+)"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "small");
+  EXPECT_EQ(m->budget, 3);
+  ASSERT_EQ(m->models.size(), 2u);
+  EXPECT_EQ(m->models[0].path, (dir_ / "models/tiny.json").string());
+  std::vector<std::string> seen;
+  auto models = ExtractManifest(*m, [&](const SweepModel& s) { seen.push_back(s.name); });
+  ASSERT_TRUE(models.ok()) << models.status();
+  EXPECT_THAT(seen, ::testing::ElementsAre("tiny (batch=1, seq=8)", "tiny (batch=1, seq=16)", "tiny (batch=2, seq=8)",
+                                           "tiny (batch=2, seq=16)", "tiny-long (seq=32)"));
+  // An encoder: attention and FFN, each run by its 3 layers.
+  ASSERT_EQ((*models)[0].extraction.chains.size(), 2u);
+  EXPECT_EQ((*models)[0].extraction.chains[0].instances, 3);
+  v1::SweepRequest req = MakeSweepRequest(*m, *models);
+  EXPECT_EQ(req.name(), "small");
+  EXPECT_EQ(req.options().budget(), 3);
+  ASSERT_EQ(req.entries_size(), 10);
+  EXPECT_EQ(req.entries(0).model(), "tiny (batch=1, seq=8)");
+  EXPECT_EQ(req.entries(0).instances(), 3);
+  EXPECT_FALSE(req.entries(0).chain().ops().empty());
+  // The same manifest as JSON, named after the file.
+  auto json = LoadManifest(Write("zoo.json", R"({"models": [{"description": "models/tiny.json", "seq": 8}]})"));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->name, "zoo");
+  EXPECT_EQ(json->budget, 0);
+  ASSERT_TRUE(ExtractManifest(*json).ok());
+}
+
+TEST_F(ManifestTest, ErrorsNameTheLineAndTheKey) {
+  auto st = Error("models:\n  - description: models/tiny.json\n    sequence: 8\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("bad.yaml:3: models[0]: unknown key 'sequence'"));
+  st = Error("models:\n  - description: models/tiny.json\n    seq: [8, 0]\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("models[0].seq must be a positive integer"));
+  st = Error("models:\n  - description: models/nothere.json\n");
+  EXPECT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("no such file"));
+  st = Error("models:\n  - description: models/tiny.json\n    onnx: models/tiny.json\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("exactly one of 'description'"));
+  st = Error("models:\n  - seq: 8\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("exactly one of"));
+  st = Error("models: []\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("non-empty list"));
+  st = Error("name: x\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("no 'models'"));
+  st = Error("models:\n  - description: [unclosed\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("bad.yaml:"));
+  st = Error("budget: lots\nmodels:\n  - description: models/tiny.json\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("bad.yaml:1: budget must be a positive integer"));
+  st = Error("models:\n  - description: models/tiny.json\n    seq: 8\n    dims: {seq: 16}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("dim 'seq' given twice"));
+  EXPECT_TRUE(absl::IsNotFound(LoadManifest((dir_ / "none.yaml").string()).status()));
+
+  // Well-formed, but a model cannot be extracted or appears twice.
+  auto m = LoadManifest(Write("two.yaml", "models:\n  - description: models/tiny.json\n    dims: {heads: 4}\n"));
+  ASSERT_TRUE(m.ok());
+  auto x = ExtractManifest(*m);
+  EXPECT_FALSE(x.ok());
+  EXPECT_THAT(std::string(x.status().message()), HasSubstr("models/tiny.json' at heads=4: "));
+  EXPECT_THAT(std::string(x.status().message()), HasSubstr("heads=4"));
+  m = LoadManifest(Write("dup.yaml", "models:\n  - description: models/tiny.json\n  - description: models/tiny.json\n"));
+  ASSERT_TRUE(m.ok());
+  x = ExtractManifest(*m);
+  EXPECT_THAT(std::string(x.status().message()), HasSubstr("'tiny' is listed twice"));
+}
+
+TEST(SweepExampleTest, TheExampleZooExtracts) {
+  auto m = LoadManifest(kSource + "/examples/zoo.yaml");
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto models = ExtractManifest(*m);
+  ASSERT_TRUE(models.ok()) << models.status();
+  EXPECT_GE(models->size(), 4u);
+  for (const SweepModel& s : *models) EXPECT_FALSE(s.extraction.chains.empty()) << s.name;
+}
+
+v1::SweepChainResult Result(const std::string& model, const std::string& chain, const std::string& state, int runs,
+                            double best_s, double baseline_s) {
+  v1::SweepChainResult r;
+  r.set_model(model);
+  r.set_chain(chain);
+  r.set_role("ffn, \"gated\"");
+  r.set_source("layers 1-2");
+  r.set_instances(runs);
+  r.set_workload_key(chain + "-key");
+  r.set_state(state);
+  r.set_best_s(best_s);
+  r.set_baseline_s(baseline_s);
+  r.set_speedup(best_s > 0 && baseline_s > 0 ? baseline_s / best_s : 0);
+  r.set_tuning_s(state == "tuned" ? 12.5 : 0);
+  if (state == "failed") r.set_error("all 4 candidates failed");
+  return r;
+}
+
+TEST(SweepReportTest, TotalsAndEveryFormat) {
+  v1::SweepReport report;
+  report.set_sweep_id("s-1");
+  report.set_name("zoo");
+  report.set_state("done");
+  report.mutable_target()->set_arch("x86-64-avx2");
+  report.mutable_target()->set_fingerprint("cpu-1");
+  report.set_budget(4);
+  *report.add_results() = Result("a <b>", "ffn", "tuned", 2, 1e-3, 3e-3);
+  *report.add_results() = Result("a <b>", "attention", "cache", 2, 2e-3, 2e-3);
+  *report.add_results() = Result("c", "attention2", "failed", 1, 0, 0);
+
+  auto totals = TotalsPerModel(report);
+  ASSERT_EQ(totals.size(), 2u);
+  EXPECT_EQ(totals[0].chains, 2);
+  EXPECT_EQ(totals[0].measured, 2);
+  EXPECT_DOUBLE_EQ(totals[0].baseline_s, 2 * 3e-3 + 2 * 2e-3);
+  EXPECT_DOUBLE_EQ(totals[0].fused_s, 2 * 1e-3 + 2 * 2e-3);
+  EXPECT_DOUBLE_EQ(totals[0].speedup(), 10.0 / 6.0);
+  EXPECT_EQ(totals[1].measured, 0);
+  EXPECT_EQ(totals[1].speedup(), 0);
+
+  std::vector<SweepModel> models(1);
+  models[0].name = "c";
+  models[0].extraction.rejected = {"node 'x' (Softmax): not the last axis"};
+  const std::string md = SweepReportMarkdown(report, models);
+  EXPECT_THAT(md, HasSubstr("| a <b> | 2 | 10 | 6 | 1.67x |"));
+  EXPECT_THAT(md, HasSubstr("3 chains in 2 models, 3 distinct: 1 from the cache, 1 tuned (12.5 s of tuning), 1 failed"));
+  EXPECT_THAT(md, HasSubstr("failed: all 4 candidates failed"));
+  EXPECT_THAT(md, HasSubstr("- c: node 'x' (Softmax): not the last axis"));
+
+  const std::string csv = SweepReportCsv(report);
+  std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_THAT(lines[1], HasSubstr("a <b>,ffn,\"ffn, \"\"gated\"\"\",layers 1-2,2,ffn-key,tuned,1,3,3,12.50"));
+
+  auto json = nlohmann::json::parse(SweepReportJson(report, models));
+  ASSERT_EQ(json["models"].size(), 2u);
+  EXPECT_DOUBLE_EQ(json["models"][0]["speedup"].get<double>(), 10.0 / 6.0);
+  EXPECT_EQ(json["models"][0]["chains"][1]["result"], "cache");
+  EXPECT_EQ(json["models"][1]["not_fused"].size(), 1u);
+
+  const std::string svg = SweepReportSvg(report);
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_THAT(svg, HasSubstr("</svg>"));
+  EXPECT_THAT(svg, HasSubstr("a &lt;b&gt;"));  // escaped
+  EXPECT_THAT(svg, HasSubstr(">3.00x<"));      // the ffn's bar
+  EXPECT_THAT(svg, HasSubstr(">failed<"));
+}
+
+TEST(SweepReportTest, ProgressLine) {
+  v1::SweepProgress p;
+  p.set_chains(10);
+  p.set_done(4);
+  p.set_cache_hits(3);
+  p.set_tuned(1);
+  p.set_elapsed_s(75);
+  p.set_eta_s(-1);
+  v1::SweepChainProgress* t = p.add_tuning();
+  t->set_chain("bert_ffn");
+  t->set_measured(2);
+  t->set_budget(8);
+  EXPECT_EQ(FormatSweepProgress(p),
+            "[########............] 4/10 chains: 3 from the cache, 1 tuned; tuning bert_ffn 2/8; 1m15s elapsed, ETA "
+            "unknown yet");
+  p.set_eta_s(3725);
+  EXPECT_THAT(FormatSweepProgress(p), HasSubstr("ETA 1h02m"));
+}
+
+}  // namespace
+}  // namespace fusor::client
