@@ -11,11 +11,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <variant>
 
@@ -238,18 +237,25 @@ std::string Decl(const std::string& name, const Operand& o) {
 }
 std::string Use(const std::string& name, const Operand& o) { return absl::StrCat(name, "[", absl::StrJoin(o.axes, ","), "]"); }
 
-std::string DTypeOf(const Graph& g, const std::string& value) {
+// The element type of `value` (onnx::TensorProto::DataType), 0 if unknown.
+int ElemType(const Graph& g, const std::string& value) {
   for (const auto* list : {&g.proto().input(), &g.proto().value_info(), &g.proto().output()}) {
     for (const onnx::ValueInfoProto& v : *list) {
-      if (v.name() != value) continue;
-      switch (v.type().tensor_type().elem_type()) {
-        case onnx::TensorProto::FLOAT16: return "f16";
-        case onnx::TensorProto::BFLOAT16: return "bf16";
-        default: return "f32";
-      }
+      if (v.name() == value) return v.type().tensor_type().elem_type();
     }
   }
-  return "f32";
+  for (const onnx::TensorProto& t : g.proto().initializer()) {
+    if (t.name() == value) return t.data_type();
+  }
+  return 0;
+}
+
+std::string DTypeOf(const Graph& g, const std::string& value) {
+  switch (ElemType(g, value)) {
+    case onnx::TensorProto::FLOAT16: return "f16";
+    case onnx::TensorProto::BFLOAT16: return "bf16";
+    default: return "f32";
+  }
 }
 
 // Attention ending in Softmax `s`.
@@ -363,6 +369,154 @@ std::variant<Match, Reject> MatchAttention(
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
   return Match{std::move(*chain), nodes, ""};
+}
+
+float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallback) {
+  for (const onnx::AttributeProto& a : n.attribute()) {
+    if (a.name() == name) return a.f();
+  }
+  return fallback;
+}
+
+// The single-node attention ops: ONNX's Attention (opset 23; grouped-query
+// when kv_num_heads < q_num_heads) and onnxruntime's MultiHeadAttention
+// (com.microsoft). Q, K and V are 4-D [batch, heads, seq, head dim] or
+// 3-D [batch, seq, heads * head dim]; a grouped query head g * r_count + r
+// reads K/V head g. Masks: an additive float attn_mask or attention_bias
+// broadcast to [batch, heads, queries, keys], MultiHeadAttention's 2-D
+// key_padding_mask (as the additive mask it becomes), and causal attention
+// (is_causal, unidirectional) as an additive [queries, keys] input.
+std::variant<Match, Reject> MatchAttentionOp(const Graph& g, const onnx::NodeProto& a, int index) {
+  const bool mha = a.op_type() == "MultiHeadAttention";
+  if (mha && a.domain() != "com.microsoft") return Reject{absl::StrCat(Label(a), " is not com.microsoft's")};
+  if (!mha && !a.domain().empty() && a.domain() != "ai.onnx") {
+    return Reject{absl::StrCat(Label(a), " is from domain '", a.domain(), "'")};
+  }
+  auto input = [&](int i) { return a.input_size() > i ? a.input(i) : std::string(); };
+  if (input(1).empty() || input(2).empty()) return Reject{"packed Q/K/V (no separate key and value) is not read"};
+  for (int i = 1; i < a.output_size(); ++i) {
+    if (!a.output(i).empty()) return Reject{"its present key/value or scores outputs are used"};
+  }
+  const int past_from = mha ? 6 : 4;
+  for (int i = past_from; i < a.input_size(); ++i) {
+    if (!a.input(i).empty()) return Reject{"past key/value (a KV cache) is not read"};
+  }
+  if (mha && !input(3).empty()) return Reject{"its packed projection bias is not folded"};
+  if (!mha && AttrFloat(a, "softcap", 0) != 0) return Reject{"softcap is not supported"};
+  std::string why;
+  std::vector<std::vector<int64_t>> shapes;
+  for (int i = 0; i < 3; ++i) {
+    auto sh = g.Shape(a.input(i));
+    if (Failed(sh, &why)) return Reject{why};
+    shapes.push_back(std::get<std::vector<int64_t>>(sh));
+    if (shapes.back().size() != 3 && shapes.back().size() != 4) {
+      return Reject{absl::StrCat("'", a.input(i), "' is neither 3-D nor 4-D")};
+    }
+  }
+  int64_t q_heads = mha ? AttrInt(a, "num_heads", 0) : AttrInt(a, "q_num_heads", 0);
+  int64_t kv_heads = mha ? q_heads : AttrInt(a, "kv_num_heads", 0);
+  if (shapes[0].size() == 4) q_heads = shapes[0][1];
+  if (shapes[1].size() == 4) kv_heads = shapes[1][1];
+  if (q_heads <= 0 || kv_heads <= 0) return Reject{"3-D inputs need the head counts (num_heads, q_num_heads, kv_num_heads)"};
+  if (q_heads % kv_heads != 0) return Reject{absl::StrCat(q_heads, " query heads are not a multiple of ", kv_heads, " K/V heads")};
+  auto split = [&](const std::vector<int64_t>& sh, int64_t heads, int64_t* seq, int64_t* dim) -> bool {
+    *seq = sh.size() == 4 ? sh[2] : sh[1];
+    if (sh.size() == 4) {
+      *dim = sh[3];
+      return sh[1] == heads;
+    }
+    *dim = sh[2] / heads;
+    return sh[2] % heads == 0;
+  };
+  int64_t S = 0, D = 0, L = 0, Dk = 0, Lv = 0, Dv = 0;
+  if (!split(shapes[0], q_heads, &S, &D) || !split(shapes[1], kv_heads, &L, &Dk) ||
+      !split(shapes[2], kv_heads, &Lv, &Dv)) {
+    return Reject{"Q, K and V do not split into their heads"};
+  }
+  const int64_t B = shapes[0][0];
+  if (shapes[1][0] != B || shapes[2][0] != B || L != Lv || D != Dk) {
+    return Reject{"Q, K and V disagree on batch, keys or head dim"};
+  }
+  const bool grouped = kv_heads != q_heads;
+  // Heads split as g (K/V head) and r (query head within its group) when
+  // grouped: [batch, seq, heads * dim] is viewed as [b, m, g, r, d], the
+  // same bytes.
+  const std::string qh = grouped ? "g,r" : "h", kvh = grouped ? "g" : "h";
+  auto view = [](const char* name, const std::vector<int64_t>& sh, const std::string& heads, const char* pos,
+                 const char* d) {
+    return sh.size() == 4 ? absl::StrCat(name, "[b,", heads, ",", pos, ",", d, "]")
+                          : absl::StrCat(name, "[b,", pos, ",", heads, ",", d, "]");
+  };
+  const std::string point = absl::StrCat("b,", qh, ",m");
+  std::string inputs = absl::StrCat(view("Q", shapes[0], qh, "m", "d"), " ", view("K", shapes[1], kvh, "n", "d"), " ",
+                                    view("V", shapes[2], kvh, "n", "e"));
+  std::string add;
+  // Additive masks broadcast to [b, query head, m, n].
+  auto mask = [&](const std::string& value, const char* name) -> std::optional<Reject> {
+    auto sh = g.Shape(value);
+    if (Failed(sh, &why)) return Reject{absl::StrCat("the mask: ", why)};
+    const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(sh);
+    if (ElemType(g, value) == onnx::TensorProto::BOOL) {
+      return Reject{absl::StrCat("'", value, "' is a boolean mask; only additive ones are read")};
+    }
+    if (ms.size() > 4) return Reject{absl::StrCat("'", value, "' has more than 4 axes")};
+    const std::vector<int64_t> full = {B, q_heads, S, L};
+    const std::vector<std::string> dims = {"b", qh, "m", "n"};
+    std::vector<std::string> decl, use;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      const size_t j = 4 - ms.size() + i;
+      if (ms[i] == full[j]) {
+        decl.push_back(dims[j]);
+        use.push_back(dims[j]);
+      } else if (ms[i] == 1) {
+        decl.push_back("1");
+        use.push_back("0");
+      } else {
+        return Reject{absl::StrCat("'", value, "' axis ", i, " (", ms[i], ") does not broadcast to the scores")};
+      }
+    }
+    absl::StrAppend(&inputs, " ", name, "[", absl::StrJoin(decl, ","), "]");
+    absl::StrAppend(&add, " + ", name, "[", absl::StrJoin(use, ","), "]");
+    return std::nullopt;
+  };
+  std::vector<std::string> notes;
+  if (mha) {
+    if (!input(4).empty()) {
+      auto sh = g.Shape(input(4));
+      if (Failed(sh, &why)) return Reject{absl::StrCat("the key padding mask: ", why)};
+      if (std::get<std::vector<int64_t>>(sh) != std::vector<int64_t>{B, L}) {
+        return Reject{"only a 2-D [batch, keys] key_padding_mask is read"};
+      }
+      absl::StrAppend(&inputs, " M[b,n]");
+      absl::StrAppend(&add, " + M[b,n]");
+      notes.push_back(absl::StrCat("M is '", input(4), "' as an additive mask (0 or mask_filter_value)"));
+    }
+    if (!input(5).empty()) {
+      if (auto r = mask(input(5), "A")) return *r;
+    }
+  } else if (!input(3).empty()) {
+    if (auto r = mask(input(3), "M")) return *r;
+  }
+  if (AttrInt(a, mha ? "unidirectional" : "is_causal", 0) != 0) {
+    absl::StrAppend(&inputs, " C[m,n]");
+    absl::StrAppend(&add, " + C[m,n]");
+    notes.push_back("C is the causal mask, additive (0 or -inf)");
+  }
+  const double scale = AttrFloat(a, "scale", 0) != 0 ? AttrFloat(a, "scale", 0) : 1 / std::sqrt(static_cast<double>(D));
+  // The output: [b, heads, m, e] when Q is 4-D, else [b, m, heads, e] (the
+  // bytes of [batch, seq, heads * head dim]).
+  const std::string out = shapes[0].size() == 4 ? absl::StrCat(point, ",e") : absl::StrCat("b,m,", qh, ",e");
+  const std::string text = absl::StrCat(
+      "chain attention_", index, "\ndtype ", DTypeOf(g, a.input(0)), "\ndim b=", B,
+      grouped ? absl::StrCat(" g=", kv_heads, " r=", q_heads / kv_heads) : absl::StrCat(" h=", q_heads), " m=", S,
+      " n=", L, " d=", D, " e=", Dv, "\nin ", inputs, "\n",
+      "S[", point, ",n] = sum(d) ", view("Q", shapes[0], qh, "m", "d"), " * ", view("K", shapes[1], kvh, "n", "d"),
+      " * ", scale, "\n",
+      "P[", point, ",n] = softmax(n) S[", point, ",n]", add, "\n",
+      "O[", out, "] = sum(n) P[", point, ",n] * ", view("V", shapes[2], kvh, "n", "e"), "\nout O\n");
+  auto chain = ir::ParseChainText(text);
+  if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  return Match{std::move(*chain), {&a}, absl::StrJoin(notes, "; ")};
 }
 
 bool IsGemm(const onnx::NodeProto* n) { return n != nullptr && (n->op_type() == "MatMul" || n->op_type() == "Gemm"); }
@@ -694,7 +848,8 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
   // an error naming the node, never an out-of-range read.
   static const std::map<std::string, int> kInputs = {{"MatMul", 2}, {"Gemm", 2}, {"Conv", 2},    {"Add", 2},
                                                      {"Mul", 2},    {"Div", 2},  {"Softmax", 1}, {"Transpose", 1},
-                                                     {"Erf", 1},    {"Relu", 1}, {"Gelu", 1}};
+                                                     {"Erf", 1},    {"Relu", 1}, {"Gelu", 1},
+                                                     {"Attention", 3}, {"MultiHeadAttention", 1}};
   for (const onnx::NodeProto& n : model.graph().node()) {
     auto need = kInputs.find(n.op_type());
     if (n.output_size() < 1 || n.output(0).empty()) {
@@ -727,6 +882,8 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       const Graph&, const onnx::NodeProto&, int);
   const std::tuple<const char*, Matcher, bool (*)(const onnx::NodeProto&)> patterns[] = {
       {"attention", MatchAttention, [](const onnx::NodeProto& n) { return n.op_type() == "Softmax"; }},
+      {"attention", MatchAttentionOp,
+       [](const onnx::NodeProto& n) { return n.op_type() == "Attention" || n.op_type() == "MultiHeadAttention"; }},
       {"gemm chain", MatchGemmChain, [](const onnx::NodeProto& n) { return IsGemm(&n); }},
       {"conv chain", MatchConvChain, [](const onnx::NodeProto& n) { return n.op_type() == "Conv"; }}};
   for (const auto& [role, match, starts] : patterns) {

@@ -8,11 +8,14 @@
 //  - attention: MatMul(Q, K') -> Div or Mul by a scalar -> optional Add of
 //    a mask (broadcast as ONNX broadcasts) -> Softmax over the last axis ->
 //    MatMul(., V); a Transpose producing Q, K' or V folds into the chain's
-//    indices (K' = Transpose(K) is read as K);
+//    indices (K' = Transpose(K) is read as K); also the single-node forms,
+//    ONNX's Attention (opset 23, grouped-query included) and onnxruntime's
+//    MultiHeadAttention;
 //  - GEMM chains: MatMul or Gemm -> optional bias Add -> Relu, Gelu or
 //    GELU written out with Erf -> MatMul or Gemm -> optional bias Add;
-//  - convolution chains: Conv (one group, unpadded) -> optional Relu ->
-//    1x1 Conv.
+//  - convolution chains: Conv (one group; a padded one reads its input
+//    zero-padded ahead, as the chain's source says) -> optional Relu ->
+//    unpadded 1x1 Conv.
 // Every candidate that does not match says why, naming its node.
 #pragma once
 

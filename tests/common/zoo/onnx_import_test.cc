@@ -33,11 +33,22 @@ class Model {
     op->set_version(13);
     m_.mutable_graph()->set_name(name);
   }
-  void Input(const std::string& name, const std::vector<Dim>& dims) {
+  void Opset(const std::string& domain, int version) {
+    for (auto& op : *m_.mutable_opset_import()) {
+      if (op.domain() == domain) {
+        op.set_version(version);
+        return;
+      }
+    }
+    auto* op = m_.add_opset_import();
+    op->set_domain(domain);
+    op->set_version(version);
+  }
+  void Input(const std::string& name, const std::vector<Dim>& dims, int type = onnx::TensorProto::FLOAT) {
     auto* v = m_.mutable_graph()->add_input();
     v->set_name(name);
     auto* t = v->mutable_type()->mutable_tensor_type();
-    t->set_elem_type(onnx::TensorProto::FLOAT);
+    t->set_elem_type(type);
     for (const Dim& d : dims) {
       auto* dim = t->mutable_shape()->add_dim();
       if (std::holds_alternative<int64_t>(d)) {
@@ -200,6 +211,48 @@ Model Bottleneck() {
   return m;
 }
 
+// LLaMA-style grouped-query attention as one ONNX Attention node (opset
+// 23): 8 query heads over 2 K/V heads, causal, f16.
+Model GqaAttentionOp() {
+  Model m("gqa");
+  m.Opset("", 23);
+  m.Input("q", {1, 8, std::string("seq"), 16}, onnx::TensorProto::FLOAT16);
+  m.Input("k", {1, 2, std::string("seq"), 16}, onnx::TensorProto::FLOAT16);
+  m.Input("v", {1, 2, std::string("seq"), 16}, onnx::TensorProto::FLOAT16);
+  auto* n = m.Node("Attention", {"q", "k", "v"}, "o");
+  auto* causal = n->add_attribute();
+  causal->set_name("is_causal");
+  causal->set_type(onnx::AttributeProto::INT);
+  causal->set_i(1);
+  m.Output("o");
+  return m;
+}
+
+// onnxruntime's MultiHeadAttention over 3-D [batch, seq, hidden] with a key
+// padding mask and a per-head bias; and one with a boolean attn_mask that
+// the import does not read.
+Model MhaOps() {
+  Model m("mha");
+  m.Opset("com.microsoft", 1);
+  m.Opset("", 23);
+  m.Input("q", {2, 10, 32});
+  m.Input("kv", {2, 12, 32});
+  m.Input("pad", {2, 12}, onnx::TensorProto::INT32);
+  m.Input("bias", {1, 4, 10, 12});
+  auto* n = m.Node("MultiHeadAttention", {"q", "kv", "kv", "", "pad", "bias"}, "o");
+  n->set_domain("com.microsoft");
+  auto* heads = n->add_attribute();
+  heads->set_name("num_heads");
+  heads->set_type(onnx::AttributeProto::INT);
+  heads->set_i(4);
+  m.Output("o");
+  m.Input("q4", {2, 4, 10, 8});
+  m.Input("keep", {2, 1, 10, 12}, onnx::TensorProto::BOOL);
+  m.Node("Attention", {"q4", "q4", "q4", "keep"}, "o2");
+  m.Output("o2");
+  return m;
+}
+
 std::string Key(const std::string& text) {
   auto chain = ir::ParseChainText(text);
   EXPECT_TRUE(chain.ok()) << chain.status();
@@ -296,6 +349,50 @@ out Z
               HasSubstr("conv chain at 'c1_node' (Conv): 'c2_node' (Conv) is not an unpadded 1x1 convolution"));
 }
 
+TEST_F(OnnxImportTest, SingleNodeGroupedQueryAttention) {
+  Model m = GqaAttentionOp();
+  auto out = ExtractOnnx(m.Write(dir_->path()), {{"seq", 24}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dtype f16
+dim b=1 g=2 r=4 m=24 n=24 d=16 e=16
+in Q[b,g,r,m,d] K[b,g,n,d] V[b,g,n,e] C[m,n]
+S[b,g,r,m,n] = sum(d) Q[b,g,r,m,d] * K[b,g,n,d] * 0.25
+P[b,g,r,m,n] = softmax(n) S[b,g,r,m,n] + C[m,n]
+O[b,g,r,m,e] = sum(n) P[b,g,r,m,n] * V[b,g,n,e]
+out O
+)")) << ir::ChainToText(out->chains[0].chain);
+  EXPECT_THAT(out->chains[0].layers, HasSubstr("nodes o_node (C is the causal mask"));
+  // The same chain as a LLaMA-style description's self-attention: a sweep
+  // tunes the two once.
+  auto config = ParseTransformerConfig(R"({"model": "tiny-llama", "architecture": "decoder", "hidden": 128,
+    "heads": 8, "kv_heads": 2, "ffn": 256, "layers": 1, "activation": "swiglu", "mask": "causal", "bias": false,
+    "seq": 24, "batch": 1, "dtype": "f16"})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto described = ExpandTransformer(*config);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ((*described)[0].key, ir::Canonicalize(out->chains[0].chain).key);
+}
+
+TEST_F(OnnxImportTest, MultiHeadAttentionWithPaddingMaskAndBias) {
+  Model m = MhaOps();
+  auto out = ExtractOnnx(m.Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  // [2, 10, 32] is [batch, seq, 4 heads x 8]; so is the output.
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim b=2 h=4 m=10 n=12 d=8 e=8
+in Q[b,m,h,d] K[b,n,h,d] V[b,n,h,e] M[b,n] A[1,h,m,n]
+S[b,h,m,n] = sum(d) Q[b,m,h,d] * K[b,n,h,d] * 0.353553
+P[b,h,m,n] = softmax(n) S[b,h,m,n] + M[b,n] + A[0,h,m,n]
+O[b,m,h,e] = sum(n) P[b,h,m,n] * V[b,n,h,e]
+out O
+)")) << ir::ChainToText(out->chains[0].chain);
+  ASSERT_EQ(out->rejected.size(), 1u);
+  EXPECT_THAT(out->rejected[0], HasSubstr("'keep' is a boolean mask"));
+}
+
 TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {
   Model plain("plain");
   plain.Input("x", {8, 8});
@@ -368,7 +465,7 @@ TEST_F(OnnxImportTest, DamagedModelsNeverCrash) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return state >> 33;
   };
-  for (const Model& model : {BertAttention(1), GeluMlp(), Convs(), Bottleneck()}) {
+  for (const Model& model : {BertAttention(1), GeluMlp(), Convs(), Bottleneck(), GqaAttentionOp(), MhaOps()}) {
     const std::string whole = model.Write(dir_->path());
     std::ifstream in(whole, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
