@@ -7,6 +7,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <onnx/onnx_pb.h>
+
+#include <variant>
 
 #include "absl/strings/str_split.h"
 #include "client/manifest.h"
@@ -114,6 +117,58 @@ TEST_F(ManifestTest, ErrorsNameTheLineAndTheKey) {
   ASSERT_TRUE(m.ok());
   x = ExtractManifest(*m);
   EXPECT_THAT(std::string(x.status().message()), HasSubstr("'tiny' is listed twice"));
+}
+
+// An ONNX model in a manifest, its symbolic dim swept: a graph of
+// MatMul -> Relu -> MatMul (weights never needed).
+TEST_F(ManifestTest, OnnxModelsTakeTheirDims) {
+  onnx::ModelProto model;
+  model.set_ir_version(8);
+  model.add_opset_import()->set_version(13);
+  onnx::GraphProto* g = model.mutable_graph();
+  g->set_name("mlp");
+  auto input = [&](const std::string& name, std::vector<std::variant<int64_t, std::string>> dims) {
+    auto* t = g->add_input();
+    t->set_name(name);
+    t->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    for (const auto& d : dims) {
+      auto* dim = t->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim();
+      if (std::holds_alternative<int64_t>(d)) dim->set_dim_value(std::get<int64_t>(d));
+      else dim->set_dim_param(std::get<std::string>(d));
+    }
+  };
+  input("x", {std::string("tokens"), 32});
+  input("w1", {32, 64});
+  input("w2", {64, 32});
+  auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
+    auto* n = g->add_node();
+    n->set_op_type(op);
+    for (const std::string& i : in) n->add_input(i);
+    n->add_output(out);
+  };
+  node("MatMul", {"x", "w1"}, "h");
+  node("Relu", {"h"}, "r");
+  node("MatMul", {"r", "w2"}, "y");
+  g->add_output()->set_name("y");
+  std::ofstream((dir_ / "models/mlp.onnx").string(), std::ios::binary) << model.SerializeAsString();
+
+  auto m = LoadManifest(Write("onnx.yaml", "models:\n  - onnx: models/mlp.onnx\n    dims: {tokens: [16, 48]}\n"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->models[0].onnx);
+  auto models = ExtractManifest(*m);
+  ASSERT_TRUE(models.ok()) << models.status();
+  ASSERT_EQ(models->size(), 2u);
+  EXPECT_EQ((*models)[1].name, "mlp (tokens=48)");
+  ASSERT_EQ((*models)[1].extraction.chains.size(), 1u);
+  EXPECT_EQ((*models)[1].extraction.chains[0].chain.dims[0].extent, 48);
+  // Unbound, the dim leaves nothing to fuse, and the extraction says why.
+  m = LoadManifest(Write("unbound.yaml", "models:\n  - onnx: models/mlp.onnx\n"));
+  ASSERT_TRUE(m.ok());
+  models = ExtractManifest(*m);
+  ASSERT_TRUE(models.ok()) << models.status();
+  EXPECT_TRUE((*models)[0].extraction.chains.empty());
+  ASSERT_FALSE((*models)[0].extraction.rejected.empty());
+  EXPECT_THAT((*models)[0].extraction.rejected[0], HasSubstr("tokens"));
 }
 
 TEST(SweepExampleTest, TheExampleZooExtracts) {
