@@ -67,10 +67,14 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
     if (e.instances() < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
     v1::Workload workload;
     *workload.mutable_chain() = e.chain();
-    auto p = target_fp.empty() ? core_->Prepare(workload, request.target()) : [&]() -> absl::StatusOr<PreparedRequest> {
-      ASSIGN_OR_RETURN(ir::Chain chain, wire::ChainFromWorkload(workload));
-      return core_->PrepareFor(chain, target_fp);
-    }();
+    // The first entry picks the target; the rest go to the same one.
+    absl::StatusOr<PreparedRequest> p;
+    if (target_fp.empty()) {
+      p = core_->Prepare(workload, request.target());
+    } else {
+      absl::StatusOr<ir::Chain> chain = wire::ChainFromWorkload(workload);
+      p = chain.ok() ? core_->PrepareFor(*chain, target_fp) : absl::StatusOr<PreparedRequest>(chain.status());
+    }
     if (!p.ok()) {
       if (absl::IsInvalidArgument(p.status())) {
         return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.status().message()));
