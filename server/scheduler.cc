@@ -62,17 +62,28 @@ v1::MeasureOptions WithDefaults(v1::MeasureOptions m) {
 
 }  // namespace
 
-Scheduler::Scheduler(SchedulerOptions options, std::unique_ptr<db::TuningDb> db)
-    : options_(std::move(options)), db_(std::move(db)) {
+Scheduler::Scheduler(SchedulerOptions options, std::optional<FileLock> lock, std::unique_ptr<db::TuningDb> db)
+    : options_(std::move(options)), lock_(std::move(lock)), db_(std::move(db)) {
   std::random_device rd;
   id_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowMs());
 }
 
 absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& options) {
+  // Two schedulers on one file would both resume its tasks and sweeps.
+  std::optional<FileLock> lock;
+  if (options.db_path != ":memory:" && !options.db_path.empty()) {
+    auto held = FileLock::Acquire(options.db_path + ".lock");
+    if (!held.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the tuning database ", options.db_path, " is in use by another fusor scheduler (", held.status().message(),
+          "); run one scheduler per database and share it with --server, or use another --db"));
+    }
+    lock.emplace(std::move(*held));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<db::TuningDb> db, db::TuningDb::Open(options.db_path));
   SchedulerOptions opts = options;
   opts.measure = WithDefaults(opts.measure);
-  std::unique_ptr<Scheduler> s(new Scheduler(std::move(opts), std::move(db)));
+  std::unique_ptr<Scheduler> s(new Scheduler(std::move(opts), std::move(lock), std::move(db)));
   // Workers of a previous run count as lost until they heartbeat again.
   RETURN_IF_ERROR(s->db_->MarkLostWorkers(NowMs() + 1).status());
   RETURN_IF_ERROR(s->ResumeTasks());

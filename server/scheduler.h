@@ -24,6 +24,7 @@
 #include "common/hw/target.h"
 #include "common/ir/canonical.h"
 #include "common/ir/chain.h"
+#include "common/util/files.h"
 #include "common/search/search_strategy.h"
 #include "fusor/v1/scheduler.pb.h"
 #include "fusor/v1/worker.pb.h"
@@ -71,7 +72,9 @@ struct TaskSnapshot {
 
 class Scheduler {
  public:
-  // Opens the database, resumes its running tasks and starts the reaper.
+  // Locks the database file (`<db>.lock`: FAILED_PRECONDITION when another
+  // scheduler, embedded or not, has it), opens it, resumes its running
+  // tasks and starts the reaper.
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerOptions& options);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -121,7 +124,7 @@ class Scheduler {
 
  private:
   struct Task;
-  explicit Scheduler(SchedulerOptions options, std::unique_ptr<db::TuningDb> db);
+  Scheduler(SchedulerOptions options, std::optional<FileLock> lock, std::unique_ptr<db::TuningDb> db);
   std::string NewId(const char* prefix);
   absl::Status ResumeTasks();
   absl::StatusOr<Task*> LoadTask(const db::TaskRow& row);
@@ -132,6 +135,7 @@ class Scheduler {
   void ReaperLoop();
 
   const SchedulerOptions options_;
+  std::optional<FileLock> lock_;  // one scheduler per database file
   std::unique_ptr<db::TuningDb> db_;
 
   std::mutex mu_;

@@ -1,7 +1,14 @@
 #include "common/util/files.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
 
 namespace fusor {
 
@@ -18,6 +25,26 @@ absl::Status WriteFile(const std::string& path, const std::string& bytes) {
   out << bytes;
   if (!out) return absl::InternalError("cannot write " + path);
   return absl::OkStatus();
+}
+
+absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError("cannot open lock file " + path + ": " + std::strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {0};
+    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    close(fd);
+    const std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
+    return absl::FailedPreconditionError("process " + holder + " holds " + path);
+  }
+  const std::string pid = std::to_string(getpid());
+  // Should the pid not be written, the lock holds all the same.
+  if (ftruncate(fd, 0) == 0 && pwrite(fd, pid.data(), pid.size(), 0) < 0) errno = 0;
+  return FileLock(fd);
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) close(fd_);  // releases the flock
 }
 
 }  // namespace fusor

@@ -873,7 +873,7 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
     std::string source = absl::StrCat("nodes ", absl::StrJoin(names, ", "));
     if (!m.note.empty()) absl::StrAppend(&source, " (", m.note, ")");
     const size_t before = out.chains.size();
-    AddDistinct(out.chains, {std::move(m.chain), role, source, 1});
+    AddDistinct(out.chains, {std::move(m.chain), role, source, 1, ""});
     index += out.chains.size() > before;
   };
   // Each pattern from the nodes it starts at (attention: its Softmax),

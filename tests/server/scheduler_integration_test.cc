@@ -259,6 +259,21 @@ TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
   EXPECT_EQ(jobs.size(), rows->size());
 }
 
+// A second scheduler on the same database file (another embedded CLI, or
+// fusor-scheduler) is refused until the first is gone: both would resume
+// the same tasks and sweeps.
+TEST_F(IntegrationTest, OneSchedulerPerDatabaseFile) {
+  StartServer();
+  auto second = server::Scheduler::Create(options_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::HasSubstr("is in use by another fusor scheduler (process " + std::to_string(getpid())));
+  server_.reset();
+  auto third = server::Scheduler::Create(options_);
+  EXPECT_TRUE(third.ok()) << third.status();
+}
+
 // Jobs compiled in their own children while another is measured (what a
 // GPU worker does by default) are each measured once, with their compile
 // record, and the task completes as it would one job at a time.
