@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/embedded.h"
 #include "client/explain.h"
@@ -26,12 +27,14 @@
 #include "client/model_only.h"
 #include "client/report.h"
 #include "client/sweep_report.h"
+#include "common/util/files.h"
 #include "common/util/log.h"
 #include "common/hw/devices.h"
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "common/util/paths.h"
 #include "proto/wire/convert.h"
+#include "server/db/tuning_db.h"
 #include "worker/cpu/cpu_target.h"
 #include "worker/job.h"
 #include "worker/process.h"
@@ -351,6 +354,74 @@ int Sweep(Client& client, const GlobalOptions& g, const fusor::client::Manifest&
   return failed > 0 ? 1 : 0;
 }
 
+// records / db: straight on the database file, no scheduler (a running
+// one may keep it: reads and SQLite's online backup do not disturb it).
+absl::Status LocalOnly(const GlobalOptions& g) {
+  if (g.server.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "records and db work on a database file (--db, on the scheduler's host); over the network they need the "
+      "admin role, which is not built yet");
+}
+
+absl::StatusOr<std::unique_ptr<fusor::db::TuningDb>> OpenExisting(const GlobalOptions& g) {
+  if (absl::Status st = LocalOnly(g); !st.ok()) return st;
+  if (!std::filesystem::is_regular_file(g.db_path)) {
+    return absl::NotFoundError(absl::StrCat("no tuning database at ", g.db_path));
+  }
+  return fusor::db::TuningDb::Open(g.db_path);
+}
+
+int ExportRecords(const GlobalOptions& g, const std::string& workload, const std::string& out_path) {
+  auto db = OpenExisting(g);
+  if (!db.ok()) return Fail(db.status());
+  std::ofstream file;
+  if (!out_path.empty()) {
+    file.open(out_path, std::ios::trunc);
+    if (!file) return Fail(absl::PermissionDeniedError(absl::StrCat("cannot write ", out_path)));
+  }
+  std::ostream& out = out_path.empty() ? std::cout : file;
+  int64_t n = 0;
+  absl::Status st = (*db)->ExportRecords({g.target_fp, workload}, [&](const std::string& line) {
+    out << line << '\n';
+    ++n;
+  });
+  if (!st.ok()) return Fail(st);
+  out.flush();
+  if (!out) return Fail(absl::InternalError("writing the records failed"));
+  std::cerr << "exported " << n << " measurement records" << (out_path.empty() ? "" : " to " + out_path) << "\n";
+  return 0;
+}
+
+int ImportRecords(const GlobalOptions& g, const std::string& path) {
+  auto text = fusor::ReadFile(path);
+  if (!text.ok()) return Fail(text.status());
+  if (absl::Status st = LocalOnly(g); !st.ok()) return Fail(st);
+  if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
+  auto db = fusor::db::TuningDb::Open(g.db_path);
+  if (!db.ok()) return Fail(db.status());
+  std::vector<std::string> lines = absl::StrSplit(*text, '\n');
+  auto stats = (*db)->ImportRecords(lines, NowMs());
+  if (!stats.ok()) return Fail(absl::Status(stats.status().code(), absl::StrCat(path, ": ", stats.status().message())));
+  std::cout << absl::StrFormat("imported %s into %s: %d records, %d new measurements, %d already here, "
+                               "%d best records changed\n",
+                               path, g.db_path, stats->records, stats->added, stats->duplicates, stats->best_updated);
+  return 0;
+}
+
+int Backup(const GlobalOptions& g, const std::string& to) {
+  if (std::filesystem::exists(to)) return Fail(absl::AlreadyExistsError(absl::StrCat(to, " exists; not overwritten")));
+  auto db = OpenExisting(g);
+  if (!db.ok()) return Fail(db.status());
+  if (absl::Status st = (*db)->BackupTo(to); !st.ok()) return Fail(st);
+  auto copy = fusor::db::TuningDb::Open(to);  // checks the copy's integrity
+  if (!copy.ok()) return Fail(copy.status());
+  auto n = (*copy)->CountMeasurements();
+  if (!n.ok()) return Fail(n.status());
+  std::cout << "backed up " << g.db_path << " to " << to << " (" << *n << " measurements, "
+            << std::filesystem::file_size(to) << " bytes, integrity checked)\n";
+  return 0;
+}
+
 int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
   fusor::SetLogLevel("warn");
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -476,7 +547,26 @@ int main(int argc, char** argv) {
   sweep->add_option("-o,--out", sweep_dir, "report directory (default: fusor-sweep-<name>)");
   sweep->add_option("--budget", budget, "candidates to measure per chain (default: the manifest's, else the scheduler's)");
   sweep->add_flag("--detach", detach, "with --server: start the sweep and return; it runs in the scheduler");
+  CLI::App* records = app.add_subcommand("records", "measurement records of --db as JSON lines, for moving and "
+                                                     "merging tuning databases");
+  records->require_subcommand(1);
+  std::string workload_key, records_path;
+  CLI::App* records_export = records->add_subcommand("export", "write every measurement of finished tasks");
+  records_export->add_option("--target", g.target_fp, "only this target fingerprint");
+  records_export->add_option("--workload", workload_key, "only this workload key");
+  records_export->add_option("-o,--out", records_path, "file to write (default: standard output)");
+  CLI::App* records_import = records->add_subcommand(
+      "import", "add records to --db (all or nothing; ones already here are skipped; best records recomputed)");
+  records_import->add_option("file", records_path, "records file (JSON lines)")->required()->check(CLI::ExistingFile);
+  CLI::App* db_cmd = app.add_subcommand("db", "maintenance of the tuning database file (--db)");
+  db_cmd->require_subcommand(1);
+  std::string backup_path;
+  CLI::App* backup = db_cmd->add_subcommand("backup", "a consistent copy, also while a scheduler uses the database");
+  backup->add_option("to", backup_path, "new file")->required();
   CLI11_PARSE(app, argc, argv);
+  if (*records_export) return ExportRecords(g, workload_key, records_path);
+  if (*records_import) return ImportRecords(g, records_path);
+  if (*backup) return Backup(g, backup_path);
   if (*extract) return Extract(file, dim_bindings, extract_dir);
   if (*explain) return Explain(g, file, top, space_options);
   if (*mappings) return Mappings(g, files, intrinsic_name, summary);

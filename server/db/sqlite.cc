@@ -52,6 +52,34 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
 
 Database::~Database() { sqlite3_close(db_); }
 
+absl::Status Database::BackupTo(const std::string& path) {
+  sqlite3* dest = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &dest, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status st = SqliteError(dest, rc, absl::StrCat("cannot create backup '", path, "'"));
+    sqlite3_close(dest);
+    return st;
+  }
+  sqlite3_backup* backup = sqlite3_backup_init(dest, "main", db_, "main");
+  if (backup == nullptr) {
+    absl::Status st = SqliteError(dest, sqlite3_errcode(dest), absl::StrCat("cannot back up to '", path, "'"));
+    sqlite3_close(dest);
+    return st;
+  }
+  // Copies in steps; a writer on the source restarts the copy, so a busy
+  // database is retried (each step waits on the busy timeout) a while.
+  for (int tries = 0; tries < 100; ++tries) {
+    rc = sqlite3_backup_step(backup, -1);
+    if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED && rc != SQLITE_OK) break;
+    sqlite3_sleep(50);
+  }
+  sqlite3_backup_finish(backup);
+  absl::Status st = rc == SQLITE_DONE ? absl::OkStatus()
+                                      : SqliteError(dest, rc, absl::StrCat("backup to '", path, "' failed"));
+  sqlite3_close(dest);
+  return st;
+}
+
 absl::Status Database::Exec(const std::string& sql) {
   char* error = nullptr;
   int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error);

@@ -29,6 +29,9 @@ class Database {
   absl::StatusOr<Statement> Prepare(const std::string& sql);
   int64_t LastInsertRowId() const;
   int Changes() const;
+  // A consistent copy of the whole database into a new file at `path`
+  // (SQLite's online backup: writers carry on meanwhile).
+  absl::Status BackupTo(const std::string& path);
   const std::string& path() const { return path_; }
 
  private:

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
 #include "server/db/schema.h"
 
@@ -111,8 +112,34 @@ absl::Status InsertMeasurementRow(Database& db, const MeasurementRow& m) {
 
 }  // namespace
 
+namespace {
+
+// SQLite's quick_check (every page and index entry, not the cross-checks of
+// integrity_check that take longer): DATA_LOSS listing the first problems.
+absl::Status CheckIntegrity(Database& db) {
+  ASSIGN_OR_RETURN(Statement s, db.Prepare("PRAGMA quick_check(5);"));
+  std::vector<std::string> problems;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    if (s.Text(0) != "ok") problems.push_back(s.Text(0));
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrJoin(problems, "; "));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<TuningDb>> TuningDb::Open(const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Database> db, Database::Open(path));
+  auto opened = Database::Open(path);
+  absl::Status st = opened.ok() ? CheckIntegrity(**opened) : opened.status();
+  if (absl::IsDataLoss(st)) {
+    return absl::DataLossError(absl::StrCat("the tuning database '", path, "' is damaged (", st.message(),
+                                            "); fusor will not use it. Restore a backup (fusor db backup) or move "
+                                            "the file aside to start an empty one"));
+  }
+  RETURN_IF_ERROR(st);
+  std::unique_ptr<Database> db = std::move(*opened);
   RETURN_IF_ERROR(MigrateDatabase(*db, SchemaMigrations()));
   return std::unique_ptr<TuningDb>(new TuningDb(std::move(db)));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -138,6 +139,19 @@ struct SweepChainRow {
   std::string error;
 };
 
+// Which measurements `ExportRecords` writes (empty: all).
+struct RecordFilter {
+  std::string target_fp;
+  std::string workload_key;
+};
+
+struct ImportStats {
+  int records = 0;
+  int added = 0;       // measurements new to this database
+  int duplicates = 0;  // already here (same job id): skipped
+  int best_updated = 0;
+};
+
 enum class ReportOutcome { kRecorded, kDuplicate, kStaleLease };
 
 struct RecordResult {
@@ -226,6 +240,18 @@ class TuningDb {
   absl::StatusOr<std::vector<SweepChainRow>> SweepChains(const std::string& sweep_id);  // by ord
   absl::Status UpdateSweepChain(const std::string& sweep_id, const SweepChainRow& chain, int64_t now_ms);
   absl::Status FinishSweep(const std::string& id, int64_t now_ms);
+
+  // Records: one JSON object per measurement of a finished task, with
+  // its workload, target, task and candidate, so that a line imports on
+  // its own (server/db/records.cc).
+  absl::Status ExportRecords(const RecordFilter& filter, const std::function<void(const std::string&)>& line);
+  // Imports records (all or nothing): workloads, targets, tasks and
+  // candidates are added when missing, a measurement whose job id is here
+  // already is skipped, and the best records of what was imported are
+  // recomputed. INVALID_ARGUMENT naming the line for a malformed one.
+  absl::StatusOr<ImportStats> ImportRecords(const std::vector<std::string>& lines, int64_t now_ms);
+  // A consistent copy of the database (online: see Database::BackupTo).
+  absl::Status BackupTo(const std::string& path);
 
   absl::StatusOr<std::optional<double>> GetBaseline(const std::string& key, const std::string& fp);
   absl::Status SetBaseline(const std::string& key, const std::string& fp, int64_t measurement_id,

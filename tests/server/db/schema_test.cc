@@ -1,6 +1,7 @@
 #include "server/db/schema.h"
 
 #include <filesystem>
+#include <fstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -128,6 +129,36 @@ TEST(SchemaFileTest, Version1MeasurementsGainAnEmptyResourceReport) {
   ASSERT_TRUE(*rows->Step());
   EXPECT_EQ(rows->Text(0), "j");
   EXPECT_EQ(rows->Text(1), "");
+  std::filesystem::remove(path);
+}
+
+// A damaged file is refused on open with a clear DATA_LOSS, never used:
+// garbage over the header, and over a page in the middle.
+TEST(SchemaFileTest, DamagedDatabasesAreRefused) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("fusor-damaged-" + std::to_string(getpid()) + ".db")).string();
+  for (int64_t offset : {int64_t{0}, int64_t{-1}}) {
+    std::filesystem::remove(path);
+    {
+      auto db = TuningDb::Open(path);
+      ASSERT_TRUE(db.ok()) << db.status();
+      for (int i = 0; i < 400; ++i) {
+        ASSERT_TRUE((*db)->UpsertWorkload({"key" + std::to_string(i), "w", std::string(200, 'x'), "{}"}, i).ok());
+      }
+    }
+    const auto size = static_cast<int64_t>(std::filesystem::file_size(path));
+    ASSERT_GT(size, 8 * 4096);
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(offset >= 0 ? offset : (size / 4096 / 2) * 4096);
+      const std::string garbage(4096, '\x5a');
+      f.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
+    }
+    auto db = TuningDb::Open(path);
+    ASSERT_FALSE(db.ok()) << "offset " << offset;
+    EXPECT_TRUE(absl::IsDataLoss(db.status())) << db.status();
+    EXPECT_THAT(std::string(db.status().message()), HasSubstr("is damaged"));
+  }
   std::filesystem::remove(path);
 }
 

@@ -1,5 +1,10 @@
 #include "server/db/tuning_db.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 namespace fusor::db {
@@ -187,6 +192,103 @@ TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
   sweep.id = "s3";
   EXPECT_FALSE(db_->CreateSweep(sweep, {{0, "c", "ffn", "", 1, "missing", "{}"}}, 10).ok());
   EXPECT_TRUE(absl::IsNotFound(db_->GetSweep("s3").status()));
+}
+
+// A finished task `task` for workload "wk" on "fp" in `db`, with one ok
+// candidate measurement of `median_s` (job `job`) offered as the best.
+void FinishedTask(TuningDb& db, const std::string& task, const std::string& job, double median_s) {
+  ASSERT_TRUE(db.UpsertWorkload({"wk", "chain", "canon", "{}"}, 1).ok());
+  ASSERT_TRUE(db.UpsertTarget({"fp", "cpu", "{}", 1}, 1).ok());
+  TaskRow t;
+  t.id = task;
+  t.workload_key = "wk";
+  t.target_fp = "fp";
+  t.salt = "s";
+  t.state = "running";
+  t.created_ms = 1;
+  ASSERT_TRUE(db.InsertTask(t).ok());
+  CandidateRow c;
+  c.task_id = task;
+  c.schedule = "block[m=" + job + "]";
+  auto cand = db.FindOrInsertCandidate(c, job, 2);
+  ASSERT_TRUE(cand.ok());
+  auto leased = db.LeaseJobs("w", "fp", 1, 100, [] { return std::string("lease"); });
+  ASSERT_EQ(leased->size(), 1u);
+  MeasurementRow m;
+  m.job_id = job;
+  m.worker_id = "w";
+  m.workload_key = "wk";
+  m.status = "ok";
+  m.median_s = median_s;
+  m.samples_s = {median_s};
+  auto rec = db.RecordMeasurement("lease", m);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_TRUE(db.OfferBest("wk", "fp", "s", {task, cand->first.id, rec->measurement_id, median_s}, 3).ok());
+  ASSERT_TRUE(db.FinishTask(task, "done", "", 4).ok());
+}
+
+// Two teams' databases merged both ways keep every measurement once, and
+// each ends with the faster kernel as its best; a second import adds
+// nothing; a malformed line refuses the whole file.
+TEST(RecordsTest, MergingKeepsEveryMeasurementOnceAndTheBest) {
+  auto a = TuningDb::Open(":memory:");
+  auto b = TuningDb::Open(":memory:");
+  ASSERT_TRUE(a.ok() && b.ok());
+  FinishedTask(**a, "ta", "ja", 0.5);
+  FinishedTask(**b, "tb", "jb", 0.25);
+  std::vector<std::string> from_a, from_b;
+  ASSERT_TRUE((*a)->ExportRecords({}, [&](const std::string& l) { from_a.push_back(l); }).ok());
+  ASSERT_TRUE((*b)->ExportRecords({}, [&](const std::string& l) { from_b.push_back(l); }).ok());
+  ASSERT_EQ(from_a.size(), 1u);
+  std::vector<std::string> none;
+  ASSERT_TRUE((*a)->ExportRecords({"other-target", ""}, [&](const std::string& l) { none.push_back(l); }).ok());
+  EXPECT_TRUE(none.empty());
+
+  auto into_a = (*a)->ImportRecords(from_b, 10);
+  ASSERT_TRUE(into_a.ok()) << into_a.status();
+  EXPECT_EQ(into_a->added, 1);
+  EXPECT_EQ(into_a->best_updated, 1);
+  auto into_b = (*b)->ImportRecords(from_a, 10);
+  ASSERT_TRUE(into_b.ok()) << into_b.status();
+  EXPECT_EQ(into_b->best_updated, 0);  // b's own kernel is the faster
+  for (TuningDb* db : {a->get(), b->get()}) {
+    EXPECT_EQ(*db->CountMeasurements(), 2);
+    auto best = db->GetBest("wk", "fp", "s");
+    ASSERT_TRUE(best->has_value());
+    EXPECT_DOUBLE_EQ((*best)->median_s, 0.25);
+    EXPECT_EQ((*best)->task_id, "tb");
+    EXPECT_EQ(db->GetTask("ta")->state, "done");
+  }
+  auto again = (*a)->ImportRecords(from_b, 11);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->added, 0);
+  EXPECT_EQ(again->duplicates, 1);
+  EXPECT_EQ(*(*a)->CountMeasurements(), 2);
+
+  auto fresh = TuningDb::Open(":memory:");
+  auto bad = (*fresh)->ImportRecords({from_a[0], "{\"job_id\": 3}"}, 12);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("line 2: "));
+  EXPECT_EQ(*(*fresh)->CountMeasurements(), 0);
+}
+
+// A backup taken while the database is open and written to is a complete,
+// consistent copy; an unwritable path is an error.
+TEST(RecordsTest, OnlineBackup) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fusor-backup-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto db = TuningDb::Open((dir / "live.db").string());
+  ASSERT_TRUE(db.ok()) << db.status();
+  FinishedTask(**db, "t1", "j1", 0.5);
+  ASSERT_TRUE((*db)->BackupTo((dir / "copy.db").string()).ok());
+  FinishedTask(**db, "t2", "j2", 0.25);  // the live one goes on
+  auto copy = TuningDb::Open((dir / "copy.db").string());
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(*(*copy)->CountMeasurements(), 1);
+  EXPECT_DOUBLE_EQ((*(*copy)->GetBest("wk", "fp", "s"))->median_s, 0.5);
+  EXPECT_FALSE((*db)->BackupTo((dir / "missing-dir" / "x.db").string()).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,0 +1,268 @@
+// Export and import of measurement records (JSON lines), and backups: how a
+// team moves, merges and keeps its tuning database.
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "common/util/status_macros.h"
+#include "server/db/tuning_db.h"
+
+namespace fusor::db {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kExportSql[] = R"sql(
+SELECT m.job_id, m.kind, m.status, m.error, m.median_s, m.samples_json, m.max_abs_error, m.max_rel_error,
+       m.compile_s, m.compile_flags, m.compiler, m.code_bytes, m.resources_json, m.worker_id, m.measured_ms,
+       t.id, t.state, t.salt, t.budget, t.batch_size, t.space_size, t.space_after_pruning, t.error, t.created_ms,
+       t.finished_ms,
+       w.key, w.name, w.canonical_text, w.chain_json,
+       g.fingerprint, g.backend, g.description_json,
+       c.schedule, c.mapping, c.t_mem_s, c.t_comp_s, c.alpha, c.t_estm_s, c.rank
+FROM measurements m
+JOIN tasks t ON t.id = m.task_id
+JOIN workloads w ON w.key = m.workload_key
+JOIN targets g ON g.fingerprint = m.target_fp
+LEFT JOIN candidates c ON c.id = m.candidate_id
+WHERE t.state IN ('done', 'failed') AND (?1 = '' OR m.target_fp = ?1) AND (?2 = '' OR m.workload_key = ?2)
+ORDER BY m.id
+)sql";
+
+// A field of a record, or INVALID_ARGUMENT naming it.
+template <typename T>
+absl::StatusOr<T> Field(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return absl::InvalidArgumentError(absl::StrCat("no '", name, "'"));
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' has the wrong type"));
+  }
+}
+
+struct Record {
+  json m, task, workload, target, candidate;
+};
+
+absl::StatusOr<Record> ParseRecord(const std::string& line) {
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  Record r;
+  r.m = j;
+  for (auto [name, part] : {std::pair{"task", &r.task}, {"workload", &r.workload}, {"target", &r.target}}) {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_object()) return absl::InvalidArgumentError(absl::StrCat("no '", name, "' object"));
+    *part = *it;
+  }
+  if (auto it = j.find("candidate"); it != j.end() && it->is_object()) r.candidate = *it;
+  // Everything the import reads, checked before anything is written.
+  for (const char* f : {"job_id", "kind", "status", "worker_id"}) RETURN_IF_ERROR(Field<std::string>(r.m, f).status());
+  RETURN_IF_ERROR(Field<double>(r.m, "median_s").status());
+  RETURN_IF_ERROR(Field<std::vector<double>>(r.m, "samples_s").status());
+  for (const char* f : {"id", "state", "salt"}) RETURN_IF_ERROR(Field<std::string>(r.task, f).status());
+  for (const char* f : {"key", "canonical_text", "chain_json"}) {
+    RETURN_IF_ERROR(Field<std::string>(r.workload, f).status());
+  }
+  for (const char* f : {"fingerprint", "backend", "description_json"}) {
+    RETURN_IF_ERROR(Field<std::string>(r.target, f).status());
+  }
+  const std::string kind = r.m["kind"], state = r.task["state"];
+  if (kind != "candidate" && kind != "baseline") return absl::InvalidArgumentError("'kind' is not candidate or baseline");
+  if (state != "done" && state != "failed") return absl::InvalidArgumentError("the task is not finished");
+  if (kind == "candidate") {
+    if (r.candidate.is_null()) return absl::InvalidArgumentError("a candidate measurement without its 'candidate'");
+    RETURN_IF_ERROR(Field<std::string>(r.candidate, "schedule").status());
+  }
+  return r;
+}
+
+template <typename T>
+T Or(const json& j, const char* name, T fallback) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    return fallback;
+  }
+}
+
+}  // namespace
+
+absl::Status TuningDb::ExportRecords(const RecordFilter& filter,
+                                     const std::function<void(const std::string&)>& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(kExportSql));
+  s.Bind(1, filter.target_fp).Bind(2, filter.workload_key);
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return absl::OkStatus();
+    json j;
+    j["job_id"] = s.Text(0);
+    j["kind"] = s.Text(1);
+    j["status"] = s.Text(2);
+    j["error"] = s.Text(3);
+    j["median_s"] = s.Double(4);
+    json samples = json::parse(s.Text(5), nullptr, false);
+    j["samples_s"] = samples.is_array() ? samples : json::array();
+    j["max_abs_error"] = s.Double(6);
+    j["max_rel_error"] = s.Double(7);
+    j["compile_s"] = s.Double(8);
+    j["compile_flags"] = s.Text(9);
+    j["compiler"] = s.Text(10);
+    j["code_bytes"] = s.Int(11);
+    j["resources_json"] = s.Text(12);
+    j["worker_id"] = s.Text(13);
+    j["measured_ms"] = s.Int(14);
+    j["task"] = {{"id", s.Text(15)},         {"state", s.Text(16)},         {"salt", s.Text(17)},
+                 {"budget", s.Int(18)},      {"batch_size", s.Int(19)},     {"space_size", s.Int(20)},
+                 {"space_after_pruning", s.Int(21)}, {"error", s.Text(22)}, {"created_ms", s.Int(23)},
+                 {"finished_ms", s.Int(24)}};
+    j["workload"] = {{"key", s.Text(25)}, {"name", s.Text(26)}, {"canonical_text", s.Text(27)},
+                     {"chain_json", s.Text(28)}};
+    j["target"] = {{"fingerprint", s.Text(29)}, {"backend", s.Text(30)}, {"description_json", s.Text(31)}};
+    if (s.IsNull(32)) {
+      j["candidate"] = nullptr;
+    } else {
+      j["candidate"] = {{"schedule", s.Text(32)}, {"mapping", s.Text(33)}, {"t_mem_s", s.Double(34)},
+                        {"t_comp_s", s.Double(35)}, {"alpha", s.Double(36)},  {"t_estm_s", s.Double(37)},
+                        {"rank", s.Int(38)}};
+    }
+    line(j.dump());
+  }
+}
+
+absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::string>& lines, int64_t now_ms) {
+  std::vector<Record> records;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto r = ParseRecord(lines[i]);
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("line ", i + 1, ": ", r.status().message()));
+    records.push_back(std::move(*r));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ImportStats stats;
+  std::set<std::tuple<std::string, std::string, std::string>> touched;  // key, target, salt
+  for (const Record& r : records) {
+    ++stats.records;
+    const std::string job_id = r.m["job_id"], key = r.workload["key"], fp = r.target["fingerprint"];
+    const std::string task_id = r.task["id"], kind = r.m["kind"];
+    ASSIGN_OR_RETURN(Statement seen, db_->Prepare("SELECT 1 FROM measurements WHERE job_id = ?"));
+    seen.Bind(1, job_id);
+    ASSIGN_OR_RETURN(bool duplicate, seen.Step());
+    if (duplicate) {
+      ++stats.duplicates;
+      continue;
+    }
+    const int64_t measured = Or<int64_t>(r.m, "measured_ms", now_ms);
+    ASSIGN_OR_RETURN(Statement w, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
+                                               "chain_json, created_ms) VALUES (?,?,?,?,?)"));
+    RETURN_IF_ERROR(w.Bind(1, key).Bind(2, Or<std::string>(r.workload, "name", key))
+                        .Bind(3, r.workload["canonical_text"].get<std::string>())
+                        .Bind(4, r.workload["chain_json"].get<std::string>()).Bind(5, measured).Run());
+    ASSIGN_OR_RETURN(Statement t, db_->Prepare("INSERT OR IGNORE INTO targets(fingerprint, backend, "
+                                               "description_json, first_seen_ms, last_seen_ms) VALUES (?,?,?,?,?)"));
+    RETURN_IF_ERROR(t.Bind(1, fp).Bind(2, r.target["backend"].get<std::string>())
+                        .Bind(3, r.target["description_json"].get<std::string>()).Bind(4, measured)
+                        .Bind(5, measured).Run());
+    ASSIGN_OR_RETURN(Statement task, db_->Prepare(
+                                         "INSERT OR IGNORE INTO tasks(id, workload_key, target_fp, salt, state, "
+                                         "budget, batch_size, space_size, space_after_pruning, error, created_ms, "
+                                         "finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"));
+    RETURN_IF_ERROR(task.Bind(1, task_id).Bind(2, key).Bind(3, fp).Bind(4, r.task["salt"].get<std::string>())
+                        .Bind(5, r.task["state"].get<std::string>()).Bind(6, Or<int64_t>(r.task, "budget", 0))
+                        .Bind(7, Or<int64_t>(r.task, "batch_size", 0)).Bind(8, Or<int64_t>(r.task, "space_size", 0))
+                        .Bind(9, Or<int64_t>(r.task, "space_after_pruning", 0))
+                        .Bind(10, Or<std::string>(r.task, "error", "")).Bind(11, Or<int64_t>(r.task, "created_ms", measured))
+                        .Bind(12, Or<int64_t>(r.task, "finished_ms", measured)).Run());
+    ASSIGN_OR_RETURN(Statement owner, db_->Prepare("SELECT workload_key, target_fp FROM tasks WHERE id = ?"));
+    owner.Bind(1, task_id);
+    ASSIGN_OR_RETURN(bool has_task, owner.Step());
+    if (!has_task || owner.Text(0) != key || owner.Text(1) != fp) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, ": task ", task_id,
+                                                        " is here already for another workload or target"));
+    }
+    std::optional<int64_t> candidate_id;
+    if (kind == "candidate") {
+      const std::string schedule = r.candidate["schedule"];
+      ASSIGN_OR_RETURN(Statement find, db_->Prepare("SELECT id FROM candidates WHERE task_id = ? AND schedule = ?"));
+      find.Bind(1, task_id).Bind(2, schedule);
+      ASSIGN_OR_RETURN(bool found, find.Step());
+      if (found) {
+        candidate_id = find.Int(0);
+      } else {
+        ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO candidates(task_id, schedule, mapping, t_mem_s, "
+                                                     "t_comp_s, alpha, t_estm_s, rank) VALUES (?,?,?,?,?,?,?,?)"));
+        RETURN_IF_ERROR(ins.Bind(1, task_id).Bind(2, schedule).Bind(3, Or<std::string>(r.candidate, "mapping", ""))
+                            .Bind(4, Or<double>(r.candidate, "t_mem_s", 0)).Bind(5, Or<double>(r.candidate, "t_comp_s", 0))
+                            .Bind(6, Or<double>(r.candidate, "alpha", 1)).Bind(7, Or<double>(r.candidate, "t_estm_s", 0))
+                            .Bind(8, Or<int64_t>(r.candidate, "rank", 0)).Run());
+        candidate_id = db_->LastInsertRowId();
+      }
+    }
+    ASSIGN_OR_RETURN(Statement job, db_->Prepare("INSERT OR IGNORE INTO jobs(id, task_id, kind, candidate_id, "
+                                                 "target_fp, state, worker_id, attempts, created_ms, finished_ms) "
+                                                 "VALUES (?,?,?,?,?,'done',?,1,?,?)"));
+    RETURN_IF_ERROR(job.Bind(1, job_id).Bind(2, task_id).Bind(3, kind).Bind(4, candidate_id).Bind(5, fp)
+                        .Bind(6, r.m["worker_id"].get<std::string>()).Bind(7, measured).Bind(8, measured).Run());
+    ASSIGN_OR_RETURN(Statement m, db_->Prepare(
+                                      "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
+                                      "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
+                                      "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
+                                      "resources_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+    RETURN_IF_ERROR(m.Bind(1, job_id).Bind(2, task_id).Bind(3, candidate_id).Bind(4, kind).Bind(5, key).Bind(6, fp)
+                        .Bind(7, r.m["worker_id"].get<std::string>()).Bind(8, r.m["status"].get<std::string>())
+                        .Bind(9, Or<std::string>(r.m, "error", "")).Bind(10, r.m["median_s"].get<double>())
+                        .Bind(11, r.m["samples_s"].dump()).Bind(12, Or<double>(r.m, "max_abs_error", 0))
+                        .Bind(13, Or<double>(r.m, "max_rel_error", 0)).Bind(14, Or<double>(r.m, "compile_s", 0))
+                        .Bind(15, Or<std::string>(r.m, "compile_flags", "")).Bind(16, Or<std::string>(r.m, "compiler", ""))
+                        .Bind(17, Or<int64_t>(r.m, "code_bytes", 0)).Bind(18, measured)
+                        .Bind(19, Or<std::string>(r.m, "resources_json", "")).Run());
+    ++stats.added;
+    touched.emplace(key, fp, r.task["salt"].get<std::string>());
+  }
+  // The best record per (workload, target, salt) over every ok candidate
+  // measurement now here; the baseline where there was none.
+  for (const auto& [key, fp, salt] : touched) {
+    ASSIGN_OR_RETURN(Statement best, db_->Prepare(
+                                         "SELECT m.task_id, m.candidate_id, m.id, m.median_s FROM measurements m "
+                                         "JOIN tasks t ON t.id = m.task_id WHERE m.workload_key = ? AND "
+                                         "m.target_fp = ? AND t.salt = ? AND m.kind = 'candidate' AND m.status = 'ok' "
+                                         "AND m.median_s > 0 ORDER BY m.median_s, m.id LIMIT 1"));
+    best.Bind(1, key).Bind(2, fp).Bind(3, salt);
+    ASSIGN_OR_RETURN(bool has_best, best.Step());
+    if (has_best) {
+      ASSIGN_OR_RETURN(Statement set, db_->Prepare(
+                                          "INSERT INTO best(workload_key, target_fp, salt, task_id, candidate_id, "
+                                          "measurement_id, median_s, updated_ms) VALUES (?,?,?,?,?,?,?,?) "
+                                          "ON CONFLICT(workload_key, target_fp, salt) DO UPDATE SET "
+                                          "task_id = excluded.task_id, candidate_id = excluded.candidate_id, "
+                                          "measurement_id = excluded.measurement_id, median_s = excluded.median_s, "
+                                          "updated_ms = excluded.updated_ms WHERE best.measurement_id != "
+                                          "excluded.measurement_id"));
+      RETURN_IF_ERROR(set.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.Text(0)).Bind(5, best.Int(1))
+                          .Bind(6, best.Int(2)).Bind(7, best.Double(3)).Bind(8, now_ms).Run());
+      stats.best_updated += db_->Changes();
+    }
+    ASSIGN_OR_RETURN(Statement base, db_->Prepare(
+                                         "INSERT OR IGNORE INTO baselines(workload_key, target_fp, measurement_id, "
+                                         "median_s) SELECT workload_key, target_fp, id, median_s FROM measurements "
+                                         "WHERE workload_key = ? AND target_fp = ? AND kind = 'baseline' AND "
+                                         "status = 'ok' ORDER BY measured_ms DESC LIMIT 1"));
+    RETURN_IF_ERROR(base.Bind(1, key).Bind(2, fp).Run());
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  return stats;
+}
+
+absl::Status TuningDb::BackupTo(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_->BackupTo(path);
+}
+
+}  // namespace fusor::db
