@@ -9,6 +9,7 @@
 
 #include "common/util/log.h"
 #include "common/util/paths.h"
+#include "server/metrics.h"
 #include "server/service.h"
 
 namespace {
@@ -43,6 +44,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
   app.add_option("--job-timeout", job_timeout_s, "seconds a worker may spend on one job")->capture_default_str();
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -74,6 +78,19 @@ int main(int argc, char** argv) {
     log->error("cannot start: {}", server.status().ToString());
     return 1;
   }
+  std::unique_ptr<fusor::server::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    auto started = fusor::server::MetricsServer::Start(
+        metrics_listen, [core = &(*server)->core()] { return fusor::server::RenderMetrics(*core); });
+    if (!started.ok()) {
+      log->error("{}", started.status().ToString());
+      return 1;
+    }
+    metrics = std::move(*started);
+    log->info("metrics on http://{}:{}/metrics", metrics_listen.substr(0, metrics_listen.rfind(':')),
+              metrics->port());
+    std::cout << "fusor-scheduler metrics on port " << metrics->port() << std::endl;
+  }
   log->info("serving on {}:{} with database {}", listen.substr(0, listen.rfind(':')), (*server)->port(), db_path);
   std::cout << "fusor-scheduler listening on port " << (*server)->port() << std::endl;
   std::thread waiter([&] {
@@ -84,6 +101,7 @@ int main(int argc, char** argv) {
   });
   (*server)->Wait();
   waiter.detach();
+  metrics.reset();
   server->reset();
   return 0;
 }

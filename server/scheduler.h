@@ -122,6 +122,12 @@ class Scheduler {
 
   db::TuningDb& db() { return *db_; }
 
+  // Cache lookups on behalf of requests (tune, compile, lookup, a sweep's
+  // chains), for the metrics; not persisted.
+  void NoteCacheLookup(bool hit) { (hit ? cache_hits_ : cache_misses_)++; }
+  int64_t cache_hits() const { return cache_hits_; }
+  int64_t cache_misses() const { return cache_misses_; }
+
  private:
   struct Task;
   Scheduler(SchedulerOptions options, std::optional<FileLock> lock, std::unique_ptr<db::TuningDb> db);
@@ -147,6 +153,7 @@ class Scheduler {
   uint64_t id_state_;
 
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> cache_hits_{0}, cache_misses_{0};
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   std::thread reaper_;

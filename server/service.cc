@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <grpcpp/health_check_service_interface.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -24,6 +26,7 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   auto start = core_->StartTune(*prepared, req->options());
   if (!start.ok()) return ToGrpcStatus(start.status());
+  if (!req->options().force()) core_->NoteCacheLookup(start->cached.has_value());
   v1::TuneEvent event;
   if (start->cached) {
     *event.mutable_result() = *start->cached;
@@ -65,6 +68,7 @@ grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::Compi
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   absl::StatusOr<v1::TuneResult> result = core_->Lookup(*prepared);
+  if (result.ok() || absl::IsNotFound(result.status())) core_->NoteCacheLookup(result.ok());
   if (!result.ok() && absl::IsNotFound(result.status()) && !req->cache_only()) {
     auto start = core_->StartTune(*prepared, req->options());
     if (!start.ok()) return ToGrpcStatus(start.status());
@@ -98,6 +102,7 @@ grpc::Status SchedulerService::Lookup(grpc::ServerContext*, const v1::LookupRequ
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   auto result = core_->Lookup(*prepared);
+  if (result.ok() || absl::IsNotFound(result.status())) core_->NoteCacheLookup(result.ok());
   if (!result.ok()) return ToGrpcStatus(result.status());
   *resp->mutable_result() = std::move(*result);
   return grpc::Status::OK;
@@ -207,6 +212,8 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const Sc
   s->sweeps_ = std::make_unique<SweepRunner>(s->core_.get(), sweep_options);
   s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get(), s->sweeps_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get());
+  // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes).
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   if (!address.empty()) builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
@@ -215,6 +222,9 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const Sc
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || (!address.empty() && s->port_ == 0)) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
+    health->SetServingStatus(true);
   }
   return s;
 }
@@ -226,6 +236,7 @@ std::shared_ptr<grpc::Channel> SchedulerServer::InProcessChannel() {
 }
 
 void SchedulerServer::Shutdown() {
+  if (server_ && server_->GetHealthCheckService()) server_->GetHealthCheckService()->SetServingStatus(false);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

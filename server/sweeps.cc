@@ -182,6 +182,7 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
       options.set_budget(sweep.budget);
       return core_->StartTune(request, options);
     }();
+    if (start.ok()) core_->NoteCacheLookup(start->cached.has_value());
     if (!start.ok()) {
       c.state = "failed";
       c.error = std::string(start.status().message());

@@ -1,5 +1,7 @@
-// Export and import of measurement records (JSON lines), and backups: how a
-// team moves, merges and keeps its tuning database.
+// Export and import of measurement records (JSON lines), backups and the
+// counts behind the metrics: how a team moves, merges, keeps and watches
+// its tuning database.
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -258,6 +260,52 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
   }
   RETURN_IF_ERROR(txn.Commit());
   return stats;
+}
+
+absl::StatusOr<DbMetrics> TuningDb::Metrics(int recent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DbMetrics out;
+  auto count = [&](const char* sql, std::map<std::string, int64_t>& into) -> absl::Status {
+    ASSIGN_OR_RETURN(Statement s, db_->Prepare(sql));
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) return absl::OkStatus();
+      into[s.Text(0)] = s.Int(1);
+    }
+  };
+  RETURN_IF_ERROR(count("SELECT state, COUNT(*) FROM jobs GROUP BY state", out.jobs));
+  RETURN_IF_ERROR(count("SELECT state, COUNT(*) FROM tasks GROUP BY state", out.tasks));
+  RETURN_IF_ERROR(count("SELECT state, COUNT(*) FROM sweeps GROUP BY state", out.sweeps));
+  auto count2 = [&](const char* sql, std::map<std::pair<std::string, std::string>, int64_t>& into) -> absl::Status {
+    ASSIGN_OR_RETURN(Statement s, db_->Prepare(sql));
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) return absl::OkStatus();
+      into[{s.Text(0), s.Text(1)}] = s.Int(2);
+    }
+  };
+  RETURN_IF_ERROR(count2("SELECT kind, status, COUNT(*) FROM measurements GROUP BY kind, status", out.measurements));
+  RETURN_IF_ERROR(count2("SELECT target_fp, state, COUNT(*) FROM workers GROUP BY target_fp, state", out.workers));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT samples_json, median_s FROM measurements WHERE status = 'ok' "
+                                             "AND median_s > 0 ORDER BY id DESC LIMIT ?"));
+  s.Bind(1, recent);
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) break;
+    json samples = json::parse(s.Text(0), nullptr, false);
+    if (!samples.is_array() || samples.empty()) continue;
+    double lo = 0, hi = 0;
+    bool first = true;
+    for (const json& x : samples) {
+      if (!x.is_number()) continue;
+      const double v = x.get<double>();
+      lo = first ? v : std::min(lo, v);
+      hi = first ? v : std::max(hi, v);
+      first = false;
+    }
+    if (!first) out.spreads.push_back((hi - lo) / s.Double(1));
+  }
+  return out;
 }
 
 absl::Status TuningDb::BackupTo(const std::string& path) {

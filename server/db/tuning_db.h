@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -152,6 +153,17 @@ struct ImportStats {
   int best_updated = 0;
 };
 
+// Counts for the metrics endpoint.
+struct DbMetrics {
+  std::map<std::string, int64_t> jobs;          // by state
+  std::map<std::string, int64_t> tasks;         // by state
+  std::map<std::string, int64_t> sweeps;        // by state
+  std::map<std::pair<std::string, std::string>, int64_t> measurements;  // by (kind, status)
+  std::map<std::pair<std::string, std::string>, int64_t> workers;       // by (target, state)
+  // (max - min) / median of the samples of the latest ok measurements.
+  std::vector<double> spreads;
+};
+
 enum class ReportOutcome { kRecorded, kDuplicate, kStaleLease };
 
 struct RecordResult {
@@ -250,6 +262,7 @@ class TuningDb {
   // already is skipped, and the best records of what was imported are
   // recomputed. INVALID_ARGUMENT naming the line for a malformed one.
   absl::StatusOr<ImportStats> ImportRecords(const std::vector<std::string>& lines, int64_t now_ms);
+  absl::StatusOr<DbMetrics> Metrics(int recent = 200);
   // A consistent copy of the database (online: see Database::BackupTo).
   absl::Status BackupTo(const std::string& path);
 

@@ -1,0 +1,45 @@
+// Observability of fusor-scheduler: Prometheus metrics in the text
+// exposition format, served over plain HTTP at /metrics.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "server/scheduler.h"
+
+namespace fusor::server {
+
+// Queue depth (jobs by state), tasks and sweeps by state, cache lookups
+// (hits, misses), measurements by kind and status (candidates measured per
+// second is rate(fusor_measurements_total{kind="candidate"}[1m]); failures
+// by cause are its non-ok statuses), workers by target and state, and the
+// spread of the latest measurements' samples.
+absl::StatusOr<std::string> RenderMetrics(Scheduler& core);
+
+// A minimal HTTP/1.1 server: GET /metrics answers `render()`, anything
+// else 404; one connection at a time, each bounded in time and size.
+class MetricsServer {
+ public:
+  // `address` is host:port (port 0 picks one).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
+                                                             std::function<absl::StatusOr<std::string>()> render);
+  ~MetricsServer();
+  int port() const { return port_; }
+
+ private:
+  MetricsServer() = default;
+  void Loop();
+  void Serve(int fd);
+
+  std::function<absl::StatusOr<std::string>()> render_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace fusor::server

@@ -1,0 +1,106 @@
+// Observability: the Prometheus text on /metrics over real HTTP, and the
+// standard gRPC health service.
+#include "server/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "server/service.h"
+
+namespace fusor::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One HTTP exchange with 127.0.0.1:port; the whole response.
+std::string Http(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+TEST(MetricsTest, ServesPrometheusTextAndHealth) {
+  SchedulerOptions options;
+  options.db_path = ":memory:";
+  auto server = SchedulerServer::Start(options, "");
+  ASSERT_TRUE(server.ok()) << server.status();
+  Scheduler& core = (*server)->core();
+  core.NoteCacheLookup(true);
+  core.NoteCacheLookup(true);
+  core.NoteCacheLookup(false);
+  auto metrics = MetricsServer::Start("127.0.0.1:0", [&] { return RenderMetrics(core); });
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const int port = (*metrics)->port();
+  ASSERT_GT(port, 0);
+
+  const std::string ok = Http(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
+  EXPECT_THAT(ok, HasSubstr("Content-Type: text/plain; version=0.0.4"));
+  EXPECT_THAT(ok, HasSubstr("# TYPE fusor_jobs gauge\nfusor_jobs{state=\"queued\"} 0\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_tasks{state=\"running\"} 0\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_cache_lookups_total{result=\"hit\"} 2\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_cache_hit_ratio 0.666667\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_measurements_total{kind=\"candidate\",status=\"crash\"} 0\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_measurement_spread_count 0\n"));
+  const size_t body = ok.find("\r\n\r\n") + 4;
+  EXPECT_THAT(ok, HasSubstr("Content-Length: " + std::to_string(ok.size() - body) + "\r\n"));
+
+  EXPECT_EQ(Http(port, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(Http(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  // A client that sends nothing is dropped after its 2 s, then the next is served.
+  const int idle = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(Http(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  close(idle);
+  EXPECT_FALSE(MetricsServer::Start("no-port", [] { return std::string(); }).ok());
+
+  // grpc.health.v1.Health/Check for the whole server: SERVING (field 1 = 1).
+  grpc::GenericStub stub((*server)->InProcessChannel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done; }));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+}  // namespace
+}  // namespace fusor::server
