@@ -1,6 +1,7 @@
 // The JSON front end: the proto3 JSON mapping of fusor.v1.Chain/Workload.
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 #include "common/util/status_macros.h"
@@ -67,13 +68,12 @@ absl::StatusOr<int64_t> GetInt64(const Json& obj, const std::string& parent, abs
   std::string field = Sub(parent, key);
   auto it = obj.find(std::string(key));
   if (it == obj.end()) return FieldError(field, "missing");
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) {
-    const std::string s = it->get<std::string>();
-    if (!s.empty() && s.size() <= 18 && s.find_first_not_of("-0123456789") == std::string::npos) {
-      return std::stoll(s);
-    }
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return FieldError(field, "out of range");
   }
+  if (it->is_number_integer()) return it->get<int64_t>();
+  int64_t value = 0;
+  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &value)) return value;
   return FieldError(field, "expected an integer");
 }
 
@@ -164,6 +164,8 @@ absl::StatusOr<Chain> ParseChainJson(absl::string_view json, const Limits& limit
     } catch (const Json::parse_error& e) {
       return absl::InvalidArgumentError(
           absl::StrCat("workload JSON is malformed at byte ", e.byte, ": ", e.what()));
+    } catch (const Json::exception& e) {  // e.g. out_of_range: a number too large (found by fuzzing)
+      return absl::InvalidArgumentError(absl::StrCat("workload JSON is malformed: ", e.what()));
     }
     return absl::InvalidArgumentError("workload JSON is malformed");
   }

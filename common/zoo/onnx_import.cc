@@ -780,6 +780,9 @@ absl::Status InferShapesIsolated(onnx::ModelProto& model) {
     return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   }
   if (pid == 0) {
+    // A crash here is the answer, not an event for the parent's handlers
+    // (a sanitizer's or a fuzzer's, inherited): die of the signal.
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
     int code = 0;
     std::string bytes;
     try {

@@ -2,6 +2,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fstream>
+#include <filesystem>
 
 #include "common/ir/canonical.h"
 
@@ -208,6 +210,27 @@ TEST(CanonicalKeyTest, MapsDimsAndTensorsBothWays) {
   }
   int o = chain->FindTensor("O");
   EXPECT_EQ(form.chain.tensors[form.tensor_map[o]].role, TensorRole::kOutput);
+}
+
+// Inputs the JSON fuzzer found that ended the process (an exception the
+// reader did not catch) are errors now; every file the fuzzer keeps in
+// tests/fuzz/regressions/proto_json is one.
+TEST(ParseJsonTest, FuzzerRegressionsAreErrors) {
+  for (const std::string json : {std::string("8.8888884e18888b[b"), std::string(R"({"name":"x","dims":[{"name":"m",
+      "extent":"-"}],"inputs":[],"ops":[],"outputs":[]})"), std::string(R"({"name":"x","dims":[{"name":"m",
+      "extent":18446744073709551615}],"inputs":[],"ops":[],"outputs":[]})")}) {
+    auto chain = ParseChainJson(json);
+    EXPECT_TRUE(absl::IsInvalidArgument(chain.status())) << json << ": " << chain.status();
+  }
+  const std::string dir = std::string(FUSOR_SOURCE_DIR) + "/tests/fuzz/regressions/proto_json";
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(ParseChainJson(bytes).ok()) << entry.path();
+    ++n;
+  }
+  EXPECT_GE(n, 2);
 }
 
 }  // namespace
