@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: build fusor if needed, then run every test (unit and
-# e2e; gpu-labelled tests only where an NVIDIA GPU answers nvidia-smi), then
-# the fuzz targets for 20 s each (FUSOR_FUZZ_SECONDS).
+# e2e; gpu-labelled tests only where an NVIDIA GPU answers nvidia-smi), the
+# offline lint of deploy/, then the fuzz targets for 20 s each
+# (FUSOR_FUZZ_SECONDS).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/deploy/build.sh"
@@ -10,5 +11,7 @@ if ! command -v nvidia-smi > /dev/null 2>&1 || ! nvidia-smi > /dev/null 2>&1; th
   exclude=(-LE gpu)
 fi
 (cd "$root/build" && ctest --output-on-failure -j 2 --timeout 900 "${exclude[@]}")
+# The deployment files and scripts, checked offline.
+"$root/deploy/lint.sh"
 # The fuzz targets (clang's libFuzzer; tests/fuzz), each for a bounded time.
 "$root/deploy/fuzz.sh"

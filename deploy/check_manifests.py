@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Offline checks of deploy/k8s beyond YAML syntax: the fields Kubernetes
+requires of each kind used, selectors that select their own pods, and what
+fusor needs (resources on every container, gRPC probes on the scheduler,
+one nvidia.com/gpu per GPU worker). Exits 1 listing every problem."""
+import pathlib
+import sys
+
+import yaml
+
+problems = []
+
+
+def need(cond, where, what):
+    if not cond:
+        problems.append(f"{where}: {what}")
+
+
+def check_pod(where, spec, labels):
+    containers = spec.get("containers") or []
+    need(containers, where, "no containers")
+    for c in containers:
+        cw = f"{where} container {c.get('name', '?')}"
+        need(c.get("name"), cw, "no name")
+        need(c.get("image"), cw, "no image")
+        res = c.get("resources") or {}
+        need(res.get("requests") or res.get("limits"), cw, "no resource requests or limits")
+    return containers
+
+
+for path in sorted(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/k8s").glob("*.yaml")):
+    for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+        if doc is None:
+            continue
+        kind = doc.get("kind")
+        where = f"{path}[{i}] {kind} {doc.get('metadata', {}).get('name', '?')}"
+        need(doc.get("apiVersion"), where, "no apiVersion")
+        need(kind, where, "no kind")
+        need(doc.get("metadata", {}).get("name"), where, "no metadata.name")
+        spec = doc.get("spec") or {}
+        if kind in ("Deployment", "StatefulSet"):
+            need(doc.get("apiVersion") == "apps/v1", where, "apiVersion is not apps/v1")
+            selector = (spec.get("selector") or {}).get("matchLabels") or {}
+            template = spec.get("template") or {}
+            labels = (template.get("metadata") or {}).get("labels") or {}
+            need(selector, where, "no selector.matchLabels")
+            need(all(labels.get(k) == v for k, v in selector.items()), where, "the selector does not match the pod labels")
+            containers = check_pod(where, template.get("spec") or {}, labels)
+            if kind == "StatefulSet":
+                need(spec.get("serviceName"), where, "no serviceName")
+                need(spec.get("replicas", 1) == 1, where, "the scheduler owns its database: one replica")
+                for c in containers:
+                    for probe in ("readinessProbe", "livenessProbe"):
+                        need("grpc" in (c.get(probe) or {}), where, f"no gRPC {probe}")
+            if "worker" in doc["metadata"]["name"]:
+                for c in containers:
+                    gpus = ((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+                    need(gpus == 1, where, "a GPU worker must request exactly one nvidia.com/gpu")
+                need((template.get("spec") or {}).get("nodeSelector"), where, "no nodeSelector for the GPU model")
+        elif kind == "Service":
+            need(spec.get("selector"), where, "no selector")
+            for p in spec.get("ports") or []:
+                need(isinstance(p.get("port"), int), where, f"port {p.get('name')} has no number")
+        else:
+            problems.append(f"{where}: kind {kind} is not checked; add it to deploy/check_manifests.py")
+
+for p in problems:
+    print(p)
+sys.exit(1 if problems else 0)
