@@ -5,6 +5,8 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -306,6 +308,11 @@ int RunJobMain(const std::string& dir) {
   auto text = ReadFile(dir + "/job.json");
   if (!text.ok()) return 2;
   auto spec = JobSpecFromJson(*text);
+  // Fault injection for the tests: candidate runners die of SIGSEGV.
+  if (spec.ok() && spec->kind == JobKind::kCandidate && std::getenv("FUSOR_INJECT_CANDIDATE_CRASH") != nullptr) {
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+  }
   JobOutcome outcome = spec.ok() ? Execute(*spec, dir)
                                  : FailedOutcome(OutcomeStatus::kRuntimeError, std::string(spec.status().message()));
   return WriteFile(dir + "/outcome.json", JobOutcomeToJson(outcome)).ok() ? 0 : 3;

@@ -3,8 +3,10 @@
 // lease; the task still completes on the other with nothing lost or
 // duplicated. A repeated request is a cache hit with no new measurement;
 // a malformed and an oversized request get clear errors and change nothing.
-// Sweeps over a small zoo are interrupted (client, then scheduler killed)
-// and resumed, every distinct chain tuned exactly once.
+// Fault injection: a worker stopped mid-lease, the scheduler killed mid-task,
+// a worker whose candidates all crash, many concurrent clients. Sweeps over
+// a small zoo are interrupted (client, then scheduler killed) and resumed,
+// every distinct chain tuned exactly once.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -104,11 +106,11 @@ class E2eTest : public ::testing::Test {
     StartScheduler();
   }
 
-  // A scheduler on the test's database, on a free port.
-  void StartScheduler() {
+  // A scheduler on the test's database, on `listen` (default: a free port).
+  void StartScheduler(const std::string& listen = "127.0.0.1:0") {
     static int n = 0;
     scheduler_ = std::make_unique<Daemon>(
-        std::vector<std::string>{kBin + "/server/fusor-scheduler", "--listen", "127.0.0.1:0", "--db", db_path_,
+        std::vector<std::string>{kBin + "/server/fusor-scheduler", "--listen", listen, "--db", db_path_,
                                  "--lease-seconds", "2", "--heartbeat-seconds", "0.3", "--worker-timeout-seconds",
                                  "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120"},
         (dir_ / ("scheduler" + std::to_string(++n) + ".log")).string());
@@ -284,6 +286,145 @@ TEST_F(E2eTest, SurvivesAKilledWorkerAndServesTheCache) {
   auto workers = Cli({"workers"});
   EXPECT_THAT(workers.second, HasSubstr("B"));
   EXPECT_EQ(TableCounts(), before);
+}
+
+// Fault injection. A worker stopped (SIGSTOP) while it holds a lease
+// loses the job to the other worker when the lease runs out; resumed, its
+// late report changes nothing, and it serves again.
+TEST_F(E2eTest, StoppedWorkerLosesItsLeaseAndItsLateReportIsRefused) {
+  worker_a_ = StartWorker("A");
+  worker_b_ = StartWorker("B");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
+                      std::chrono::seconds(60)));
+  const std::string spec = WriteFile("attention.fusor", kChain);
+  std::pair<int, std::string> tuned;
+  std::thread tuner([&] { tuned = Cli({"tune", spec, "--budget", "4"}); });
+  std::string held;
+  const bool stopped = WaitFor(
+      [&] {
+        auto job = TryQuery("SELECT j.id FROM jobs j JOIN workers w ON j.worker_id = w.id WHERE w.name = 'A' AND "
+                            "j.state = 'leased' LIMIT 1");
+        if (!job) return false;
+        worker_a_->Signal(SIGSTOP);
+        held = *job;
+        return true;
+      },
+      std::chrono::seconds(120));
+  tuner.join();
+  worker_a_->Signal(SIGCONT);
+  ASSERT_TRUE(stopped) << "worker A never held a lease";
+  ASSERT_EQ(tuned.first, 0) << tuned.second;
+  // The job A held was leased again and measured by B, once.
+  EXPECT_GE(Query("SELECT attempts FROM jobs WHERE id = '" + held + "'"), 2);
+  EXPECT_EQ(TryQuery("SELECT w.name FROM measurements m JOIN workers w ON m.worker_id = w.id WHERE m.job_id = '" +
+                     held + "'"),
+            std::optional<std::string>("B"));
+  const int64_t measurements = Query("SELECT COUNT(*) FROM measurements");
+  // A's report comes too late: refused as a stale lease, or (B finished the
+  // job first) ignored as a duplicate; either way nothing is recorded.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string log = worker_a_->Log();
+        return log.find("is no longer valid") != std::string::npos ||
+               log.find("the scheduler already had this result") != std::string::npos;
+      },
+      std::chrono::seconds(120)))
+      << worker_a_->Log();
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), measurements);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
+  // A is back and keeps serving: with B stopped, a new task needs A.
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
+                      std::chrono::seconds(30)));
+  worker_b_->Signal(SIGSTOP);
+  auto next = Cli({"tune", WriteFile("gemm.fusor", "dim m=64 k=32 n=48 h=16\nin A[m,k] B[k,n] D[n,h]\n"
+                                                   "C[m,n] = sum(k) A[m,k] * B[k,n]\nE[m,h] = sum(n) C[m,n] * D[n,h]\n"
+                                                   "out E\n"),
+                   "--budget", "2"});
+  worker_b_->Signal(SIGCONT);
+  ASSERT_EQ(next.first, 0) << next.second << worker_a_->Log();
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 2);
+}
+
+// The scheduler killed (-9) in the middle of a task and restarted on the
+// same port and database: the worker reconnects, the same request joins the
+// resumed task, and every job is measured exactly once.
+TEST_F(E2eTest, SchedulerKilledMidTaskResumesOnRestart) {
+  worker_a_ = StartWorker("A");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
+                      std::chrono::seconds(60)));
+  const std::string spec = WriteFile("attention.fusor", kChain);
+  std::unique_ptr<Daemon> first = StartCli({"tune", spec, "--budget", "6"});
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM measurements") >= 2; }, std::chrono::seconds(120)));
+  scheduler_->Signal(SIGKILL);
+  scheduler_->Wait(std::chrono::seconds(10));
+  EXPECT_NE(first->Wait(std::chrono::seconds(60)), std::optional<int>(0));  // its stream broke
+  ASSERT_LT(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate'"), 6);
+  const std::string task = TryQuery("SELECT id FROM tasks").value_or("");
+  StartScheduler(address_);
+
+  auto again = Cli({"tune", spec, "--budget", "6"});
+  ASSERT_EQ(again.first, 0) << again.second << scheduler_->Log();
+  EXPECT_THAT(again.second, HasSubstr("tuned now by task " + task));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 1);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate'"), 6);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline'"), 1);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
+  EXPECT_EQ(TryQuery("PRAGMA integrity_check"), std::optional<std::string>("ok"));
+}
+
+// A worker whose candidates all crash (FUSOR_INJECT_CANDIDATE_CRASH makes
+// its job runners die of SIGSEGV) fails that task with the cause and keeps
+// serving: its baselines still measure, and with a sound worker beside it
+// the next task completes.
+TEST_F(E2eTest, WorkerWhoseCandidatesCrashKeepsServing) {
+  setenv("FUSOR_INJECT_CANDIDATE_CRASH", "1", 1);
+  worker_a_ = StartWorker("A");
+  unsetenv("FUSOR_INJECT_CANDIDATE_CRASH");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
+                      std::chrono::seconds(60)));
+  auto failed = Cli({"tune", WriteFile("attention.fusor", kChain), "--budget", "2"});
+  EXPECT_EQ(failed.first, 1) << failed.second;
+  EXPECT_THAT(failed.second, HasSubstr("all 2 candidates failed; the first: crash"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate' AND status = 'crash'"), 2);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline' AND status = 'ok'"), 1);
+  EXPECT_TRUE(worker_a_->running()) << worker_a_->Log();
+
+  worker_b_ = StartWorker("B");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
+                      std::chrono::seconds(60)));
+  auto next = Cli({"tune", WriteFile("gemm.fusor", "dim m=64 k=32 n=48\nin A[m,k] B[k,n]\n"
+                                                   "C[m,n] = sum(k) A[m,k] * B[k,n]\nD[m,n] = relu(C[m,n])\nout D\n"),
+                   "--budget", "4"});
+  ASSERT_EQ(next.first, 0) << next.second;
+  EXPECT_TRUE(worker_a_->running());
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'"), 2);
+}
+
+// Many clients at once, cache hits and new tasks mixed: every one succeeds.
+TEST_F(E2eTest, ConcurrentClientsMixingCacheHitsAndNewTasks) {
+  worker_a_ = StartWorker("A");
+  worker_b_ = StartWorker("B");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
+                      std::chrono::seconds(60)));
+  const std::string cached = WriteFile("attention.fusor", kChain);
+  ASSERT_EQ(Cli({"tune", cached, "--budget", "2"}).first, 0);
+  std::vector<std::unique_ptr<Daemon>> clients;
+  for (int i = 0; i < 6; ++i) clients.push_back(StartCli({i % 2 == 0 ? "tune" : "lookup", cached}));
+  for (int i = 0; i < 3; ++i) {
+    const std::string chain = "dim m=" + std::to_string(32 * (i + 1)) +
+                              " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nD[m,n] = relu(C[m,n])\n"
+                              "out D\n";
+    // Two clients ask for each new chain: they share one task.
+    for (int j = 0; j < 2; ++j) {
+      clients.push_back(StartCli({"tune", WriteFile("new" + std::to_string(i) + ".fusor", chain), "--budget", "2"}));
+    }
+  }
+  for (auto& c : clients) {
+    EXPECT_EQ(c->Wait(std::chrono::seconds(240)), std::optional<int>(0)) << c->Log();
+  }
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 4);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 4);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
 }
 
 // A small zoo: an encoder at two sequence lengths and a decoder whose FFN
