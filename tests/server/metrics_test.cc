@@ -19,14 +19,20 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// One HTTP exchange with 127.0.0.1:port; the whole response.
-std::string Http(int port, const std::string& request) {
+// A connected socket to 127.0.0.1:port.
+int Connect(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
+// One HTTP exchange with 127.0.0.1:port; the whole response.
+std::string Http(int port, const std::string& request) {
+  const int fd = Connect(port);
   EXPECT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
   std::string out;
   char buf[4096];
@@ -64,12 +70,7 @@ TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   EXPECT_EQ(Http(port, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
   EXPECT_EQ(Http(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
   // A client that sends nothing is dropped after its 2 s, then the next is served.
-  const int idle = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(idle, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const int idle = Connect(port);
   EXPECT_EQ(Http(port, "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
   close(idle);
   EXPECT_FALSE(MetricsServer::Start("no-port", [] { return std::string(); }).ok());
