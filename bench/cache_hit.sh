@@ -8,7 +8,7 @@ bin="$root/build"
 seconds="${1:-10}"
 work="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-"$bin/server/fusor-scheduler" --listen 127.0.0.1:0 --db "$work/t.db" --log-level warn > "$work/scheduler.log" 2>&1 &
+"$bin/server/fusor-scheduler" --listen 127.0.0.1:0 --db "$work/t.db" --insecure --log-level warn > "$work/scheduler.log" 2>&1 &
 for _ in $(seq 100); do grep -q "listening on port" "$work/scheduler.log" && break; sleep 0.1; done
 port="$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$work/scheduler.log")"
 "$bin/worker/fusor-worker" --scheduler "127.0.0.1:$port" --log-level warn > "$work/worker.log" 2>&1 &

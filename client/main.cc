@@ -33,7 +33,9 @@
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "common/util/paths.h"
+#include "proto/wire/channel.h"
 #include "proto/wire/convert.h"
+#include "server/auth.h"
 #include "server/db/tuning_db.h"
 #include "worker/cpu/cpu_target.h"
 #include "worker/job.h"
@@ -60,6 +62,7 @@ int Fail(const absl::Status& st) {
 
 struct GlobalOptions {
   std::string server;
+  std::string token;
   std::string db_path;
   std::string backend = "cpu";
   std::string target_fp;
@@ -199,7 +202,7 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
   std::unique_ptr<fusor::client::Embedded> embedded;
   std::shared_ptr<grpc::Channel> channel;
   if (!g.server.empty()) {
-    channel = grpc::CreateChannel(g.server, grpc::InsecureChannelCredentials());
+    channel = fusor::wire::Dial(g.server, g.token);
   } else {
     fusor::server::SchedulerOptions options;
     options.db_path = g.db_path;
@@ -422,6 +425,37 @@ int Backup(const GlobalOptions& g, const std::string& to) {
   return 0;
 }
 
+int AdminToken(const GlobalOptions& g, const std::string& action, const std::string& role_name,
+               const std::string& name, const std::string& id) {
+  if (absl::Status st = LocalOnly(g); !st.ok()) return Fail(st);
+  if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
+  auto db = fusor::db::TuningDb::Open(g.db_path);
+  if (!db.ok()) return Fail(db.status());
+  if (action == "create") {
+    auto role = fusor::server::ParseRole(role_name);
+    if (!role.ok()) return Fail(role.status());
+    auto created = fusor::server::CreateToken(**db, *role, name, NowMs());
+    if (!created.ok()) return Fail(created.status());
+    std::cerr << "token " << created->first.id << " (" << role_name << ", '" << name
+              << "'); it is shown once, only its hash is kept:\n";
+    std::cout << created->second << "\n";
+    return 0;
+  }
+  if (action == "revoke") {
+    absl::Status st = (*db)->RevokeToken(id, NowMs());
+    if (!st.ok()) return Fail(st);
+    std::cout << "revoked " << id << "\n";
+    return 0;
+  }
+  auto tokens = (*db)->ListTokens();
+  if (!tokens.ok()) return Fail(tokens.status());
+  std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", "ID", "ROLE", "NAME", "STATE");
+  for (const auto& t : *tokens) {
+    std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", t.id, t.role, t.name, t.revoked_ms ? "revoked" : "active");
+  }
+  return 0;
+}
+
 int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
   fusor::SetLogLevel("warn");
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -478,6 +512,9 @@ int main(int argc, char** argv) {
   GlobalOptions g;
   g.db_path = fusor::DefaultDatabasePath(Env("XDG_DATA_HOME"), Env("HOME"));
   app.add_option("--server", g.server, "scheduler address (host:port); without it, run an embedded scheduler");
+  g.token = Env("FUSOR_TOKEN");
+  app.add_option("--token", g.token, "with --server: a client-role token (env FUSOR_TOKEN; prefer the env: "
+                                     "arguments show in ps)");
   app.add_option("--db", g.db_path, "tuning database of the embedded scheduler")->capture_default_str();
   app.add_option("--backend", g.backend, "target backend")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--target", g.target_fp,
@@ -563,7 +600,21 @@ int main(int argc, char** argv) {
   std::string backup_path;
   CLI::App* backup = db_cmd->add_subcommand("backup", "a consistent copy, also while a scheduler uses the database");
   backup->add_option("to", backup_path, "new file")->required();
+  CLI::App* admin = app.add_subcommand("admin", "administration of --db (on the scheduler's host)");
+  admin->require_subcommand(1);
+  CLI::App* token_cmd = admin->add_subcommand("token", "bearer tokens of the scheduler on --db");
+  token_cmd->require_subcommand(1);
+  std::string role_name, token_name, token_id;
+  CLI::App* token_create = token_cmd->add_subcommand("create", "print a new token (shown once; only its hash is kept)");
+  token_create->add_option("--role", role_name, "client, worker or admin")->required();
+  token_create->add_option("--name", token_name, "who or what holds it")->required();
+  CLI::App* token_list = token_cmd->add_subcommand("list", "the tokens, their roles and whether revoked");
+  CLI::App* token_revoke = token_cmd->add_subcommand("revoke", "refuse a token from now on");
+  token_revoke->add_option("id", token_id, "token id (from list)")->required();
   CLI11_PARSE(app, argc, argv);
+  if (*token_create) return AdminToken(g, "create", role_name, token_name, "");
+  if (*token_list) return AdminToken(g, "list", "", "", "");
+  if (*token_revoke) return AdminToken(g, "revoke", "", "", token_id);
   if (*records_export) return ExportRecords(g, workload_key, records_path);
   if (*records_import) return ImportRecords(g, records_path);
   if (*backup) return Backup(g, backup_path);
@@ -595,7 +646,7 @@ int main(int argc, char** argv) {
   if (!g.server.empty()) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    channel = grpc::CreateCustomChannel(g.server, grpc::InsecureChannelCredentials(), args);
+    channel = fusor::wire::Dial(g.server, g.token, args);
   } else {
     if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
     fusor::server::SchedulerOptions options;

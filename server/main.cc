@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
   app.add_option("--job-timeout", job_timeout_s, "seconds a worker may spend on one job")->capture_default_str();
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "accept calls without tokens (local use only: anyone who reaches the port may tune, and report "
+               "measurements as a worker)");
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)");
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.db_path = db_path;
+  options.require_tokens = !insecure;
   options.lease = absl::Seconds(lease_s);
   options.heartbeat_interval = absl::Seconds(heartbeat_s);
   options.worker_timeout = absl::Seconds(worker_timeout_s);
@@ -90,6 +95,18 @@ int main(int argc, char** argv) {
     log->info("metrics on http://{}:{}/metrics", metrics_listen.substr(0, metrics_listen.rfind(':')),
               metrics->port());
     std::cout << "fusor-scheduler metrics on port " << metrics->port() << std::endl;
+  }
+  if (insecure) {
+    log->warn("--insecure: calls are not authenticated; anyone who reaches port {} may tune and act as a worker",
+              (*server)->port());
+  } else {
+    auto active = (*server)->core().db().CountActiveTokens();
+    log->info("tokens required ({} active)", active.ok() ? *active : 0);
+    if (active.ok() && *active == 0) {
+      log->warn("no tokens yet: create them with `fusor --db {} admin token create --role worker|client|admin "
+                "--name NAME`",
+                db_path);
+    }
   }
   log->info("serving on {}:{} with database {}", listen.substr(0, listen.rfind(':')), (*server)->port(), db_path);
   std::cout << "fusor-scheduler listening on port " << (*server)->port() << std::endl;

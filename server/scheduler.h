@@ -49,6 +49,8 @@ struct SchedulerOptions {
   absl::Duration reaper_interval = absl::Milliseconds(250);
   int max_attempts = 3;
   int sweep_parallel = 2;  // chains of one sweep tuned at once
+  // Every network call needs a bearer token of the right role (server/auth).
+  bool require_tokens = false;
   v1::MeasureOptions measure;  // zero fields take the defaults in Create
 };
 

@@ -22,6 +22,7 @@ constexpr absl::Duration kPoll = absl::Seconds(1);
 
 grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
                                     grpc::ServerWriter<v1::TuneEvent>* writer) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   auto start = core_->StartTune(*prepared, req->options());
@@ -65,6 +66,7 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
 
 grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req,
                                        v1::CompileResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   absl::StatusOr<v1::TuneResult> result = core_->Lookup(*prepared);
@@ -98,7 +100,8 @@ grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::Compi
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+grpc::Status SchedulerService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   auto result = core_->Lookup(*prepared);
@@ -108,15 +111,17 @@ grpc::Status SchedulerService::Lookup(grpc::ServerContext*, const v1::LookupRequ
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                            v1::ListWorkersResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   auto workers = core_->ListWorkers();
   if (!workers.ok()) return ToGrpcStatus(workers.status());
   *resp = std::move(*workers);
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::GetTask(grpc::ServerContext*, const v1::GetTaskRequest* req, v1::TaskInfo* resp) {
+grpc::Status SchedulerService::GetTask(grpc::ServerContext* ctx, const v1::GetTaskRequest* req, v1::TaskInfo* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   if (req->task_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "task_id is required");
   auto info = core_->GetTask(req->task_id());
   if (!info.ok()) return ToGrpcStatus(info.status());
@@ -126,6 +131,7 @@ grpc::Status SchedulerService::GetTask(grpc::ServerContext*, const v1::GetTaskRe
 
 grpc::Status SchedulerService::Sweep(grpc::ServerContext* ctx, const v1::SweepRequest* req,
                                      grpc::ServerWriter<v1::SweepEvent>* writer) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   auto started = sweeps_->Start(*req);
   if (!started.ok()) return ToGrpcStatus(started.status());
   v1::SweepEvent event;
@@ -157,7 +163,8 @@ grpc::Status SchedulerService::Sweep(grpc::ServerContext* ctx, const v1::SweepRe
   }
 }
 
-grpc::Status SchedulerService::GetSweep(grpc::ServerContext*, const v1::GetSweepRequest* req, v1::SweepReport* resp) {
+grpc::Status SchedulerService::GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::SweepReport* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   if (req->sweep_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "sweep_id is required");
   auto report = sweeps_->Report(req->sweep_id());
   if (!report.ok()) return ToGrpcStatus(report.status());
@@ -165,16 +172,18 @@ grpc::Status SchedulerService::GetSweep(grpc::ServerContext*, const v1::GetSweep
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
   auto r = core_->Register(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = std::move(*r);
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                           v1::HeartbeatResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
   auto r = core_->Heartbeat(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = std::move(*r);
@@ -183,6 +192,7 @@ grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext*, const v1::Heartb
 
 grpc::Status WorkerServiceImpl::Lease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
                                       v1::LeaseResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
   if (req->worker_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id is required");
   auto r = core_->Lease(*req, [ctx] { return ctx->IsCancelled(); });
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -190,8 +200,9 @@ grpc::Status WorkerServiceImpl::Lease(grpc::ServerContext* ctx, const v1::LeaseR
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Report(grpc::ServerContext*, const v1::ReportRequest* req,
+grpc::Status WorkerServiceImpl::Report(grpc::ServerContext* ctx, const v1::ReportRequest* req,
                                        v1::ReportResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
   if (req->job_id().empty() || req->lease_id().empty() || req->worker_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id, job_id and lease_id are required");
   }
@@ -210,8 +221,9 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const Sc
   SweepOptions sweep_options;
   sweep_options.parallel = std::max(1, options.sweep_parallel);
   s->sweeps_ = std::make_unique<SweepRunner>(s->core_.get(), sweep_options);
-  s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get(), s->sweeps_.get());
-  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get());
+  s->auth_ = std::make_unique<Authenticator>(options.require_tokens ? &s->core_->db() : nullptr);
+  s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get(), s->sweeps_.get(), s->auth_.get());
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get(), s->auth_.get());
   // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

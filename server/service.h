@@ -6,6 +6,7 @@
 
 #include "fusor/v1/scheduler.grpc.pb.h"
 #include "fusor/v1/worker.grpc.pb.h"
+#include "server/auth.h"
 #include "server/scheduler.h"
 #include "server/sweeps.h"
 
@@ -13,7 +14,8 @@ namespace fusor::server {
 
 class SchedulerService final : public v1::Scheduler::Service {
  public:
-  SchedulerService(Scheduler* core, SweepRunner* sweeps) : core_(core), sweeps_(sweeps) {}
+  SchedulerService(Scheduler* core, SweepRunner* sweeps, const Authenticator* auth)
+      : core_(core), sweeps_(sweeps), auth_(auth) {}
   grpc::Status Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
                     grpc::ServerWriter<v1::TuneEvent>* writer) override;
   grpc::Status Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req, v1::CompileResponse* resp) override;
@@ -28,11 +30,12 @@ class SchedulerService final : public v1::Scheduler::Service {
  private:
   Scheduler* core_;
   SweepRunner* sweeps_;
+  const Authenticator* auth_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  explicit WorkerServiceImpl(Scheduler* core) : core_(core) {}
+  WorkerServiceImpl(Scheduler* core, const Authenticator* auth) : core_(core), auth_(auth) {}
   grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req, v1::RegisterResponse* resp) override;
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override;
@@ -41,6 +44,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
  private:
   Scheduler* core_;
+  const Authenticator* auth_;
 };
 
 // A scheduler with its services on a gRPC server. Listens on `address`
@@ -61,6 +65,7 @@ class SchedulerServer {
   SchedulerServer() = default;
   std::unique_ptr<Scheduler> core_;
   std::unique_ptr<SweepRunner> sweeps_;
+  std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SchedulerService> scheduler_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;

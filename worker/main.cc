@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/util/log.h"
+#include "proto/wire/channel.h"
 #include "worker/job.h"
 #include "worker/process.h"
 #include "worker/worker.h"
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
                  "disturb the measurement)")
       ->check(CLI::Range(-1, 8))
       ->capture_default_str();
+  std::string token = Env("FUSOR_TOKEN");
+  app.add_option("--token", token, "a worker-role token of the scheduler (env FUSOR_TOKEN; prefer the env: "
+                                   "arguments show in ps)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -75,8 +79,7 @@ int main(int argc, char** argv) {
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
-  fusor::worker::Worker worker(grpc::CreateCustomChannel(scheduler, grpc::InsecureChannelCredentials(), args),
-                               options);
+  fusor::worker::Worker worker(fusor::wire::Dial(scheduler, token, args), options);
   if (absl::Status st = worker.Prepare(); !st.ok()) {
     log->error("cannot describe this machine: {}", st.ToString());
     return 1;

@@ -1,6 +1,6 @@
-// Export and import of measurement records (JSON lines), backups and the
-// counts behind the metrics: how a team moves, merges, keeps and watches
-// its tuning database.
+// Export and import of measurement records (JSON lines), backups, the
+// counts behind the metrics and the tokens: how a team moves, merges,
+// keeps, watches and guards its tuning database.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -306,6 +306,57 @@ absl::StatusOr<DbMetrics> TuningDb::Metrics(int recent) {
     if (!first) out.spreads.push_back((hi - lo) / s.Double(1));
   }
   return out;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<TokenRow>> ReadTokens(Statement& s) {
+  std::vector<TokenRow> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, s.Step());
+    if (!row) return out;
+    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.OptionalInt(5)});
+  }
+}
+
+}  // namespace
+
+absl::Status TuningDb::InsertToken(const TokenRow& t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO tokens(id, name, role, hash, created_ms) VALUES (?,?,?,?,?)"));
+  return s.Bind(1, t.id).Bind(2, t.name).Bind(3, t.role).Bind(4, t.hash).Bind(5, t.created_ms).Run();
+}
+
+absl::StatusOr<std::vector<TokenRow>> TuningDb::ListTokens() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
+                                             "ORDER BY created_ms"));
+  return ReadTokens(s);
+}
+
+absl::Status TuningDb::RevokeToken(const std::string& id, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE tokens SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ?"));
+  RETURN_IF_ERROR(s.Bind(1, now_ms).Bind(2, id).Run());
+  if (db_->Changes() == 0) return absl::NotFoundError(absl::StrCat("no token '", id, "'"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<TokenRow>> TuningDb::FindToken(const std::string& hash) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
+                                             "WHERE hash = ?"));
+  s.Bind(1, hash);
+  ASSIGN_OR_RETURN(std::vector<TokenRow> rows, ReadTokens(s));
+  if (rows.empty()) return std::optional<TokenRow>();
+  return std::optional<TokenRow>(rows.front());
+}
+
+absl::StatusOr<int64_t> TuningDb::CountActiveTokens() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT COUNT(*) FROM tokens WHERE revoked_ms IS NULL"));
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  return row ? s.Int(0) : 0;
 }
 
 absl::Status TuningDb::BackupTo(const std::string& path) {

@@ -168,6 +168,11 @@ const std::vector<Migration>& SchemaMigrations() {
       // New tables only: older fusor goes on reading and writing the rest.
       {3, 1, "sweeps, sweep_entries, sweep_chains: batch sweeps over model zoos",
        [](Database& db) { return db.Exec(kSchemaV3); }},
+      {4, 1, "tokens: bearer tokens (stored hashed) and their roles",
+       [](Database& db) {
+         return db.Exec("CREATE TABLE tokens(id TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, "
+                        "hash TEXT NOT NULL UNIQUE, created_ms INTEGER NOT NULL, revoked_ms INTEGER);");
+       }},
   };
   return *migrations;
 }

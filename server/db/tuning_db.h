@@ -153,6 +153,15 @@ struct ImportStats {
   int best_updated = 0;
 };
 
+struct TokenRow {
+  std::string id;
+  std::string name;
+  std::string role;  // "client", "worker" or "admin"
+  std::string hash;  // SHA-256 of the token; the token itself is never stored
+  int64_t created_ms = 0;
+  std::optional<int64_t> revoked_ms;
+};
+
 // Counts for the metrics endpoint.
 struct DbMetrics {
   std::map<std::string, int64_t> jobs;          // by state
@@ -263,6 +272,12 @@ class TuningDb {
   // recomputed. INVALID_ARGUMENT naming the line for a malformed one.
   absl::StatusOr<ImportStats> ImportRecords(const std::vector<std::string>& lines, int64_t now_ms);
   absl::StatusOr<DbMetrics> Metrics(int recent = 200);
+  absl::Status InsertToken(const TokenRow& token);
+  absl::StatusOr<std::vector<TokenRow>> ListTokens();
+  // NOT_FOUND for an unknown id; revoking twice keeps the first time.
+  absl::Status RevokeToken(const std::string& id, int64_t now_ms);
+  absl::StatusOr<std::optional<TokenRow>> FindToken(const std::string& hash);
+  absl::StatusOr<int64_t> CountActiveTokens();
   // A consistent copy of the database (online: see Database::BackupTo).
   absl::Status BackupTo(const std::string& path);
 

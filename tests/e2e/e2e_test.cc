@@ -25,6 +25,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "fusor/v1/worker.grpc.pb.h"
+#include "proto/wire/channel.h"
 #include "server/db/sqlite.h"
 
 extern char** environ;
@@ -106,14 +108,15 @@ class E2eTest : public ::testing::Test {
     StartScheduler();
   }
 
-  // A scheduler on the test's database, on `listen` (default: a free port).
-  void StartScheduler(const std::string& listen = "127.0.0.1:0") {
+  // A scheduler on the test's database, on `listen` (default: a free port);
+  // without tokens unless `tokens`.
+  void StartScheduler(const std::string& listen = "127.0.0.1:0", bool tokens = false) {
     static int n = 0;
-    scheduler_ = std::make_unique<Daemon>(
-        std::vector<std::string>{kBin + "/server/fusor-scheduler", "--listen", listen, "--db", db_path_,
-                                 "--lease-seconds", "2", "--heartbeat-seconds", "0.3", "--worker-timeout-seconds",
-                                 "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120"},
-        (dir_ / ("scheduler" + std::to_string(++n) + ".log")).string());
+    std::vector<std::string> argv = {kBin + "/server/fusor-scheduler", "--listen", listen, "--db", db_path_,
+                                     "--lease-seconds", "2", "--heartbeat-seconds", "0.3", "--worker-timeout-seconds",
+                                     "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120"};
+    if (!tokens) argv.push_back("--insecure");
+    scheduler_ = std::make_unique<Daemon>(argv, (dir_ / ("scheduler" + std::to_string(++n) + ".log")).string());
     std::smatch match;
     std::regex port_re("listening on port (\\d+)");
     ASSERT_TRUE(WaitFor(
@@ -373,31 +376,91 @@ TEST_F(E2eTest, SchedulerKilledMidTaskResumesOnRestart) {
 }
 
 // A worker whose candidates all crash (FUSOR_INJECT_CANDIDATE_CRASH makes
-// its job runners die of SIGSEGV) fails that task with the cause and keeps
-// serving: its baselines still measure, and with a sound worker beside it
-// the next task completes.
+// its job runners die of SIGSEGV) fails each task with the cause and keeps
+// serving: it stays registered, takes the next task's jobs and measures
+// their baselines.
 TEST_F(E2eTest, WorkerWhoseCandidatesCrashKeepsServing) {
   setenv("FUSOR_INJECT_CANDIDATE_CRASH", "1", 1);
   worker_a_ = StartWorker("A");
   unsetenv("FUSOR_INJECT_CANDIDATE_CRASH");
   ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
                       std::chrono::seconds(60)));
-  auto failed = Cli({"tune", WriteFile("attention.fusor", kChain), "--budget", "2"});
-  EXPECT_EQ(failed.first, 1) << failed.second;
-  EXPECT_THAT(failed.second, HasSubstr("all 2 candidates failed; the first: crash"));
-  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate' AND status = 'crash'"), 2);
-  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline' AND status = 'ok'"), 1);
-  EXPECT_TRUE(worker_a_->running()) << worker_a_->Log();
+  const std::vector<std::string> chains = {
+      kChain, "dim m=64 k=32 n=48\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nD[m,n] = relu(C[m,n])\nout D\n"};
+  for (size_t i = 0; i < chains.size(); ++i) {
+    auto failed = Cli({"tune", WriteFile("chain" + std::to_string(i) + ".fusor", chains[i]), "--budget", "2"});
+    EXPECT_EQ(failed.first, 1) << failed.second;
+    EXPECT_THAT(failed.second, HasSubstr("all 2 candidates failed; the first: crash: runner died of signal 11"));
+    EXPECT_TRUE(worker_a_->running()) << worker_a_->Log();
+  }
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'failed'"), 2);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate' AND status = 'crash'"), 4);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline' AND status = 'ok'"), 2);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'"), 1);
+}
 
-  worker_b_ = StartWorker("B");
-  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
-                      std::chrono::seconds(60)));
-  auto next = Cli({"tune", WriteFile("gemm.fusor", "dim m=64 k=32 n=48\nin A[m,k] B[k,n]\n"
-                                                   "C[m,n] = sum(k) A[m,k] * B[k,n]\nD[m,n] = relu(C[m,n])\nout D\n"),
-                   "--budget", "4"});
-  ASSERT_EQ(next.first, 0) << next.second;
-  EXPECT_TRUE(worker_a_->running());
-  EXPECT_EQ(Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'"), 2);
+// Tokens and roles: without a token, or with one of the wrong role, a call
+// is refused and changes nothing; a client token tunes but cannot report
+// measurements; a revoked token is refused; an admin token is a client too.
+TEST_F(E2eTest, TokensGateEveryCallByRole) {
+  scheduler_->Signal(SIGTERM);
+  ASSERT_TRUE(scheduler_->Wait(std::chrono::seconds(20)).has_value());
+  StartScheduler("127.0.0.1:0", /*tokens=*/true);
+  auto token = [&](const std::string& role) {
+    auto [rc, out] = Cli({"--db", db_path_, "admin", "token", "create", "--role", role, "--name", role + "-1"});
+    EXPECT_EQ(rc, 0) << out;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(out, m, std::regex("fusor_[0-9a-f]{40}"))) << out;
+    return m.empty() ? std::string() : m[0].str();
+  };
+  const std::string worker_token = token("worker"), client_token = token("client"), admin_token = token("admin");
+  EXPECT_THAT(scheduler_->Log(), HasSubstr("tokens required"));
+
+  setenv("FUSOR_TOKEN", worker_token.c_str(), 1);
+  worker_a_ = StartWorker("A");
+  unsetenv("FUSOR_TOKEN");
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
+                      std::chrono::seconds(60)))
+      << worker_a_->Log();
+  const std::string spec = WriteFile("attention.fusor", kChain);
+  const auto before = TableCounts();
+  auto none = Cli({"tune", spec});
+  EXPECT_EQ(none.first, 1);
+  EXPECT_THAT(none.second, HasSubstr("UNAUTHENTICATED"));
+  auto wrong = Cli({"--token", worker_token, "tune", spec});
+  EXPECT_EQ(wrong.first, 1);
+  EXPECT_THAT(wrong.second, HasSubstr("has role worker; this call needs client [PERMISSION_DENIED]"));
+  EXPECT_EQ(TableCounts(), before);
+
+  auto tuned = Cli({"--token", client_token, "tune", spec, "--budget", "2"});
+  ASSERT_EQ(tuned.first, 0) << tuned.second;
+  // A client can never report a measurement, even for a job it names.
+  const auto after = TableCounts();
+  auto stub = v1::WorkerService::NewStub(wire::Dial(address_, client_token));
+  grpc::ClientContext ctx;
+  v1::ReportRequest report;
+  report.set_worker_id(TryQuery("SELECT id FROM workers").value_or("w"));
+  report.set_job_id(TryQuery("SELECT id FROM jobs LIMIT 1").value_or("j"));
+  report.set_lease_id(TryQuery("SELECT lease_id FROM jobs LIMIT 1").value_or("l"));
+  report.mutable_measurement()->set_status(v1::MEASUREMENT_STATUS_OK);
+  report.mutable_measurement()->add_samples_s(1e-9);
+  report.mutable_measurement()->set_median_s(1e-9);
+  v1::ReportResponse response;
+  EXPECT_EQ(stub->Report(&ctx, report, &response).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(TableCounts(), after);
+
+  auto revoke = Cli({"--db", db_path_, "admin", "token", "revoke",
+                     TryQuery("SELECT id FROM tokens WHERE role = 'client'").value_or("?")});
+  ASSERT_EQ(revoke.first, 0) << revoke.second;
+  auto revoked = Cli({"--token", client_token, "lookup", spec});
+  EXPECT_EQ(revoked.first, 1);
+  EXPECT_THAT(revoked.second, HasSubstr("unknown or revoked token"));
+  auto admin = Cli({"--token", admin_token, "lookup", spec});
+  EXPECT_EQ(admin.first, 0) << admin.second;
+  auto list = Cli({"--db", db_path_, "admin", "token", "list"});
+  EXPECT_THAT(list.second, HasSubstr("revoked"));
+  EXPECT_EQ(list.second.find(client_token), std::string::npos);  // only hashes are kept
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tokens WHERE hash LIKE 'fusor_%'"), 0);
 }
 
 // Many clients at once, cache hits and new tasks mixed: every one succeeds.

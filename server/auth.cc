@@ -1,0 +1,78 @@
+#include "server/auth.h"
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/util/sha256.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::server {
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kClient: return "client";
+    case Role::kWorker: return "worker";
+    case Role::kAdmin: return "admin";
+  }
+  return "?";
+}
+
+absl::StatusOr<Role> ParseRole(const std::string& name) {
+  for (Role r : {Role::kClient, Role::kWorker, Role::kAdmin}) {
+    if (name == RoleName(r)) return r;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown role '", name, "' (client, worker or admin)"));
+}
+
+std::string TokenHash(const std::string& token) { return Sha256Hex(token); }
+
+absl::StatusOr<std::pair<db::TokenRow, std::string>> CreateToken(db::TuningDb& db, Role role,
+                                                                 const std::string& name, int64_t now_ms) {
+  unsigned char bytes[26];
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
+    return absl::InternalError("cannot read /dev/urandom");
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string secret, id = "tok-";
+  for (size_t i = 0; i < sizeof(bytes); ++i) {
+    std::string& into = i < 20 ? secret : id;
+    into += kHex[bytes[i] >> 4];
+    into += kHex[bytes[i] & 15];
+  }
+  const std::string token = "fusor_" + secret;
+  db::TokenRow row{id, name, RoleName(role), TokenHash(token), now_ms, std::nullopt};
+  RETURN_IF_ERROR(db.InsertToken(row));
+  return std::make_pair(row, token);
+}
+
+grpc::Status Authenticator::Check(const grpc::ServerContext& ctx, std::initializer_list<Role> roles) const {
+  if (db_ == nullptr) return grpc::Status::OK;
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this scheduler needs a token: pass --token (or FUSOR_TOKEN); an admin creates one with "
+                        "`fusor admin token create`");
+  }
+  const std::string value(it->second.data(), it->second.size());
+  if (!absl::StartsWith(value, "Bearer ")) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization is not 'Bearer <token>'");
+  }
+  auto token = db_->FindToken(TokenHash(value.substr(7)));
+  if (!token.ok()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(token.status().message()));
+  if (!token->has_value() || (*token)->revoked_ms) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown or revoked token");
+  }
+  const std::string& role = (*token)->role;
+  for (Role r : roles) {
+    if (role == RoleName(r) || (r == Role::kClient && role == RoleName(Role::kAdmin))) return grpc::Status::OK;
+  }
+  std::string wanted;
+  for (Role r : roles) absl::StrAppend(&wanted, wanted.empty() ? "" : " or ", RoleName(r));
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      absl::StrCat("token '", (*token)->name, "' has role ", role, "; this call needs ", wanted));
+}
+
+}  // namespace fusor::server
