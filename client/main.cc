@@ -366,6 +366,13 @@ absl::Status LocalOnly(const GlobalOptions& g) {
       "admin role, which is not built yet");
 }
 
+// The database, created if missing (import, tokens).
+absl::StatusOr<std::unique_ptr<fusor::db::TuningDb>> OpenOrCreate(const GlobalOptions& g) {
+  if (absl::Status st = LocalOnly(g); !st.ok()) return st;
+  if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return st;
+  return fusor::db::TuningDb::Open(g.db_path);
+}
+
 absl::StatusOr<std::unique_ptr<fusor::db::TuningDb>> OpenExisting(const GlobalOptions& g) {
   if (absl::Status st = LocalOnly(g); !st.ok()) return st;
   if (!std::filesystem::is_regular_file(g.db_path)) {
@@ -398,9 +405,7 @@ int ExportRecords(const GlobalOptions& g, const std::string& workload, const std
 int ImportRecords(const GlobalOptions& g, const std::string& path) {
   auto text = fusor::ReadFile(path);
   if (!text.ok()) return Fail(text.status());
-  if (absl::Status st = LocalOnly(g); !st.ok()) return Fail(st);
-  if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
-  auto db = fusor::db::TuningDb::Open(g.db_path);
+  auto db = OpenOrCreate(g);
   if (!db.ok()) return Fail(db.status());
   std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   auto stats = (*db)->ImportRecords(lines, NowMs());
@@ -427,9 +432,7 @@ int Backup(const GlobalOptions& g, const std::string& to) {
 
 int AdminToken(const GlobalOptions& g, const std::string& action, const std::string& role_name,
                const std::string& name, const std::string& id) {
-  if (absl::Status st = LocalOnly(g); !st.ok()) return Fail(st);
-  if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
-  auto db = fusor::db::TuningDb::Open(g.db_path);
+  auto db = OpenOrCreate(g);
   if (!db.ok()) return Fail(db.status());
   if (action == "create") {
     auto role = fusor::server::ParseRole(role_name);

@@ -209,43 +209,33 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
 }
 
 absl::StatusOr<SweepRunner::Status> SweepRunner::Progress(const std::string& sweep_id) {
+  // Called every half second per follower: reads the chains' states, and
+  // entries and tasks only of the few chains being tuned.
   db::TuningDb& db = core_->db();
   ASSIGN_OR_RETURN(db::SweepRow sweep, db.GetSweep(sweep_id));
   ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(sweep_id));
-  ASSIGN_OR_RETURN(std::vector<db::SweepEntryRow> entries, db.SweepEntries(sweep_id));
-  std::map<std::string, const db::SweepEntryRow*> first_entry;
-  for (const db::SweepEntryRow& e : entries) first_entry.emplace(e.workload_key, &e);
+  ASSIGN_OR_RETURN(const auto tuned, db.SweepTunedSeconds(sweep_id));  // (chains, seconds) finished by this sweep
   const int64_t now = NowMs();
   Status status;
   status.finished = sweep.state == "done";
   v1::SweepProgress& p = status.progress;
   p.set_chains(static_cast<int>(chains.size()));
-  double tuned_s = 0;  // time the chains this sweep tuned took, and the
-  int tuned = 0;       // work left, in chains
-  double left = 0, rate_samples = 0, rate_sum_s = 0;
+  double left = 0, rate_samples = 0, rate_sum_s = 0;  // work left, in chains; the running ones' pace
   for (const db::SweepChainRow& c : chains) {
     if (c.state == "pending") left += 1;
     if (c.state == "failed") p.set_failed(p.failed() + 1);
-    if (c.state == "done" && c.from_cache) p.set_cache_hits(p.cache_hits() + 1);
-    if (c.state == "done" && !c.from_cache) p.set_tuned(p.tuned() + 1);
-    if (c.state != "tuning" && !(c.state == "done" && !c.from_cache)) continue;
+    if (c.state == "done") c.from_cache ? p.set_cache_hits(p.cache_hits() + 1) : p.set_tuned(p.tuned() + 1);
+    if (c.state != "tuning") continue;
     ASSIGN_OR_RETURN(db::TaskRow task, db.GetTask(c.task_id));
-    if (c.state == "done") {
-      if (task.finished_ms) {
-        tuned_s += static_cast<double>(*task.finished_ms - task.created_ms) / 1000;
-        ++tuned;
-      }
-      continue;
-    }
     auto info = core_->GetTask(c.task_id);
     const int measured = info.ok() ? info->progress().measured() : 0;
     const int budget = std::max(1, task.budget);
     v1::SweepChainProgress* t = p.add_tuning();
     t->set_workload_key(c.workload_key);
-    auto e = first_entry.find(c.workload_key);
-    if (e != first_entry.end()) {
-      t->set_model(e->second->model);
-      auto chain = ir::ParseChainJson(e->second->chain_json);
+    auto entry = db.FirstSweepEntry(sweep_id, c.workload_key);
+    if (entry.ok()) {
+      t->set_model(entry->model);
+      auto chain = ir::ParseChainJson(entry->chain_json);
       if (chain.ok()) t->set_chain(chain->name);
     }
     t->set_measured(measured);
@@ -261,7 +251,9 @@ absl::StatusOr<SweepRunner::Status> SweepRunner::Progress(const std::string& swe
   p.set_elapsed_s(static_cast<double>((sweep.finished_ms ? *sweep.finished_ms : now) - sweep.created_ms) / 1000);
   // Seconds per chain: from the chains tuned so far, else from the running
   // ones' pace; divided among the chains tuned at once.
-  const double per_chain = tuned > 0 ? tuned_s / tuned : rate_samples > 0 ? rate_sum_s / rate_samples : -1;
+  const double per_chain = tuned.first > 0    ? tuned.second / tuned.first
+                           : rate_samples > 0 ? rate_sum_s / rate_samples
+                                              : -1;
   const double lanes = std::max(1.0, std::min<double>(options_.parallel, std::ceil(left)));
   p.set_eta_s(status.finished ? 0 : per_chain < 0 ? -1 : per_chain * left / lanes);
   return status;

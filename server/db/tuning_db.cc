@@ -708,6 +708,31 @@ absl::StatusOr<std::vector<SweepChainRow>> TuningDb::SweepChains(const std::stri
   }
 }
 
+absl::StatusOr<SweepEntryRow> TuningDb::FirstSweepEntry(const std::string& sweep_id,
+                                                        const std::string& workload_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT idx, model, role, source, instances, workload_key, chain_json "
+                                             "FROM sweep_entries WHERE sweep_id = ? AND workload_key = ? "
+                                             "ORDER BY idx LIMIT 1"));
+  s.Bind(1, sweep_id).Bind(2, workload_key);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return absl::NotFoundError(absl::StrCat("sweep ", sweep_id, " has no entry for ", workload_key));
+  return SweepEntryRow{static_cast<int>(s.Int(0)), s.Text(1), s.Text(2), s.Text(3), static_cast<int>(s.Int(4)),
+                       s.Text(5), s.Text(6)};
+}
+
+absl::StatusOr<std::pair<int, double>> TuningDb::SweepTunedSeconds(const std::string& sweep_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare(
+                                    "SELECT COUNT(*), COALESCE(SUM(t.finished_ms - t.created_ms), 0) FROM "
+                                    "sweep_chains c JOIN tasks t ON t.id = c.task_id WHERE c.sweep_id = ? AND "
+                                    "c.state = 'done' AND c.from_cache = 0 AND t.finished_ms IS NOT NULL"));
+  s.Bind(1, sweep_id);
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  if (!row) return std::make_pair(0, 0.0);
+  return std::make_pair(static_cast<int>(s.Int(0)), static_cast<double>(s.Int(1)) / 1000);
+}
+
 absl::Status TuningDb::UpdateSweepChain(const std::string& sweep_id, const SweepChainRow& chain, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE sweep_chains SET state = ?, from_cache = ?, task_id = ?, "

@@ -259,6 +259,11 @@ class TuningDb {
   absl::StatusOr<std::vector<SweepRow>> ListSweepsInState(const std::string& state);
   absl::StatusOr<std::vector<SweepEntryRow>> SweepEntries(const std::string& sweep_id);
   absl::StatusOr<std::vector<SweepChainRow>> SweepChains(const std::string& sweep_id);  // by ord
+  // The first entry of `sweep_id` with this workload (NOT_FOUND if none).
+  absl::StatusOr<SweepEntryRow> FirstSweepEntry(const std::string& sweep_id, const std::string& workload_key);
+  // The chains the sweep tuned itself (not from the cache) and finished:
+  // how many, and their tasks' total seconds.
+  absl::StatusOr<std::pair<int, double>> SweepTunedSeconds(const std::string& sweep_id);
   absl::Status UpdateSweepChain(const std::string& sweep_id, const SweepChainRow& chain, int64_t now_ms);
   absl::Status FinishSweep(const std::string& id, int64_t now_ms);
 

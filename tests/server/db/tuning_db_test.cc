@@ -178,6 +178,16 @@ TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
   c.task_id = "t1";
   ASSERT_TRUE(db_->UpdateSweepChain("s1", c, 6).ok());
   EXPECT_EQ((*db_->SweepChains("s1"))[1].task_id, "t1");
+  auto first = db_->FirstSweepEntry("s1", "wk2");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->idx, 0);
+  EXPECT_EQ(first->model, "a");
+  EXPECT_TRUE(absl::IsNotFound(db_->FirstSweepEntry("s1", "none").status()));
+  EXPECT_EQ(db_->SweepTunedSeconds("s1")->first, 0);
+  ASSERT_TRUE(db_->FinishTask("t1", "done", "", 2001).ok());  // created at 1
+  c.state = "done";
+  ASSERT_TRUE(db_->UpdateSweepChain("s1", c, 7).ok());
+  EXPECT_EQ(*db_->SweepTunedSeconds("s1"), std::make_pair(1, 2.0));
   c.workload_key = "nope";
   EXPECT_TRUE(absl::IsNotFound(db_->UpdateSweepChain("s1", c, 6)));
 
