@@ -14,7 +14,8 @@
 namespace fusor::client {
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, wire::RetryPolicy retry)
-    : stub_(v1::Scheduler::NewStub(channel)), retry_(std::move(retry)) {}
+    : stub_(v1::Scheduler::NewStub(channel)), health_(grpc::health::v1::Health::NewStub(channel)),
+      retry_(std::move(retry)) {}
 
 absl::StatusOr<v1::TuneResult> Client::Tune(const v1::TuneRequest& request,
                                             const std::function<void(const v1::TuneEvent&)>& on_event,
@@ -68,6 +69,15 @@ absl::StatusOr<v1::TaskInfo> Client::GetTask(const std::string& task_id) {
       "get task", [&](grpc::ClientContext& ctx) { return stub_->GetTask(&ctx, req, &resp); });
   if (!st.ok()) return wire::FromGrpcStatus(st);
   return resp;
+}
+
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Client::Health(absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = health_->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp.status();
 }
 
 absl::StatusOr<v1::SweepReport> Client::Sweep(const v1::SweepRequest& request,

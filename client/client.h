@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "fusor/v1/scheduler.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/wire/retry.h"
 
 namespace fusor::client {
@@ -28,6 +29,8 @@ class Client {
   absl::StatusOr<v1::TuneResult> Lookup(const v1::LookupRequest& request);
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
   absl::StatusOr<v1::TaskInfo> GetTask(const std::string& task_id);
+  // The scheduler's grpc.health.v1 status (one attempt, for probes).
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(absl::Duration deadline);
   // Starts or resumes a sweep and follows it: `on_event` sees every event.
   // Returns the report, or (detach) the started event's sweep with an
   // empty report. The sweep goes on in the scheduler if this call ends.
@@ -37,6 +40,7 @@ class Client {
 
  private:
   std::unique_ptr<v1::Scheduler::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   wire::RetryPolicy retry_;
 };
 

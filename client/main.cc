@@ -33,7 +33,7 @@
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "common/util/paths.h"
-#include "proto/wire/channel.h"
+#include "proto/wire/cli_flags.h"
 #include "proto/wire/convert.h"
 #include "server/auth.h"
 #include "server/db/tuning_db.h"
@@ -55,14 +55,19 @@ int64_t NowMs() {
       .count();
 }
 
+// Said after an UNAVAILABLE from a remote scheduler (set once it is dialed).
+std::string unavailable_hint;
+
 int Fail(const absl::Status& st) {
   std::cerr << "fusor: " << st.message() << " [" << absl::StatusCodeToString(st.code()) << "]\n";
+  if (absl::IsUnavailable(st) && !unavailable_hint.empty()) std::cerr << "fusor: " << unavailable_hint << "\n";
   return absl::IsNotFound(st) ? 3 : 1;
 }
 
 struct GlobalOptions {
   std::string server;
   std::string token;
+  fusor::wire::ClientTls tls;
   std::string db_path;
   std::string backend = "cpu";
   std::string target_fp;
@@ -202,7 +207,9 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
   std::unique_ptr<fusor::client::Embedded> embedded;
   std::shared_ptr<grpc::Channel> channel;
   if (!g.server.empty()) {
-    channel = fusor::wire::Dial(g.server, g.token);
+    auto dialed = fusor::wire::Dial(g.server, g.token, g.tls);
+    if (!dialed.ok()) return dialed.status();
+    channel = *dialed;
   } else {
     fusor::server::SchedulerOptions options;
     options.db_path = g.db_path;
@@ -518,6 +525,7 @@ int main(int argc, char** argv) {
   g.token = Env("FUSOR_TOKEN");
   app.add_option("--token", g.token, "with --server: a client-role token (env FUSOR_TOKEN; prefer the env: "
                                      "arguments show in ps)");
+  fusor::wire::AddClientTlsFlags(app, g.tls);
   app.add_option("--db", g.db_path, "tuning database of the embedded scheduler")->capture_default_str();
   app.add_option("--backend", g.backend, "target backend")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--target", g.target_fp,
@@ -548,6 +556,9 @@ int main(int argc, char** argv) {
   CLI::App* lookup = app.add_subcommand("lookup", "print cached results only (exit 3 on a miss)");
   lookup->add_option("files", files, "workload files")->required()->check(CLI::ExistingFile);
   CLI::App* workers = app.add_subcommand("workers", "list the workers the scheduler knows");
+  CLI::App* health = app.add_subcommand(
+      "health", "with --server: exit 0 when the scheduler's grpc.health.v1 service answers SERVING (a probe that "
+                "speaks TLS; --timeout bounds it)");
   CLI::App* task = app.add_subcommand("task", "show a tuning task");
   task->add_option("id", task_id, "task id")->required();
   int top = 10;
@@ -627,6 +638,10 @@ int main(int argc, char** argv) {
   if (*compile && model_only) return CompileModelOnly(g, file, out_dir);
 
   std::optional<std::pair<fusor::client::Manifest, std::vector<fusor::client::SweepModel>>> plan;
+  if (*health && g.server.empty()) {
+    std::cerr << "fusor: health needs --server\n";
+    return 2;
+  }
   if (*sweep) {
     if (detach && g.server.empty()) {
       std::cerr << "fusor: --detach needs --server: an embedded scheduler stops with this process\n";
@@ -649,7 +664,13 @@ int main(int argc, char** argv) {
   if (!g.server.empty()) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    channel = fusor::wire::Dial(g.server, g.token, args);
+    auto dialed = fusor::wire::Dial(g.server, g.token, g.tls, args);
+    if (!dialed.ok()) return Fail(dialed.status());
+    channel = *dialed;
+    unavailable_hint = g.tls.on()
+                           ? "is " + g.server + " up, serving TLS with a certificate --tls-ca signed for that name? "
+                                                "A scheduler with mutual TLS also needs --tls-cert and --tls-key"
+                           : "is " + g.server + " up? A scheduler serving TLS needs --tls-ca (or --tls)";
   } else {
     if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
     fusor::server::SchedulerOptions options;
@@ -692,6 +713,12 @@ int main(int argc, char** argv) {
     if (!list.ok()) return Fail(list.status());
     std::cout << fusor::client::FormatWorkers(*list, NowMs());
     return 0;
+  }
+  if (*health) {
+    auto serving = client.Health(absl::Seconds(app.count("--timeout") > 0 ? g.timeout_s : 5));
+    if (!serving.ok()) return Fail(serving.status());
+    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*serving) << std::endl;
+    return *serving == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
   }
   if (*task) {
     auto info = client.GetTask(task_id);

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Offline checks of deploy/k8s beyond YAML syntax: the fields Kubernetes
 requires of each kind used, selectors that select their own pods, and what
-fusor needs (resources on every container, gRPC probes on the scheduler,
-one nvidia.com/gpu per GPU worker). Exits 1 listing every problem."""
+fusor needs (resources on every container, health probes on the
+scheduler: gRPC, or `fusor ... health` where TLS is on; one nvidia.com/gpu
+per GPU worker; every file a flag names under a mounted volume, every
+mounted volume declared). Exits 1 listing every problem."""
 import pathlib
 import sys
 
@@ -16,7 +18,7 @@ def need(cond, where, what):
         problems.append(f"{where}: {what}")
 
 
-def check_pod(where, spec, labels):
+def check_pod(where, spec, labels, claims):
     containers = spec.get("containers") or []
     need(containers, where, "no containers")
     for c in containers:
@@ -25,7 +27,26 @@ def check_pod(where, spec, labels):
         need(c.get("image"), cw, "no image")
         res = c.get("resources") or {}
         need(res.get("requests") or res.get("limits"), cw, "no resource requests or limits")
+        mounts = {m.get("name"): m.get("mountPath", "") for m in c.get("volumeMounts") or []}
+        declared = {v.get("name") for v in spec.get("volumes") or []} | claims
+        for name in mounts:
+            need(name in declared, cw, f"mounts volume {name}, which is not declared")
+        args = [str(a) for a in c.get("args") or []]
+        for flag, value in zip(args, args[1:]):
+            if flag in FILE_FLAGS:
+                need(any(value.startswith(p.rstrip("/") + "/") for p in mounts.values()), cw,
+                     f"{flag} {value} is not under a mounted volume")
     return containers
+
+
+FILE_FLAGS = {"--tls-cert", "--tls-key", "--tls-client-ca", "--tls-ca", "--db"}
+
+
+def health_probe(probe):
+    if "grpc" in probe:
+        return True
+    command = (probe.get("exec") or {}).get("command") or []
+    return bool(command) and command[0] == "fusor" and command[-1] == "health"
 
 
 for path in sorted(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/k8s").glob("*.yaml")):
@@ -45,13 +66,14 @@ for path in sorted(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/k8
             labels = (template.get("metadata") or {}).get("labels") or {}
             need(selector, where, "no selector.matchLabels")
             need(all(labels.get(k) == v for k, v in selector.items()), where, "the selector does not match the pod labels")
-            containers = check_pod(where, template.get("spec") or {}, labels)
+            claims = {(t.get("metadata") or {}).get("name") for t in spec.get("volumeClaimTemplates") or []}
+            containers = check_pod(where, template.get("spec") or {}, labels, claims)
             if kind == "StatefulSet":
                 need(spec.get("serviceName"), where, "no serviceName")
                 need(spec.get("replicas", 1) == 1, where, "the scheduler owns its database: one replica")
                 for c in containers:
                     for probe in ("readinessProbe", "livenessProbe"):
-                        need("grpc" in (c.get(probe) or {}), where, f"no gRPC {probe}")
+                        need(health_probe(c.get(probe) or {}), where, f"no health {probe} (gRPC or fusor health)")
             if "worker" in doc["metadata"]["name"]:
                 for c in containers:
                     gpus = ((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")

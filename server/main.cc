@@ -11,6 +11,8 @@
 #include "common/util/paths.h"
 #include "server/metrics.h"
 #include "server/service.h"
+#include "server/tls.h"
+#include "proto/wire/channel.h"
 
 namespace {
 
@@ -48,6 +50,11 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure", insecure,
                "accept calls without tokens (local use only: anyone who reaches the port may tune, and report "
                "measurements as a worker)");
+  fusor::server::ServerTls tls;
+  app.add_option("--tls-cert", tls.cert_file, "PEM certificate chain: serve TLS on every port (with --tls-key)");
+  app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", tls.client_ca_file,
+                 "PEM CA certificate: mutual TLS, every caller must present a certificate it signed");
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)");
@@ -78,7 +85,12 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto server = fusor::server::SchedulerServer::Start(options, listen);
+  auto credentials = fusor::server::GrpcServerCredentials(tls);
+  if (!credentials.ok()) {
+    log->error("{}", std::string(credentials.status().message()));
+    return 2;
+  }
+  auto server = fusor::server::SchedulerServer::Start(options, listen, *credentials);
   if (!server.ok()) {
     log->error("cannot start: {}", server.status().ToString());
     return 1;
@@ -86,13 +98,13 @@ int main(int argc, char** argv) {
   std::unique_ptr<fusor::server::MetricsServer> metrics;
   if (!metrics_listen.empty()) {
     auto started = fusor::server::MetricsServer::Start(
-        metrics_listen, [core = &(*server)->core()] { return fusor::server::RenderMetrics(*core); });
+        metrics_listen, [core = &(*server)->core()] { return fusor::server::RenderMetrics(*core); }, tls);
     if (!started.ok()) {
       log->error("{}", started.status().ToString());
       return 1;
     }
     metrics = std::move(*started);
-    log->info("metrics on http://{}:{}/metrics", metrics_listen.substr(0, metrics_listen.rfind(':')),
+    log->info("metrics on {}://{}:{}/metrics", tls.enabled() ? "https" : "http", metrics_listen.substr(0, metrics_listen.rfind(':')),
               metrics->port());
     std::cout << "fusor-scheduler metrics on port " << metrics->port() << std::endl;
   }
@@ -107,6 +119,11 @@ int main(int argc, char** argv) {
                 "--name NAME`",
                 db_path);
     }
+  }
+  if (tls.enabled()) {
+    log->info("TLS on{}", tls.client_ca_file.empty() ? "" : ", client certificates required (mutual TLS)");
+  } else if (!fusor::wire::IsLoopbackAddress(listen)) {
+    log->warn("TLS off: tokens cross the network in plaintext; give --tls-cert and --tls-key off this machine");
   }
   log->info("serving on {}:{} with database {}", listen.substr(0, listen.rfind(':')), (*server)->port(), db_path);
   std::cout << "fusor-scheduler listening on port " << (*server)->port() << std::endl;

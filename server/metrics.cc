@@ -5,12 +5,16 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -98,7 +102,7 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, std::function<absl::StatusOr<std::string>()> render) {
+    const std::string& address, std::function<absl::StatusOr<std::string>()> render, const ServerTls& tls) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
   const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
@@ -112,6 +116,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   }
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   s->render_ = std::move(render);
+  if (tls.enabled()) {
+    auto ctx = MakeSslContext(tls);
+    if (!ctx.ok()) return ctx.status();
+    s->ssl_ctx_ = std::move(*ctx);
+  }
   std::string error = "no address";
   for (addrinfo* a = found; a != nullptr && s->listen_fd_ < 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -148,21 +157,36 @@ void MetricsServer::Loop() {
     if (poll(&p, 1, 200) <= 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    Serve(fd);
+    // Every read and write of a connection waits at most 2 s.
+    const timeval limit{2, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+    if (ssl_ctx_) {
+      SSL* ssl = SSL_new(ssl_ctx_.get());
+      SSL_set_fd(ssl, fd);
+      if (SSL_accept(ssl) == 1) {
+        Serve(fd, ssl);
+        SSL_shutdown(ssl);
+      } else {
+        Logger("metrics")->debug("TLS handshake refused or failed");
+        ERR_clear_error();
+      }
+      SSL_free(ssl);
+    } else {
+      Serve(fd, nullptr);
+    }
     close(fd);
   }
 }
 
-void MetricsServer::Serve(int fd) {
+void MetricsServer::Serve(int fd, SSL* ssl) {
   // The request head, up to 8 KB within 2 s.
   std::string request;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{fd, POLLIN, 0};
-    if (left.count() <= 0 || poll(&p, 1, static_cast<int>(left.count())) <= 0) return;
+    if (std::chrono::steady_clock::now() >= deadline) return;
     char buf[1024];
-    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    const ssize_t n = ssl ? SSL_read(ssl, buf, sizeof(buf)) : recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) return;
     request.append(buf, static_cast<size_t>(n));
   }
@@ -189,7 +213,9 @@ void MetricsServer::Serve(int fd) {
                                         "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n");
   const std::string response = head + body;
   for (size_t sent = 0; sent < response.size();) {
-    const ssize_t n = send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    const size_t left = response.size() - sent;
+    const ssize_t n = ssl ? SSL_write(ssl, response.data() + sent, static_cast<int>(left))
+                          : send(fd, response.data() + sent, left, MSG_NOSIGNAL);
     if (n <= 0) return;
     sent += static_cast<size_t>(n);
   }

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/scheduler.h"
+#include "server/tls.h"
 
 namespace fusor::server {
 
@@ -22,20 +23,24 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core);
 
 // A minimal HTTP/1.1 server: GET /metrics answers `render()`, anything
 // else 404; one connection at a time, each bounded in time and size.
+// HTTPS when `tls` is enabled (with client certificates required when it
+// names a client CA).
 class MetricsServer {
  public:
   // `address` is host:port (port 0 picks one).
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                             std::function<absl::StatusOr<std::string>()> render);
+                                                             std::function<absl::StatusOr<std::string>()> render,
+                                                             const ServerTls& tls = {});
   ~MetricsServer();
   int port() const { return port_; }
 
  private:
   MetricsServer() = default;
   void Loop();
-  void Serve(int fd);
+  void Serve(int fd, SSL* ssl);
 
   std::function<absl::StatusOr<std::string>()> render_;
+  SslCtxPtr ssl_ctx_;  // null: plain HTTP
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};

@@ -212,8 +212,9 @@ grpc::Status WorkerServiceImpl::Report(grpc::ServerContext* ctx, const v1::Repor
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const SchedulerOptions& options,
-                                                                       const std::string& address) {
+absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
+    const SchedulerOptions& options, const std::string& address,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   std::unique_ptr<SchedulerServer> s(new SchedulerServer());
   auto core = Scheduler::Create(options);
   if (!core.ok()) return core.status();
@@ -227,7 +228,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(const Sc
   // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  if (!address.empty()) builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &s->port_);
+  if (!address.empty()) builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(s->scheduler_service_.get());
   builder.RegisterService(s->worker_service_.get());

@@ -52,8 +52,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 // in-process channel.
 class SchedulerServer {
  public:
-  static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(const SchedulerOptions& options,
-                                                               const std::string& address);
+  // `credentials` secure the listening port (default: plaintext).
+  static absl::StatusOr<std::unique_ptr<SchedulerServer>> Start(
+      const SchedulerOptions& options, const std::string& address,
+      std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials());
   ~SchedulerServer();
   int port() const { return port_; }
   std::shared_ptr<grpc::Channel> InProcessChannel();

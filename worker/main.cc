@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/util/log.h"
-#include "proto/wire/channel.h"
+#include "proto/wire/cli_flags.h"
 #include "worker/job.h"
 #include "worker/process.h"
 #include "worker/worker.h"
@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   std::string token = Env("FUSOR_TOKEN");
   app.add_option("--token", token, "a worker-role token of the scheduler (env FUSOR_TOKEN; prefer the env: "
                                    "arguments show in ps)");
+  fusor::wire::ClientTls tls;
+  fusor::wire::AddClientTlsFlags(app, tls);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -79,7 +81,12 @@ int main(int argc, char** argv) {
 
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
-  fusor::worker::Worker worker(fusor::wire::Dial(scheduler, token, args), options);
+  auto channel = fusor::wire::Dial(scheduler, token, tls, args);
+  if (!channel.ok()) {
+    log->error("{}", std::string(channel.status().message()));
+    return 2;
+  }
+  fusor::worker::Worker worker(*channel, options);
   if (absl::Status st = worker.Prepare(); !st.ok()) {
     log->error("cannot describe this machine: {}", st.ToString());
     return 1;

@@ -1,5 +1,5 @@
-// Client channels to a scheduler, with the bearer token (when there is
-// one) on every call.
+// Client channels to a scheduler: TLS (optionally with a client
+// certificate) and the bearer token (when there is one) on every call.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -7,11 +7,28 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
+
 namespace fusor::wire {
 
+struct ClientTls {
+  bool enabled = false;         // TLS on; implied by ca_file
+  std::string ca_file;          // PEM roots for the scheduler's certificate (default: the system's)
+  std::string cert_file;        // PEM certificate and key for mutual TLS
+  std::string key_file;
+  std::string server_name;      // name to verify instead of the address's host
+  bool on() const { return enabled || !ca_file.empty() || !cert_file.empty(); }
+};
+
 // A channel to host:port that sends `authorization: Bearer <token>` with
-// every call when `token` is not empty. Plaintext (TLS is not built yet).
-std::shared_ptr<grpc::Channel> Dial(const std::string& address, const std::string& token,
-                                    const grpc::ChannelArguments& args = grpc::ChannelArguments());
+// every call when `token` is not empty. INVALID_ARGUMENT for unreadable or
+// incomplete TLS files. Warns when a token would cross a network in
+// plaintext (TLS off, address not loopback).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, const std::string& token,
+                                                    const ClientTls& tls = {},
+                                                    grpc::ChannelArguments args = grpc::ChannelArguments());
+
+// Whether host:port names this machine (localhost, 127.x, ::1).
+bool IsLoopbackAddress(const std::string& address);
 
 }  // namespace fusor::wire

@@ -109,13 +109,15 @@ class E2eTest : public ::testing::Test {
   }
 
   // A scheduler on the test's database, on `listen` (default: a free port);
-  // without tokens unless `tokens`.
-  void StartScheduler(const std::string& listen = "127.0.0.1:0", bool tokens = false) {
+  // without tokens unless `tokens`; `extra` flags appended.
+  void StartScheduler(const std::string& listen = "127.0.0.1:0", bool tokens = false,
+                      const std::vector<std::string>& extra = {}) {
     static int n = 0;
     std::vector<std::string> argv = {kBin + "/server/fusor-scheduler", "--listen", listen, "--db", db_path_,
                                      "--lease-seconds", "2", "--heartbeat-seconds", "0.3", "--worker-timeout-seconds",
                                      "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120"};
     if (!tokens) argv.push_back("--insecure");
+    argv.insert(argv.end(), extra.begin(), extra.end());
     scheduler_ = std::make_unique<Daemon>(argv, (dir_ / ("scheduler" + std::to_string(++n) + ".log")).string());
     std::smatch match;
     std::regex port_re("listening on port (\\d+)");
@@ -146,10 +148,29 @@ class E2eTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  std::unique_ptr<Daemon> StartWorker(const std::string& name) {
-    return std::make_unique<Daemon>(std::vector<std::string>{kBin + "/worker/fusor-worker", "--scheduler", address_,
-                                                             "--name", name, "--calibration-seconds", "0.05"},
-                                    (dir_ / (name + ".log")).string());
+  std::unique_ptr<Daemon> StartWorker(const std::string& name, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {kBin + "/worker/fusor-worker", "--scheduler", address_, "--name", name,
+                                     "--calibration-seconds", "0.05"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Daemon>(argv, (dir_ / (name + ".log")).string());
+  }
+
+  // A new token of `role` on the test's database.
+  std::string CreateToken(const std::string& role, const std::string& name) {
+    auto [rc, out] = Cli({"--db", db_path_, "admin", "token", "create", "--role", role, "--name", name});
+    EXPECT_EQ(rc, 0) << out;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(out, m, std::regex("fusor_[0-9a-f]{40}"))) << out;
+    return m.empty() ? std::string() : m[0].str();
+  }
+
+  // Runs a command through /bin/sh (bounded); exit code and output.
+  std::pair<int, std::string> Shell(const std::string& command) {
+    static int n = 0;
+    Daemon sh({"/bin/sh", "-c", command}, (dir_ / ("sh" + std::to_string(++n) + ".log")).string());
+    std::optional<int> rc = sh.Wait(std::chrono::seconds(60));
+    EXPECT_TRUE(rc.has_value()) << command;
+    return {rc.value_or(-1), sh.Log()};
   }
 
   // The CLI in the background: against the scheduler, or (args starting
@@ -406,14 +427,8 @@ TEST_F(E2eTest, TokensGateEveryCallByRole) {
   scheduler_->Signal(SIGTERM);
   ASSERT_TRUE(scheduler_->Wait(std::chrono::seconds(20)).has_value());
   StartScheduler("127.0.0.1:0", /*tokens=*/true);
-  auto token = [&](const std::string& role) {
-    auto [rc, out] = Cli({"--db", db_path_, "admin", "token", "create", "--role", role, "--name", role + "-1"});
-    EXPECT_EQ(rc, 0) << out;
-    std::smatch m;
-    EXPECT_TRUE(std::regex_search(out, m, std::regex("fusor_[0-9a-f]{40}"))) << out;
-    return m.empty() ? std::string() : m[0].str();
-  };
-  const std::string worker_token = token("worker"), client_token = token("client"), admin_token = token("admin");
+  const std::string worker_token = CreateToken("worker", "worker-1"), client_token = CreateToken("client", "client-1"),
+                    admin_token = CreateToken("admin", "admin-1");
   EXPECT_THAT(scheduler_->Log(), HasSubstr("tokens required"));
 
   setenv("FUSOR_TOKEN", worker_token.c_str(), 1);
@@ -436,7 +451,7 @@ TEST_F(E2eTest, TokensGateEveryCallByRole) {
   ASSERT_EQ(tuned.first, 0) << tuned.second;
   // A client can never report a measurement, even for a job it names.
   const auto after = TableCounts();
-  auto stub = v1::WorkerService::NewStub(wire::Dial(address_, client_token));
+  auto stub = v1::WorkerService::NewStub(*wire::Dial(address_, client_token));
   grpc::ClientContext ctx;
   v1::ReportRequest report;
   report.set_worker_id(TryQuery("SELECT id FROM workers").value_or("w"));
@@ -461,6 +476,85 @@ TEST_F(E2eTest, TokensGateEveryCallByRole) {
   EXPECT_THAT(list.second, HasSubstr("revoked"));
   EXPECT_EQ(list.second.find(client_token), std::string::npos);  // only hashes are kept
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tokens WHERE hash LIKE 'fusor_%'"), 0);
+}
+
+// Mutual TLS with tokens on the gRPC and the metrics port: only callers
+// that trust the scheduler's CA and present a certificate signed by the
+// client CA get through, and refusals change nothing.
+TEST_F(E2eTest, MutualTlsOnEveryPort) {
+  const std::string certs = (dir_ / "certs").string(), rogue = (dir_ / "rogue").string();
+  const std::string make = std::string(FUSOR_SOURCE_DIR) + "/deploy/make-certs.sh ";
+  ASSERT_EQ(Shell(make + certs).first, 0);
+  ASSERT_EQ(Shell(make + rogue).first, 0);
+  scheduler_->Signal(SIGTERM);
+  ASSERT_TRUE(scheduler_->Wait(std::chrono::seconds(20)).has_value());
+
+  // A key that is not the certificate's is refused at start, clearly.
+  Daemon mismatched({kBin + "/server/fusor-scheduler", "--listen", "127.0.0.1:0", "--db", db_path_, "--tls-cert",
+                     certs + "/scheduler.pem", "--tls-key", rogue + "/scheduler.key"},
+                    (dir_ / "mismatched.log").string());
+  EXPECT_EQ(mismatched.Wait(std::chrono::seconds(30)), std::optional<int>(2));
+  EXPECT_THAT(mismatched.Log(), HasSubstr("does not belong to --tls-cert"));
+
+  StartScheduler("127.0.0.1:0", /*tokens=*/true,
+                 {"--tls-cert", certs + "/scheduler.pem", "--tls-key", certs + "/scheduler.key", "--tls-client-ca",
+                  certs + "/ca.pem", "--metrics-listen", "127.0.0.1:0"});
+  EXPECT_THAT(scheduler_->Log(), HasSubstr("client certificates required (mutual TLS)"));
+  std::smatch m;
+  const std::string log = scheduler_->Log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("metrics on port (\\d+)"))) << log;
+  const std::string metrics_url = "https://127.0.0.1:" + m[1].str() + "/metrics";
+  const std::string worker_token = CreateToken("worker", "gpu-pool"), client_token = CreateToken("client", "alice");
+  const std::vector<std::string> good = {"--tls-ca", certs + "/ca.pem", "--tls-cert", certs + "/client.pem",
+                                         "--tls-key", certs + "/client.key"};
+  worker_a_ = StartWorker("A", [&] {
+    auto args = good;
+    args.insert(args.end(), {"--token", worker_token});
+    return args;
+  }());
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
+                      std::chrono::seconds(60)))
+      << worker_a_->Log();
+
+  const std::string spec = WriteFile("attention.fusor", kChain);
+  const auto before = TableCounts();
+  auto with = [&](std::vector<std::string> tls) {
+    tls.insert(tls.end(), {"--token", client_token, "tune", spec, "--budget", "2"});
+    return Cli(tls);
+  };
+  auto plaintext = with({});
+  EXPECT_EQ(plaintext.first, 1);
+  EXPECT_THAT(plaintext.second, HasSubstr("A scheduler serving TLS needs --tls-ca"));
+  auto no_client_cert = with({"--tls-ca", certs + "/ca.pem"});
+  EXPECT_EQ(no_client_cert.first, 1);
+  EXPECT_THAT(no_client_cert.second, HasSubstr("UNAVAILABLE"));
+  auto foreign_client_cert =
+      with({"--tls-ca", certs + "/ca.pem", "--tls-cert", rogue + "/client.pem", "--tls-key", rogue + "/client.key"});
+  EXPECT_EQ(foreign_client_cert.first, 1);
+  auto untrusted_server =
+      with({"--tls-ca", rogue + "/ca.pem", "--tls-cert", certs + "/client.pem", "--tls-key", certs + "/client.key"});
+  EXPECT_EQ(untrusted_server.first, 1);
+  auto half = with({"--tls-ca", certs + "/ca.pem", "--tls-cert", certs + "/client.pem"});
+  EXPECT_EQ(half.first, 1);
+  EXPECT_THAT(half.second, HasSubstr("needs both --tls-cert and --tls-key"));
+  EXPECT_EQ(TableCounts(), before);
+
+  auto tuned = with(good);
+  ASSERT_EQ(tuned.first, 0) << tuned.second;
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 1);
+  auto probe = good;
+  probe.push_back("health");
+  auto healthy = Cli(probe);
+  EXPECT_EQ(healthy.first, 0) << healthy.second;
+  EXPECT_THAT(healthy.second, HasSubstr("SERVING"));
+
+  // The metrics port: HTTPS, and only with a client certificate.
+  auto scraped = Shell("curl -sS --max-time 10 --cacert " + certs + "/ca.pem --cert " + certs + "/client.pem --key " +
+                       certs + "/client.key " + metrics_url);
+  EXPECT_EQ(scraped.first, 0) << scraped.second;
+  EXPECT_THAT(scraped.second, HasSubstr("fusor_tasks{state=\"done\"} 1"));
+  EXPECT_NE(Shell("curl -sS --max-time 10 --cacert " + certs + "/ca.pem " + metrics_url).first, 0);
+  EXPECT_NE(Shell("curl -sS --max-time 10 http://" + metrics_url.substr(8)).first, 0);
 }
 
 // Many clients at once, cache hits and new tasks mixed: every one succeeds.
