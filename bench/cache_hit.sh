@@ -1,18 +1,75 @@
 #!/usr/bin/env bash
-# Cache-hit Compile over loopback: starts a scheduler and one worker on
-# 127.0.0.1 with a fresh database, tunes one workload once, then runs
-# fusor-bench-cache-hit with 8 concurrent clients. Usage: bench/cache_hit.sh [seconds]
+# Cache-hit Compile over loopback, plaintext against TLS + tokens: for each
+# setup, starts a scheduler and one worker on 127.0.0.1 with a fresh
+# database on disk, tunes one workload once, then runs
+# fusor-bench-cache-hit with 8 concurrent clients for SECONDS; then a
+# sustained run (WINDOWS windows of SECONDS, mutual TLS + tokens) showing
+# whether the rate holds, with the scheduler's peak RSS.
+# Usage: bench/cache_hit.sh [SECONDS] [WINDOWS]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/build"
 seconds="${1:-10}"
-work="$(mktemp -d)"
+windows="${2:-6}"
+work="$(mktemp -d "${FUSOR_BENCH_DIR:-$root/build}/cache-hit.XXXXXX")"  # on disk, not tmpfs
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-"$bin/server/fusor-scheduler" --listen 127.0.0.1:0 --db "$work/t.db" --insecure --log-level warn > "$work/scheduler.log" 2>&1 &
-for _ in $(seq 100); do grep -q "listening on port" "$work/scheduler.log" && break; sleep 0.1; done
-port="$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$work/scheduler.log")"
-"$bin/worker/fusor-worker" --scheduler "127.0.0.1:$port" --log-level warn > "$work/worker.log" 2>&1 &
-for _ in $(seq 300); do "$bin/client/fusor" --server "127.0.0.1:$port" workers | grep -q alive && break; sleep 0.1; done
 workload="$root/examples/bert_base_attention.fusor"
-"$bin/client/fusor" --server "127.0.0.1:$port" tune "$workload" --budget 2 > /dev/null
-"$bin/bench/fusor-bench-cache-hit" --server "127.0.0.1:$port" --workload "$workload" --clients 8 --seconds "$seconds"
+"$root/deploy/make-certs.sh" "$work/certs" > /dev/null
+
+# setup NAME: a scheduler (and worker) for NAME in $work/NAME; sets $port,
+# $scheduler_pid and the client flags in $flags.
+setup() {
+  local dir="$work/$1" server_flags=() tls=() worker_token=() client_token=()
+  mkdir -p "$dir"
+  case "$1" in
+    plaintext) server_flags=(--insecure) ;;
+    tls-tokens | mtls-tokens)
+      server_flags=(--tls-cert "$work/certs/scheduler.pem" --tls-key "$work/certs/scheduler.key")
+      tls=(--tls-ca "$work/certs/ca.pem")
+      if [ "$1" = mtls-tokens ]; then
+        server_flags+=(--tls-client-ca "$work/certs/ca.pem")
+        tls+=(--tls-cert "$work/certs/client.pem" --tls-key "$work/certs/client.key")
+      fi
+      local wt ct
+      wt="$("$bin/client/fusor" --db "$dir/t.db" admin token create --role worker --name w 2> /dev/null)"
+      ct="$("$bin/client/fusor" --db "$dir/t.db" admin token create --role client --name c 2> /dev/null)"
+      worker_token=(--token "$wt")
+      client_token=(--token "$ct")
+      ;;
+  esac
+  flags=("${tls[@]}" "${client_token[@]}")
+  "$bin/server/fusor-scheduler" --listen 127.0.0.1:0 --db "$dir/t.db" --log-level warn "${server_flags[@]}" \
+    > "$dir/scheduler.log" 2>&1 &
+  scheduler_pid=$!
+  for _ in $(seq 100); do grep -q "listening on port" "$dir/scheduler.log" && break; sleep 0.1; done
+  port="$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$dir/scheduler.log")"
+  "$bin/worker/fusor-worker" --scheduler "127.0.0.1:$port" --log-level warn "${tls[@]}" "${worker_token[@]}" \
+    > "$dir/worker.log" 2>&1 &
+  for _ in $(seq 300); do
+    "$bin/client/fusor" --server "127.0.0.1:$port" "${flags[@]}" workers 2> /dev/null | grep -q alive && break
+    sleep 0.1
+  done
+  "$bin/client/fusor" --server "127.0.0.1:$port" "${flags[@]}" tune "$workload" --budget 2 > /dev/null
+}
+
+bench() {
+  "$bin/bench/fusor-bench-cache-hit" --server "127.0.0.1:$port" --workload "$workload" --clients 8 "${flags[@]}" "$@"
+}
+
+header=--header
+for name in plaintext tls-tokens mtls-tokens; do
+  setup "$name"
+  bench --seconds "$seconds" --label "$name" $header
+  header=""
+  kill "$scheduler_pid"
+done
+
+echo
+echo "sustained, mutual TLS + tokens, database on disk ($windows x $seconds s):"
+setup mtls-tokens
+header=--header
+for i in $(seq "$windows"); do
+  bench --seconds "$seconds" --label "window $i" $header
+  header=""
+done
+echo "scheduler peak RSS: $(awk '/VmHWM/ {printf "%.0f MB", $2 / 1024}' "/proc/$scheduler_pid/status")"

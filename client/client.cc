@@ -30,7 +30,7 @@ absl::StatusOr<v1::TuneResult> Client::Tune(const v1::TuneRequest& request,
     if (event.has_result()) result = event.result();
   }
   grpc::Status st = reader->Finish();
-  if (!st.ok()) return wire::FromGrpcStatus(st);
+  if (!st.ok()) return wire::FromGrpcStatus(st, ctx);
   if (!result) return absl::InternalError("the scheduler ended the stream without a result");
   return *result;
 }
@@ -40,7 +40,7 @@ absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& re
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   v1::CompileResponse resp;
   grpc::Status st = stub_->Compile(&ctx, request, &resp);
-  if (!st.ok()) return wire::FromGrpcStatus(st);
+  if (!st.ok()) return wire::FromGrpcStatus(st, ctx);
   return resp;
 }
 
@@ -98,7 +98,7 @@ absl::StatusOr<v1::SweepReport> Client::Sweep(const v1::SweepRequest& request,
     if (event.has_report()) report = event.report();
   }
   grpc::Status st = reader->Finish();
-  if (!st.ok()) return wire::FromGrpcStatus(st);
+  if (!st.ok()) return wire::FromGrpcStatus(st, ctx);
   if (!report) return absl::InternalError("the scheduler ended the sweep's stream without a report");
   return *report;
 }
@@ -129,6 +129,95 @@ absl::StatusOr<v1::Workload> ReadWorkloadFile(const std::string& path) {
                                                    ": ", st.message().as_string()));
   }
   return workload;
+}
+
+namespace {
+
+// Token calls are quick; moving records or a database may take a while.
+constexpr absl::Duration kAdminCall = absl::Seconds(30);
+constexpr absl::Duration kAdminTransfer = absl::Hours(1);
+
+void SetDeadline(grpc::ClientContext& ctx, absl::Duration d) { ctx.set_deadline(absl::ToChronoTime(absl::Now() + d)); }
+
+}  // namespace
+
+absl::StatusOr<v1::CreateTokenResponse> AdminClient::CreateToken(const std::string& role, const std::string& name) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, kAdminCall);
+  v1::CreateTokenRequest req;
+  req.set_role(role);
+  req.set_name(name);
+  v1::CreateTokenResponse resp;
+  grpc::Status st = stub_->CreateToken(&ctx, req, &resp);
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp;
+}
+
+absl::StatusOr<v1::ListTokensResponse> AdminClient::ListTokens() {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, kAdminCall);
+  v1::ListTokensResponse resp;
+  grpc::Status st = stub_->ListTokens(&ctx, v1::ListTokensRequest(), &resp);
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp;
+}
+
+absl::Status AdminClient::RevokeToken(const std::string& id) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, kAdminCall);
+  v1::RevokeTokenRequest req;
+  req.set_id(id);
+  v1::RevokeTokenResponse resp;
+  return wire::FromGrpcStatus(stub_->RevokeToken(&ctx, req, &resp));
+}
+
+absl::Status AdminClient::ExportRecords(const v1::ExportRecordsRequest& request,
+                                        const std::function<void(const std::string&)>& line) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, kAdminTransfer);
+  auto reader = stub_->ExportRecords(&ctx, request);
+  v1::RecordLines batch;
+  while (reader->Read(&batch)) {
+    for (const std::string& l : batch.lines()) line(l);
+  }
+  return wire::FromGrpcStatus(reader->Finish());
+}
+
+absl::StatusOr<v1::ImportRecordsResponse> AdminClient::ImportRecords(const std::vector<std::string>& lines) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, kAdminTransfer);
+  v1::ImportRecordsResponse resp;
+  auto writer = stub_->ImportRecords(&ctx, &resp);
+  v1::RecordLines batch;
+  size_t bytes = 0;
+  bool open = true;
+  for (size_t i = 0; i < lines.size() && open; ++i) {
+    batch.add_lines(lines[i]);
+    bytes += lines[i].size();
+    if (bytes >= (256 << 10) || i + 1 == lines.size()) {
+      open = writer->Write(batch);
+      batch.Clear();
+      bytes = 0;
+    }
+  }
+  writer->WritesDone();
+  grpc::Status st = writer->Finish();
+  if (!st.ok()) return wire::FromGrpcStatus(st);
+  return resp;
+}
+
+absl::Status AdminClient::Backup(const std::function<bool(const std::string&)>& chunk) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, kAdminTransfer);
+  auto reader = stub_->Backup(&ctx, v1::BackupRequest());
+  v1::BackupChunk c;
+  while (reader->Read(&c)) {
+    if (!chunk(c.data())) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  return wire::FromGrpcStatus(reader->Finish());
 }
 
 }  // namespace fusor::client

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "fusor/v1/admin.grpc.pb.h"
 #include "fusor/v1/scheduler.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "proto/wire/retry.h"
@@ -42,6 +43,24 @@ class Client {
   std::unique_ptr<v1::Scheduler::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   wire::RetryPolicy retry_;
+};
+
+// The Admin service of a scheduler (admin-role token).
+class AdminClient {
+ public:
+  explicit AdminClient(std::shared_ptr<grpc::Channel> channel) : stub_(v1::Admin::NewStub(channel)) {}
+  absl::StatusOr<v1::CreateTokenResponse> CreateToken(const std::string& role, const std::string& name);
+  absl::StatusOr<v1::ListTokensResponse> ListTokens();
+  absl::Status RevokeToken(const std::string& id);
+  // `line` sees every record line.
+  absl::Status ExportRecords(const v1::ExportRecordsRequest& request,
+                             const std::function<void(const std::string&)>& line);
+  absl::StatusOr<v1::ImportRecordsResponse> ImportRecords(const std::vector<std::string>& lines);
+  // `chunk` sees the database copy's bytes in order; false stops.
+  absl::Status Backup(const std::function<bool(const std::string&)>& chunk);
+
+ private:
+  std::unique_ptr<v1::Admin::Stub> stub_;
 };
 
 // Reads a workload file (chain text, or JSON of a fusor.v1.Workload or

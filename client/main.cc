@@ -35,6 +35,7 @@
 #include "common/util/paths.h"
 #include "proto/wire/cli_flags.h"
 #include "proto/wire/convert.h"
+#include "proto/wire/grpc_status.h"
 #include "server/auth.h"
 #include "server/db/tuning_db.h"
 #include "worker/cpu/cpu_target.h"
@@ -61,6 +62,7 @@ std::string unavailable_hint;
 int Fail(const absl::Status& st) {
   std::cerr << "fusor: " << st.message() << " [" << absl::StatusCodeToString(st.code()) << "]\n";
   if (absl::IsUnavailable(st) && !unavailable_hint.empty()) std::cerr << "fusor: " << unavailable_hint << "\n";
+  if (fusor::wire::RetryAfter(st)) return 4;  // over a quota: worth retrying after the hint
   return absl::IsNotFound(st) ? 3 : 1;
 }
 
@@ -75,6 +77,18 @@ struct GlobalOptions {
   double calibration_s = 0.3;
   bool verbose = false;
 };
+
+// A channel to --server, with the hint said after UNAVAILABLE.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> DialServer(const GlobalOptions& g) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto dialed = fusor::wire::Dial(g.server, g.token, g.tls, args);
+  unavailable_hint = g.tls.on()
+                         ? "is " + g.server + " up, serving TLS with a certificate --tls-ca signed for that name? "
+                                              "A scheduler with mutual TLS also needs --tls-cert and --tls-key"
+                         : "is " + g.server + " up? A scheduler serving TLS needs --tls-ca (or --tls)";
+  return dialed;
+}
 
 fusor::v1::TargetSelector Selector(const GlobalOptions& g) {
   fusor::v1::TargetSelector s;
@@ -207,7 +221,7 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
   std::unique_ptr<fusor::client::Embedded> embedded;
   std::shared_ptr<grpc::Channel> channel;
   if (!g.server.empty()) {
-    auto dialed = fusor::wire::Dial(g.server, g.token, g.tls);
+    auto dialed = DialServer(g);
     if (!dialed.ok()) return dialed.status();
     channel = *dialed;
   } else {
@@ -366,22 +380,21 @@ int Sweep(Client& client, const GlobalOptions& g, const fusor::client::Manifest&
 
 // records / db: straight on the database file, no scheduler (a running
 // one may keep it: reads and SQLite's online backup do not disturb it).
-absl::Status LocalOnly(const GlobalOptions& g) {
-  if (g.server.empty()) return absl::OkStatus();
-  return absl::UnimplementedError(
-      "records and db work on a database file (--db, on the scheduler's host); over the network they need the "
-      "admin role, which is not built yet");
+// records, db and admin: the scheduler's Admin service with --server (an
+// admin token), else the --db file itself.
+absl::StatusOr<std::unique_ptr<fusor::client::AdminClient>> RemoteAdmin(const GlobalOptions& g) {
+  auto channel = DialServer(g);
+  if (!channel.ok()) return channel.status();
+  return std::make_unique<fusor::client::AdminClient>(*channel);
 }
 
 // The database, created if missing (import, tokens).
 absl::StatusOr<std::unique_ptr<fusor::db::TuningDb>> OpenOrCreate(const GlobalOptions& g) {
-  if (absl::Status st = LocalOnly(g); !st.ok()) return st;
   if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return st;
   return fusor::db::TuningDb::Open(g.db_path);
 }
 
 absl::StatusOr<std::unique_ptr<fusor::db::TuningDb>> OpenExisting(const GlobalOptions& g) {
-  if (absl::Status st = LocalOnly(g); !st.ok()) return st;
   if (!std::filesystem::is_regular_file(g.db_path)) {
     return absl::NotFoundError(absl::StrCat("no tuning database at ", g.db_path));
   }
@@ -389,8 +402,6 @@ absl::StatusOr<std::unique_ptr<fusor::db::TuningDb>> OpenExisting(const GlobalOp
 }
 
 int ExportRecords(const GlobalOptions& g, const std::string& workload, const std::string& out_path) {
-  auto db = OpenExisting(g);
-  if (!db.ok()) return Fail(db.status());
   std::ofstream file;
   if (!out_path.empty()) {
     file.open(out_path, std::ios::trunc);
@@ -398,10 +409,23 @@ int ExportRecords(const GlobalOptions& g, const std::string& workload, const std
   }
   std::ostream& out = out_path.empty() ? std::cout : file;
   int64_t n = 0;
-  absl::Status st = (*db)->ExportRecords({g.target_fp, workload}, [&](const std::string& line) {
+  auto write = [&](const std::string& line) {
     out << line << '\n';
     ++n;
-  });
+  };
+  absl::Status st;
+  if (!g.server.empty()) {
+    auto admin = RemoteAdmin(g);
+    if (!admin.ok()) return Fail(admin.status());
+    fusor::v1::ExportRecordsRequest req;
+    req.set_target_fingerprint(g.target_fp);
+    req.set_workload_key(workload);
+    st = (*admin)->ExportRecords(req, write);
+  } else {
+    auto db = OpenExisting(g);
+    if (!db.ok()) return Fail(db.status());
+    st = (*db)->ExportRecords({g.target_fp, workload}, write);
+  }
   if (!st.ok()) return Fail(st);
   out.flush();
   if (!out) return Fail(absl::InternalError("writing the records failed"));
@@ -412,57 +436,119 @@ int ExportRecords(const GlobalOptions& g, const std::string& workload, const std
 int ImportRecords(const GlobalOptions& g, const std::string& path) {
   auto text = fusor::ReadFile(path);
   if (!text.ok()) return Fail(text.status());
-  auto db = OpenOrCreate(g);
-  if (!db.ok()) return Fail(db.status());
   std::vector<std::string> lines = absl::StrSplit(*text, '\n');
-  auto stats = (*db)->ImportRecords(lines, NowMs());
-  if (!stats.ok()) return Fail(absl::Status(stats.status().code(), absl::StrCat(path, ": ", stats.status().message())));
+  fusor::db::ImportStats stats;
+  if (!g.server.empty()) {
+    auto admin = RemoteAdmin(g);
+    if (!admin.ok()) return Fail(admin.status());
+    auto resp = (*admin)->ImportRecords(lines);
+    if (!resp.ok()) return Fail(absl::Status(resp.status().code(), absl::StrCat(path, ": ", resp.status().message())));
+    stats = {resp->records(), resp->added(), resp->duplicates(), resp->best_updated()};
+  } else {
+    auto db = OpenOrCreate(g);
+    if (!db.ok()) return Fail(db.status());
+    auto local = (*db)->ImportRecords(lines, NowMs());
+    if (!local.ok()) return Fail(absl::Status(local.status().code(), absl::StrCat(path, ": ", local.status().message())));
+    stats = *local;
+  }
   std::cout << absl::StrFormat("imported %s into %s: %d records, %d new measurements, %d already here, "
                                "%d best records changed\n",
-                               path, g.db_path, stats->records, stats->added, stats->duplicates, stats->best_updated);
+                               path, g.server.empty() ? g.db_path : g.server, stats.records, stats.added,
+                               stats.duplicates, stats.best_updated);
   return 0;
 }
 
 int Backup(const GlobalOptions& g, const std::string& to) {
   if (std::filesystem::exists(to)) return Fail(absl::AlreadyExistsError(absl::StrCat(to, " exists; not overwritten")));
-  auto db = OpenExisting(g);
-  if (!db.ok()) return Fail(db.status());
-  if (absl::Status st = (*db)->BackupTo(to); !st.ok()) return Fail(st);
+  if (!g.server.empty()) {
+    // Streamed into TO.part, renamed once whole and checked.
+    auto admin = RemoteAdmin(g);
+    if (!admin.ok()) return Fail(admin.status());
+    const std::string part = to + ".part";
+    std::ofstream out(part, std::ios::binary | std::ios::trunc);
+    if (!out) return Fail(absl::PermissionDeniedError(absl::StrCat("cannot write ", part)));
+    absl::Status st = (*admin)->Backup([&](const std::string& chunk) { return static_cast<bool>(out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()))); });
+    out.close();
+    if (st.ok() && !out) st = absl::InternalError(absl::StrCat("writing ", part, " failed"));
+    if (!st.ok()) {
+      std::filesystem::remove(part);
+      return Fail(st);
+    }
+    std::filesystem::rename(part, to);
+  } else {
+    auto db = OpenExisting(g);
+    if (!db.ok()) return Fail(db.status());
+    if (absl::Status st = (*db)->BackupTo(to); !st.ok()) return Fail(st);
+  }
   auto copy = fusor::db::TuningDb::Open(to);  // checks the copy's integrity
   if (!copy.ok()) return Fail(copy.status());
   auto n = (*copy)->CountMeasurements();
   if (!n.ok()) return Fail(n.status());
-  std::cout << "backed up " << g.db_path << " to " << to << " (" << *n << " measurements, "
-            << std::filesystem::file_size(to) << " bytes, integrity checked)\n";
+  std::cout << "backed up " << (g.server.empty() ? g.db_path : g.server) << " to " << to << " (" << *n
+            << " measurements, " << std::filesystem::file_size(to) << " bytes, integrity checked)\n";
   return 0;
+}
+
+void PrintTokens(const std::vector<fusor::db::TokenRow>& tokens) {
+  std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", "ID", "ROLE", "NAME", "STATE");
+  for (const auto& t : tokens) {
+    std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", t.id, t.role, t.name, t.revoked_ms ? "revoked" : "active");
+  }
 }
 
 int AdminToken(const GlobalOptions& g, const std::string& action, const std::string& role_name,
                const std::string& name, const std::string& id) {
-  auto db = OpenOrCreate(g);
-  if (!db.ok()) return Fail(db.status());
+  std::unique_ptr<fusor::db::TuningDb> db;
+  std::unique_ptr<fusor::client::AdminClient> admin;
+  if (!g.server.empty()) {
+    auto remote = RemoteAdmin(g);
+    if (!remote.ok()) return Fail(remote.status());
+    admin = std::move(*remote);
+  } else {
+    auto local = OpenOrCreate(g);
+    if (!local.ok()) return Fail(local.status());
+    db = std::move(*local);
+  }
   if (action == "create") {
-    auto role = fusor::server::ParseRole(role_name);
-    if (!role.ok()) return Fail(role.status());
-    auto created = fusor::server::CreateToken(**db, *role, name, NowMs());
-    if (!created.ok()) return Fail(created.status());
-    std::cerr << "token " << created->first.id << " (" << role_name << ", '" << name
+    std::string token_id, token;
+    if (admin) {
+      auto created = admin->CreateToken(role_name, name);
+      if (!created.ok()) return Fail(created.status());
+      token_id = created->info().id();
+      token = created->token();
+    } else {
+      auto role = fusor::server::ParseRole(role_name);
+      if (!role.ok()) return Fail(role.status());
+      auto created = fusor::server::CreateToken(*db, *role, name, NowMs());
+      if (!created.ok()) return Fail(created.status());
+      token_id = created->first.id;
+      token = created->second;
+    }
+    std::cerr << "token " << token_id << " (" << role_name << ", '" << name
               << "'); it is shown once, only its hash is kept:\n";
-    std::cout << created->second << "\n";
+    std::cout << token << "\n";
     return 0;
   }
   if (action == "revoke") {
-    absl::Status st = (*db)->RevokeToken(id, NowMs());
+    absl::Status st = admin ? admin->RevokeToken(id) : db->RevokeToken(id, NowMs());
     if (!st.ok()) return Fail(st);
     std::cout << "revoked " << id << "\n";
     return 0;
   }
-  auto tokens = (*db)->ListTokens();
-  if (!tokens.ok()) return Fail(tokens.status());
-  std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", "ID", "ROLE", "NAME", "STATE");
-  for (const auto& t : *tokens) {
-    std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", t.id, t.role, t.name, t.revoked_ms ? "revoked" : "active");
+  std::vector<fusor::db::TokenRow> tokens;
+  if (admin) {
+    auto list = admin->ListTokens();
+    if (!list.ok()) return Fail(list.status());
+    for (const auto& t : list->tokens()) {
+      tokens.push_back({t.id(), t.name(), t.role(), "", t.created_unix_ms(),
+                        t.revoked_unix_ms() ? std::optional<int64_t>(t.revoked_unix_ms()) : std::nullopt});
+    }
+  } else {
+    auto list = db->ListTokens();
+    if (!list.ok()) return Fail(list.status());
+    tokens = std::move(*list);
   }
+  PrintTokens(tokens);
   return 0;
 }
 
@@ -662,15 +748,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<fusor::client::Embedded> embedded;
   std::shared_ptr<grpc::Channel> channel;
   if (!g.server.empty()) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(64 << 20);
-    auto dialed = fusor::wire::Dial(g.server, g.token, g.tls, args);
+    auto dialed = DialServer(g);
     if (!dialed.ok()) return Fail(dialed.status());
     channel = *dialed;
-    unavailable_hint = g.tls.on()
-                           ? "is " + g.server + " up, serving TLS with a certificate --tls-ca signed for that name? "
-                                                "A scheduler with mutual TLS also needs --tls-cert and --tls-key"
-                           : "is " + g.server + " up? A scheduler serving TLS needs --tls-ca (or --tls)";
   } else {
     if (absl::Status st = fusor::EnsureParentDirectory(g.db_path); !st.ok()) return Fail(st);
     fusor::server::SchedulerOptions options;

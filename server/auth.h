@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/db/tuning_db.h"
+#include "server/scheduler.h"
 
 namespace fusor::server {
 
@@ -35,8 +36,11 @@ class Authenticator {
   explicit Authenticator(db::TuningDb* db) : db_(db) {}
   bool enabled() const { return db_ != nullptr; }
   // UNAUTHENTICATED without a valid, unrevoked token; PERMISSION_DENIED
-  // when its role is not one of `roles` (admin counts as client).
-  grpc::Status Check(const grpc::ServerContext& ctx, std::initializer_list<Role> roles) const;
+  // when its role is not one of `roles` (admin counts as client). Sets
+  // `caller` (when given) to the token's id and name, or, without tokens,
+  // to the peer's address without its port.
+  grpc::Status Check(const grpc::ServerContext& ctx, std::initializer_list<Role> roles,
+                     Caller* caller = nullptr) const;
 
  private:
   db::TuningDb* db_;

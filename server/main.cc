@@ -44,6 +44,20 @@ int main(int argc, char** argv) {
   app.add_option("--sweep-parallel", options.sweep_parallel, "chains of one sweep tuned at once")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  app.add_option("--max-budget", options.max_budget, "most candidates one task may ask for")->capture_default_str();
+  app.add_option("--max-ops", options.max_ops, "largest chain accepted, in ops (0: no limit)")->capture_default_str();
+  app.add_option("--max-tensor-elements", options.max_tensor_elements,
+                 "largest tensor accepted, in elements (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-tasks-per-client", options.max_tasks_per_client,
+                 "running tasks one client (token) may have started (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-candidates-per-client", options.max_candidates_per_client,
+                 "candidates one client's running tasks may have yet to measure (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--max-sweeps-per-client", options.max_sweeps_per_client,
+                 "running sweeps one client may have started (0: no limit)")
+      ->capture_default_str();
   app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
   app.add_option("--job-timeout", job_timeout_s, "seconds a worker may spend on one job")->capture_default_str();
   bool insecure = false;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/codegen/cpu/cpu_codegen.h"
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
@@ -16,6 +18,7 @@
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
+#include "proto/wire/grpc_status.h"
 
 namespace fusor::server {
 
@@ -168,6 +171,21 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
 }
 
 absl::StatusOr<PreparedRequest> Scheduler::PrepareFor(const ir::Chain& chain, const std::string& target_fp) {
+  if (options_.max_ops > 0 && static_cast<int>(chain.ops.size()) > options_.max_ops) {
+    return absl::InvalidArgumentError(absl::StrCat("chain '", chain.name, "' has ", chain.ops.size(),
+                                                   " ops; this scheduler takes at most ", options_.max_ops,
+                                                   " (--max-ops)"));
+  }
+  for (const ir::Tensor& t : chain.tensors) {
+    double elements = 1;  // in double: the extents' product may not fit an int64
+    for (int64_t e : t.shape) elements *= static_cast<double>(e);
+    if (options_.max_tensor_elements > 0 && elements > static_cast<double>(options_.max_tensor_elements)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, " of chain '", chain.name, "' has ",
+                                                     absl::StrFormat("%.4g", elements),
+                                                     " elements; this scheduler takes at most ",
+                                                     options_.max_tensor_elements, " (--max-tensor-elements)"));
+    }
+  }
   PreparedRequest req;
   req.chain = chain;
   req.canonical = ir::Canonicalize(chain);
@@ -278,8 +296,39 @@ absl::StatusOr<v1::CompileResponse> Scheduler::BuildCompileResponse(const Prepar
   return resp;
 }
 
+absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
+  int tasks = 0, pending = 0;
+  double soonest_s = 0;  // estimated seconds until the caller's first task ends
+  const int64_t now = NowMs();
+  for (const auto& [id, t] : tasks_) {
+    if (t->row.state != "running" || t->row.client != caller.id) continue;
+    ++tasks;
+    const int measured = t->progress.measured() + t->progress.failed();
+    const int left = std::max(0, t->row.budget - measured);
+    pending += left;
+    // The task's own pace so far; half a minute before its first result.
+    const double eta = measured > 0 ? (now - t->row.created_ms) / 1e3 / measured * left : 30;
+    soonest_s = tasks == 1 ? eta : std::min(soonest_s, eta);
+  }
+  std::string over;
+  if (options_.max_tasks_per_client > 0 && tasks >= options_.max_tasks_per_client) {
+    over = absl::StrCat(tasks, " tasks running (at most ", options_.max_tasks_per_client, ")");
+  } else if (options_.max_candidates_per_client > 0 && pending + budget > options_.max_candidates_per_client) {
+    over = absl::StrCat(pending, " candidates still to measure, and this task would add ", budget, " (at most ",
+                        options_.max_candidates_per_client, ")");
+  }
+  if (over.empty()) return absl::OkStatus();
+  const absl::Duration after = absl::Seconds(std::clamp(std::ceil(soonest_s), 1.0, 600.0));
+  return wire::WithRetryAfter(
+      absl::ResourceExhaustedError(absl::StrCat("client '", caller.name, "' has ", over,
+                                                "; retry in about ", absl::FormatDuration(after),
+                                                ", when one of its tasks should have finished")),
+      after);
+}
+
 absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest& request,
-                                                         const v1::TuneOptions& options) {
+                                                         const v1::TuneOptions& options, const Caller& caller,
+                                                         bool counted) {
   const std::string& key = request.canonical.key;
   const std::string& fp = request.target_fp;
   TuneStart start;
@@ -300,8 +349,10 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
     }
   }
   const int budget = EffectiveBudget(options.budget());
+  if (counted) RETURN_IF_ERROR(CheckQuota(caller, budget));
   auto task = std::make_unique<Task>();
   task->row.id = NewId("t-");
+  task->row.client = caller.id;
   task->row.workload_key = key;
   task->row.target_fp = fp;
   task->row.salt = Salt();
@@ -340,9 +391,10 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->started.set_space_after_pruning(task->row.space_after_pruning);
   task->started.set_budget(budget);
   task->progress.set_budget(budget);
-  Log()->info("[task={}] started: workload {} ({}), target {}, space {} -> {} after pruning ({:.2f} s), budget {}",
-              task->row.id, key, request.chain.name, fp, stats.enumerated, stats.stages.back().remaining,
-              stats.seconds, budget);
+  Log()->info("[task={}] started for {}: workload {} ({}), target {}, space {} -> {} after pruning ({:.2f} s), "
+              "budget {}",
+              task->row.id, caller.name, key, request.chain.name, fp, stats.enumerated,
+              stats.stages.back().remaining, stats.seconds, budget);
   Task& t = *task;
   tasks_[task->row.id] = std::move(task);
   RETURN_IF_ERROR(Advance(t));
@@ -480,7 +532,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
   while (true) {
     const int64_t now = NowMs();
     ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs,
-                     db_->LeaseJobs(worker.id, worker.target_fp, max_jobs,
+                     db_->LeaseJobs(worker.id, worker.target_fp, max_jobs, now,
                                     now + absl::ToInt64Milliseconds(options_.lease), [this] { return NewId("l-"); }));
     if (!jobs.empty()) {
       std::lock_guard<std::mutex> lock(mu_);

@@ -35,6 +35,14 @@ namespace fusor::server {
 // Part of every cache key: bump it when a change makes old results wrong.
 inline constexpr char kEngineVersion[] = "fusor-engine-2";
 
+// Who is asking. Quotas and the fair sharing of workers count by `id` (a
+// token's id, or the peer's address when tokens are off); `name` is for
+// messages and logs.
+struct Caller {
+  std::string id;
+  std::string name;
+};
+
 struct SchedulerOptions {
   std::string db_path;
   // Appended to kEngineVersion in cache keys: a new salt starts a fresh
@@ -49,6 +57,14 @@ struct SchedulerOptions {
   absl::Duration reaper_interval = absl::Milliseconds(250);
   int max_attempts = 3;
   int sweep_parallel = 2;  // chains of one sweep tuned at once
+  // Request complexity: larger chains are refused with INVALID_ARGUMENT.
+  int max_ops = 32;
+  int64_t max_tensor_elements = int64_t{1} << 31;
+  // Per client (RESOURCE_EXHAUSTED with a retry hint beyond): running tasks
+  // it started, the candidates they have yet to measure, running sweeps.
+  int max_tasks_per_client = 8;
+  int max_candidates_per_client = 2048;
+  int max_sweeps_per_client = 2;
   // Every network call needs a bearer token of the right role (server/auth).
   bool require_tokens = false;
   v1::MeasureOptions measure;  // zero fields take the defaults in Create
@@ -95,13 +111,18 @@ class Scheduler {
   absl::StatusOr<v1::Target> TargetProto(const std::string& fp);
   // The cached result (translated), or NOT_FOUND.
   absl::StatusOr<v1::TuneResult> Lookup(const PreparedRequest& request);
-  // Starts a task (or joins the running one for the same key). When the
-  // cache answers (and !options.force) `cached` is set and no task starts.
+  // Starts a task for `caller` (or joins the running one for the same key,
+  // which any caller may). When the cache answers (and !options.force)
+  // `cached` is set and no task starts. A new task must fit the caller's
+  // quota unless !`counted` (a sweep's, admitted as a whole): else
+  // RESOURCE_EXHAUSTED, with a retry hint (wire::RetryAfter).
   struct TuneStart {
     std::optional<v1::TuneResult> cached;
     v1::TaskStarted started;
   };
-  absl::StatusOr<TuneStart> StartTune(const PreparedRequest& request, const v1::TuneOptions& options);
+  absl::StatusOr<TuneStart> StartTune(const PreparedRequest& request, const v1::TuneOptions& options,
+                                      const Caller& caller, bool counted = true);
+  const SchedulerOptions& options() const { return options_; }
   // Blocks until the task's version exceeds `after_version` or `timeout`.
   absl::StatusOr<TaskSnapshot> WaitForTask(const std::string& task_id, int64_t after_version,
                                            absl::Duration timeout);
@@ -139,6 +160,7 @@ class Scheduler {
   absl::Status Advance(Task& task);  // mu_ held
   absl::Status Finalize(Task& task);  // mu_ held
   absl::Status RefreshProgress(Task& task);  // mu_ held
+  absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held
   absl::StatusOr<v1::TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
   void ReaperLoop();
 

@@ -2,7 +2,12 @@
 
 #include <grpcpp/health_check_service_interface.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +27,12 @@ constexpr absl::Duration kPoll = absl::Seconds(1);
 
 grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
                                     grpc::ServerWriter<v1::TuneEvent>* writer) {
-  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
-  auto start = core_->StartTune(*prepared, req->options());
-  if (!start.ok()) return ToGrpcStatus(start.status());
+  auto start = core_->StartTune(*prepared, req->options(), caller);
+  if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
   if (!req->options().force()) core_->NoteCacheLookup(start->cached.has_value());
   v1::TuneEvent event;
   if (start->cached) {
@@ -66,14 +72,15 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
 
 grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req,
                                        v1::CompileResponse* resp) {
-  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
   auto prepared = core_->Prepare(req->workload(), req->target());
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   absl::StatusOr<v1::TuneResult> result = core_->Lookup(*prepared);
   if (result.ok() || absl::IsNotFound(result.status())) core_->NoteCacheLookup(result.ok());
   if (!result.ok() && absl::IsNotFound(result.status()) && !req->cache_only()) {
-    auto start = core_->StartTune(*prepared, req->options());
-    if (!start.ok()) return ToGrpcStatus(start.status());
+    auto start = core_->StartTune(*prepared, req->options(), caller);
+    if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
     if (start->cached) {
       result = *start->cached;
     } else {
@@ -131,9 +138,10 @@ grpc::Status SchedulerService::GetTask(grpc::ServerContext* ctx, const v1::GetTa
 
 grpc::Status SchedulerService::Sweep(grpc::ServerContext* ctx, const v1::SweepRequest* req,
                                      grpc::ServerWriter<v1::SweepEvent>* writer) {
-  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
-  auto started = sweeps_->Start(*req);
-  if (!started.ok()) return ToGrpcStatus(started.status());
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
+  auto started = sweeps_->Start(*req, caller);
+  if (!started.ok()) return ToGrpcStatus(started.status(), ctx);
   v1::SweepEvent event;
   *event.mutable_started() = *started;
   if (!writer->Write(event)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
@@ -212,6 +220,131 @@ grpc::Status WorkerServiceImpl::Report(grpc::ServerContext* ctx, const v1::Repor
   return grpc::Status::OK;
 }
 
+namespace {
+
+v1::TokenInfo TokenProto(const db::TokenRow& t) {
+  v1::TokenInfo info;
+  info.set_id(t.id);
+  info.set_name(t.name);
+  info.set_role(t.role);
+  info.set_created_unix_ms(t.created_ms);
+  info.set_revoked_unix_ms(t.revoked_ms.value_or(0));
+  return info;
+}
+
+}  // namespace
+
+grpc::Status AdminService::CreateToken(grpc::ServerContext* ctx, const v1::CreateTokenRequest* req,
+                                       v1::CreateTokenResponse* resp) {
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}, &caller); !st.ok()) return st;
+  auto role = ParseRole(req->role());
+  if (!role.ok()) return ToGrpcStatus(role.status());
+  if (req->name().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name is required");
+  auto created = server::CreateToken(core_->db(), *role, req->name(), NowMs());
+  if (!created.ok()) return ToGrpcStatus(created.status());
+  *resp->mutable_info() = TokenProto(created->first);
+  resp->set_token(created->second);
+  Logger("admin")->info("{} created token {} ({}, '{}')", caller.name, created->first.id, req->role(), req->name());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListTokens(grpc::ServerContext* ctx, const v1::ListTokensRequest*,
+                                      v1::ListTokensResponse* resp) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}); !st.ok()) return st;
+  auto tokens = core_->db().ListTokens();
+  if (!tokens.ok()) return ToGrpcStatus(tokens.status());
+  for (const db::TokenRow& t : *tokens) *resp->add_tokens() = TokenProto(t);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::RevokeToken(grpc::ServerContext* ctx, const v1::RevokeTokenRequest* req,
+                                       v1::RevokeTokenResponse*) {
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}, &caller); !st.ok()) return st;
+  if (absl::Status st = core_->db().RevokeToken(req->id(), NowMs()); !st.ok()) return ToGrpcStatus(st);
+  Logger("admin")->info("{} revoked token {}", caller.name, req->id());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ExportRecords(grpc::ServerContext* ctx, const v1::ExportRecordsRequest* req,
+                                         grpc::ServerWriter<v1::RecordLines>* writer) {
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}); !st.ok()) return st;
+  v1::RecordLines batch;
+  size_t bytes = 0;
+  bool gone = false;
+  auto flush = [&] {
+    if (batch.lines_size() > 0 && !gone) gone = !writer->Write(batch);
+    batch.Clear();
+    bytes = 0;
+  };
+  absl::Status st = core_->db().ExportRecords({req->target_fingerprint(), req->workload_key()},
+                                              [&](const std::string& line) {
+                                                batch.add_lines(line);
+                                                bytes += line.size();
+                                                if (bytes >= (256 << 10)) flush();
+                                              });
+  if (!st.ok()) return ToGrpcStatus(st);
+  flush();
+  return gone ? grpc::Status(grpc::StatusCode::CANCELLED, "client went away") : grpc::Status::OK;
+}
+
+grpc::Status AdminService::ImportRecords(grpc::ServerContext* ctx, grpc::ServerReader<v1::RecordLines>* reader,
+                                         v1::ImportRecordsResponse* resp) {
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}, &caller); !st.ok()) return st;
+  std::vector<std::string> lines;
+  int64_t bytes = 0;
+  v1::RecordLines batch;
+  while (reader->Read(&batch)) {
+    for (std::string& line : *batch.mutable_lines()) {
+      bytes += static_cast<int64_t>(line.size());
+      if (bytes > kMaxImportBytes) {
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("more than ", kMaxImportBytes >> 20,
+                                         " MiB of records in one import; split the file (nothing was imported)"));
+      }
+      lines.push_back(std::move(line));
+    }
+  }
+  auto stats = core_->db().ImportRecords(lines, NowMs());
+  if (!stats.ok()) return ToGrpcStatus(stats.status());
+  resp->set_records(stats->records);
+  resp->set_added(stats->added);
+  resp->set_duplicates(stats->duplicates);
+  resp->set_best_updated(stats->best_updated);
+  Logger("admin")->info("{} imported {} records ({} new measurements)", caller.name, stats->records, stats->added);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Backup(grpc::ServerContext* ctx, const v1::BackupRequest*,
+                                  grpc::ServerWriter<v1::BackupChunk>* writer) {
+  Caller caller;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}, &caller); !st.ok()) return st;
+  static std::atomic<int> serial{0};
+  // Next to the database: the scheduler can write there, and it is on the
+  // same filesystem, so the copy needs no more space elsewhere.
+  const std::string path = absl::StrCat(core_->options().db_path, ".backup-", getpid(), "-", ++serial);
+  struct Remove {
+    std::string path;
+    ~Remove() { std::remove(path.c_str()); }
+  } remove{path};
+  if (absl::Status st = core_->db().BackupTo(path); !st.ok()) return ToGrpcStatus(st);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the backup back");
+  std::string buffer(512 << 10, '\0');
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    v1::BackupChunk chunk;
+    chunk.set_data(buffer.data(), static_cast<size_t>(n));
+    if (!writer->Write(chunk)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  }
+  Logger("admin")->info("{} took a backup", caller.name);
+  return grpc::Status::OK;
+}
+
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     const SchedulerOptions& options, const std::string& address,
     std::shared_ptr<grpc::ServerCredentials> credentials) {
@@ -225,6 +358,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   s->auth_ = std::make_unique<Authenticator>(options.require_tokens ? &s->core_->db() : nullptr);
   s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get(), s->sweeps_.get(), s->auth_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get(), s->auth_.get());
+  s->admin_service_ = std::make_unique<AdminService>(s->core_.get(), s->auth_.get());
   // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -232,6 +366,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(s->scheduler_service_.get());
   builder.RegisterService(s->worker_service_.get());
+  builder.RegisterService(s->admin_service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || (!address.empty() && s->port_ == 0)) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));

@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "fusor/v1/admin.grpc.pb.h"
 #include "fusor/v1/scheduler.grpc.pb.h"
 #include "fusor/v1/worker.grpc.pb.h"
 #include "server/auth.h"
@@ -47,6 +48,31 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   const Authenticator* auth_;
 };
 
+// Tokens, records and backups over the network, for admin tokens only.
+class AdminService final : public v1::Admin::Service {
+ public:
+  AdminService(Scheduler* core, const Authenticator* auth) : core_(core), auth_(auth) {}
+  grpc::Status CreateToken(grpc::ServerContext* ctx, const v1::CreateTokenRequest* req,
+                           v1::CreateTokenResponse* resp) override;
+  grpc::Status ListTokens(grpc::ServerContext* ctx, const v1::ListTokensRequest* req,
+                          v1::ListTokensResponse* resp) override;
+  grpc::Status RevokeToken(grpc::ServerContext* ctx, const v1::RevokeTokenRequest* req,
+                           v1::RevokeTokenResponse* resp) override;
+  grpc::Status ExportRecords(grpc::ServerContext* ctx, const v1::ExportRecordsRequest* req,
+                             grpc::ServerWriter<v1::RecordLines>* writer) override;
+  grpc::Status ImportRecords(grpc::ServerContext* ctx, grpc::ServerReader<v1::RecordLines>* reader,
+                             v1::ImportRecordsResponse* resp) override;
+  grpc::Status Backup(grpc::ServerContext* ctx, const v1::BackupRequest* req,
+                      grpc::ServerWriter<v1::BackupChunk>* writer) override;
+
+ private:
+  Scheduler* core_;
+  const Authenticator* auth_;
+};
+
+// Most bytes of records one ImportRecords call may send.
+inline constexpr int64_t kMaxImportBytes = int64_t{512} << 20;
+
 // A scheduler with its services on a gRPC server. Listens on `address`
 // (host:port; port 0 picks one) unless it is empty, and always serves an
 // in-process channel.
@@ -70,6 +96,7 @@ class SchedulerServer {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SchedulerService> scheduler_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

@@ -12,6 +12,7 @@
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
+#include "proto/wire/grpc_status.h"
 
 namespace fusor::server {
 namespace {
@@ -47,7 +48,7 @@ SweepRunner::~SweepRunner() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& request) {
+absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& request, const Caller& caller) {
   if (request.entries_size() == 0) return absl::InvalidArgumentError("sweep: no entries (models' chains) to tune");
   if (request.entries_size() > options_.max_entries) {
     return absl::InvalidArgumentError(absl::StrCat("sweep: ", request.entries_size(), " entries; at most ",
@@ -97,6 +98,18 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
     id = running->id;
     started.set_resumed(true);
   } else {
+    ASSIGN_OR_RETURN(std::vector<db::SweepRow> all, db.ListSweepsInState("running"));
+    const int mine = static_cast<int>(
+        std::count_if(all.begin(), all.end(), [&](const db::SweepRow& w) { return w.client == caller.id; }));
+    const int limit = core_->options().max_sweeps_per_client;
+    if (limit > 0 && mine >= limit) {
+      return wire::WithRetryAfter(
+          absl::ResourceExhaustedError(absl::StrCat("client '", caller.name, "' has ", mine,
+                                                    " sweeps running (at most ", limit,
+                                                    "); retry when one has finished (`fusor sweep` on its "
+                                                    "manifest follows it)")),
+          absl::Minutes(1));
+    }
     const int64_t now = NowMs();
     std::vector<db::SweepEntryRow> entries;
     for (size_t i = 0; i < prepared.size(); ++i) {
@@ -117,6 +130,7 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
     row.budget = budget;
     row.state = "running";
     row.created_ms = now;
+    row.client = caller.id;
     RETURN_IF_ERROR(db.CreateSweep(row, entries, now));
   }
   ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(id));
@@ -180,7 +194,9 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
       ASSIGN_OR_RETURN(PreparedRequest request, core_->PrepareFor(chain, sweep.target_fp));
       v1::TuneOptions options;
       options.set_budget(sweep.budget);
-      return core_->StartTune(request, options);
+      // The sweep was admitted as a whole: its tasks count for its client
+      // but are not refused one by one.
+      return core_->StartTune(request, options, Caller{sweep.client, sweep.client}, /*counted=*/false);
     }();
     if (start.ok()) core_->NoteCacheLookup(start->cached.has_value());
     if (!start.ok()) {

@@ -43,8 +43,11 @@ class SweepRunner {
 
   // Records a new sweep or finds the running one that asked for the same.
   // INVALID_ARGUMENT (naming the entry) for a bad entry, nothing recorded;
-  // FAILED_PRECONDITION when no worker has registered the target.
-  absl::StatusOr<v1::SweepStarted> Start(const v1::SweepRequest& request);
+  // FAILED_PRECONDITION when no worker has registered the target;
+  // RESOURCE_EXHAUSTED when `caller` already runs as many sweeps as a
+  // client may (joining a running sweep is always allowed). The sweep's
+  // tasks are the caller's.
+  absl::StatusOr<v1::SweepStarted> Start(const v1::SweepRequest& request, const Caller& caller);
 
   struct Status {
     v1::SweepProgress progress;

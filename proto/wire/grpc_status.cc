@@ -1,12 +1,17 @@
 #include "proto/wire/grpc_status.h"
 
+#include <string>
 #include <utility>
+
+#include "absl/strings/numbers.h"
 
 namespace fusor::wire {
 namespace {
 
 // absl and gRPC share the canonical code numbering; the table makes the
 // correspondence explicit (and is what the test checks).
+constexpr char kRetryAfterPayload[] = "type.fusor.dev/retry-after-ms";
+
 constexpr std::pair<absl::StatusCode, grpc::StatusCode> kCodes[] = {
     {absl::StatusCode::kOk, grpc::StatusCode::OK},
     {absl::StatusCode::kCancelled, grpc::StatusCode::CANCELLED},
@@ -41,6 +46,36 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
     if (status.error_code() == g) return absl::Status(a, status.error_message());
   }
   return absl::Status(absl::StatusCode::kUnknown, status.error_message());
+}
+
+absl::Status WithRetryAfter(absl::Status status, absl::Duration after) {
+  status.SetPayload(kRetryAfterPayload, absl::Cord(std::to_string(absl::ToInt64Milliseconds(after))));
+  return status;
+}
+
+std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
+  auto payload = status.GetPayload(kRetryAfterPayload);
+  int64_t ms = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) return std::nullopt;
+  return absl::Milliseconds(ms);
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContext* ctx) {
+  if (std::optional<absl::Duration> after = RetryAfter(status)) {
+    ctx->AddTrailingMetadata(kRetryAfterMetadata, std::to_string(absl::ToInt64Milliseconds(*after)));
+  }
+  return ToGrpcStatus(status);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& ctx) {
+  absl::Status out = FromGrpcStatus(status);
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find(kRetryAfterMetadata);
+  int64_t ms = 0;
+  if (it != trailers.end() && absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &ms) && ms >= 0) {
+    out = WithRetryAfter(std::move(out), absl::Milliseconds(ms));
+  }
+  return out;
 }
 
 }  // namespace fusor::wire

@@ -173,6 +173,13 @@ const std::vector<Migration>& SchemaMigrations() {
          return db.Exec("CREATE TABLE tokens(id TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, "
                         "hash TEXT NOT NULL UNIQUE, created_ms INTEGER NOT NULL, revoked_ms INTEGER);");
        }},
+      // Columns with defaults: older fusor goes on reading and writing.
+      {5, 1, "tasks.client, sweeps.client, jobs.leased_ms: who asked, for quotas and fair sharing of workers",
+       [](Database& db) {
+         return db.Exec("ALTER TABLE tasks ADD COLUMN client TEXT NOT NULL DEFAULT '';"
+                        "ALTER TABLE sweeps ADD COLUMN client TEXT NOT NULL DEFAULT '';"
+                        "ALTER TABLE jobs ADD COLUMN leased_ms INTEGER;");
+       }},
   };
   return *migrations;
 }

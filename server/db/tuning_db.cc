@@ -31,7 +31,7 @@ JobRow ReadJob(const Statement& s) {
 
 constexpr char kTaskColumns[] =
     "id, workload_key, target_fp, salt, state, budget, batch_size, space_size, space_after_pruning, error, "
-    "created_ms, finished_ms";
+    "created_ms, finished_ms, client";
 
 TaskRow ReadTask(const Statement& s) {
   TaskRow t;
@@ -47,6 +47,7 @@ TaskRow ReadTask(const Statement& s) {
   t.error = s.Text(9);
   t.created_ms = s.Int(10);
   t.finished_ms = s.OptionalInt(11);
+  t.client = s.Text(12);
   return t;
 }
 
@@ -257,10 +258,10 @@ absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms) {
 absl::Status TuningDb::InsertTask(const TaskRow& t) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO tasks(", kTaskColumns,
-                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?)")));
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)")));
   s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, t.state).Bind(6, t.budget);
   s.Bind(7, t.batch_size).Bind(8, t.space_size).Bind(9, t.space_after_pruning).Bind(10, t.error);
-  s.Bind(11, t.created_ms).Bind(12, t.finished_ms);
+  s.Bind(11, t.created_ms).Bind(12, t.finished_ms).Bind(13, t.client);
   return s.Run();
 }
 
@@ -415,30 +416,38 @@ absl::StatusOr<std::optional<JobRow>> TuningDb::FindBaselineJob(const std::strin
 }
 
 absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worker_id, const std::string& target_fp,
-                                                        int max_jobs, int64_t expires_ms,
+                                                        int max_jobs, int64_t now_ms, int64_t expires_ms,
                                                         const std::function<std::string()>& make_lease_id) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
-                                                          " FROM jobs WHERE target_fp = ? AND state = 'queued' "
-                                                          "ORDER BY created_ms, id LIMIT ?")));
-  s.Bind(1, target_fp).Bind(2, max_jobs);
+  // Fair sharing between clients, one job at a time: the next job is the
+  // oldest queued one of the client holding the fewest leased jobs on this
+  // target, ties going to the client served longest ago (round robin).
+  // Only running tasks' jobs count, so this reads the live queue, not history.
+  const std::string pick = absl::StrCat(
+                       "WITH live AS (SELECT j.*, t.client AS client FROM jobs j JOIN tasks t ON t.id = j.task_id "
+                       "WHERE t.state = 'running' AND j.target_fp = ?1), "
+                       "clients AS (SELECT client, SUM(state = 'leased') AS leased, "
+                       "MAX(COALESCE(leased_ms, 0)) AS served FROM live GROUP BY client) "
+                       "SELECT ", kJobColumns, " FROM live JOIN clients USING (client) WHERE state = 'queued' "
+                       "ORDER BY clients.leased, clients.served, created_ms, id LIMIT 1");
   std::vector<JobRow> jobs;
-  while (true) {
+  while (static_cast<int>(jobs.size()) < max_jobs) {
+    ASSIGN_OR_RETURN(Statement s, db_->Prepare(pick));
+    s.Bind(1, target_fp);
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    jobs.push_back(ReadJob(s));
-  }
-  for (JobRow& j : jobs) {
+    JobRow j = ReadJob(s);
     j.state = "leased";
     j.worker_id = worker_id;
     j.lease_id = make_lease_id();
     j.lease_expires_ms = expires_ms;
     j.attempts += 1;
     ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'leased', worker_id = ?, lease_id = ?, "
-                                               "lease_expires_ms = ?, attempts = ? WHERE id = ?"));
+                                               "lease_expires_ms = ?, attempts = ?, leased_ms = ? WHERE id = ?"));
     RETURN_IF_ERROR(u.Bind(1, j.worker_id).Bind(2, j.lease_id).Bind(3, j.lease_expires_ms).Bind(4, j.attempts)
-                        .Bind(5, j.id).Run());
+                        .Bind(5, now_ms).Bind(6, j.id).Run());
+    jobs.push_back(std::move(j));
   }
   RETURN_IF_ERROR(txn.Commit());
   return jobs;
@@ -604,7 +613,8 @@ absl::Status TuningDb::SetBaseline(const std::string& key, const std::string& fp
 
 namespace {
 
-constexpr char kSweepColumns[] = "id, name, digest, target_fp, salt, budget, state, created_ms, finished_ms";
+constexpr char kSweepColumns[] =
+    "id, name, digest, target_fp, salt, budget, state, created_ms, finished_ms, client";
 
 SweepRow ReadSweep(const Statement& s) {
   SweepRow w;
@@ -617,6 +627,7 @@ SweepRow ReadSweep(const Statement& s) {
   w.state = s.Text(6);
   w.created_ms = s.Int(7);
   w.finished_ms = s.OptionalInt(8);
+  w.client = s.Text(9);
   return w;
 }
 
@@ -636,10 +647,10 @@ absl::Status TuningDb::CreateSweep(const SweepRow& sweep, const std::vector<Swee
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO sweeps(", kSweepColumns,
-                                                          ") VALUES (?,?,?,?,?,?,?,?,?)")));
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?)")));
   RETURN_IF_ERROR(s.Bind(1, sweep.id).Bind(2, sweep.name).Bind(3, sweep.digest).Bind(4, sweep.target_fp)
                       .Bind(5, sweep.salt).Bind(6, sweep.budget).Bind(7, sweep.state).Bind(8, sweep.created_ms)
-                      .Bind(9, sweep.finished_ms).Run());
+                      .Bind(9, sweep.finished_ms).Bind(10, sweep.client).Run());
   int ord = 0;
   for (const SweepEntryRow& e : entries) {
     ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO sweep_entries(sweep_id, idx, model, role, source, "

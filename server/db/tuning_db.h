@@ -54,6 +54,7 @@ struct TaskRow {
   std::string error;
   int64_t created_ms = 0;
   std::optional<int64_t> finished_ms;
+  std::string client;  // who started it (server/auth Caller id); quotas and fair sharing count by it
 };
 
 struct CandidateRow {
@@ -117,6 +118,7 @@ struct SweepRow {
   std::string state;  // "running" or "done"
   int64_t created_ms = 0;
   std::optional<int64_t> finished_ms;
+  std::string client;  // who started it; its tasks are that client's
 };
 
 // One chain of one model of a sweep, in the requester's names.
@@ -223,9 +225,11 @@ class TuningDb {
   absl::StatusOr<std::optional<JobRow>> FindBaselineJob(const std::string& workload_key, const std::string& fp);
 
   // Leases up to `max_jobs` queued jobs for `target_fp` to `worker_id`,
-  // oldest first, with fresh lease ids from `make_lease_id`.
+  // with fresh lease ids from `make_lease_id`, sharing workers fairly
+  // between the tasks' clients (fewest leased jobs first, then the client
+  // served longest ago, then the oldest job).
   absl::StatusOr<std::vector<JobRow>> LeaseJobs(const std::string& worker_id, const std::string& target_fp,
-                                                int max_jobs, int64_t expires_ms,
+                                                int max_jobs, int64_t now_ms, int64_t expires_ms,
                                                 const std::function<std::string()>& make_lease_id);
   // Extends every lease `worker_id` holds to `expires_ms`.
   absl::Status ExtendLeases(const std::string& worker_id, int64_t expires_ms);

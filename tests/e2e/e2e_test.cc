@@ -476,6 +476,40 @@ TEST_F(E2eTest, TokensGateEveryCallByRole) {
   EXPECT_THAT(list.second, HasSubstr("revoked"));
   EXPECT_EQ(list.second.find(client_token), std::string::npos);  // only hashes are kept
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tokens WHERE hash LIKE 'fusor_%'"), 0);
+
+  // Administration over the network, for admin tokens only.
+  const std::string bob = CreateToken("client", "bob");
+  auto refused = Cli({"--token", bob, "admin", "token", "create", "--role", "admin", "--name", "mallory"});
+  EXPECT_EQ(refused.first, 1);
+  EXPECT_THAT(refused.second, HasSubstr("has role client; this call needs admin [PERMISSION_DENIED]"));
+  EXPECT_EQ(Cli({"--token", bob, "records", "export"}).first, 1);
+  auto remote = Cli({"--token", admin_token, "admin", "token", "create", "--role", "client", "--name", "carol"});
+  ASSERT_EQ(remote.first, 0) << remote.second;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(remote.second, m, std::regex("fusor_[0-9a-f]{40}")));
+  const std::string carol = m[0].str();
+  EXPECT_EQ(Cli({"--token", carol, "lookup", spec}).first, 0);
+  auto listed = Cli({"--token", admin_token, "admin", "token", "list"});
+  EXPECT_THAT(listed.second, HasSubstr("carol"));
+  ASSERT_EQ(Cli({"--token", admin_token, "admin", "token", "revoke",
+                 TryQuery("SELECT id FROM tokens WHERE name = 'carol'").value_or("?")})
+                .first,
+            0);
+  EXPECT_THAT(Cli({"--token", carol, "lookup", spec}).second, HasSubstr("unknown or revoked token"));
+
+  const std::string records = (dir_ / "records.jsonl").string(), copy = (dir_ / "copy.db").string();
+  auto exported = Cli({"--token", admin_token, "records", "export", "-o", records});
+  ASSERT_EQ(exported.first, 0) << exported.second;
+  const int64_t measurements = Query("SELECT COUNT(*) FROM measurements");
+  EXPECT_THAT(exported.second, HasSubstr("exported " + std::to_string(measurements) + " measurement records"));
+  auto imported = Cli({"--token", admin_token, "records", "import", records});
+  ASSERT_EQ(imported.first, 0) << imported.second;
+  EXPECT_THAT(imported.second, HasSubstr("0 new measurements, " + std::to_string(measurements) + " already here"));
+  auto backup = Cli({"--token", admin_token, "db", "backup", copy});
+  ASSERT_EQ(backup.first, 0) << backup.second;
+  EXPECT_THAT(backup.second, HasSubstr("(" + std::to_string(measurements) + " measurements"));
+  EXPECT_THAT(backup.second, HasSubstr("integrity checked"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), measurements);
 }
 
 // Mutual TLS with tokens on the gRPC and the metrics port: only callers
@@ -557,30 +591,63 @@ TEST_F(E2eTest, MutualTlsOnEveryPort) {
   EXPECT_NE(Shell("curl -sS --max-time 10 http://" + metrics_url.substr(8)).first, 0);
 }
 
-// Many clients at once, cache hits and new tasks mixed: every one succeeds.
+// Many clients at once, with tokens, cache hits and new tasks mixed: every
+// one succeeds but the designed refusal: a client over its quota of running
+// tasks (1 here) gets RESOURCE_EXHAUSTED with a retry hint (exit 4) while
+// another client's same request goes through.
 TEST_F(E2eTest, ConcurrentClientsMixingCacheHitsAndNewTasks) {
-  worker_a_ = StartWorker("A");
-  worker_b_ = StartWorker("B");
+  scheduler_->Signal(SIGTERM);
+  ASSERT_TRUE(scheduler_->Wait(std::chrono::seconds(20)).has_value());
+  StartScheduler("127.0.0.1:0", /*tokens=*/true, {"--max-tasks-per-client", "1"});
+  const std::string worker_token = CreateToken("worker", "pool");
+  const std::vector<std::string> users = {CreateToken("client", "alice"), CreateToken("client", "bob"),
+                                          CreateToken("client", "carol")};
+  worker_a_ = StartWorker("A", {"--token", worker_token});
+  worker_b_ = StartWorker("B", {"--token", worker_token});
   ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 2; },
                       std::chrono::seconds(60)));
+  auto as = [&](int user, std::vector<std::string> args) {
+    args.insert(args.begin(), {"--token", users[user]});
+    return args;
+  };
+  auto chain = [&](int i) {
+    return WriteFile("new" + std::to_string(i) + ".fusor",
+                     "dim m=" + std::to_string(32 * (i + 1)) +
+                         " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nD[m,n] = relu(C[m,n])\n"
+                         "out D\n");
+  };
   const std::string cached = WriteFile("attention.fusor", kChain);
-  ASSERT_EQ(Cli({"tune", cached, "--budget", "2"}).first, 0);
+  ASSERT_EQ(Cli(as(0, {"tune", cached, "--budget", "2"})).first, 0);
   std::vector<std::unique_ptr<Daemon>> clients;
-  for (int i = 0; i < 6; ++i) clients.push_back(StartCli({i % 2 == 0 ? "tune" : "lookup", cached}));
+  for (int i = 0; i < 6; ++i) clients.push_back(StartCli(as(i % 3, {i % 2 == 0 ? "tune" : "lookup", cached})));
+  // Each user asks for a new chain from two clients at once: they share one task.
   for (int i = 0; i < 3; ++i) {
-    const std::string chain = "dim m=" + std::to_string(32 * (i + 1)) +
-                              " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nD[m,n] = relu(C[m,n])\n"
-                              "out D\n";
-    // Two clients ask for each new chain: they share one task.
-    for (int j = 0; j < 2; ++j) {
-      clients.push_back(StartCli({"tune", WriteFile("new" + std::to_string(i) + ".fusor", chain), "--budget", "2"}));
-    }
+    for (int j = 0; j < 2; ++j) clients.push_back(StartCli(as(i, {"tune", chain(i), "--budget", "2"})));
   }
   for (auto& c : clients) {
     EXPECT_EQ(c->Wait(std::chrono::seconds(240)), std::optional<int>(0)) << c->Log();
   }
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 4);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 4);
+  EXPECT_EQ(Query("SELECT COUNT(DISTINCT client) FROM tasks"), 3);
+
+  // The quota: with the workers stopped, alice's new task stays running, so
+  // her next one is refused; bob's identical request is not.
+  worker_a_->Signal(SIGSTOP);
+  worker_b_->Signal(SIGSTOP);
+  std::unique_ptr<Daemon> running = StartCli(as(0, {"tune", chain(3), "--budget", "2"}));
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM tasks WHERE state = 'running'") == 1; },
+                      std::chrono::seconds(60)));
+  auto refused = Cli(as(0, {"tune", chain(4), "--budget", "2"}));
+  EXPECT_EQ(refused.first, 4) << refused.second;
+  EXPECT_THAT(refused.second, HasSubstr("client 'alice' has 1 tasks running (at most 1); retry in about"));
+  EXPECT_THAT(refused.second, HasSubstr("[RESOURCE_EXHAUSTED]"));
+  std::unique_ptr<Daemon> other = StartCli(as(1, {"tune", chain(4), "--budget", "2"}));
+  worker_a_->Signal(SIGCONT);
+  worker_b_->Signal(SIGCONT);
+  EXPECT_EQ(running->Wait(std::chrono::seconds(240)), std::optional<int>(0)) << running->Log();
+  EXPECT_EQ(other->Wait(std::chrono::seconds(240)), std::optional<int>(0)) << other->Log();
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 6);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
 }
 

@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "common/ir/parse.h"
 #include "common/space/schedule.h"
+#include "proto/wire/grpc_status.h"
 #include "server/service.h"
 #include "worker/process.h"
 #include "worker/worker.h"
@@ -262,6 +263,81 @@ TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
 // A second scheduler on the same database file (another embedded CLI, or
 // fusor-scheduler) is refused until the first is gone: both would resume
 // the same tasks and sweeps.
+// Per-client quotas: a client over its running tasks or its candidates
+// still to measure is refused with RESOURCE_EXHAUSTED and a retry hint
+// (through the wire too), others are not, joining a running task is always
+// allowed; chains past the complexity limits are refused outright.
+TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
+  options_.max_tasks_per_client = 2;
+  options_.max_candidates_per_client = 10;
+  options_.max_tensor_elements = 1 << 20;
+  StartServer();
+  server::Scheduler& core = server_->core();
+  v1::RegisterRequest reg;  // a target, with no worker measuring for it
+  reg.set_name("idle");
+  reg.mutable_target()->set_backend(v1::BACKEND_CPU);
+  reg.mutable_target()->set_compute_units(1);
+  ASSERT_TRUE(core.Register(reg).ok());
+  auto prepare = [&](int m) {
+    v1::Workload w;
+    w.set_text("dim m=" + std::to_string(m) + " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\n"
+               "D[m,n] = relu(C[m,n])\nout D\n");
+    auto p = core.Prepare(w, v1::TargetSelector());
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  };
+  auto budget = [](int n) {
+    v1::TuneOptions o;
+    o.set_budget(n);
+    return o;
+  };
+  const server::Caller alice{"tok-a", "alice"}, bob{"tok-b", "bob"};
+  auto first = core.StartTune(prepare(16), budget(4), alice);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(core.StartTune(prepare(32), budget(4), alice).ok());
+  auto third = core.StartTune(prepare(48), budget(1), alice);
+  ASSERT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_THAT(std::string(third.status().message()), HasSubstr("client 'alice' has 2 tasks running (at most 2)"));
+  ASSERT_TRUE(wire::RetryAfter(third.status()).has_value());
+  EXPECT_EQ(*wire::RetryAfter(third.status()), absl::Seconds(30));  // no measurement yet to judge the pace by
+
+  auto joined = core.StartTune(prepare(16), budget(4), bob);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->started.task_id(), first->started.task_id());
+  ASSERT_TRUE(core.StartTune(prepare(48), budget(8), bob).ok());
+  auto over = core.StartTune(prepare(64), budget(4), bob);
+  ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("8 candidates still to measure"));
+  // A sweep's task is admitted with its sweep.
+  EXPECT_TRUE(core.StartTune(prepare(64), budget(4), bob, /*counted=*/false).ok());
+
+  // Over the wire: the in-process caller starts one task (its call gives
+  // up waiting), then a second that would pass its candidates: refused,
+  // with the hint in the trailing metadata.
+  client::Client client(server_->InProcessChannel());
+  auto waited = client.Tune(Request("dim m=80 k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nout C\n", 4),
+                            nullptr, absl::Seconds(1));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waited.status())) << waited.status();
+  auto refused = client.Tune(Request("dim m=96 k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nout C\n", 8),
+                             nullptr, absl::Seconds(10));
+  ASSERT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  ASSERT_TRUE(wire::RetryAfter(refused.status()).has_value());
+  EXPECT_GE(*wire::RetryAfter(refused.status()), absl::Seconds(1));
+
+  // Complexity: a tensor past --max-tensor-elements, even one whose extents'
+  // product overflows 64 bits, is refused before anything is stored.
+  const size_t tasks = core.db().ListTasksInState("running")->size();
+  auto big = client.Tune(Request("dim m=2048 n=1024\nin A[m,n]\nB[m,n] = relu(A[m,n])\nout B\n", 1), nullptr,
+                         absl::Seconds(10));
+  ASSERT_TRUE(absl::IsInvalidArgument(big.status())) << big.status();
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("elements; this scheduler takes at most 1048576"));
+  auto huge = client.Tune(
+      Request("dim m=999999999999 n=999999999999\nin A[m,n]\nB[m,n] = relu(A[m,n])\nout B\n", 1), nullptr,
+      absl::Seconds(10));
+  EXPECT_TRUE(absl::IsInvalidArgument(huge.status())) << huge.status();
+  EXPECT_EQ(core.db().ListTasksInState("running")->size(), tasks);
+}
+
 TEST_F(IntegrationTest, OneSchedulerPerDatabaseFile) {
   StartServer();
   auto second = server::Scheduler::Create(options_);

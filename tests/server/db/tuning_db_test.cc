@@ -69,9 +69,9 @@ TEST_F(TuningDbTest, CandidatesAreFoundNotDuplicated) {
 
 TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
   AddCandidate("block[m=8]", "j1");
-  auto leased = db_->LeaseJobs("w1", "fp", 4, /*expires_ms=*/100, lease_ids_);
+  auto leased = db_->LeaseJobs("w1", "fp", 4, /*now_ms=*/0, /*expires_ms=*/100, lease_ids_);
   ASSERT_EQ(leased->size(), 1u);
-  EXPECT_EQ(db_->LeaseJobs("w2", "fp", 4, 100, lease_ids_)->size(), 0u);  // nothing left
+  EXPECT_EQ(db_->LeaseJobs("w2", "fp", 4, /*now_ms=*/0, 100, lease_ids_)->size(), 0u);  // nothing left
 
   EXPECT_TRUE(db_->ExpireLeases(/*now_ms=*/50, 3)->empty());  // not yet
   auto touched = db_->ExpireLeases(/*now_ms=*/150, 3);
@@ -79,7 +79,7 @@ TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
   EXPECT_EQ((*touched)[0], "t1");
   EXPECT_EQ(db_->GetJob("j1")->state, "queued");
 
-  auto second = db_->LeaseJobs("w2", "fp", 4, 300, lease_ids_);
+  auto second = db_->LeaseJobs("w2", "fp", 4, /*now_ms=*/0, 300, lease_ids_);
   ASSERT_EQ(second->size(), 1u);
   EXPECT_EQ((*second)[0].attempts, 2);
 
@@ -102,7 +102,7 @@ TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
 
 TEST_F(TuningDbTest, HeartbeatExtendsLeases) {
   AddCandidate("block[m=8]", "j1");
-  ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, 100, lease_ids_)->size(), 1u);
+  ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, /*now_ms=*/0, 100, lease_ids_)->size(), 1u);
   ASSERT_TRUE(db_->ExtendLeases("w1", 1000).ok());
   EXPECT_TRUE(db_->ExpireLeases(500, 3)->empty());
   EXPECT_EQ(db_->GetJob("j1")->state, "leased");
@@ -111,7 +111,7 @@ TEST_F(TuningDbTest, HeartbeatExtendsLeases) {
 TEST_F(TuningDbTest, JobFailsAfterMaxAttempts) {
   AddCandidate("block[m=8]", "j1");
   for (int attempt = 1; attempt <= 2; ++attempt) {
-    ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, attempt * 100, lease_ids_)->size(), 1u);
+    ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, /*now_ms=*/0, attempt * 100, lease_ids_)->size(), 1u);
     ASSERT_EQ(db_->ExpireLeases(attempt * 100 + 1, 2)->size(), 1u);
   }
   JobRow job = *db_->GetJob("j1");
@@ -121,14 +121,58 @@ TEST_F(TuningDbTest, JobFailsAfterMaxAttempts) {
   EXPECT_EQ((*rows)[0].status, "crash");
 }
 
+// Workers are shared between clients: alice queued four jobs before bob
+// queued two, yet leases alternate between them while both have work.
+TEST_F(TuningDbTest, LeasesShareWorkersFairlyBetweenClients) {
+  TaskRow bob = *db_->GetTask("t1");
+  bob.id = "t2";
+  bob.client = "bob";
+  bob.created_ms = 5;
+  ASSERT_TRUE(db_->InsertTask(bob).ok());
+  for (int i = 0; i < 4; ++i) AddCandidate("block[m=" + std::to_string(8 << i) + "]", "a" + std::to_string(i));
+  for (int i = 0; i < 2; ++i) {
+    CandidateRow c;
+    c.task_id = "t2";
+    c.schedule = "block[n=" + std::to_string(8 << i) + "]";
+    ASSERT_TRUE(db_->FindOrInsertCandidate(c, "b" + std::to_string(i), 20).ok());
+  }
+  // One worker, one job at a time, each reported before the next lease.
+  std::string order;
+  for (int64_t now = 100; now < 110; ++now) {
+    auto leased = db_->LeaseJobs("w1", "fp", 1, now, now + 1000, lease_ids_);
+    ASSERT_TRUE(leased.ok());
+    if (leased->empty()) break;
+    order += (*leased)[0].id.substr(0, 1);
+    ASSERT_TRUE(db_->RecordMeasurement((*leased)[0].lease_id, Ok((*leased)[0].id, "w1")).ok());
+  }
+  EXPECT_EQ(order, "ababaa");
+}
+
+TEST_F(TuningDbTest, OneLeaseOfManyJobsAlternatesClients) {
+  TaskRow bob = *db_->GetTask("t1");
+  bob.id = "t2";
+  bob.client = "bob";
+  ASSERT_TRUE(db_->InsertTask(bob).ok());
+  for (int i = 0; i < 3; ++i) AddCandidate("block[m=" + std::to_string(8 << i) + "]", "a" + std::to_string(i));
+  CandidateRow c;
+  c.task_id = "t2";
+  c.schedule = "block[n=8]";
+  ASSERT_TRUE(db_->FindOrInsertCandidate(c, "b0", 20).ok());
+  auto leased = db_->LeaseJobs("w1", "fp", 3, 100, 1000, lease_ids_);
+  ASSERT_EQ(leased->size(), 3u);
+  EXPECT_EQ((*leased)[0].id, "a0");
+  EXPECT_EQ((*leased)[1].id, "b0");
+  EXPECT_EQ((*leased)[2].id, "a1");
+}
+
 TEST_F(TuningDbTest, LeasesOnlyJobsOfTheWorkersTarget) {
   AddCandidate("block[m=8]", "j1");
-  EXPECT_TRUE(db_->LeaseJobs("w1", "other-fp", 4, 100, lease_ids_)->empty());
+  EXPECT_TRUE(db_->LeaseJobs("w1", "other-fp", 4, /*now_ms=*/0, 100, lease_ids_)->empty());
 }
 
 TEST_F(TuningDbTest, BestKeepsTheFastest) {
   JobRow j = AddCandidate("block[m=8]", "j1");
-  auto leased = db_->LeaseJobs("w1", "fp", 1, 100, lease_ids_);
+  auto leased = db_->LeaseJobs("w1", "fp", 1, /*now_ms=*/0, 100, lease_ids_);
   auto rec = db_->RecordMeasurement((*leased)[0].lease_id, Ok("j1", "w1"));
   ASSERT_TRUE(db_->OfferBest("wk", "fp", "s", {"t1", *j.candidate_id, rec->measurement_id, 0.5}, 30).ok());
   ASSERT_TRUE(db_->OfferBest("wk", "fp", "s", {"t1", *j.candidate_id, rec->measurement_id, 0.9}, 31).ok());
@@ -222,7 +266,7 @@ void FinishedTask(TuningDb& db, const std::string& task, const std::string& job,
   c.schedule = "block[m=" + job + "]";
   auto cand = db.FindOrInsertCandidate(c, job, 2);
   ASSERT_TRUE(cand.ok());
-  auto leased = db.LeaseJobs("w", "fp", 1, 100, [] { return std::string("lease"); });
+  auto leased = db.LeaseJobs("w", "fp", 1, /*now_ms=*/0, 100, [] { return std::string("lease"); });
   ASSERT_EQ(leased->size(), 1u);
   MeasurementRow m;
   m.job_id = job;
