@@ -16,17 +16,18 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$wo
 workload="$root/examples/bert_base_attention.fusor"
 "$root/deploy/make-certs.sh" "$work/certs" > /dev/null
 
-# setup NAME: a scheduler (and worker) for NAME in $work/NAME; sets $port,
-# $scheduler_pid and the client flags in $flags.
+# setup DIR SECURITY: a scheduler (and worker) with SECURITY (plaintext,
+# tls-tokens or mtls-tokens) on a fresh database in $work/DIR; sets $port,
+# $scheduler_pid, $worker_pid and the client flags in $flags.
 setup() {
   local dir="$work/$1" server_flags=() tls=() worker_token=() client_token=()
   mkdir -p "$dir"
-  case "$1" in
+  case "$2" in
     plaintext) server_flags=(--insecure) ;;
     tls-tokens | mtls-tokens)
       server_flags=(--tls-cert "$work/certs/scheduler.pem" --tls-key "$work/certs/scheduler.key")
       tls=(--tls-ca "$work/certs/ca.pem")
-      if [ "$1" = mtls-tokens ]; then
+      if [ "$2" = mtls-tokens ]; then
         server_flags+=(--tls-client-ca "$work/certs/ca.pem")
         tls+=(--tls-cert "$work/certs/client.pem" --tls-key "$work/certs/client.key")
       fi
@@ -43,11 +44,16 @@ setup() {
   scheduler_pid=$!
   for _ in $(seq 100); do grep -q "listening on port" "$dir/scheduler.log" && break; sleep 0.1; done
   port="$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$dir/scheduler.log")"
+  if [ -z "$port" ]; then
+    cat "$dir/scheduler.log" >&2
+    exit 1
+  fi
   "$bin/worker/fusor-worker" --scheduler "127.0.0.1:$port" --log-level warn "${tls[@]}" "${worker_token[@]}" \
     > "$dir/worker.log" 2>&1 &
-  for _ in $(seq 300); do
+  worker_pid=$!
+  for _ in $(seq 100); do
     "$bin/client/fusor" --server "127.0.0.1:$port" "${flags[@]}" workers 2> /dev/null | grep -q alive && break
-    sleep 0.1
+    sleep 0.2
   done
   "$bin/client/fusor" --server "127.0.0.1:$port" "${flags[@]}" tune "$workload" --budget 2 > /dev/null
 }
@@ -57,16 +63,17 @@ bench() {
 }
 
 header=--header
-for name in plaintext tls-tokens mtls-tokens; do
-  setup "$name"
-  bench --seconds "$seconds" --label "$name" $header
+for security in plaintext tls-tokens mtls-tokens; do
+  setup "$security" "$security"
+  bench --seconds "$seconds" --label "$security" $header
   header=""
-  kill "$scheduler_pid"
+  kill "$worker_pid" "$scheduler_pid"
+  wait "$worker_pid" "$scheduler_pid" || true
 done
 
 echo
 echo "sustained, mutual TLS + tokens, database on disk ($windows x $seconds s):"
-setup mtls-tokens
+setup sustained mtls-tokens
 header=--header
 for i in $(seq "$windows"); do
   bench --seconds "$seconds" --label "window $i" $header

@@ -1,5 +1,5 @@
 // Observability of fusor-scheduler: Prometheus metrics in the text
-// exposition format, served over plain HTTP at /metrics.
+// exposition format, served over HTTP (or HTTPS) at /metrics.
 #pragma once
 
 #include <atomic>

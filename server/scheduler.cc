@@ -312,7 +312,8 @@ absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
   }
   std::string over;
   if (options_.max_tasks_per_client > 0 && tasks >= options_.max_tasks_per_client) {
-    over = absl::StrCat(tasks, " tasks running (at most ", options_.max_tasks_per_client, ")");
+    over = absl::StrCat(tasks, tasks == 1 ? " task" : " tasks", " running (at most ", options_.max_tasks_per_client,
+                        ")");
   } else if (options_.max_candidates_per_client > 0 && pending + budget > options_.max_candidates_per_client) {
     over = absl::StrCat(pending, " candidates still to measure, and this task would add ", budget, " (at most ",
                         options_.max_candidates_per_client, ")");

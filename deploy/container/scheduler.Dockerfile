@@ -12,7 +12,7 @@ FROM debian:12
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libsqlite3-0 libspdlog1.10 libabsl20220623 libonnx1 libyaml-cpp0.7 \
-      libgomp1 ca-certificates \
+      libgomp1 libssl3 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home-dir /var/lib/fusor --create-home fusor
 COPY --from=build /build/server/fusor-scheduler /build/client/fusor /usr/local/bin/

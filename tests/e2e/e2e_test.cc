@@ -640,7 +640,7 @@ TEST_F(E2eTest, ConcurrentClientsMixingCacheHitsAndNewTasks) {
                       std::chrono::seconds(60)));
   auto refused = Cli(as(0, {"tune", chain(4), "--budget", "2"}));
   EXPECT_EQ(refused.first, 4) << refused.second;
-  EXPECT_THAT(refused.second, HasSubstr("client 'alice' has 1 tasks running (at most 1); retry in about"));
+  EXPECT_THAT(refused.second, HasSubstr("client 'alice' has 1 task running (at most 1); retry in about"));
   EXPECT_THAT(refused.second, HasSubstr("[RESOURCE_EXHAUSTED]"));
   std::unique_ptr<Daemon> other = StartCli(as(1, {"tune", chain(4), "--budget", "2"}));
   worker_a_->Signal(SIGCONT);
