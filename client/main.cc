@@ -467,7 +467,9 @@ int Backup(const GlobalOptions& g, const std::string& to) {
     const std::string part = to + ".part";
     std::ofstream out(part, std::ios::binary | std::ios::trunc);
     if (!out) return Fail(absl::PermissionDeniedError(absl::StrCat("cannot write ", part)));
-    absl::Status st = (*admin)->Backup([&](const std::string& chunk) { return static_cast<bool>(out.write(chunk.data(), static_cast<std::streamsize>(chunk.size()))); });
+    absl::Status st = (*admin)->Backup([&](const std::string& chunk) {
+      return static_cast<bool>(out.write(chunk.data(), static_cast<std::streamsize>(chunk.size())));
+    });
     out.close();
     if (st.ok() && !out) st = absl::InternalError(absl::StrCat("writing ", part, " failed"));
     if (!st.ok()) {

@@ -74,6 +74,13 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
   absl::StrAppend(&out, "fusor_cache_hit_ratio ",
                   absl::StrFormat("%.6g", lookups > 0 ? static_cast<double>(core.cache_hits()) / lookups : 0.0),
                   "\n");
+  Family(out, "fusor_quota_refusals_total", "counter",
+         "Requests refused with RESOURCE_EXHAUSTED for a per-client limit since the scheduler started, by limit.");
+  for (const auto& [name, q] : {std::pair<const char*, Scheduler::Quota>{"tasks", Scheduler::Quota::kTasks},
+                                {"candidates", Scheduler::Quota::kCandidates},
+                                {"sweeps", Scheduler::Quota::kSweeps}}) {
+    absl::StrAppend(&out, "fusor_quota_refusals_total{limit=\"", name, "\"} ", core.quota_refusals(q), "\n");
+  }
   Family(out, "fusor_measurements_total", "counter",
          "Measurements recorded, by kind and status (failures by cause: compile_error, invalid_result, timeout, "
          "crash, runtime_error).");

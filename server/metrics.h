@@ -15,7 +15,7 @@
 namespace fusor::server {
 
 // Queue depth (jobs by state), tasks and sweeps by state, cache lookups
-// (hits, misses), measurements by kind and status (candidates measured per
+// (hits, misses), quota refusals by limit, measurements by kind and status (candidates measured per
 // second is rate(fusor_measurements_total{kind="candidate"}[1m]); failures
 // by cause are its non-ok statuses), workers by target and state, and the
 // spread of the latest measurements' samples.

@@ -314,9 +314,11 @@ absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
   if (options_.max_tasks_per_client > 0 && tasks >= options_.max_tasks_per_client) {
     over = absl::StrCat(tasks, tasks == 1 ? " task" : " tasks", " running (at most ", options_.max_tasks_per_client,
                         ")");
+    NoteQuotaRefusal(Quota::kTasks);
   } else if (options_.max_candidates_per_client > 0 && pending + budget > options_.max_candidates_per_client) {
     over = absl::StrCat(pending, " candidates still to measure, and this task would add ", budget, " (at most ",
                         options_.max_candidates_per_client, ")");
+    NoteQuotaRefusal(Quota::kCandidates);
   }
   if (over.empty()) return absl::OkStatus();
   const absl::Duration after = absl::Seconds(std::clamp(std::ceil(soonest_s), 1.0, 600.0));
@@ -518,7 +520,8 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     return resp;
   }
   RETURN_IF_ERROR(st);
-  RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), now + absl::ToInt64Milliseconds(options_.lease)));
+  RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), {request.lease_ids().begin(), request.lease_ids().end()},
+                                    now + absl::ToInt64Milliseconds(options_.lease)));
   return resp;
 }
 

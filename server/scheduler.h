@@ -150,6 +150,10 @@ class Scheduler {
   void NoteCacheLookup(bool hit) { (hit ? cache_hits_ : cache_misses_)++; }
   int64_t cache_hits() const { return cache_hits_; }
   int64_t cache_misses() const { return cache_misses_; }
+  // Requests refused for a per-client limit since start, by limit.
+  enum class Quota { kTasks, kCandidates, kSweeps };
+  void NoteQuotaRefusal(Quota q) { quota_refusals_[static_cast<int>(q)]++; }
+  int64_t quota_refusals(Quota q) const { return quota_refusals_[static_cast<int>(q)]; }
 
  private:
   struct Task;
@@ -178,6 +182,7 @@ class Scheduler {
 
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> cache_hits_{0}, cache_misses_{0};
+  std::atomic<int64_t> quota_refusals_[3] = {};
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   std::thread reaper_;

@@ -103,6 +103,7 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
         std::count_if(all.begin(), all.end(), [&](const db::SweepRow& w) { return w.client == caller.id; }));
     const int limit = core_->options().max_sweeps_per_client;
     if (limit > 0 && mine >= limit) {
+      core_->NoteQuotaRefusal(Scheduler::Quota::kSweeps);
       return wire::WithRetryAfter(
           absl::ResourceExhaustedError(absl::StrCat("client '", caller.name, "' has ", mine,
                                                     " sweeps running (at most ", limit,

@@ -4,7 +4,7 @@
 #include <openssl/x509.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/util/files.h"
+#include "proto/wire/channel.h"
 
 namespace fusor::server {
 namespace {
@@ -18,15 +18,6 @@ std::string OpenSslError() {
   return buf;
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& what, const std::string& path) {
-  auto text = ReadFile(path);
-  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", text.status().message()));
-  if (text->find("-----BEGIN ") == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is not PEM (no -----BEGIN line)"));
-  }
-  return *text;
-}
-
 }  // namespace
 
 absl::StatusOr<SslCtxPtr> MakeSslContext(const ServerTls& tls) {
@@ -36,7 +27,7 @@ absl::StatusOr<SslCtxPtr> MakeSslContext(const ServerTls& tls) {
   for (const auto& [what, path] : {std::pair<std::string, std::string>{"--tls-cert", tls.cert_file},
                                    {"--tls-key", tls.key_file}, {"--tls-client-ca", tls.client_ca_file}}) {
     if (!path.empty()) {
-      if (auto pem = ReadPem(what, path); !pem.ok()) return pem.status();
+      if (auto pem = wire::ReadPemFile(what, path); !pem.ok()) return pem.status();
     }
   }
   SslCtxPtr ctx(SSL_CTX_new(TLS_server_method()));
@@ -68,8 +59,8 @@ absl::StatusOr<SslCtxPtr> MakeSslContext(const ServerTls& tls) {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcServerCredentials(const ServerTls& tls) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
   if (auto checked = MakeSslContext(tls); !checked.ok()) return checked.status();
-  auto cert = ReadFile(tls.cert_file);
-  auto key = ReadFile(tls.key_file);
+  auto cert = wire::ReadPemFile("--tls-cert", tls.cert_file);
+  auto key = wire::ReadPemFile("--tls-key", tls.key_file);
   if (!cert.ok()) return cert.status();
   if (!key.ok()) return key.status();
   grpc::SslServerCredentialsOptions options(tls.client_ca_file.empty()
@@ -77,7 +68,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcServerCredentials(c
                                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   options.pem_key_cert_pairs.push_back({*key, *cert});
   if (!tls.client_ca_file.empty()) {
-    auto ca = ReadFile(tls.client_ca_file);
+    auto ca = wire::ReadPemFile("--tls-client-ca", tls.client_ca_file);
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *ca;
   }

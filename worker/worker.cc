@@ -125,6 +125,10 @@ void Worker::HeartbeatLoop() {
     if (stop_) return;
     v1::HeartbeatRequest req;
     req.set_worker_id(worker_id_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const std::string& lease : held_leases_) req.add_lease_ids(lease);
+    }
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -189,6 +193,10 @@ absl::Status Worker::Run() {
         }
       } else {
         backoff = absl::Milliseconds(200);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const v1::Job& job : resp.jobs()) held_leases_.insert(job.lease_id());
+        }
         for (const v1::Job& job : resp.jobs()) pending.push_back(Start(job));
       }
     }
@@ -308,6 +316,10 @@ void Worker::Finish(Pending& p) {
   // Reports are idempotent (the scheduler records a job once), so retry.
   wire::GrpcRetrier retrier(options_.rpc);
   grpc::Status st = retrier.Run("report", [&](grpc::ClientContext& ctx) { return stub_->Report(&ctx, req, &resp); });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_leases_.erase(job.lease_id());
+  }
   if (!st.ok()) {
     Log()->warn("{} report not accepted: {}", context, st.error_message());
     return;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -89,6 +90,7 @@ class Worker {
   std::mutex mu_;
   std::condition_variable cv_;
   grpc::ClientContext* lease_ctx_ = nullptr;  // the Lease call in flight, guarded by mu_
+  std::set<std::string> held_leases_;          // received, not yet reported; guarded by mu_
   std::thread heartbeat_;
 };
 

@@ -40,11 +40,19 @@ class TokenInterceptorFactory : public grpc::experimental::ClientInterceptorFact
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", text.status().message()));
+  if (text->find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is not PEM (no -----BEGIN line)"));
+  }
+  return *text;
+}
+
 bool IsLoopbackAddress(const std::string& address) {
   std::string host = address.substr(0, address.rfind(':'));
   if (absl::StartsWith(host, "ipv4:")) host = host.substr(5);
-  return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" || host == "unix" ||
-         absl::StartsWith(address, "unix:");
+  return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" || absl::StartsWith(address, "unix:");
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, const std::string& token,
@@ -54,11 +62,8 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, 
     grpc::SslCredentialsOptions options;
     auto read = [](const char* flag, const std::string& path, std::string* out) -> absl::Status {
       if (path.empty()) return absl::OkStatus();
-      auto text = ReadFile(path);
-      if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", text.status().message()));
-      if (text->find("-----BEGIN ") == std::string::npos) {
-        return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is not PEM (no -----BEGIN line)"));
-      }
+      auto text = ReadPemFile(flag, path);
+      if (!text.ok()) return text.status();
       *out = std::move(*text);
       return absl::OkStatus();
     };

@@ -28,6 +28,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, 
                                                     const ClientTls& tls = {},
                                                     grpc::ChannelArguments args = grpc::ChannelArguments());
 
+// The PEM file `path` given by `flag`: INVALID_ARGUMENT naming both when it
+// cannot be read or holds no PEM block.
+absl::StatusOr<std::string> ReadPemFile(const std::string& flag, const std::string& path);
+
 // Whether host:port names this machine (localhost, 127.x, ::1).
 bool IsLoopbackAddress(const std::string& address);
 

@@ -453,11 +453,16 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worke
   return jobs;
 }
 
-absl::Status TuningDb::ExtendLeases(const std::string& worker_id, int64_t expires_ms) {
+absl::Status TuningDb::ExtendLeases(const std::string& worker_id, const std::vector<std::string>& lease_ids,
+                                    int64_t expires_ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE jobs SET lease_expires_ms = ? WHERE state = 'leased' AND "
-                                             "worker_id = ?"));
-  return s.Bind(1, expires_ms).Bind(2, worker_id).Run();
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  for (const std::string& lease : lease_ids) {
+    ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE jobs SET lease_expires_ms = ? WHERE state = 'leased' AND "
+                                               "worker_id = ? AND lease_id = ?"));
+    RETURN_IF_ERROR(s.Bind(1, expires_ms).Bind(2, worker_id).Bind(3, lease).Run());
+  }
+  return txn.Commit();
 }
 
 absl::StatusOr<std::vector<std::string>> TuningDb::ExpireLeases(int64_t now_ms, int max_attempts) {

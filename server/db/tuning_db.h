@@ -231,8 +231,10 @@ class TuningDb {
   absl::StatusOr<std::vector<JobRow>> LeaseJobs(const std::string& worker_id, const std::string& target_fp,
                                                 int max_jobs, int64_t now_ms, int64_t expires_ms,
                                                 const std::function<std::string()>& make_lease_id);
-  // Extends every lease `worker_id` holds to `expires_ms`.
-  absl::Status ExtendLeases(const std::string& worker_id, int64_t expires_ms);
+  // Extends the leases `lease_ids` of `worker_id` (those still leased to
+  // it) to `expires_ms`; its other leases run out.
+  absl::Status ExtendLeases(const std::string& worker_id, const std::vector<std::string>& lease_ids,
+                            int64_t expires_ms);
   // Requeues leased jobs whose lease expired before `now_ms`; a job that
   // has been leased `max_attempts` times fails instead, with a crash
   // measurement saying so. Returns the ids of tasks whose jobs changed.

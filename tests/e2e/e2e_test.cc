@@ -143,6 +143,7 @@ class E2eTest : public ::testing::Test {
     }
     if (HasFailure()) {
       std::cerr << "--- scheduler log ---\n" << scheduler_->Log();
+      if (worker_a_) std::cerr << "--- worker A log ---\n" << worker_a_->Log();
       if (worker_b_) std::cerr << "--- worker B log ---\n" << worker_b_->Log();
     }
     std::filesystem::remove_all(dir_);

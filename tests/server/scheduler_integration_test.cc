@@ -19,6 +19,7 @@
 #include "common/ir/parse.h"
 #include "common/space/schedule.h"
 #include "proto/wire/grpc_status.h"
+#include "server/metrics.h"
 #include "server/service.h"
 #include "worker/process.h"
 #include "worker/worker.h"
@@ -323,6 +324,10 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
   ASSERT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   ASSERT_TRUE(wire::RetryAfter(refused.status()).has_value());
   EXPECT_GE(*wire::RetryAfter(refused.status()), absl::Seconds(1));
+  auto metrics = server::RenderMetrics(core);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, HasSubstr("fusor_quota_refusals_total{limit=\"tasks\"} 1\n"));
+  EXPECT_THAT(*metrics, HasSubstr("fusor_quota_refusals_total{limit=\"candidates\"} 2\n"));
 
   // Complexity: a tensor past --max-tensor-elements, even one whose extents'
   // product overflows 64 bits, is refused before anything is stored.

@@ -44,5 +44,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Row{absl::StatusCode::kDataLoss, grpc::StatusCode::DATA_LOSS},
                       Row{absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED}));
 
+TEST(RetryAfterTest, TheHintRidesOnTheStatus) {
+  absl::Status busy = WithRetryAfter(absl::ResourceExhaustedError("over quota"), absl::Milliseconds(1500));
+  ASSERT_TRUE(RetryAfter(busy).has_value());
+  EXPECT_EQ(*RetryAfter(busy), absl::Milliseconds(1500));
+  EXPECT_EQ(busy.message(), "over quota");
+  EXPECT_FALSE(RetryAfter(absl::ResourceExhaustedError("message too large")).has_value());
+  EXPECT_FALSE(RetryAfter(FromGrpcStatus(ToGrpcStatus(busy))).has_value());  // the wire needs the metadata
+}
+
 }  // namespace
 }  // namespace fusor::wire

@@ -100,12 +100,19 @@ TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
   EXPECT_EQ(db_->GetJob("j1")->state, "done");
 }
 
-TEST_F(TuningDbTest, HeartbeatExtendsLeases) {
+TEST_F(TuningDbTest, HeartbeatExtendsOnlyTheLeasesTheWorkerHolds) {
   AddCandidate("block[m=8]", "j1");
-  ASSERT_EQ(db_->LeaseJobs("w1", "fp", 1, /*now_ms=*/0, 100, lease_ids_)->size(), 1u);
-  ASSERT_TRUE(db_->ExtendLeases("w1", 1000).ok());
-  EXPECT_TRUE(db_->ExpireLeases(500, 3)->empty());
+  AddCandidate("block[m=16]", "j2");
+  auto leased = db_->LeaseJobs("w1", "fp", 2, /*now_ms=*/0, 100, lease_ids_);
+  ASSERT_EQ(leased->size(), 2u);
+  // The worker received j1's lease; j2's response was lost on the way.
+  const JobRow& held = (*leased)[0].id == "j1" ? (*leased)[0] : (*leased)[1];
+  ASSERT_TRUE(db_->ExtendLeases("w1", {held.lease_id}, 1000).ok());
+  ASSERT_TRUE(db_->ExtendLeases("w2", {held.lease_id}, 5000).ok());  // not w2's lease: no effect
+  EXPECT_EQ(*db_->ExpireLeases(500, 3), std::vector<std::string>{"t1"});
   EXPECT_EQ(db_->GetJob("j1")->state, "leased");
+  EXPECT_EQ(db_->GetJob("j1")->lease_expires_ms, 1000);
+  EXPECT_EQ(db_->GetJob("j2")->state, "queued");
 }
 
 TEST_F(TuningDbTest, JobFailsAfterMaxAttempts) {
