@@ -106,7 +106,7 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
       core_->NoteQuotaRefusal(Scheduler::Quota::kSweeps);
       return wire::WithRetryAfter(
           absl::ResourceExhaustedError(absl::StrCat("client '", caller.name, "' has ", mine,
-                                                    " sweeps running (at most ", limit,
+                                                    mine == 1 ? " sweep" : " sweeps", " running (at most ", limit,
                                                     "); retry when one has finished (`fusor sweep` on its "
                                                     "manifest follows it)")),
           absl::Minutes(1));

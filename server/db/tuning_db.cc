@@ -425,12 +425,12 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worke
   // target, ties going to the client served longest ago (round robin).
   // Only running tasks' jobs count, so this reads the live queue, not history.
   const std::string pick = absl::StrCat(
-                       "WITH live AS (SELECT j.*, t.client AS client FROM jobs j JOIN tasks t ON t.id = j.task_id "
-                       "WHERE t.state = 'running' AND j.target_fp = ?1), "
-                       "clients AS (SELECT client, SUM(state = 'leased') AS leased, "
-                       "MAX(COALESCE(leased_ms, 0)) AS served FROM live GROUP BY client) "
-                       "SELECT ", kJobColumns, " FROM live JOIN clients USING (client) WHERE state = 'queued' "
-                       "ORDER BY clients.leased, clients.served, created_ms, id LIMIT 1");
+      "WITH live AS (SELECT j.*, t.client AS client FROM jobs j JOIN tasks t ON t.id = j.task_id "
+      "WHERE t.state = 'running' AND j.target_fp = ?1), "
+      "clients AS (SELECT client, SUM(state = 'leased') AS leased, MAX(COALESCE(leased_ms, 0)) AS served "
+      "FROM live GROUP BY client) "
+      "SELECT ", kJobColumns, " FROM live JOIN clients USING (client) WHERE state = 'queued' "
+      "ORDER BY clients.leased, clients.served, created_ms, id LIMIT 1");
   std::vector<JobRow> jobs;
   while (static_cast<int>(jobs.size()) < max_jobs) {
     ASSIGN_OR_RETURN(Statement s, db_->Prepare(pick));

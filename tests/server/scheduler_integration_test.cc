@@ -18,6 +18,7 @@
 #include "client/client.h"
 #include "common/ir/parse.h"
 #include "common/space/schedule.h"
+#include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
 #include "server/metrics.h"
 #include "server/service.h"
@@ -272,6 +273,7 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
   options_.max_tasks_per_client = 2;
   options_.max_candidates_per_client = 10;
   options_.max_tensor_elements = 1 << 20;
+  options_.max_sweeps_per_client = 1;
   StartServer();
   server::Scheduler& core = server_->core();
   v1::RegisterRequest reg;  // a target, with no worker measuring for it
@@ -341,6 +343,26 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
       absl::Seconds(10));
   EXPECT_TRUE(absl::IsInvalidArgument(huge.status())) << huge.status();
   EXPECT_EQ(core.db().ListTasksInState("running")->size(), tasks);
+
+  // Sweeps: one running per client here; a second is refused, asking for
+  // the running one again joins it.
+  auto sweep = [&](const std::string& name) {
+    v1::SweepRequest req;
+    req.set_name(name);
+    req.set_detach(true);
+    v1::SweepEntry* e = req.add_entries();
+    e->set_model(name);
+    e->set_instances(1);
+    *e->mutable_chain() = wire::ChainToProto(
+        *ir::ParseChainText("dim m=112 k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nout C\n"));
+    return client.Sweep(req, nullptr, absl::Seconds(10));
+  };
+  ASSERT_TRUE(sweep("zoo-a").ok());
+  auto second = sweep("zoo-b");
+  ASSERT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("has 1 sweep running (at most 1)"));
+  EXPECT_EQ(wire::RetryAfter(second.status()), std::optional<absl::Duration>(absl::Minutes(1)));
+  EXPECT_TRUE(sweep("zoo-a").ok());
 }
 
 TEST_F(IntegrationTest, OneSchedulerPerDatabaseFile) {
