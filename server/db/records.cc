@@ -24,15 +24,22 @@ SELECT m.job_id, m.kind, m.status, m.error, m.median_s, m.samples_json, m.max_ab
        t.finished_ms,
        w.key, w.name, w.canonical_text, w.chain_json,
        g.fingerprint, g.backend, g.description_json,
-       c.schedule, c.mapping, c.t_mem_s, c.t_comp_s, c.alpha, c.t_estm_s, c.rank
+       c.schedule, c.mapping, c.t_mem_s, c.t_comp_s, c.alpha, c.t_estm_s, c.rank,
+       m.id
 FROM measurements m
 JOIN tasks t ON t.id = m.task_id
 JOIN workloads w ON w.key = m.workload_key
 JOIN targets g ON g.fingerprint = m.target_fp
 LEFT JOIN candidates c ON c.id = m.candidate_id
 WHERE t.state IN ('done', 'failed') AND (?1 = '' OR m.target_fp = ?1) AND (?2 = '' OR m.workload_key = ?2)
+  AND m.id > ?3
 ORDER BY m.id
+LIMIT ?4
 )sql";
+
+// Rows per page of an export: the database lock is released between
+// pages, so `line` (which may write to a network) runs outside it.
+constexpr int kExportPage = 500;
 
 // A field of a record, or INVALID_ARGUMENT naming it.
 template <typename T>
@@ -93,48 +100,62 @@ T Or(const json& j, const char* name, T fallback) {
   }
 }
 
+// One exported record: a row of kExportSql as a JSON line.
+std::string RecordLine(const Statement& s) {
+  json j;
+  j["job_id"] = s.Text(0);
+  j["kind"] = s.Text(1);
+  j["status"] = s.Text(2);
+  j["error"] = s.Text(3);
+  j["median_s"] = s.Double(4);
+  json samples = json::parse(s.Text(5), nullptr, false);
+  j["samples_s"] = samples.is_array() ? samples : json::array();
+  j["max_abs_error"] = s.Double(6);
+  j["max_rel_error"] = s.Double(7);
+  j["compile_s"] = s.Double(8);
+  j["compile_flags"] = s.Text(9);
+  j["compiler"] = s.Text(10);
+  j["code_bytes"] = s.Int(11);
+  j["resources_json"] = s.Text(12);
+  j["worker_id"] = s.Text(13);
+  j["measured_ms"] = s.Int(14);
+  j["task"] = {{"id", s.Text(15)},         {"state", s.Text(16)},         {"salt", s.Text(17)},
+               {"budget", s.Int(18)},      {"batch_size", s.Int(19)},     {"space_size", s.Int(20)},
+               {"space_after_pruning", s.Int(21)}, {"error", s.Text(22)}, {"created_ms", s.Int(23)},
+               {"finished_ms", s.Int(24)}};
+  j["workload"] = {{"key", s.Text(25)}, {"name", s.Text(26)}, {"canonical_text", s.Text(27)},
+                   {"chain_json", s.Text(28)}};
+  j["target"] = {{"fingerprint", s.Text(29)}, {"backend", s.Text(30)}, {"description_json", s.Text(31)}};
+  if (s.IsNull(32)) {
+    j["candidate"] = nullptr;
+  } else {
+    j["candidate"] = {{"schedule", s.Text(32)}, {"mapping", s.Text(33)}, {"t_mem_s", s.Double(34)},
+                      {"t_comp_s", s.Double(35)}, {"alpha", s.Double(36)},  {"t_estm_s", s.Double(37)},
+                      {"rank", s.Int(38)}};
+  }
+  return j.dump();
+}
+
 }  // namespace
 
 absl::Status TuningDb::ExportRecords(const RecordFilter& filter,
                                      const std::function<void(const std::string&)>& line) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(kExportSql));
-  s.Bind(1, filter.target_fp).Bind(2, filter.workload_key);
+  int64_t after = 0;  // the last measurement id exported
   while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) return absl::OkStatus();
-    json j;
-    j["job_id"] = s.Text(0);
-    j["kind"] = s.Text(1);
-    j["status"] = s.Text(2);
-    j["error"] = s.Text(3);
-    j["median_s"] = s.Double(4);
-    json samples = json::parse(s.Text(5), nullptr, false);
-    j["samples_s"] = samples.is_array() ? samples : json::array();
-    j["max_abs_error"] = s.Double(6);
-    j["max_rel_error"] = s.Double(7);
-    j["compile_s"] = s.Double(8);
-    j["compile_flags"] = s.Text(9);
-    j["compiler"] = s.Text(10);
-    j["code_bytes"] = s.Int(11);
-    j["resources_json"] = s.Text(12);
-    j["worker_id"] = s.Text(13);
-    j["measured_ms"] = s.Int(14);
-    j["task"] = {{"id", s.Text(15)},         {"state", s.Text(16)},         {"salt", s.Text(17)},
-                 {"budget", s.Int(18)},      {"batch_size", s.Int(19)},     {"space_size", s.Int(20)},
-                 {"space_after_pruning", s.Int(21)}, {"error", s.Text(22)}, {"created_ms", s.Int(23)},
-                 {"finished_ms", s.Int(24)}};
-    j["workload"] = {{"key", s.Text(25)}, {"name", s.Text(26)}, {"canonical_text", s.Text(27)},
-                     {"chain_json", s.Text(28)}};
-    j["target"] = {{"fingerprint", s.Text(29)}, {"backend", s.Text(30)}, {"description_json", s.Text(31)}};
-    if (s.IsNull(32)) {
-      j["candidate"] = nullptr;
-    } else {
-      j["candidate"] = {{"schedule", s.Text(32)}, {"mapping", s.Text(33)}, {"t_mem_s", s.Double(34)},
-                        {"t_comp_s", s.Double(35)}, {"alpha", s.Double(36)},  {"t_estm_s", s.Double(37)},
-                        {"rank", s.Int(38)}};
+    std::vector<std::string> page;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ASSIGN_OR_RETURN(Statement s, db_->Prepare(kExportSql));
+      s.Bind(1, filter.target_fp).Bind(2, filter.workload_key).Bind(3, after).Bind(4, kExportPage);
+      while (true) {
+        ASSIGN_OR_RETURN(bool row, s.Step());
+        if (!row) break;
+        page.push_back(RecordLine(s));
+        after = s.Int(39);
+      }
     }
-    line(j.dump());
+    for (const std::string& l : page) line(l);
+    if (static_cast<int>(page.size()) < kExportPage) return absl::OkStatus();
   }
 }
 
