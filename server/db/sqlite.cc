@@ -66,8 +66,9 @@ absl::Status Database::BackupTo(const std::string& path) {
     sqlite3_close(dest);
     return st;
   }
-  // Copies in steps; a writer on the source restarts the copy, so a busy
-  // database is retried (each step waits on the busy timeout) a while.
+  // Copies every page in one step (the caller holds the connection for its
+  // length); a busy source is retried, each try waiting on the busy
+  // timeout, a while.
   for (int tries = 0; tries < 100; ++tries) {
     rc = sqlite3_backup_step(backup, -1);
     if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED && rc != SQLITE_OK) break;
