@@ -25,6 +25,7 @@
 #include "client/manifest.h"
 #include "client/mappings.h"
 #include "client/model_only.h"
+#include "client/reference_data.h"
 #include "client/report.h"
 #include "client/sweep_report.h"
 #include "common/util/files.h"
@@ -241,7 +242,8 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
 }
 
 // compile --model-only: no scheduler, no worker, nothing stored.
-int CompileModelOnly(const GlobalOptions& g, const std::string& file, const std::string& out_dir) {
+int CompileModelOnly(const GlobalOptions& g, const std::string& file, const std::string& out_dir,
+                     const std::string& schedule) {
   fusor::SetLogLevel("warn");
   if (g.target_fp.empty()) {
     return Fail(absl::InvalidArgumentError("--model-only needs --target: a GPU (" +
@@ -254,11 +256,13 @@ int CompileModelOnly(const GlobalOptions& g, const std::string& file, const std:
   if (!chain.ok()) return Fail(chain.status());
   auto target = g.target_fp == "local" ? ExplainTarget(g) : fusor::client::GpuTarget(g.target_fp);
   if (!target.ok()) return Fail(target.status());
-  auto out = fusor::client::CompileModelOnly(*chain, *target, WorkloadName(file), out_dir);
+  auto out = fusor::client::CompileModelOnly(*chain, *target, WorkloadName(file), out_dir, schedule);
   if (!out.ok()) return Fail(out.status());
   std::cout << "UNMEASURED: ranked by the cost model alone for " << target->device_name << " (" << target->arch
             << "); not stored\n";
-  std::cout << "schedule   " << out->schedule << "  (model rank " << out->rank << ", predicted "
+  std::cout << "schedule   " << out->schedule << "  ("
+            << (out->rank > 0 ? absl::StrCat("model rank ", out->rank) : std::string("given, not in the pruned space"))
+            << ", predicted "
             << fusor::client::FormatSeconds(out->predicted_s) << ")\n";
   std::cout << "mapping    " << out->mapping << "\n";
   for (const std::string& s : out->skipped) std::cout << "skipped    " << s << "\n";
@@ -554,6 +558,18 @@ int AdminToken(const GlobalOptions& g, const std::string& action, const std::str
   return 0;
 }
 
+// reference: fusor's validation inputs and float64 outputs, on disk.
+int Reference(const std::string& file, uint64_t seed, const std::string& out_dir) {
+  auto workload = fusor::client::ReadWorkloadFile(file);
+  if (!workload.ok()) return Fail(workload.status());
+  auto chain = fusor::wire::ChainFromWorkload(*workload);
+  if (!chain.ok()) return Fail(chain.status());
+  auto written = fusor::client::WriteReferenceData(*chain, seed, out_dir);
+  if (!written.ok()) return Fail(written.status());
+  for (size_t i = 0; i < written->size(); ++i) std::cout << (i == 0 ? "wrote      " : "           ") << (*written)[i] << "\n";
+  return 0;
+}
+
 int Explain(const GlobalOptions& g, const std::string& file, int top, const fusor::space::SpaceOptions& options) {
   fusor::SetLogLevel("warn");
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -641,6 +657,9 @@ int main(int argc, char** argv) {
                     "rank by the cost model alone for --target (a GPU, an arch such as sm_90, or local) and write "
                     "the top candidate unmeasured; needs no worker and stores nothing");
   compile->add_option("--target", g.target_fp, "with --model-only: a GPU name, an arch (sm_XX) or local");
+  std::string compile_schedule;
+  compile->add_option("--schedule", compile_schedule,
+                      "with --model-only and a CPU target: write this schedule's kernel instead of the model's pick");
   CLI::App* lookup = app.add_subcommand("lookup", "print cached results only (exit 3 on a miss)");
   lookup->add_option("files", files, "workload files")->required()->check(CLI::ExistingFile);
   CLI::App* workers = app.add_subcommand("workers", "list the workers the scheduler knows");
@@ -651,6 +670,14 @@ int main(int argc, char** argv) {
   task->add_option("id", task_id, "task id")->required();
   int top = 10;
   fusor::space::SpaceOptions space_options;
+  CLI::App* reference = app.add_subcommand(
+      "reference", "write a chain's validation inputs and float64 reference outputs (raw float64 files and "
+                   "manifest.json), to check other implementations against");
+  uint64_t reference_seed = 1;
+  std::string reference_dir = "fusor-reference";
+  reference->add_option("file", file, "workload file")->required()->check(CLI::ExistingFile);
+  reference->add_option("--seed", reference_seed, "seed of the random inputs")->capture_default_str();
+  reference->add_option("-o,--out", reference_dir, "output directory")->capture_default_str();
   CLI::App* explain = app.add_subcommand(
       "explain", "show the schedule space at every pruning stage and the best predicted schedules (no measuring); "
                  "--target takes local (default), a device (" + absl::StrJoin(fusor::hw::DeviceNames(), ", ") +
@@ -721,9 +748,14 @@ int main(int argc, char** argv) {
   if (*records_import) return ImportRecords(g, records_path);
   if (*backup) return Backup(g, backup_path);
   if (*extract) return Extract(file, dim_bindings, extract_dir);
+  if (*reference) return Reference(file, reference_seed, reference_dir);
   if (*explain) return Explain(g, file, top, space_options);
   if (*mappings) return Mappings(g, files, intrinsic_name, summary);
-  if (*compile && model_only) return CompileModelOnly(g, file, out_dir);
+  if (*compile && !compile_schedule.empty() && !model_only) {
+    std::cerr << "fusor: compile --schedule needs --model-only\n";
+    return 2;
+  }
+  if (*compile && model_only) return CompileModelOnly(g, file, out_dir, compile_schedule);
 
   std::optional<std::pair<fusor::client::Manifest, std::vector<fusor::client::SweepModel>>> plan;
   if (*health && g.server.empty()) {

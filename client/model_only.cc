@@ -9,6 +9,7 @@
 #include "common/codegen/cuda/cuda_codegen.h"
 #include "common/codegen/cuda/nvrtc.h"
 #include "common/hw/devices.h"
+#include "common/model/cost_model.h"
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "common/util/files.h"
@@ -70,7 +71,11 @@ std::vector<GpuCandidate> CompilingGpuCandidates(const ir::Chain& chain, const h
 }
 
 absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const hw::TargetDesc& target,
-                                                 const std::string& name, const std::string& out_dir) {
+                                                 const std::string& name, const std::string& out_dir,
+                                                 const std::string& schedule_text) {
+  if (!schedule_text.empty() && target.backend == hw::Backend::kCuda) {
+    return absl::InvalidArgumentError("--schedule is for CPU targets; a GPU's pick must compile within its limits");
+  }
   auto space = space::BuildSpace(chain, target);
   if (!space.ok()) return space.status();
   if (space->ranked.empty()) return absl::FailedPreconditionError("the pruned space is empty");
@@ -96,11 +101,21 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
                           {"predicted_s", r.prediction.t_estm_s}};
   };
   if (target.backend != hw::Backend::kCuda) {
-    const space::RankedSchedule& r = space->ranked[0];
+    space::RankedSchedule r = space->ranked[0];
+    int rank = 1;
+    if (!schedule_text.empty()) {
+      ASSIGN_OR_RETURN(space::Schedule given, space::ParseSchedule(schedule_text, chain));
+      ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, given, target));
+      r = {nest.schedule, model::Predict(nest, target), space::DescribeMappings(chain, nest)};
+      rank = 0;
+      for (size_t i = 0; i < space->ranked.size() && rank == 0; ++i) {
+        if (space->ranked[i].schedule == r.schedule) rank = static_cast<int>(i) + 1;
+      }
+    }
     const std::string text = space::ScheduleToText(r.schedule, chain);
     ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, r.schedule, target));
     ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuFusedKernel(chain, nest, text, r.mappings));
-    nlohmann::json meta = describe(r, 1, text);
+    nlohmann::json meta = describe(r, rank, text);
     meta["kernel"] = nlohmann::json::parse(kernel.metadata_json);
     RETURN_IF_ERROR(WriteFile(base + ".cc", kernel.source, out.files));
     RETURN_IF_ERROR(WriteFile(base + ".json", meta.dump(2) + "\n", out.files));

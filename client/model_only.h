@@ -52,7 +52,10 @@ struct ModelOnlyOutput {
 // includes it) or `name`.cc/.json (CPU) into `out_dir`. FAILED_PRECONDITION
 // when NVRTC is missing (the source and metadata are still written) or no
 // candidate fits.
+// `schedule_text`, when not empty, is written instead of the model's pick
+// (CPU targets; INVALID_ARGUMENT when the schedule is not legal there).
 absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const hw::TargetDesc& target,
-                                                 const std::string& name, const std::string& out_dir);
+                                                 const std::string& name, const std::string& out_dir,
+                                                 const std::string& schedule_text = "");
 
 }  // namespace fusor::client

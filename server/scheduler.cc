@@ -265,7 +265,11 @@ std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
     int t = request.canonical.tensor_map[request.chain.ops[o].output];
     ops[canonical.tensors[t].producer] = static_cast<int>(o);
   }
-  return space::ScheduleToText(space::RemapSchedule(*schedule, dims, ops, request.chain), request.chain);
+  std::vector<int> tensors(canonical.tensors.size(), -1);
+  for (size_t u = 0; u < request.canonical.tensor_map.size(); ++u) {
+    if (request.canonical.tensor_map[u] >= 0) tensors[request.canonical.tensor_map[u]] = static_cast<int>(u);
+  }
+  return space::ScheduleToText(space::RemapSchedule(*schedule, dims, ops, request.chain, tensors), request.chain);
 }
 
 v1::TuneResult Scheduler::Translate(const v1::TuneResult& result, const PreparedRequest& request) const {

@@ -169,6 +169,9 @@ NestIndex::NestIndex(const ir::Chain& chain, const space::LoopNest& nest) : chai
 
 std::string NestIndex::RangeOf(int d, const std::string& origin) const {
   const int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
+  // A constant where the tile divides the extent, so that the compiler
+  // can unroll and vectorize with known trip counts.
+  if (extent % tile == 0) return absl::StrCat(tile, "L");
   return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
 }
 
@@ -197,6 +200,24 @@ std::string NestIndex::StateOffset(const ir::Op& softmax) const {
     stride *= block_[d] ? nest_.schedule.tile[d] : chain_.dims[d].extent;
   }
   return LinearToC(terms, 0);
+}
+
+int64_t NestIndex::LocalStride(const Access& a, int d) const {
+  std::vector<int64_t> strides = RowMajorStrides(nest_.local[a.tensor].shape);
+  int64_t stride = 0;
+  for (size_t axis = 0; axis < a.index.size(); ++axis) stride += a.index[axis].Coefficient(d) * strides[axis];
+  return stride;
+}
+
+int64_t NestIndex::StateStride(const ir::Op& softmax, int d) const {
+  int64_t stride = 1;
+  for (int i = static_cast<int>(softmax.index.size()) - 1; i >= 0; --i) {
+    const int e = softmax.index[i];
+    if (e == softmax.axis) continue;
+    if (e == d) return stride;
+    stride *= block_[e] ? nest_.schedule.tile[e] : chain_.dims[e].extent;
+  }
+  return 0;
 }
 
 Access NestIndex::SelfAccess(const ir::Op& op) {

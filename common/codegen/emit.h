@@ -95,12 +95,15 @@ class NestIndex {
   NestIndex(const ir::Chain& chain, const space::LoopNest& nest);
 
   bool IsBlock(int d) const { return block_[d]; }
-  // min(tile, extent - origin)
+  // min(tile, extent - origin); the tile itself where it divides the extent.
   std::string RangeOf(int d, const std::string& origin) const;
   // Offset into a block-local buffer (see space::LocalBuffer).
   std::string LocalOffset(const ir::Access& a) const;
   // Offset into an online softmax's per-row state (its dims but the axis).
   std::string StateOffset(const ir::Op& softmax) const;
+  // How far LocalOffset(a) and StateOffset(softmax) move per step of dim d.
+  int64_t LocalStride(const ir::Access& a, int d) const;
+  int64_t StateStride(const ir::Op& softmax, int d) const;
   static ir::Access SelfAccess(const ir::Op& op);
   // The f32 value of an access inside an op: its block-local buffer, or
   // global memory converted from the chain's dtype.

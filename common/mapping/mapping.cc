@@ -297,8 +297,19 @@ Mapping Classic(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsi
 }  // namespace
 
 std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& x) {
-  Mapping m = Classic(chain, sw, x, /*swapped=*/false);
-  if (Validate(chain, sw, m).valid) return m;
+  // The orientation that puts the result's last (adjacent) dim on the
+  // columns, whatever the order of the factors: the result is stored a
+  // row of columns at a time, and a chain written with its factors the
+  // other way round (as the canonical form may be) gets the same mapping.
+  const int last = chain.ops[sw.op].index.empty() ? -1 : chain.ops[sw.op].index.back();
+  std::optional<Mapping> valid;
+  for (bool swapped : {false, true}) {
+    Mapping m = Classic(chain, sw, x, swapped);
+    if (!Validate(chain, sw, m).valid) continue;
+    if (Contains(m.axes[1], last)) return m;
+    if (!valid) valid = m;
+  }
+  if (valid) return valid;
   // Degenerate: keep whichever orientation pads less.
   std::optional<Mapping> best;
   double best_padding = 0;

@@ -114,8 +114,11 @@ std::vector<Mapping> KindCompatibleMatchings(const SoftwareOp& sw, const hw::Int
 // A valid mapping close to the classic GEMM view: spatial loops of only A
 // onto i, of only B onto j, reduced loops of both onto k, except reduced
 // loops sharing a dim with a spatial one (p*2+r): those stay outside and
-// accumulate across tiles. When A or B has no spatial loop of its own (a
-// GEMV), that axis is left degenerate. nullopt if that is not valid.
+// accumulate across tiles. Of the two orientations (which factor is A) the
+// one with the result's last dim on j, when valid; so the order in which
+// the factors are written does not change it. When A or B has no spatial
+// loop of its own (a GEMV), that axis is left degenerate. nullopt if that
+// is not valid.
 std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& sw, const hw::Intrinsic& intrinsic);
 
 // "fma.avx2.6x16[i=m j=n k=k]", fused loops joined by '.': "i=n.p"; a

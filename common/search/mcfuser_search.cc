@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/search/search_strategy.h"
+#include "common/ir/regroup.h"
 #include "common/space/loop_nest.h"
 
 namespace fusor::search {
@@ -20,6 +21,11 @@ class McfuserSearch : public SearchStrategy {
 
   absl::Status Initialize(const SearchTask& task) override {
     task_ = task;
+    variants_.push_back({{}, *task.chain});
+    for (const ir::Regroup& r : ir::Regroupings(*task.chain)) {
+      absl::StatusOr<ir::Chain> regrouped = ir::ApplyRegroup(*task.chain, r);
+      if (regrouped.ok()) variants_.push_back({r, std::move(*regrouped)});
+    }
     auto space = space::BuildSpace(*task.chain, task.target, options_.space);
     if (!space.ok()) return space.status();
     space_ = std::move(*space);
@@ -28,8 +34,9 @@ class McfuserSearch : public SearchStrategy {
       index_.emplace(text, static_cast<int>(i));
       texts_.push_back(text);
       // The budget spreads over tiling expressions and mappings by how each proved.
-      classes_.push_back(space::TilingExpression(space_.ranked[i].schedule, *task.chain) + " " +
-                         space_.ranked[i].mappings);
+      const space::Schedule& schedule = space_.ranked[i].schedule;
+      classes_.push_back((schedule.regroup.empty() ? "" : ir::RegroupToText(*task.chain, schedule.regroup) + " ") +
+                         space::TilingExpression(schedule, *task.chain) + " " + space_.ranked[i].mappings);
     }
     proposed_.assign(space_.ranked.size(), false);
     return absl::OkStatus();
@@ -205,11 +212,21 @@ class McfuserSearch : public SearchStrategy {
     return kOwn;
   }
 
+  // The chain a schedule runs (the task's, or a regrouping of it).
+  const ir::Chain& ChainOf(const ir::Regroup& regroup) const {
+    for (const auto& [r, chain] : variants_) {
+      if (r == regroup) return chain;
+    }
+    return *task_.chain;
+  }
+
   // Rebuilds a schedule from per-dim tiles and places, own loops in chain
   // order (output dims, then reduced dims).
-  space::Schedule Assemble(const std::vector<int64_t>& tile, const std::vector<Place>& place) const {
-    const ir::Chain& chain = *task_.chain;
+  space::Schedule Assemble(const std::vector<int64_t>& tile, const std::vector<Place>& place,
+                           const ir::Regroup& regroup) const {
+    const ir::Chain& chain = ChainOf(regroup);
     space::Schedule s = space::UntiledSchedule(chain);
+    s.regroup = regroup;
     s.tile = tile;
     for (size_t d = 0; d < chain.dims.size(); ++d) {
       if (place[d] == kBlock) s.block.push_back(static_cast<int>(d));
@@ -230,12 +247,12 @@ class McfuserSearch : public SearchStrategy {
   }
 
   space::Schedule Mutate(const space::Schedule& p) {
-    const ir::Chain& chain = *task_.chain;
+    const ir::Chain& chain = ChainOf(p.regroup);
     std::vector<int64_t> tile = p.tile;
     std::vector<Place> place(chain.dims.size());
     for (size_t d = 0; d < chain.dims.size(); ++d) place[d] = PlaceOf(p, static_cast<int>(d));
     const int d = static_cast<int>(rng_() % chain.dims.size());
-    switch (rng_() % 3) {
+    switch (rng_() % (variants_.size() > 1 ? 4 : 3)) {
       case 0: {  // a neighbouring tile size
         std::vector<int64_t> opts = space::TileOptions(chain, task_.target, d);
         auto at = std::find(opts.begin(), opts.end(), tile[d]);
@@ -246,18 +263,20 @@ class McfuserSearch : public SearchStrategy {
       case 1:  // another place for the loop
         place[d] = static_cast<Place>(rng_() % 3);
         break;
-      default: {  // another order of an op's own output loops
+      case 2: {  // another order of an op's own output loops
         space::Schedule s = p;
         const size_t o = rng_() % chain.ops.size();
         if (s.own[o].size() >= 2) std::swap(s.own[o][0], s.own[o][1]);
         return s;
       }
+      default:  // the same loops over another association order
+        return Assemble(tile, place, variants_[rng_() % variants_.size()].first);
     }
-    return Assemble(tile, place);
+    return Assemble(tile, place, p.regroup);
   }
 
   space::Schedule Crossover(const space::Schedule& a, const space::Schedule& b) {
-    const ir::Chain& chain = *task_.chain;
+    const ir::Chain& chain = ChainOf(a.regroup);
     std::vector<int64_t> tile(chain.dims.size());
     std::vector<Place> place(chain.dims.size());
     for (size_t d = 0; d < chain.dims.size(); ++d) {
@@ -265,7 +284,7 @@ class McfuserSearch : public SearchStrategy {
       tile[d] = from.tile[d];
       place[d] = PlaceOf(from, static_cast<int>(d));
     }
-    return Assemble(tile, place);
+    return Assemble(tile, place, a.regroup);
   }
 
   struct Measured {
@@ -276,6 +295,7 @@ class McfuserSearch : public SearchStrategy {
 
   McfuserSearchOptions options_;
   SearchTask task_;
+  std::vector<std::pair<ir::Regroup, ir::Chain>> variants_;  // the chain as written first
   space::Space space_;
   std::unordered_map<std::string, int> index_;
   std::vector<std::string> texts_;

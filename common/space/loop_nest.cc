@@ -212,7 +212,8 @@ std::optional<mapping::Mapping> DefaultMappingFor(const ir::Chain& chain, int op
   return std::nullopt;
 }
 
-std::string DescribeMappings(const ir::Chain& chain, const LoopNest& nest) {
+std::string DescribeMappings(const ir::Chain& written, const LoopNest& nest) {
+  const ir::Chain& chain = NestChain(written, nest);
   std::vector<std::string> parts;
   for (const OpNest& on : nest.ops) {
     const ir::Op& op = chain.ops[on.op];
@@ -246,6 +247,18 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
 
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target,
                                        const NestContext* context) {
+  if (!input.regroup.empty()) {
+    absl::StatusOr<ir::Chain> c = ir::ApplyRegroup(chain, input.regroup);
+    if (!c.ok()) return c.status();
+    auto regrouped = std::make_shared<const ir::Chain>(std::move(*c));
+    Schedule rest = input;
+    rest.regroup = {};
+    absl::StatusOr<LoopNest> nest = BuildLoopNest(*regrouped, rest, target, context);
+    if (!nest.ok()) return nest.status();
+    nest->schedule.regroup = input.regroup;
+    nest->regrouped = std::move(regrouped);
+    return nest;
+  }
   std::optional<NestContext> own_context;
   if (context == nullptr) context = &own_context.emplace(MakeNestContext(chain, target));
   const int num_dims = static_cast<int>(chain.dims.size());

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -115,6 +116,9 @@ struct LocalBuffer {
 
 struct LoopNest {
   Schedule schedule;              // canonical
+  // The chain regrouped as schedule.regroup says; null when the schedule
+  // runs the chain as written. Every id below refers to NestChain.
+  std::shared_ptr<const ir::Chain> regrouped;
   std::vector<int64_t> trips;     // per dim: ceil(extent / tile)
   int64_t num_blocks = 1;
   int stream_dim = -1;            // at most one stream loop
@@ -127,6 +131,11 @@ struct LoopNest {
   double useful_flops = 0;        // the same without the padding
   double PaddingRatio() const { return useful_flops > 0 ? padded_flops / useful_flops : 1; }
 };
+
+// The chain a nest of `chain` runs: its regrouping, or `chain`.
+inline const ir::Chain& NestChain(const ir::Chain& chain, const LoopNest& nest) {
+  return nest.regrouped ? *nest.regrouped : chain;
+}
 
 // What building a nest needs that depends only on the chain and the target
 // (worth computing once when building many nests).
@@ -144,7 +153,8 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
 // on the target (an ineligible block dim, a stream loop a result would be
 // read across before it is complete, own loops over foreign dims, an
 // invalid mapping or one onto an intrinsic the target lacks, ...).
-// `context`, when given, must come from MakeNestContext(chain, target).
+// `context`, when given, must come from MakeNestContext of the chain the
+// schedule runs (ScheduledChain(chain, schedule)) and the target.
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
                                        const hw::TargetDesc& target, const NestContext* context = nullptr);
 

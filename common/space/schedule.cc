@@ -108,7 +108,19 @@ Schedule Canonical(const Schedule& schedule, const ir::Chain& chain) {
   return s;
 }
 
+absl::StatusOr<ir::Chain> ScheduledChain(const ir::Chain& chain, const Schedule& schedule) {
+  if (schedule.regroup.empty()) return chain;
+  return ir::ApplyRegroup(chain, schedule.regroup);
+}
+
 std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
+  if (!schedule.regroup.empty()) {
+    absl::StatusOr<ir::Chain> regrouped = ir::ApplyRegroup(chain, schedule.regroup);
+    Schedule rest = schedule;
+    rest.regroup = {};
+    return absl::StrCat("{", ir::RegroupToText(chain, schedule.regroup), "} ",
+                        regrouped.ok() ? ScheduleToText(rest, *regrouped) : "?");
+  }
   Schedule s = Canonical(schedule, chain);
   std::string block = s.block.empty() ? "-" : Entries(s.block, s, chain);
   std::string stream = s.stream.empty() ? "-" : Entries(s.stream, s, chain);
@@ -153,6 +165,16 @@ std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain) {
 }
 
 absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& chain) {
+  text = absl::StripAsciiWhitespace(text);
+  if (absl::StartsWith(text, "{")) {
+    const size_t close = text.find('}');
+    if (close == absl::string_view::npos) return Error("a regrouping '{OUT=X*(Y*Z)}' lacks its '}'");
+    ASSIGN_OR_RETURN(ir::Regroup regroup, ir::ParseRegroup(text.substr(1, close - 1), chain));
+    ASSIGN_OR_RETURN(ir::Chain regrouped, ir::ApplyRegroup(chain, regroup));
+    ASSIGN_OR_RETURN(Schedule s, ParseSchedule(text.substr(close + 1), regrouped));
+    s.regroup = regroup;
+    return s;
+  }
   Schedule s = UntiledSchedule(chain);
   std::vector<absl::string_view> parts = absl::StrSplit(text, '/');
   if (const absl::string_view last = absl::StripAsciiWhitespace(parts.back());
@@ -214,8 +236,12 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& 
 }
 
 Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map, const std::vector<int>& op_map,
-                       const ir::Chain& to) {
+                       const ir::Chain& to, const std::vector<int>& tensor_map) {
   Schedule out = UntiledSchedule(to);
+  if (!schedule.regroup.empty()) {
+    out.regroup.consumer = op_map[schedule.regroup.consumer];
+    for (int t : schedule.regroup.first) out.regroup.first.push_back(tensor_map.empty() ? t : tensor_map[t]);
+  }
   for (size_t d = 0; d < dim_map.size() && d < schedule.tile.size(); ++d) {
     if (dim_map[d] >= 0) out.tile[dim_map[d]] = schedule.tile[d];
   }

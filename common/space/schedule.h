@@ -30,9 +30,11 @@
 // the best tilings.
 //
 // Text form (one tile size per dim; "-" for an empty level; the mappings
-// and the launch optional, the launch only where it is not the default):
+// and the launch optional, the launch only where it is not the default;
+// a regrouping first, in braces):
 //   b=1 m=64 / n=32 / S(k=32) O(h=32) / S=fma.avx2.6x16[i=m j=n k=k]
 //   b=1 m=64 / n=64 / - / cuda warps=4 stages=1 registers
+//   {E=A*(B*D)} b=1 / - / B_D(n=64)
 #pragma once
 
 #include <cstdint>
@@ -42,11 +44,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/ir/chain.h"
+#include "common/ir/regroup.h"
 #include "common/mapping/mapping.h"
 
 namespace fusor::space {
 
 struct Schedule {
+  // The association order (regroup.h): empty for the chain as written.
+  // Everything else refers to the chain regrouped: its ops and tensors
+  // keep their ids, the regrouped intermediate is renamed.
+  ir::Regroup regroup;
   std::vector<int> block;              // dim ids, ascending
   std::vector<int> stream;             // dim ids, outermost first
   std::vector<std::vector<int>> own;   // per op: dim ids, outermost first
@@ -84,10 +91,16 @@ std::string TilingExpression(const Schedule& schedule, const ir::Chain& chain);
 // are the same nest.
 Schedule Canonical(const Schedule& schedule, const ir::Chain& chain);
 
-// The same schedule for chain `to`, whose dims and ops are a renumbering of
-// this schedule's chain: `dim_map` maps dim ids (-1: none) and `op_map` op
-// ids. Dims nothing maps onto keep their full extent.
+// The same schedule for chain `to`, whose dims, ops and tensors are a
+// renumbering of this schedule's chain: `dim_map` maps dim ids (-1: none),
+// `op_map` op ids and `tensor_map` tensor ids (needed for a regrouping).
+// Dims nothing maps onto keep their full extent.
 Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map,
-                       const std::vector<int>& op_map, const ir::Chain& to);
+                       const std::vector<int>& op_map, const ir::Chain& to,
+                       const std::vector<int>& tensor_map = {});
+
+// The chain `schedule` runs: `chain` regrouped as it says (regroup.h), or
+// `chain` itself.
+absl::StatusOr<ir::Chain> ScheduledChain(const ir::Chain& chain, const Schedule& schedule);
 
 }  // namespace fusor::space

@@ -40,19 +40,34 @@ std::vector<mapping::Mapping> Alternatives(const ir::Chain& chain, const hw::Tar
 
 // Tries every op's alternative mappings on the best schedules so far and
 // merges the survivors into the ranking.
-void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target, const NestContext& context,
-                            const SpaceOptions& options, int64_t budget, double min_padding, Space& space) {
+// The chain as written or regrouped, with what enumerating its schedules
+// needs.
+struct Variant {
+  ir::Regroup regroup;
+  ir::Chain chain;
+  NestContext context;
+  double min_padding = 1;
+};
+
+void AddMappingAlternatives(const std::vector<Variant>& variants, const hw::TargetDesc& target,
+                            const SpaceOptions& options, int64_t budget, Space& space) {
   const size_t top = std::min<size_t>(space.ranked.size(), options.mapping_tilings);
   std::vector<RankedSchedule> added;
-  for (size_t o = 0; o < chain.ops.size(); ++o) {
-    for (const mapping::Mapping& m : Alternatives(chain, target, static_cast<int>(o), options.max_mappings_per_op)) {
-      ++space.stats.mappings;
-      for (size_t i = 0; i < top; ++i) {
-        Schedule s = space.ranked[i].schedule;
-        s.maps[o] = m;
-        auto nest = BuildLoopNest(chain, s, target, &context);
-        if (!nest.ok() || *Pruned(*nest, options, budget, min_padding)) continue;
-        added.push_back({nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)});
+  for (const Variant& v : variants) {
+    const ir::Chain& chain = v.chain;
+    for (size_t o = 0; o < chain.ops.size(); ++o) {
+      for (const mapping::Mapping& m : Alternatives(chain, target, static_cast<int>(o), options.max_mappings_per_op)) {
+        ++space.stats.mappings;
+        for (size_t i = 0; i < top; ++i) {
+          if (space.ranked[i].schedule.regroup != v.regroup) continue;
+          Schedule s = space.ranked[i].schedule;
+          s.regroup = {};
+          s.maps[o] = m;
+          auto nest = BuildLoopNest(chain, s, target, &v.context);
+          if (!nest.ok() || *Pruned(*nest, options, budget, v.min_padding)) continue;
+          nest->schedule.regroup = v.regroup;
+          added.push_back({nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)});
+        }
       }
     }
   }
@@ -71,12 +86,17 @@ void AddMappingAlternatives(const ir::Chain& chain, const hw::TargetDesc& target
 
 enum Placement : uint8_t { kOwn = 0, kBlock = 1, kStream = 2 };
 
-// Dims that may be a stream loop: not a block dim, and used by two ops or
-// more (otherwise the loop is just that op's own loop).
-std::vector<bool> StreamCandidates(const ir::Chain& chain, const std::vector<int>& block_eligible) {
+// Dims that may be a stream loop: used by two ops or more (otherwise the
+// loop is just that op's own loop). On a CPU that includes dims that could
+// be block loops: a block then runs through its rows in strips, each strip
+// through the whole chain while its intermediates stay in L1, and what
+// does not depend on the dim (a packed K or V) is packed once per block.
+// A GPU block is one pass; its row dims are block dims.
+std::vector<bool> StreamCandidates(const ir::Chain& chain, const std::vector<int>& block_eligible,
+                                   const hw::TargetDesc& target) {
   std::vector<bool> out(chain.dims.size(), false);
   for (size_t d = 0; d < chain.dims.size(); ++d) {
-    if (Contains(block_eligible, static_cast<int>(d))) continue;
+    if (Contains(block_eligible, static_cast<int>(d)) && target.backend == hw::Backend::kCuda) continue;
     int users = 0;
     for (const ir::Op& op : chain.ops) users += Contains(op.index, static_cast<int>(d)) || Contains(op.reduce, static_cast<int>(d));
     out[d] = users >= 2;
@@ -105,7 +125,7 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& t
   // block dim or a stream dim (a tile nothing loops over is the full
   // extent). Dims under 8 are not worth a loop.
   const NestContext context = MakeNestContext(chain, target);
-  bool loopable = Contains(context.block_eligible, dim) || StreamCandidates(chain, context.block_eligible)[dim];
+  bool loopable = Contains(context.block_eligible, dim) || StreamCandidates(chain, context.block_eligible, target)[dim];
   // A dim alone on an axis of an op's default mapping steps by that axis'
   // extent (at least 16).
   int64_t step = 0;
@@ -136,20 +156,27 @@ double MinimalPaddingRatio(const ir::Chain& chain, const hw::TargetDesc& target)
 absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw::TargetDesc& target,
                                                 const Schedule& schedule, const SpaceOptions& options) {
   ASSIGN_OR_RETURN(LoopNest nest, BuildLoopNest(chain, schedule, target));
-  const char* why = Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddingRatio(chain, target));
+  const char* why =
+      Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddingRatio(NestChain(chain, nest), target));
   if (*why) return absl::FailedPreconditionError(absl::StrCat("pruned by the ", why, " rule"));
   return RankedSchedule{nest.schedule, model::Predict(nest, target), DescribeMappings(chain, nest)};
 }
 
-absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  Space space;
-  const int64_t budget = hw::ScratchBudget(target);
-  const double min_padding = MinimalPaddingRatio(chain, target);
+namespace {
+
+// Stage counts, summed over the variants.
+struct StageCounts {
+  int64_t deduped = 0, legal = 0, after_intermediates = 0, after_padding = 0, after_scratch = 0;
+};
+
+// Enumerates, prunes and ranks one variant's schedules into `space`.
+void EnumerateVariant(const Variant& variant, const hw::TargetDesc& target, const SpaceOptions& options,
+                      int64_t budget, Space& space, StageCounts& counts) {
+  const ir::Chain& chain = variant.chain;
   const int num_dims = static_cast<int>(chain.dims.size());
-  const NestContext context = MakeNestContext(chain, target);
+  const NestContext& context = variant.context;
   const std::vector<int>& block_eligible = context.block_eligible;
-  const std::vector<bool> stream_ok = StreamCandidates(chain, block_eligible);
+  const std::vector<bool> stream_ok = StreamCandidates(chain, block_eligible, target);
 
   std::vector<std::vector<int64_t>> tiles(num_dims);
   std::vector<std::vector<Placement>> places(num_dims);
@@ -160,7 +187,6 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
     if (stream_ok[d]) places[d].push_back(kStream);
   }
 
-  int64_t deduped = 0, legal = 0, after_intermediates = 0, after_padding = 0, after_scratch = 0;
   std::vector<size_t> tile_pick(num_dims, 0);
   while (true) {
     std::vector<int64_t> tile(num_dims);
@@ -206,15 +232,16 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
         space.stats.enumerated += duplicates;
         // Without rule 1 every equivalent copy goes on through the stages.
         const int64_t copies = options.dedupe ? 1 : duplicates;
-        deduped += copies;
+        counts.deduped += copies;
         auto nest = BuildLoopNest(chain, s, target, &context);
         if (nest.ok()) {
-          legal += copies;
-          const std::string_view why = Pruned(*nest, options, budget, min_padding);
-          after_intermediates += why != "intermediates" ? copies : 0;
-          after_padding += why.empty() || why == "scratch" ? copies : 0;
+          counts.legal += copies;
+          const std::string_view why = Pruned(*nest, options, budget, variant.min_padding);
+          counts.after_intermediates += why != "intermediates" ? copies : 0;
+          counts.after_padding += why.empty() || why == "scratch" ? copies : 0;
           if (why.empty()) {
-            after_scratch += copies;
+            counts.after_scratch += copies;
+            nest->schedule.regroup = variant.regroup;
             RankedSchedule r{nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)};
             for (int64_t c = 0; c < copies; ++c) space.ranked.push_back(r);
           }
@@ -234,20 +261,39 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
     while (d < num_dims && ++tile_pick[d] == tiles[d].size()) tile_pick[d++] = 0;
     if (d == num_dims) break;
   }
-  space.stats.stages = {{"1 dedupe (equivalent nests merged)", deduped},
-                        {"legal nests", legal},
-                        {"2 intermediates fit", after_intermediates},
-                        {"3 padding bounded", after_padding},
-                        {"4 scratch fits", after_scratch}};
+}
+
+}  // namespace
+
+absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  Space space;
+  const int64_t budget = hw::ScratchBudget(target);
+  // The chain as written and every regrouping of it, each enumerated alike.
+  std::vector<Variant> variants;
+  variants.push_back({{}, chain, MakeNestContext(chain, target), MinimalPaddingRatio(chain, target)});
+  for (const ir::Regroup& r : ir::Regroupings(chain)) {
+    absl::StatusOr<ir::Chain> regrouped = ir::ApplyRegroup(chain, r);
+    if (!regrouped.ok()) continue;
+    variants.push_back({r, *regrouped, MakeNestContext(*regrouped, target), MinimalPaddingRatio(*regrouped, target)});
+  }
+  StageCounts counts;
+  for (const Variant& variant : variants) EnumerateVariant(variant, target, options, budget, space, counts);
+  space.stats.stages = {{"1 dedupe (equivalent nests merged)", counts.deduped},
+                        {"legal nests", counts.legal},
+                        {"2 intermediates fit", counts.after_intermediates},
+                        {"3 padding bounded", counts.after_padding},
+                        {"4 scratch fits", counts.after_scratch}};
   std::stable_sort(space.ranked.begin(), space.ranked.end(), [](const RankedSchedule& a, const RankedSchedule& b) {
     return a.prediction.t_estm_s < b.prediction.t_estm_s;
   });
-  AddMappingAlternatives(chain, target, context, options, budget, min_padding, space);
+  AddMappingAlternatives(variants, target, options, budget, space);
   if (space.ranked.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", legal, " legal, ",
-        after_intermediates, " with intermediates within ", options.intermediate_fraction, " of ", budget,
-        " bytes, ", after_padding, " with bounded padding, ", after_scratch, " fitting the scratch budget"));
+        "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", counts.legal, " legal, ",
+        counts.after_intermediates, " with intermediates within ", options.intermediate_fraction, " of ", budget,
+        " bytes, ", counts.after_padding, " with bounded padding, ", counts.after_scratch,
+        " fitting the scratch budget"));
   }
   space.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return space;

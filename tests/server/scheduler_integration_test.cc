@@ -156,7 +156,8 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   // In the requester's names: it parses against the renamed chain.
   EXPECT_TRUE(space::ParseSchedule(cached->best().schedule().text(), *ir::ParseChainText(kRenamed)).ok())
       << cached->best().schedule().text();
-  EXPECT_THAT(cached->best().mapping().text(), HasSubstr("T=fma."));
+  // U is in either association order (T may have been regrouped away).
+  EXPECT_THAT(cached->best().mapping().text(), HasSubstr("U=fma."));
   EXPECT_EQ(*db.CountMeasurements(), 5);
 
   v1::CompileRequest compile;

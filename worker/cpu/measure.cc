@@ -119,6 +119,11 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values) {
+  HostTensor scratch;
+  return Store(dtype, values, scratch);
+}
+
 std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed) {
   // A long sum of unit-sized products grows like the square root of its
   // length, and a chain of them (LLaMA's FFN: 4096, then 11008) leaves the

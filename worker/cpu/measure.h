@@ -67,6 +67,10 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
                                        const std::vector<std::vector<double>>& inputs, double rtol = 0,
                                        const ReferenceFn& reference = nullptr);
 
+// `values` as the chain's dtype stores them (rounded to f16 or bf16; f32
+// rounds to float).
+std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values);
+
 // Fresh random inputs, uniform in [-1, 1], one buffer per chain input; the
 // last input a sum of 1024 or more terms reduces over is scaled by
 // 1 / sqrt(terms), so that chains of long sums stay in the f16 range.

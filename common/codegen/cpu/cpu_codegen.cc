@@ -1,117 +1,58 @@
 #include "common/codegen/cpu/cpu_codegen.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <functional>
-#include <set>
 #include <map>
+#include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
-#include "common/codegen/cpu/prelude.h"
+#include "common/codegen/cpu/cpu_emit.h"
 #include "common/codegen/emit.h"
 
 namespace fusor::codegen {
 namespace {
 
-using ir::Access;
-using ir::Chain;
-using ir::Expr;
-using ir::Op;
-using ir::OpKind;
-using ir::TensorRole;
-using emit::CallFunc;
+using cpu::Lanes;
+using cpu::VectorExpr;
+using cpu::VectorLoad;
+using cpu::VectorLoop;
+using cpu::VectorStore;
 using emit::CloseScopes;
-using emit::OpenPointLoops;
 using emit::Count;
 using emit::ExprToC;
 using emit::FlatIndex;
-using emit::FloatLit;
 using emit::GlobalOffset;
 using emit::GlobalStrides;
-using emit::LinearToC;
-using emit::LoadConvert;
-using emit::LoadFn;
 using emit::Names;
+using emit::OpenPointLoops;
 using emit::ProductToC;
 using emit::StoreConvert;
-using emit::TensorsJson;
 using emit::Writer;
+using ir::Access;
+using ir::Chain;
+using ir::Op;
+using ir::OpKind;
+using ir::TensorRole;
 
-const std::vector<std::string> kCompileFlags = {
-    "-O3", "-march=native", "-std=gnu++17", "-fopenmp", "-ffp-contract=fast", "-fno-math-errno"};
+bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
-
-// The micro-kernel function of intrinsic `k`, named `fn`, using the vector
-// type `vt` (lanes floats).
-// The micro-kernel function `fn` of intrinsic `k` (its vector type, of
-// k.lanes floats, declared by VectorType).
-std::string MicroKernel(const hw::MicroKernel& k, const std::string& fn) {
-  const int vecs = k.nr / k.lanes;
-  const std::string vt = absl::StrCat("fusor_v", k.lanes);
-  Writer w;
-  w.Line(absl::StrCat("// ", k.name, ": C[", k.mr, "x", k.nr,
-                      "] += A[:, p] * B[p, :] for p < kc, C kept in registers."));
-  w.Open(absl::StrCat("static inline void ", fn, "(long kc, const float* __restrict a, const float* __restrict b, "
-                      "float* __restrict c, long ldc)"));
-  for (int r = 0; r < k.mr; ++r) {
-    for (int v = 0; v < vecs; ++v) {
-      w.Line(absl::StrCat(vt, " c", r, "_", v, " = *(const ", vt, "*)(c + ", r, " * ldc + ", v * k.lanes, ");"));
-    }
-  }
-  w.Open("for (long p = 0; p < kc; ++p)");
-  for (int v = 0; v < vecs; ++v) {
-    w.Line(absl::StrCat("const ", vt, " b", v, " = *(const ", vt, "*)(b + p * ", k.nr, " + ", v * k.lanes, ");"));
-  }
-  for (int r = 0; r < k.mr; ++r) {
-    w.Line(absl::StrCat("{ const ", vt, " a", r, " = ", k.lanes > 1 ? absl::StrCat("(", vt, "){} + ") : "",
-                        "a[p * ", k.mr, " + ", r, "];"));
-    std::string updates;
-    for (int v = 0; v < vecs; ++v) absl::StrAppend(&updates, " c", r, "_", v, " += a", r, " * b", v, ";");
-    w.Line(absl::StrCat(" ", updates, " }"));
-  }
-  w.Close();
-  for (int r = 0; r < k.mr; ++r) {
-    for (int v = 0; v < vecs; ++v) {
-      w.Line(absl::StrCat("*(", vt, "*)(c + ", r, " * ldc + ", v * k.lanes, ") = c", r, "_", v, ";"));
-    }
-  }
-  w.Close();
-  return w.Take();
-}
-
-// typedef of the vector type of `lanes` floats, unaligned loads allowed.
+// typedef of the micro-kernel vector type of `lanes` floats, unaligned
+// loads allowed.
 std::string VectorType(int lanes) {
   if (lanes <= 1) return "typedef float fusor_v1;\n";
   return absl::StrCat("typedef float fusor_v", lanes, " __attribute__((vector_size(", 4 * lanes, "), aligned(4)));\n");
 }
 
-std::string Preamble(const std::string& title_comment) {
-  std::string s = title_comment;
-  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n\n";
-  s += std::string(CpuPreludeSource());
-  s += "\n";
-  return s;
-}
-
-void DeclareArguments(Writer& w, const Chain& chain, const Names& n) {
-  const std::string type = StorageType(chain.dtype);
-  for (size_t i = 0; i < chain.inputs.size(); ++i) {
-    int t = chain.inputs[i];
-    w.Line(absl::StrCat("const ", type, "* const ", n.Global(t), " = (const ", type,
-                        "*)fusor_inputs[", i, "];"));
-  }
-  for (size_t i = 0; i < chain.outputs.size(); ++i) {
-    int t = chain.outputs[i];
-    w.Line(absl::StrCat(type, "* const ", n.Global(t), " = (", type, "*)fusor_outputs[", i, "];"));
-  }
-}
-
-// ---------------------------------------------------------------- fused ---
+// How a GEMM-shaped sum reads its A side: packed like B, or in place when
+// it is one f32 access with one row dim and one reduced dim on the
+// intrinsic (A[r][p] at base + r * row_stride + p * k_stride).
+struct ASide {
+  bool direct = false;
+  int64_t row_stride = 1, k_stride = 1;  // elements; packed: 1 and mr
+};
 
 class FusedEmitter {
  public:
@@ -143,6 +84,10 @@ class FusedEmitter {
       }
     }
     scratch_floats_ = shared + shared_floats;
+    for (const space::OpNest& on : nest.ops) {
+      a_.push_back(ASideOf(on));
+      direct_c_.push_back(DirectCStride(on));
+    }
   }
 
   std::string Emit(const std::string& schedule_text, const std::string& mapping) {
@@ -151,29 +96,27 @@ class FusedEmitter {
         space::TilingExpression(s_, chain_), ")\n", "// mapping:  ", mapping, "\n", "// blocks: ", nest_.num_blocks,
         ", scratch per thread: ", nest_.scratch_bytes, " bytes\n", "// chain:\n");
     for (const Op& op : chain_.ops) absl::StrAppend(&title, "//   ", ir::OpToString(op, chain_), "\n");
-    std::string out = Preamble(title + "\n");
+    std::string out = cpu::Preamble(title + "\n");
     std::set<int> lanes;
     for (const space::OpNest& on : nest_.ops) {
       if (on.gemm.ok) lanes.insert(on.kernel.lanes);
     }
     for (int l : lanes) out += VectorType(l);
     for (const space::OpNest& on : nest_.ops) {
-      if (!on.gemm.ok || kernel_fn_.count(on.kernel.name)) continue;
-      kernel_fn_[on.kernel.name] = absl::StrCat("fusor_mk", kernel_fn_.size());
-      out += MicroKernel(on.kernel, kernel_fn_[on.kernel.name]);
+      if (on.gemm.ok) out += MicroKernel(on);
     }
     out += "\n";
 
     Writer& w = w_;
     w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
            "int num_threads)");
-    DeclareArguments(w, chain_, n_);
+    cpu::DeclareArguments(w, chain_, n_);
     const int64_t scratch_bytes = std::max<int64_t>(64, (scratch_floats_ * 4 + 63) / 64 * 64);
     w.Line("int failed = 0;");
     w.Line(absl::StrCat("#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1) if (",
                         nest_.num_blocks, " > 1)"));
     w.Open("");
-    w.Line(absl::StrCat("float* const scratch = (float*)aligned_alloc(64, ", scratch_bytes, ");"));
+    w.Line(absl::StrCat("float* const scratch = fusor_scratch(", scratch_bytes, ");"));
     w.Open("if (!scratch)");
     w.Line("#pragma omp atomic write");
     w.Line("failed = 1;");
@@ -187,7 +130,6 @@ class FusedEmitter {
     if (nest_.stream_dim >= 0) EmitStream();
     EmitRegion(space::Region::kAfter);
     w.Close();  // block loop
-    w.Line("free(scratch);");
     w.Close();  // parallel
     w.Line("return failed;");
     w.Close();
@@ -200,6 +142,87 @@ class FusedEmitter {
   }
 
   std::string Sfx(int o) const { return absl::StrCat(o); }
+
+  // The range of dim d an op's statements see, when known at generation
+  // time: the extent when nothing loops over d, the tile when it divides.
+  std::optional<int64_t> ConstRange(int d, const space::OpNest& on) const {
+    const bool looped = x_.IsBlock(d) || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
+                        Contains(on.loops, d);
+    const int64_t extent = chain_.dims[d].extent, tile = s_.tile[d];
+    if (!looped) return extent;
+    if (extent % tile == 0) return tile;
+    return std::nullopt;
+  }
+  std::optional<int64_t> ConstCount(const std::vector<int>& dims, const space::OpNest& on) const {
+    int64_t n = 1;
+    for (int d : dims) {
+      std::optional<int64_t> r = ConstRange(d, on);
+      if (!r) return std::nullopt;
+      n *= *r;
+    }
+    return n;
+  }
+
+  bool HasLocal(int tensor) const { return nest_.local[tensor].floats > 0; }
+
+  // How far an access's element moves per step of dim d (elements of its
+  // block-local buffer, or of its tensor in global memory).
+  int64_t Stride(const Access& a, int d) const {
+    if (HasLocal(a.tensor)) return x_.LocalStride(a, d);
+    int64_t constant = 0;
+    std::map<int, int64_t> strides = GlobalStrides(a, chain_, &constant);
+    auto it = strides.find(d);
+    return it == strides.end() ? 0 : it->second;
+  }
+
+  // The lanes of an access whose dim d advances by one per lane.
+  Lanes AccessLanes(const Access& a, int d) const {
+    Lanes l;
+    l.stride = Stride(a, d);
+    if (HasLocal(a.tensor)) {
+      l.ptr = absl::StrCat("&", n_.Local(a.tensor), "[", x_.LocalOffset(a), "]");
+    } else {
+      l.ptr = absl::StrCat("&", n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]");
+      l.dtype = chain_.dtype;
+    }
+    return l;
+  }
+  std::function<Lanes(const Access&)> LanesAlong(int d) const {
+    return [this, d](const Access& a) { return AccessLanes(a, d); };
+  }
+
+  ASide ASideOf(const space::OpNest& on) const {
+    ASide a;
+    const space::GemmForm& g = on.gemm;
+    a.k_stride = on.kernel.mr;
+    if (!g.ok || g.a_side.size() != 1 || g.rows.size() != 1 || g.kdims.size() != 1) return a;
+    const Access& acc = g.a_side[0];
+    if (!HasLocal(acc.tensor) && chain_.dtype != ir::DType::kF32) return a;
+    a.direct = true;
+    a.row_stride = Stride(acc, g.rows[0]);
+    a.k_stride = Stride(acc, g.kdims[0]);
+    return a;
+  }
+
+  // The micro-kernels write C straight to the op's result (no accumulator
+  // tile, no copy) when it is a plain f32 destination: the block-local
+  // buffer of an intermediate, or an f32 output, neither accumulated across
+  // the stream loop nor rescaled; one row and one column dim, adjacent
+  // columns, and a column tile of whole panels (the micro-kernel writes nr
+  // columns). Returns the destination's row stride, or 0.
+  int64_t DirectCStride(const space::OpNest& on) const {
+    const space::GemmForm& g = on.gemm;
+    const Op& op = chain_.ops[on.op];
+    if (!g.ok || g.rows.size() != 1 || g.cols.size() != 1 || on.accumulates || on.online_softmax >= 0) return 0;
+    const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
+    if (HasLocal(op.output) == output) return 0;  // both or neither
+    if (output && chain_.dtype != ir::DType::kF32) return 0;
+    const std::optional<int64_t> cols = ConstRange(g.cols[0], on);
+    if (!cols || *cols % on.kernel.nr != 0) return 0;
+    const Access self = emit::NestIndex::SelfAccess(op);
+    if (Stride(self, g.cols[0]) != 1) return 0;
+    return Stride(self, g.rows[0]);
+  }
 
   void DeclareScratchPointers() {
     for (size_t t = 0; t < chain_.tensors.size(); ++t) {
@@ -244,12 +267,13 @@ class FusedEmitter {
       }
     }
     for (const space::OpNest& on : nest_.ops) {
-      if (on.region != space::Region::kStream || !on.gemm.ok || !(on.a_hoisted || on.b_hoisted)) continue;
+      const bool pack_a = on.a_hoisted && !a_[on.op].direct;
+      if (on.region != space::Region::kStream || !on.gemm.ok || !(pack_a || on.b_hoisted)) continue;
       const Op& op = chain_.ops[on.op];
       w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": packs hoisted out of the stream loop"));
       w_.Open("");
       x_.DefineFullRanges(w_, on);
-      if (on.a_hoisted) Pack(op, on, true);
+      if (pack_a) Pack(op, on, true);
       if (on.b_hoisted) Pack(op, on, false);
       w_.Close();
     }
@@ -272,9 +296,7 @@ class FusedEmitter {
     } else if (op.kind == OpKind::kSum) {
       EmitGenericSum(op, on);
     } else if (op.kind == OpKind::kMap) {
-      int opened = OpenPointLoops(w_, op.index, n_);
-      x_.Store(w_, on, ExprToC(op.body, [this](const Access& a) { return x_.Load(a); }));
-      CloseScopes(w_, opened);
+      EmitMap(op, on);
     } else if (on.online) {
       EmitOnlineSoftmax(op, on);
     } else {
@@ -283,11 +305,85 @@ class FusedEmitter {
     w_.Close();
   }
 
+  // ------------------------------------------------------- pointwise ---
+
+  int64_t ResultStride(const space::OpNest& on, int d) const {
+    return Stride(emit::NestIndex::SelfAccess(chain_.ops[on.op]), d);
+  }
+
+  // The dim to vectorize a pass over `dims` along: the last one whose
+  // destination elements are adjacent, else the last.
+  int InnerDim(const std::vector<int>& dims, const std::function<int64_t(int)>& dest_stride) const {
+    for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
+      if (dest_stride(*it) == 1) return *it;
+    }
+    return dims.back();
+  }
+
+  // Point loops over `dims`, the one over `inner` in vectors (and a
+  // scalar tail); `body(vector)` emits one step.
+  void PointwiseLoops(const std::vector<int>& dims, int inner, const std::function<void(bool)>& body) {
+    std::vector<int> outer;
+    for (int d : dims) {
+      if (d != inner) outer.push_back(d);
+    }
+    const int opened = OpenPointLoops(w_, outer, n_);
+    VectorLoop(w_, n_.I(inner), n_.N(inner), absl::StrCat("const long ", n_.V(inner), " = ", n_.O(inner), " + ",
+                                                          n_.I(inner), ";"),
+               body);
+    CloseScopes(w_, opened);
+  }
+
+  // The vector form of NestIndex::Store: writes the fusor_vf `value` to the
+  // op's result at the lanes along dim d.
+  void StoreVector(const space::OpNest& on, int d, const std::string& value) {
+    const Op& op = chain_.ops[on.op];
+    const Access self = emit::NestIndex::SelfAccess(op);
+    if (HasLocal(op.output)) {
+      const Lanes at = AccessLanes(self, d);
+      if (on.online_softmax >= 0) {
+        const Op& sm = chain_.ops[on.online_softmax];
+        Lanes scale;
+        scale.ptr = absl::StrCat("&sscale", on.online_softmax, "[", x_.StateOffset(sm), "]");
+        scale.stride = x_.StateStride(sm, d);
+        w_.Line(VectorStore(at, absl::StrCat(VectorLoad(at), " * ", VectorLoad(scale), " + ", value)));
+      } else if (on.accumulates) {
+        w_.Line(VectorStore(at, absl::StrCat(VectorLoad(at), " + ", value)));
+      } else {
+        w_.Line(VectorStore(at, value));
+      }
+    }
+    if (chain_.tensors[op.output].role == TensorRole::kOutput && !on.accumulates) {
+      Lanes out;
+      out.ptr = absl::StrCat("&", n_.Global(op.output), "[", GlobalOffset(self, n_), "]");
+      out.dtype = chain_.dtype;
+      int64_t constant = 0;
+      std::map<int, int64_t> strides = GlobalStrides(self, chain_, &constant);
+      out.stride = strides.count(d) ? strides.at(d) : 0;
+      w_.Line(VectorStore(out, value));
+    }
+  }
+
+  void EmitMap(const Op& op, const space::OpNest& on) {
+    auto load = [this](const Access& a) { return x_.Load(a); };
+    const int inner = InnerDim(op.index, [&](int d) { return ResultStride(on, d); });
+    PointwiseLoops(op.index, inner, [&](bool vector) {
+      if (vector) {
+        w_.Line(absl::StrCat("const fusor_vf value = ", VectorExpr(op.body, LanesAlong(inner)), ";"));
+        StoreVector(on, inner, "value");
+      } else {
+        x_.Store(w_, on, ExprToC(op.body, load));
+      }
+    });
+  }
+
+  // ------------------------------------------------------------ sums ---
+
   struct GemmNames {
     std::string rows, cols, kc, nbatch, rows_pad, cols_pad, mr, nr;
   };
 
-  GemmNames Gemm(const Op& op, const space::OpNest& on) const {
+  GemmNames Gemm(const space::OpNest& on) const {
     const hw::MicroKernel& k = on.kernel;
     GemmNames g;
     g.mr = absl::StrCat(k.mr, "L");
@@ -301,79 +397,283 @@ class FusedEmitter {
     return g;
   }
 
+  // The micro-kernel of op `on`: C[MR x nr] (=, or += unless FIRST) the
+  // product of A[MR x kc] and the packed B panel [kc][nr], C held in
+  // registers over the whole kc. A row r, step p is at a[r * row_stride +
+  // p * k_stride]; constants are compiled in where the nest knows them.
+  std::string MicroKernel(const space::OpNest& on) const {
+    const hw::MicroKernel& k = on.kernel;
+    const int vecs = k.nr / k.lanes;
+    const std::string vt = absl::StrCat("fusor_v", k.lanes);
+    const ASide& a = a_[on.op];
+    const std::optional<int64_t> kc = ConstCount(on.gemm.kdims, on);
+    std::string splat = "{av";
+    for (int l = 1; l < k.lanes; ++l) splat += ", av";
+    splat += "}";
+    Writer w;
+    w.Line(absl::StrCat("// ", chain_.tensors[chain_.ops[on.op].output].name, ": ", k.name, ", A ",
+                        a.direct ? "read in place" : "packed", ", B packed, C in registers"));
+    w.Line("template <int MR, bool FIRST>");
+    w.Open(absl::StrCat("static inline void fusor_mk", on.op,
+                        "(const float* __restrict a, const float* __restrict b, float* __restrict c, long ldc, "
+                        "long kc)"));
+    if (kc) w.Line("(void)kc;");
+    w.Line(absl::StrCat(vt, " acc[MR][", vecs, "];"));
+    w.Line("#pragma GCC unroll 16");
+    w.Open("for (int r = 0; r < MR; ++r)");
+    w.Line("#pragma GCC unroll 16");
+    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) acc[r][v] = FIRST ? ", vt, "{} : *(const ", vt,
+                        "*)(c + r * ldc + v * ", k.lanes, ");"));
+    w.Close();
+    w.Line("#pragma GCC unroll 4");
+    w.Open(absl::StrCat("for (long p = 0; p < ", kc ? absl::StrCat(*kc, "L") : "kc", "; ++p)"));
+    w.Line(absl::StrCat(vt, " bv[", vecs, "];"));
+    w.Line("#pragma GCC unroll 16");
+    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) bv[v] = *(const ", vt, "*)(b + p * ", k.nr,
+                        " + v * ", k.lanes, ");"));
+    w.Line("#pragma GCC unroll 16");
+    w.Open("for (int r = 0; r < MR; ++r)");
+    w.Line(absl::StrCat("const float av = a[r * ", a.row_stride, "L + p * ", a.k_stride, "L];"));
+    w.Line(absl::StrCat("const ", vt, " ar = ", splat, ";"));
+    w.Line("#pragma GCC unroll 16");
+    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) acc[r][v] += ar * bv[v];"));
+    w.Close();
+    w.Close();
+    w.Line("#pragma GCC unroll 16");
+    w.Open("for (int r = 0; r < MR; ++r)");
+    w.Line("#pragma GCC unroll 16");
+    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) *(", vt, "*)(c + r * ldc + v * ", k.lanes,
+                        ") = acc[r][v];"));
+    w.Close();
+    w.Close();
+    return w.Take();
+  }
+
   // Packs one side of a GEMM-shaped sum for the current tile:
-  // [batch][panel][k][mr or nr], zero-padded to whole panels.
+  // [batch][panel][k][mr or nr]. Columns past the tile in B's last panel
+  // are zero; rows past it in A's are never read.
   void Pack(const Op& op, const space::OpNest& on, bool a_side) {
     const space::GemmForm& g = on.gemm;
-    const GemmNames names = Gemm(op, on);
+    const GemmNames names = Gemm(on);
     const std::vector<int>& own = a_side ? g.rows : g.cols;
-    const std::string& pad = a_side ? names.rows_pad : names.cols_pad;
-    const std::string& width = a_side ? names.mr : names.nr;
+    const std::vector<Access>& factors = a_side ? g.a_side : g.b_side;
+    // The scale goes with A unless A is read in place.
+    const double scale = a_side != a_[on.op].direct ? g.scale : 1;
+    const int width = a_side ? on.kernel.mr : on.kernel.nr;
     const std::string buf = (a_side ? "pa" : "pb") + Sfx(on.op);
     auto load = [this](const Access& a) { return x_.Load(a); };
     w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
     w_.Open("");
-    w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ", pad,
-                         ", kc = ", names.kc, ";"));
+    w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ",
+                         a_side ? names.rows_pad : names.cols_pad, ", kc = ", names.kc, ";"));
     int opened = OpenPointLoops(w_, g.batch, n_);
-    opened += OpenPointLoops(w_, g.kdims, n_);
-    w_.Line(absl::StrCat("float* const dst = ", buf, " + ((", FlatIndex(g.batch, n_), ") * (own_pad / ", width,
-                         ") * kc + (", FlatIndex(g.kdims, n_), ")) * ", width, ";"));
-    int inner = OpenPointLoops(w_, own, n_);
-    w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
-    w_.Line(absl::StrCat("dst[(x / ", width, ") * kc * ", width, " + x % ", width, "] = ",
-                         ProductToC(a_side ? g.a_side : g.b_side, a_side ? g.scale : 1, load), ";"));
-    CloseScopes(w_, inner);
-    w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, ") * kc * ", width, " + x % ",
-                         width, "] = 0.0f;"));
+    w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
+    const std::string value = ProductToC(factors, scale, load);
+    if (own.size() == 1) {
+      const int d = own[0];
+      // Along the panel's columns when they are adjacent in memory (a
+      // vector copy); along k when k is (a transposition).
+      bool own_adjacent = false, k_adjacent = g.kdims.size() == 1;
+      for (const Access& a : factors) {
+        own_adjacent = own_adjacent || Stride(a, d) == 1;
+        if (g.kdims.size() == 1) k_adjacent = k_adjacent && Stride(a, g.kdims[0]) == 1;
+      }
+      const bool by_k = k_adjacent && !own_adjacent;
+      const bool may_pad = !a_side && (!ConstRange(d, on) || *ConstRange(d, on) % width != 0);
+      w_.Open(absl::StrCat("for (long c0 = 0; c0 < own; c0 += ", width, "L)"));
+      w_.Line(absl::StrCat("const long cn = own - c0 < ", width, "L ? own - c0 : ", width, "L;"));
+      w_.Line(absl::StrCat("float* const panel = ", buf, " + (bi * (own_pad / ", width, "L) + c0 / ", width,
+                           "L) * kc * ", width, "L;"));
+      const std::string define_own =
+          absl::StrCat("const long ", n_.I(d), " = c0 + j, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";");
+      // One f32 factor, k adjacent: transposed in registers.
+      const bool transpose = by_k && factors.size() == 1 && (HasLocal(factors[0].tensor) ||
+                                                             chain_.dtype == ir::DType::kF32);
+      if (transpose) {
+        const int k = g.kdims[0];
+        w_.Open("");
+        w_.Line(absl::StrCat("const long ", n_.I(d), " = c0, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
+        w_.Line(absl::StrCat("const long ", n_.V(k), " = ", n_.O(k), ";"));
+        w_.Line(absl::StrCat("fusor_pack_transposed(", AccessLanes(factors[0], d).ptr, ", ", Stride(factors[0], d),
+                             "L, panel, ", width, "L, cn, kc, ", emit::FloatLit(scale), ");"));
+        w_.Close();
+        if (may_pad) {
+          w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
+                               width, "L + j] = 0.0f;"));
+        }
+      } else if (by_k) {
+        w_.Open("for (long j = 0; j < cn; ++j)");
+        w_.Line(define_own);
+        int inner = OpenPointLoops(w_, g.kdims, n_);
+        w_.Line(absl::StrCat("panel[(", FlatIndex(g.kdims, n_), ") * ", width, "L + j] = ", value, ";"));
+        CloseScopes(w_, inner);
+        w_.Close();
+        if (may_pad) {
+          w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
+                               width, "L + j] = 0.0f;"));
+        }
+      } else {
+        int inner = OpenPointLoops(w_, g.kdims, n_);
+        w_.Line(absl::StrCat("float* const dst = panel + (", FlatIndex(g.kdims, n_), ") * ", width, "L;"));
+        VectorLoop(w_, "j", "cn", define_own, [&](bool vector) {
+          if (vector) {
+            std::vector<std::string> parts;
+            for (const Access& a : factors) parts.push_back(VectorLoad(AccessLanes(a, d)));
+            std::string v = absl::StrJoin(parts, " * ");
+            if (scale != 1) absl::StrAppend(&v, " * ", emit::FloatLit(scale));
+            w_.Line(absl::StrCat("fusor_vstore(dst + j, ", v, ");"));
+          } else {
+            w_.Line(absl::StrCat("dst[j] = ", value, ";"));
+          }
+        });
+        if (may_pad) w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) dst[j] = 0.0f;"));
+        CloseScopes(w_, inner);
+      }
+      w_.Close();
+    } else {
+      opened += OpenPointLoops(w_, g.kdims, n_);
+      w_.Line(absl::StrCat("float* const dst = ", buf, " + (bi * (own_pad / ", width, "L) * kc + (",
+                           FlatIndex(g.kdims, n_), ")) * ", width, "L;"));
+      int inner = OpenPointLoops(w_, own, n_);
+      w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
+      w_.Line(absl::StrCat("dst[(x / ", width, "L) * kc * ", width, "L + x % ", width, "L] = ", value, ";"));
+      CloseScopes(w_, inner);
+      if (!a_side) {
+        w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, "L) * kc * ", width,
+                             "L + x % ", width, "L] = 0.0f;"));
+      }
+    }
+    CloseScopes(w_, opened);
+    w_.Close();
+  }
+
+  // The micro-kernel over the whole tile: every batch point, row strip and
+  // column panel. `first`: a C bool, whether this is the first of the
+  // partial sums the accumulator receives.
+  void EmitTileProduct(const space::OpNest& on, const std::string& first) {
+    const space::GemmForm& g = on.gemm;
+    const GemmNames names = Gemm(on);
+    const ASide& a = a_[on.op];
+    const int mr = on.kernel.mr, nr = on.kernel.nr;
+    const std::string o = Sfx(on.op);
+    w_.Open("");
+    w_.Line(absl::StrCat("const long rows = ", names.rows, ", rows_pad = ", names.rows_pad, ", cols_pad = ",
+                         names.cols_pad, ", kc = ", names.kc, ";"));
+    int opened = OpenPointLoops(w_, g.batch, n_);
+    w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
+    if (a.direct) {
+      // A's element at the tile's first row and k.
+      w_.Line("const float* a0;");
+      w_.Open("");
+      for (int d : {g.rows[0], g.kdims[0]}) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
+      w_.Line(absl::StrCat("a0 = ", AccessLanes(g.a_side[0], g.rows[0]).ptr, ";"));
+      w_.Close();
+    } else {
+      w_.Line(absl::StrCat("const float* const a0 = pa", o, " + bi * rows_pad * kc;"));
+    }
+    w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * cols_pad * kc;"));
+    const int64_t c_stride = direct_c_[on.op];
+    if (c_stride > 0) {
+      // The result's element at the tile's first row and column.
+      w_.Line("float* c0;");
+      w_.Open("");
+      for (int d : {g.rows[0], g.cols[0]}) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
+      const Access self = emit::NestIndex::SelfAccess(chain_.ops[on.op]);
+      w_.Line(absl::StrCat("c0 = ", AccessLanes(self, g.cols[0]).ptr, ";"));
+      w_.Close();
+    } else {
+      w_.Line(absl::StrCat("float* const c0 = acc", o, " + bi * rows_pad * cols_pad;"));
+    }
+    const std::string ldc = c_stride > 0 ? absl::StrCat(c_stride, "L") : "cols_pad";
+    // Row strip r starts at a0 + r * (row stride); packed A holds strips of
+    // mr rows, kc * mr floats each.
+    const std::string a_at = a.direct ? absl::StrCat("a0 + r * ", a.row_stride, "L") : "a0 + r * kc";
+    auto calls = [&](const std::string& mr_value) {
+      w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", nr, "L)"));
+      const std::string args = absl::StrCat("(", a_at, ", b0 + c * kc, c0 + r * ", ldc, " + c, ", ldc, ", kc);");
+      if (first == "true") {
+        w_.Line(absl::StrCat("fusor_mk", o, "<", mr_value, ", true>", args));
+      } else {
+        w_.Line(absl::StrCat("if (", first, ") fusor_mk", o, "<", mr_value, ", true>", args));
+        w_.Line(absl::StrCat("else fusor_mk", o, "<", mr_value, ", false>", args));
+      }
+      w_.Close();
+    };
+    w_.Line("long r = 0;");
+    w_.Open(absl::StrCat("for (; r + ", mr, "L <= rows; r += ", mr, "L)"));
+    calls(absl::StrCat(mr));
+    w_.Close();
+    // The last rows: a micro-kernel of exactly that many.
+    const std::optional<int64_t> rows = ConstCount(g.rows, on);
+    if (rows) {
+      if (*rows % mr != 0) calls(absl::StrCat(*rows % mr));
+    } else if (mr > 1) {
+      w_.Open("switch (rows - r)");
+      for (int m = 1; m < mr; ++m) {
+        w_.Open(absl::StrCat("case ", m, ":"));
+        calls(absl::StrCat(m));
+        w_.Line("break;");
+        w_.Close();
+      }
+      w_.Line("default: break;");
+      w_.Close();
+    }
     CloseScopes(w_, opened);
     w_.Close();
   }
 
   void EmitGemmSum(const Op& op, const space::OpNest& on) {
     const space::GemmForm& g = on.gemm;
-    const GemmNames names = Gemm(op, on);
+    const GemmNames names = Gemm(on);
+    const bool direct_a = a_[on.op].direct;
     const std::string o = Sfx(on.op);
     const int num_loops = static_cast<int>(on.loops.size());
     for (int level = 0; level <= num_loops; ++level) {
-      if (level == on.num_out_loops) {
-        w_.Line(absl::StrCat("memset(acc", o, ", 0, sizeof(float) * ", names.nbatch, " * ", names.rows_pad, " * ",
-                             names.cols_pad, ");"));
-      }
-      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point) Pack(op, on, true);
+      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point && !direct_a) Pack(op, on, true);
       if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) Pack(op, on, false);
       if (level < num_loops) x_.OpenTileLoop(w_, on.loops[level]);
     }
-    // Innermost: the micro-kernel over the whole tile, once per point of
-    // the reduced dims no intrinsic axis took (packing what depends on them).
+    // Innermost: the micro-kernels over the whole tile, once per point of
+    // the reduced dims no intrinsic axis took (packing what depends on
+    // them). The first partial sum of a tile is stored, later ones added.
     w_.Open("");
     const int outer = OpenPointLoops(w_, g.outer_reduce, n_);
-    if (on.a_per_point) Pack(op, on, true);
+    if (on.a_per_point && !direct_a) Pack(op, on, true);
     if (on.b_per_point) Pack(op, on, false);
-    w_.Line(absl::StrCat("const long rows_pad = ", names.rows_pad, ", cols_pad = ", names.cols_pad, ", kc = ",
-                         names.kc, ";"));
-    w_.Open(absl::StrCat("for (long bi = 0; bi < ", names.nbatch, "; ++bi)"));
-    w_.Open(absl::StrCat("for (long r = 0; r < rows_pad; r += ", names.mr, ")"));
-    w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", names.nr, ")"));
-    w_.Line(absl::StrCat(kernel_fn_.at(on.kernel.name), "(kc, pa", o, " + (bi * (rows_pad / ", names.mr, ") + r / ",
-                         names.mr, ") * kc * ",
-                         names.mr, ", pb", o, " + (bi * (cols_pad / ", names.nr, ") + c / ", names.nr, ") * kc * ",
-                         names.nr, ", acc", o, " + (bi * rows_pad + r) * cols_pad + c, cols_pad);"));
-    w_.Close();
-    w_.Close();
-    w_.Close();
+    std::vector<std::string> firsts;
+    for (int i = on.num_out_loops; i < num_loops; ++i) firsts.push_back(absl::StrCat(n_.O(on.loops[i]), " == 0"));
+    for (int d : g.outer_reduce) firsts.push_back(absl::StrCat(n_.I(d), " == 0"));
+    EmitTileProduct(on, firsts.empty() ? "true" : absl::StrJoin(firsts, " && "));
     CloseScopes(w_, outer);
     w_.Close();
     for (int level = num_loops; level > on.num_out_loops; --level) w_.Close();
+    if (direct_c_[on.op] > 0) {
+      for (int level = on.num_out_loops; level > 0; --level) w_.Close();
+      return;
+    }
     // Store the finished tile.
     w_.Open("");
     w_.Line(absl::StrCat("const long rows_pad = ", names.rows_pad, ", cols_pad = ", names.cols_pad, ";"));
-    int opened = OpenPointLoops(w_, g.batch, n_);
-    opened += OpenPointLoops(w_, g.rows, n_);
-    opened += OpenPointLoops(w_, g.cols, n_);
-    x_.Store(w_, on, absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * rows_pad + (", FlatIndex(g.rows, n_),
-                           ")) * cols_pad + (", FlatIndex(g.cols, n_), ")]"));
-    CloseScopes(w_, opened);
+    const std::string at = absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * rows_pad + (",
+                                        FlatIndex(g.rows, n_), ")) * cols_pad + (", FlatIndex(g.cols, n_), ")]");
+    std::vector<int> dims = g.batch;
+    dims.insert(dims.end(), g.rows.begin(), g.rows.end());
+    dims.insert(dims.end(), g.cols.begin(), g.cols.end());
+    if (!g.cols.empty()) {
+      // Along the last column dim, adjacent in the accumulator.
+      const int inner = g.cols.back();
+      PointwiseLoops(dims, inner, [&](bool vector) {
+        if (vector) {
+          StoreVector(on, inner, absl::StrCat("fusor_vload(&", at, ")"));
+        } else {
+          x_.Store(w_, on, at);
+        }
+      });
+    } else {
+      int opened = OpenPointLoops(w_, dims, n_);
+      x_.Store(w_, on, at);
+      CloseScopes(w_, opened);
+    }
     w_.Close();
     for (int level = on.num_out_loops; level > 0; --level) w_.Close();
   }
@@ -398,6 +698,8 @@ class FusedEmitter {
     for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
   }
 
+  // --------------------------------------------------------- softmax ---
+
   std::vector<int> SoftmaxRows(const Op& op) const {
     std::vector<int> rows;
     for (int d : op.index) {
@@ -406,44 +708,45 @@ class FusedEmitter {
     return rows;
   }
 
-  // The axis loop of a softmax over [o_axis, o_axis + n_axis).
-  std::string AxisLoop(int ax) const {
-    return absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", n_.N(ax), "; ++", n_.I(ax), ")");
-  }
   std::string AxisVar(int ax) const {
     return absl::StrCat("const long ", n_.V(ax), " = ", n_.O(ax), " + ", n_.I(ax), ";");
   }
 
   // The softmax's inputs along its axis (within the current range) into
-  // `row`, and their maximum into `max_var`.
-  void EmitRowAndMax(const Op& op, const std::string& row, const std::string& max_var) {
+  // `row`, in vectors.
+  void EmitRowValues(const Op& op, const std::string& row) {
     auto load = [this](const Access& a) { return x_.Load(a); };
     const int ax = op.axis;
-    w_.Line(absl::StrCat("float ", max_var, " = -INFINITY;"));
-    w_.Open(AxisLoop(ax));
-    w_.Line(AxisVar(ax));
-    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, load), ";"));
-    w_.Line(absl::StrCat(row, "[", n_.I(ax), "] = x;"));
-    w_.Line(absl::StrCat(max_var, " = x > ", max_var, " ? x : ", max_var, ";"));
-    w_.Close();
+    VectorLoop(w_, n_.I(ax), n_.N(ax), AxisVar(ax), [&](bool vector) {
+      if (vector) {
+        w_.Line(absl::StrCat("fusor_vstore(", row, " + ", n_.I(ax), ", ", VectorExpr(op.body, LanesAlong(ax)),
+                             ");"));
+      } else {
+        w_.Line(absl::StrCat(row, "[", n_.I(ax), "] = ", ExprToC(op.body, load), ";"));
+      }
+    });
+  }
+
+  // Stores row[i] * `factor` (a C float, or "" for none) to the result.
+  void EmitRowStore(const space::OpNest& on, const std::string& row, const std::string& factor) {
+    const int ax = chain_.ops[on.op].axis;
+    const std::string f = factor.empty() ? "" : absl::StrCat(" * ", factor);
+    VectorLoop(w_, n_.I(ax), n_.N(ax), AxisVar(ax), [&](bool vector) {
+      if (vector) {
+        StoreVector(on, ax, absl::StrCat("fusor_vload(", row, " + ", n_.I(ax), ")", f));
+      } else {
+        x_.Store(w_, on, absl::StrCat(row, "[", n_.I(ax), "]", f));
+      }
+    });
   }
 
   void EmitSoftmax(const Op& op, const space::OpNest& on) {
-    const int ax = op.axis;
     const std::string row = "row" + Sfx(on.op);
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
-    EmitRowAndMax(op, row, "mx");
-    w_.Line("float total = 0.0f;");
-    w_.Open(absl::StrCat("for (long j = 0; j < ", n_.N(ax), "; ++j)"));
-    w_.Line(absl::StrCat("const float e = expf(", row, "[j] - mx);"));
-    w_.Line(absl::StrCat(row, "[j] = e;"));
-    w_.Line("total += e;");
-    w_.Close();
-    w_.Line("const float inv = 1.0f / total;");
-    w_.Open(AxisLoop(ax));
-    w_.Line(AxisVar(ax));
-    x_.Store(w_, on, absl::StrCat(row, "[", n_.I(ax), "] * inv"));
-    w_.Close();
+    EmitRowValues(op, row);
+    w_.Line(absl::StrCat("const float mx = fusor_row_max(", row, ", ", n_.N(op.axis), ");"));
+    w_.Line(absl::StrCat("const float inv = 1.0f / fusor_row_exp_sum(", row, ", ", n_.N(op.axis), ", mx);"));
+    EmitRowStore(on, row, "inv");
     CloseScopes(w_, opened);
   }
 
@@ -451,21 +754,16 @@ class FusedEmitter {
   // exponentials against the running max; the running sum, and the factor
   // by which the consumer rescales what it accumulated so far.
   void EmitOnlineSoftmax(const Op& op, const space::OpNest& on) {
-    const int ax = op.axis;
     const std::string o = Sfx(on.op), row = "row" + o;
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
     w_.Line(absl::StrCat("const long sr = ", x_.StateOffset(op), ";"));
-    EmitRowAndMax(op, row, "mt");
+    EmitRowValues(op, row);
+    w_.Line(absl::StrCat("const float mt = fusor_row_max(", row, ", ", n_.N(op.axis), ");"));
     w_.Line(absl::StrCat("const float m_old = smax", o, "[sr];"));
     w_.Line("const float m_new = m_old > mt ? m_old : mt;");
-    w_.Line("const float rescale = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);");
-    w_.Line("float total = 0.0f;");
-    w_.Open(AxisLoop(ax));
-    w_.Line(AxisVar(ax));
-    w_.Line(absl::StrCat("const float e = m_new == -INFINITY ? 0.0f : expf(", row, "[", n_.I(ax), "] - m_new);"));
-    w_.Line("total += e;");
-    x_.Store(w_, on, "e");
-    w_.Close();
+    w_.Line("const float rescale = m_new == -INFINITY ? 1.0f : fusor_exp(m_old - m_new);");
+    w_.Line(absl::StrCat("const float total = fusor_row_exp_sum(", row, ", ", n_.N(op.axis), ", m_new);"));
+    EmitRowStore(on, row, "");
     w_.Line(absl::StrCat("ssum", o, "[sr] = ssum", o, "[sr] * rescale + total;"));
     w_.Line(absl::StrCat("smax", o, "[sr] = m_new;"));
     w_.Line(absl::StrCat("sscale", o, "[sr] = rescale;"));
@@ -481,20 +779,43 @@ class FusedEmitter {
     w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
     w_.Open("");
     for (int d : op.index) {
-      if (!x_.IsBlock(d)) w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      if (!x_.IsBlock(d)) {
+        w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      }
     }
-    int opened = OpenPointLoops(w_, op.index, n_);
-    Access self = emit::NestIndex::SelfAccess(op);
+    const Access self = emit::NestIndex::SelfAccess(op);
     const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(self), "]");
-    if (on.online_softmax >= 0) {
-      w_.Line(absl::StrCat(at, " /= ssum", Sfx(on.online_softmax), "[", x_.StateOffset(chain_.ops[on.online_softmax]),
-                           "];"));
-    }
-    if (output) {
-      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ", StoreConvert(chain_.dtype, at),
-                           ";"));
-    }
-    CloseScopes(w_, opened);
+    const int inner = InnerDim(op.index, [&](int d) { return x_.LocalStride(self, d); });
+    const Op* sm = on.online_softmax >= 0 ? &chain_.ops[on.online_softmax] : nullptr;
+    PointwiseLoops(op.index, inner, [&](bool vector) {
+      if (vector) {
+        const Lanes local = AccessLanes(self, inner);
+        std::string value = VectorLoad(local);
+        if (sm != nullptr) {
+          Lanes sum;
+          sum.ptr = absl::StrCat("&ssum", on.online_softmax, "[", x_.StateOffset(*sm), "]");
+          sum.stride = x_.StateStride(*sm, inner);
+          value = absl::StrCat(value, " / ", VectorLoad(sum));
+        }
+        w_.Line(absl::StrCat("const fusor_vf value = ", value, ";"));
+        if (sm != nullptr) w_.Line(VectorStore(local, "value"));
+        if (output) {
+          Lanes out;
+          out.ptr = absl::StrCat("&", n_.Global(op.output), "[", GlobalOffset(self, n_), "]");
+          out.dtype = chain_.dtype;
+          int64_t constant = 0;
+          std::map<int, int64_t> strides = GlobalStrides(self, chain_, &constant);
+          out.stride = strides.count(inner) ? strides.at(inner) : 0;
+          w_.Line(VectorStore(out, "value"));
+        }
+      } else {
+        if (sm != nullptr) w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", x_.StateOffset(*sm), "];"));
+        if (output) {
+          w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ",
+                               StoreConvert(chain_.dtype, at), ";"));
+        }
+      }
+    });
     w_.Close();
   }
 
@@ -507,299 +828,33 @@ class FusedEmitter {
   std::vector<int64_t> local_offset_;
   std::vector<int64_t> temp_offset_;
   int64_t scratch_floats_ = 0;
-  std::map<std::string, std::string> kernel_fn_;  // intrinsic -> micro-kernel function
-};
-
-// ------------------------------------------------------------- baseline ---
-
-class BaselineEmitter {
- public:
-  explicit BaselineEmitter(const Chain& chain) : chain_(chain), n_{chain} {}
-
-  std::string Emit() {
-    std::string title = absl::StrCat("// fusor unfused baseline for chain '", chain_.name,
-                                     "': each op over whole tensors, GEMMs through OpenBLAS\n");
-    std::string out = Preamble(title) + "#include <cblas.h>\n\n";
-    Writer& w = w_;
-    w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
-           "int num_threads)");
-    DeclareArguments(w, chain_, n_);
-    w.Line("const int nt = num_threads > 0 ? num_threads : 1;");
-    const bool f32 = chain_.dtype == ir::DType::kF32;
-    // f32 views of every tensor: aliases where the dtype is already f32,
-    // buffers allocated on the first call otherwise (as a framework's
-    // caching allocator would).
-    std::vector<int> owned;
-    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
-      const ir::Tensor& tensor = chain_.tensors[t];
-      bool alias = f32 && tensor.role != TensorRole::kIntermediate;
-      if (alias) {
-        w.Line(absl::StrCat("float* const ", n_.Full(t), " = (float*)", n_.Global(t), ";"));
-      } else {
-        w.Line(absl::StrCat("static float* ", n_.Full(t), " = 0;"));
-        owned.push_back(static_cast<int>(t));
-      }
-    }
-    for (int t : owned) {
-      w.Open(absl::StrCat("if (!", n_.Full(t), ")"));
-      w.Line(absl::StrCat(n_.Full(t), " = (float*)malloc(sizeof(float) * ", chain_.tensors[t].NumElements(), "L);"));
-      w.Line(absl::StrCat("if (!", n_.Full(t), ") return 1;"));
-      w.Close();
-    }
-    w.Line("openblas_set_num_threads(nt);");
-    if (!f32) {
-      for (int t : chain_.inputs) {
-        w.Line("#pragma omp parallel for num_threads(nt)");
-        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Full(t),
-                            "[i] = ", LoadConvert(chain_.dtype, absl::StrCat(n_.Global(t), "[i]")), ";"));
-      }
-    }
-    for (const Op& op : chain_.ops) {
-      w.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
-      w.Open("");
-      std::vector<int> dims = op.index;
-      dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
-      for (int d : dims) {
-        w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
-      }
-      w.Line(absl::StrCat("(void)", absl::StrJoin(dims, ", (void)", [&](std::string* s, int d) {
-                            s->append(n_.O(d));
-                          }), ";"));
-      space::GemmForm g = BaselineForm(static_cast<int>(&op - chain_.ops.data()));
-      if (op.kind == OpKind::kSum && g.ok) {
-        if (!EmitDirectGemm(op, g)) EmitPackedGemm(op, g);
-      } else if (op.kind == OpKind::kSum) {
-        EmitLoopSum(op);
-      } else if (op.kind == OpKind::kMap) {
-        int opened = OpenPointLoops(w, op.index, n_, "#pragma omp parallel for num_threads(nt)");
-        w.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
-        CloseScopes(w, opened);
-      } else {
-        EmitSoftmax(op);
-      }
-      w.Close();
-    }
-    if (!f32) {
-      for (int t : chain_.outputs) {
-        w.Line("#pragma omp parallel for num_threads(nt)");
-        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Global(t),
-                            "[i] = ", StoreConvert(chain_.dtype, absl::StrCat(n_.Full(t), "[i]")), ";"));
-      }
-    }
-    w.Line("return 0;");
-    w.Close();
-    return out + w.Take();
-  }
-
- private:
-  LoadFn Loader() const {
-    return [this](const Access& a) { return absl::StrCat(n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]"); };
-  }
-
-  // The GEMM view a framework would take: the default mapping's rows and
-  // columns (oriented so the output's last dim is a column), every reduced
-  // dim in the reduction (im2col for convolutions).
-  space::GemmForm BaselineForm(int op) const {
-    auto sw = mapping::ViewOp(chain_, op);
-    if (!sw.ok()) return {};
-    auto m = mapping::DefaultMapping(chain_, *sw, *hw::FindIntrinsic("scalar.4x4"));
-    if (!m) return {};
-    space::GemmForm g = space::FormOf(chain_, *sw, *m);
-    g.kdims = chain_.ops[op].reduce;
-    g.outer_reduce.clear();
-    const int last = chain_.ops[op].index.back();
-    if (std::find(g.rows.begin(), g.rows.end(), last) != g.rows.end()) {
-      std::swap(g.rows, g.cols);
-      std::swap(g.a_side, g.b_side);
-    }
-    return g;
-  }
-
-  std::string FullAt(const Op& op) const {
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    return absl::StrCat(n_.Full(op.output), "[", GlobalOffset(self, n_), "]");
-  }
-
-  // One cblas_sgemm per batch point when both sides are single plain
-  // accesses with one row, one column and one reduced dim, strided so BLAS
-  // can read them in place. Returns false (emitting nothing) otherwise.
-  bool EmitDirectGemm(const Op& op, const space::GemmForm& g) {
-    if (g.a_side.size() != 1 || g.b_side.size() != 1 || g.rows.size() != 1 || g.cols.size() != 1 ||
-        op.reduce.size() != 1) {
-      return false;
-    }
-    for (const Access* a : {&g.a_side[0], &g.b_side[0]}) {
-      for (const ir::AffineExpr& e : a->index) {
-        if (!e.IsPlainDim()) return false;
-      }
-    }
-    const int r = g.rows[0], c = g.cols[0], k = op.reduce[0];
-    const int64_t m_ext = chain_.dims[r].extent, n_ext = chain_.dims[c].extent, k_ext = chain_.dims[k].extent;
-    int64_t const_a = 0, const_b = 0, const_c = 0;
-    auto sa = GlobalStrides(g.a_side[0], chain_, &const_a);
-    auto sb = GlobalStrides(g.b_side[0], chain_, &const_b);
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    auto sc = GlobalStrides(self, chain_, &const_c);
-    // A is M x K: element (r, k) at r*sa[r] + k*sa[k].
-    std::string trans_a, trans_b;
-    int64_t lda, ldb;
-    if (sa[k] == 1 && sa[r] >= k_ext) {
-      trans_a = "CblasNoTrans", lda = sa[r];
-    } else if (sa[r] == 1 && sa[k] >= m_ext) {
-      trans_a = "CblasTrans", lda = sa[k];
-    } else {
-      return false;
-    }
-    if (sb[c] == 1 && sb[k] >= n_ext) {
-      trans_b = "CblasNoTrans", ldb = sb[k];
-    } else if (sb[k] == 1 && sb[c] >= k_ext) {
-      trans_b = "CblasTrans", ldb = sb[c];
-    } else {
-      return false;
-    }
-    if (sc[c] != 1 || sc[r] < n_ext) return false;
-    auto base = [&](const std::map<int, int64_t>& s, int64_t constant) {
-      std::vector<std::pair<int64_t, std::string>> terms;
-      for (int d : g.batch) {
-        auto it = s.find(d);
-        if (it != s.end()) terms.push_back({it->second, n_.V(d)});
-      }
-      return LinearToC(terms, constant);
-    };
-    int opened = OpenPointLoops(w_, g.batch, n_);
-    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, ", trans_a, ", ", trans_b, ", ", m_ext, ", ", n_ext, ", ",
-                         k_ext, ", ", FloatLit(g.scale), ", ", n_.Full(g.a_side[0].tensor), " + ", base(sa, const_a),
-                         ", ", lda, ", ", n_.Full(g.b_side[0].tensor), " + ", base(sb, const_b), ", ", ldb,
-                         ", 0.0f, ", n_.Full(op.output), " + ", base(sc, const_c), ", ", sc[r], ");"));
-    CloseScopes(w_, opened);
-    return true;
-  }
-
-  // Packs each side into dense row-major matrices (im2col for affine
-  // accesses), multiplies with cblas_sgemm, scatters the result.
-  void EmitPackedGemm(const Op& op, const space::GemmForm& g) {
-    int64_t m = 1, n = 1, k = 1;
-    for (int d : g.rows) m *= chain_.dims[d].extent;
-    for (int d : g.cols) n *= chain_.dims[d].extent;
-    for (int d : op.reduce) k *= chain_.dims[d].extent;
-    for (const char* name : {"ta", "tb", "tc"}) {
-      int64_t size = std::string(name) == "ta" ? m * k : std::string(name) == "tb" ? k * n : m * n;
-      w_.Line(absl::StrCat("static float* ", name, " = 0;"));
-      w_.Line(absl::StrCat("if (!", name, ") ", name, " = (float*)malloc(sizeof(float) * ", size, "L);"));
-      w_.Line(absl::StrCat("if (!", name, ") return 1;"));
-    }
-    const std::string pragma = "#pragma omp parallel for num_threads(nt)";
-    int outer = OpenPointLoops(w_, g.batch, n_);
-    std::vector<int> a_dims = g.rows;
-    a_dims.insert(a_dims.end(), op.reduce.begin(), op.reduce.end());
-    int opened = OpenPointLoops(w_, a_dims, n_, pragma);
-    w_.Line(absl::StrCat("ta[(", FlatIndex(g.rows, n_), ") * ", k, "L + (", FlatIndex(op.reduce, n_), ")] = ",
-                         ProductToC(g.a_side, g.scale, Loader()), ";"));
-    CloseScopes(w_, opened);
-    std::vector<int> b_dims = op.reduce;
-    b_dims.insert(b_dims.end(), g.cols.begin(), g.cols.end());
-    opened = OpenPointLoops(w_, b_dims, n_, pragma);
-    w_.Line(absl::StrCat("tb[(", FlatIndex(op.reduce, n_), ") * ", n, "L + (", FlatIndex(g.cols, n_), ")] = ",
-                         ProductToC(g.b_side, 1, Loader()), ";"));
-    CloseScopes(w_, opened);
-    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ", m, ", ", n, ", ", k,
-                         ", 1.0f, ta, ", k, ", tb, ", n, ", 0.0f, tc, ", n, ");"));
-    std::vector<int> c_dims = g.rows;
-    c_dims.insert(c_dims.end(), g.cols.begin(), g.cols.end());
-    opened = OpenPointLoops(w_, c_dims, n_, pragma);
-    w_.Line(absl::StrCat(FullAt(op), " = tc[(", FlatIndex(g.rows, n_), ") * ", n, "L + (",
-                         FlatIndex(g.cols, n_), ")];"));
-    CloseScopes(w_, opened);
-    CloseScopes(w_, outer);
-  }
-
-  void EmitLoopSum(const Op& op) {
-    int opened = OpenPointLoops(w_, op.index, n_, "#pragma omp parallel for num_threads(nt)");
-    w_.Line("float s = 0.0f;");
-    int inner = OpenPointLoops(w_, op.reduce, n_);
-    w_.Line(absl::StrCat("s += ", ExprToC(op.body, Loader()), ";"));
-    CloseScopes(w_, inner);
-    w_.Line(absl::StrCat(FullAt(op), " = s;"));
-    CloseScopes(w_, opened);
-  }
-
-  void EmitSoftmax(const Op& op) {
-    std::vector<int> others;
-    for (int d : op.index) {
-      if (d != op.axis) others.push_back(d);
-    }
-    const int ax = op.axis;
-    const std::string loop = absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ",
-                                          chain_.dims[ax].extent, "L; ++", n_.I(ax), ")");
-    const std::string def = absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";");
-    int opened = OpenPointLoops(w_, others, n_, "#pragma omp parallel for num_threads(nt)");
-    w_.Line("float mx = -INFINITY;");
-    w_.Open(loop);
-    w_.Line(def);
-    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, Loader()), ";"));
-    w_.Line(absl::StrCat(FullAt(op), " = x;"));
-    w_.Line("mx = x > mx ? x : mx;");
-    w_.Close();
-    w_.Line("float total = 0.0f;");
-    w_.Open(loop);
-    w_.Line(def);
-    w_.Line(absl::StrCat("const float e = expf(", FullAt(op), " - mx);"));
-    w_.Line(absl::StrCat(FullAt(op), " = e;"));
-    w_.Line("total += e;");
-    w_.Close();
-    w_.Line("const float inv = 1.0f / total;");
-    w_.Open(loop);
-    w_.Line(def);
-    w_.Line(absl::StrCat(FullAt(op), " *= inv;"));
-    w_.Close();
-    CloseScopes(w_, opened);
-  }
-
-  const Chain& chain_;
-  Names n_;
-  Writer w_;
+  std::vector<ASide> a_;  // per op
+  std::vector<int64_t> direct_c_;  // per op: the row stride of C written in place, or 0
 };
 
 }  // namespace
 
-absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& chain, const space::LoopNest& nest,
-                                                const std::string& schedule_text,
-                                                const std::string& mapping) {
-  if (nest.ops.size() != chain.ops.size()) {
+absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const space::LoopNest& nest,
+                                                const std::string& schedule_text, const std::string& mapping) {
+  if (nest.ops.size() != written.ops.size()) {
     return absl::InvalidArgumentError("loop nest does not belong to this chain");
   }
+  // A regrouped schedule runs the regrouped chain: same inputs and outputs.
+  const Chain& chain = space::NestChain(written, nest);
   KernelSource k;
   k.source = FusedEmitter(chain, nest).Emit(schedule_text, mapping);
-  k.compile_flags = kCompileFlags;
+  k.compile_flags = cpu::CompileFlags();
   nlohmann::json meta = {
       {"entry_point", k.entry_point},
       {"signature", "int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)"},
       {"language", "c++"},
-      {"inputs", TensorsJson(chain, chain.inputs)},
-      {"outputs", TensorsJson(chain, chain.outputs)},
+      {"inputs", emit::TensorsJson(chain, chain.inputs)},
+      {"outputs", emit::TensorsJson(chain, chain.outputs)},
       {"schedule", schedule_text},
       {"mapping", mapping},
       {"blocks", nest.num_blocks},
       {"scratch_bytes_per_thread", nest.scratch_bytes},
-      {"compile_flags", kCompileFlags}};
-  k.metadata_json = meta.dump(2);
-  return k;
-}
-
-absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain) {
-  KernelSource k;
-  k.source = BaselineEmitter(chain).Emit();
-  k.compile_flags = kCompileFlags;
-  k.link_libs = {"openblas"};
-  nlohmann::json meta = {{"entry_point", k.entry_point},
-                         {"language", "c++"},
-                         {"inputs", TensorsJson(chain, chain.inputs)},
-                         {"outputs", TensorsJson(chain, chain.outputs)},
-                         {"baseline", "unfused, cblas_sgemm"}};
+      {"compile_flags", cpu::CompileFlags()}};
   k.metadata_json = meta.dump(2);
   return k;
 }

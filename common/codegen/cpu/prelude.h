@@ -15,4 +15,7 @@ namespace fusor::codegen::rt {
 namespace fusor::codegen {
 // The text of prelude.inc, for embedding in emitted sources.
 absl::string_view CpuPreludeSource();
+// The text of simd.inc: vector helpers (exp, erf, f16/bf16 conversions,
+// softmax rows) that only emitted kernels include, after the prelude.
+absl::string_view CpuSimdSource();
 }  // namespace fusor::codegen

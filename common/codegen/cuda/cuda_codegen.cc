@@ -1142,9 +1142,11 @@ std::string NarrowIndices(const std::string& source) {
 
 }  // namespace
 
-absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,
+absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& written, const space::LoopNest& nest,
                                                const std::string& schedule_text, const std::string& mapping) {
-  if (nest.ops.size() != chain.ops.size()) return absl::InvalidArgumentError("loop nest does not belong to this chain");
+  if (nest.ops.size() != written.ops.size()) return absl::InvalidArgumentError("loop nest does not belong to this chain");
+  // A regrouped schedule runs the regrouped chain: same inputs and outputs.
+  const ir::Chain& chain = space::NestChain(written, nest);
   ASSIGN_OR_RETURN(CudaKernel k, CudaEmitter(chain, nest).Emit(schedule_text, mapping));
   if (IndexFits32(chain, nest)) k.source = NarrowIndices(k.source);
   nlohmann::json meta = {{"kernel", k.kernel_name},

@@ -104,7 +104,8 @@ TEST(MappingTest, DefaultMappingKeepsConvWindowLoopsOutside) {
   Op op = Parse(kConv2d);
   auto m = DefaultMapping(op.chain, op.sw, Wmma16());
   ASSERT_TRUE(m.has_value());
-  EXPECT_EQ(MappingToText(*m, op.chain), "wmma.m16n16k16.f16[i=n.p.q j=k k=c]");
+  // Oriented so that the result's last dim (q) is on the columns.
+  EXPECT_EQ(MappingToText(*m, op.chain), "wmma.m16n16k16.f16[i=k j=n.p.q k=c swap]");
 }
 
 TEST(MappingTest, NotMappable) {

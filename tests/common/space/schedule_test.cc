@@ -73,5 +73,34 @@ TEST(ScheduleTest, RejectsMalformedText) {
   }
 }
 
+// A regrouping leads the text in braces; the rest names the regrouped
+// chain's ops (B_D), and both survive renaming.
+TEST(ScheduleTest, RegroupedSchedulesPrintParseAndRemap) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto s = ParseSchedule("{E=A*(B*D)} m=16 / - / B_D(n=32)", *chain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->regroup.empty());
+  EXPECT_EQ(ScheduleToText(*s, *chain), "{E=A*(B*D)} m=16 / - / B_D(n=32)");
+  EXPECT_EQ(Canonical(*ParseSchedule(ScheduleToText(*s, *chain), *chain), *chain), Canonical(*s, *chain));
+  auto regrouped = ScheduledChain(*chain, *s);
+  ASSERT_TRUE(regrouped.ok());
+  EXPECT_EQ(regrouped->tensors[regrouped->ops[0].output].name, "B_D");
+  // C is the regrouped chain's B_D: its own loops are not C's any more.
+  EXPECT_FALSE(ParseSchedule("{E=A*(B*D)} m=16 / - / C(k=16)", *chain).ok());
+  EXPECT_FALSE(ParseSchedule("{E=(A*B)*D} - / - / -", *chain).ok());
+  EXPECT_FALSE(ParseSchedule("{E=A*(B*D) m=16 / - / -", *chain).ok());
+
+  auto renamed = ir::ParseChainText(R"(
+dim i=64 j=64 l=32 o=32
+in P[i,l] Q[l,j] R[j,o]
+X[i,j] = sum(l) P[i,l] * Q[l,j]
+Y[i,o] = sum(j) X[i,j] * R[j,o]
+out Y
+)");
+  std::vector<int> tensors = {0, 1, 2, 3, 4};  // A->P, B->Q, D->R, C->X, E->Y
+  EXPECT_EQ(ScheduleToText(RemapSchedule(*s, {0, 1, 2, 3}, {0, 1}, *renamed, tensors), *renamed),
+            "{Y=P*(Q*R)} i=16 / - / Q_R(j=32)");
+}
+
 }  // namespace
 }  // namespace fusor::space

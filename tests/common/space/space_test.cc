@@ -13,6 +13,7 @@
 
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
+#include "common/ir/regroup.h"
 
 namespace fusor::space {
 namespace {
@@ -21,7 +22,9 @@ struct Counts {
   int64_t enumerated = 0, distinct = 0, legal = 0, intermediates = 0, padding = 0, scratch = 0;
 };
 
-Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
+// One association order's schedules (the chain as written, or regrouped).
+void BruteForceVariant(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options,
+                       Counts& c) {
   const int n = static_cast<int>(chain.dims.size());
   const std::vector<int> block_ok = BlockEligibleDims(chain);
   // Placements: 0 own, 1 block, 2 stream.
@@ -34,9 +37,10 @@ Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const Sp
       users += std::count(op.index.begin(), op.index.end(), d) + std::count(op.reduce.begin(), op.reduce.end(), d) > 0;
     }
     if (block) places[d].push_back(1);
-    if (!block && users >= 2) places[d].push_back(2);
+    // A CPU block may stream through its own rows; a GPU block may not.
+    const bool stream_ok = !block || target.backend == hw::Backend::kCpu;
+    if (stream_ok && users >= 2) places[d].push_back(2);
   }
-  Counts c;
   std::set<std::string> seen;
   std::vector<Schedule> distinct;
   std::vector<std::vector<int64_t>> tiles(n);
@@ -92,7 +96,7 @@ Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const Sp
     }
   };
   rec(0);
-  c.distinct = static_cast<int64_t>(distinct.size());
+  c.distinct += static_cast<int64_t>(distinct.size());
   const int64_t budget = hw::ScratchBudget(target);
   auto untiled = BuildLoopNest(chain, UntiledSchedule(chain), target);
   const double min_padding = untiled->PaddingRatio();
@@ -106,6 +110,17 @@ Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const Sp
     ++c.padding;
     if (nest->scratch_bytes * options.scratch_margin > budget) continue;
     ++c.scratch;
+  }
+}
+
+// Every association order: the chain as written and each regrouping.
+Counts BruteForce(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
+  Counts c;
+  BruteForceVariant(chain, target, options, c);
+  for (const ir::Regroup& r : ir::Regroupings(chain)) {
+    auto regrouped = ir::ApplyRegroup(chain, r);
+    EXPECT_TRUE(regrouped.ok()) << regrouped.status();
+    if (regrouped.ok()) BruteForceVariant(*regrouped, target, options, c);
   }
   return c;
 }

@@ -3,6 +3,7 @@
 // reference: the codegen is only as good as what it computes.
 #include "common/codegen/cpu/cpu_codegen.h"
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -28,11 +29,15 @@ hw::TargetDesc TestTarget() {
   return t;
 }
 
-// Compiles `kernel` and validates it on `chain`; returns the validation.
-worker::Validation CompileAndValidate(const ir::Chain& chain, const KernelSource& kernel) {
+// Compiles `kernel` (for `march` instead of the build machine, when given)
+// and validates it on `chain`; returns the validation.
+worker::Validation CompileAndValidate(const ir::Chain& chain, const KernelSource& kernel,
+                                      const std::string& march = "") {
   auto dir = worker::TempDir::Create("/tmp", "fusor-codegen-test-");
   EXPECT_TRUE(dir.ok());
-  worker::CompileOutcome compiled = worker::CompileKernel(kernel, dir->path(), "c++", 120);
+  KernelSource k = kernel;
+  if (!march.empty()) std::replace(k.compile_flags.begin(), k.compile_flags.end(), std::string("-march=native"), march);
+  worker::CompileOutcome compiled = worker::CompileKernel(k, dir->path(), "c++", 120);
   EXPECT_TRUE(compiled.ok) << compiled.error << "\n" << kernel.source;
   if (!compiled.ok) return {};
   auto loaded = worker::LoadedKernel::Open(compiled.so_path, kernel.entry_point);
@@ -42,7 +47,8 @@ worker::Validation CompileAndValidate(const ir::Chain& chain, const KernelSource
   return *v;
 }
 
-void CheckFused(const std::string& text, const std::string& schedule_text, const hw::TargetDesc& target) {
+void CheckFused(const std::string& text, const std::string& schedule_text, const hw::TargetDesc& target,
+                const std::string& march = "") {
   auto chain = ir::ParseChainText(text);
   ASSERT_TRUE(chain.ok()) << chain.status();
   auto schedule = space::ParseSchedule(schedule_text, *chain);
@@ -51,8 +57,15 @@ void CheckFused(const std::string& text, const std::string& schedule_text, const
   ASSERT_TRUE(nest.ok()) << nest.status();
   auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule_text, "test");
   ASSERT_TRUE(kernel.ok()) << kernel.status();
-  worker::Validation v = CompileAndValidate(*chain, *kernel);
+  worker::Validation v = CompileAndValidate(*chain, *kernel, march);
   EXPECT_TRUE(v.ok) << schedule_text << ": " << v.detail << "\n" << kernel->source;
+}
+
+bool CpuHas(const char* feature) {
+  std::ifstream in("/proc/cpuinfo");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str().find(feature) != std::string::npos;
 }
 
 const char kAttention[] = R"(
@@ -143,6 +156,45 @@ TEST(CpuCodegenTest, GemmChainDeepAndFlatTilings) {
   CheckFused(testing::kGemmChain, "m=16 / n=16 / C(k=16) E(h=16)", TestTarget());
   // A GEMM with its own output loops in the other order.
   CheckFused(testing::kGemmChain, "- / - / C(n=16 m=32) E(m=32 n=16)", TestTarget());
+}
+
+// Regrouped chains run the other association order and are checked
+// against the chain as written.
+TEST(CpuCodegenTest, RegroupedGemmChains) {
+  CheckFused(testing::kGemmChain, "{E=A*(B*D)} - / - / -", TestTarget());
+  CheckFused(testing::kGemmChain, "{E=A*(B*D)} m=16 / k=16 / B_D(n=16)", TestTarget());
+  CheckFused(testing::kGemmChain, "{E=A*(B*D)} m=16 / - / B_D(n=32) E(k=16)", TestTarget());
+  CheckFused(R"(
+dim b=2 m=37 k=20 n=45 h=12
+in A[b,m,k] B[b,n,k] D[b,h,n]
+C[b,m,n] = sum(k) A[b,m,k] * B[b,n,k] * 0.5
+E[b,m,h] = sum(n) C[b,m,n] * D[b,h,n]
+out E
+)",
+             "{E=A*(B*D)} b=1 / - / B_D(n=16)", TestTarget());
+}
+
+// The AVX2 target's kernels as an AVX2-only machine builds them
+// (-march=haswell: 8-lane helpers, F16C conversions, the 6x16 micro-kernel).
+TEST(CpuCodegenTest, Avx2BuildsOfEveryKind) {
+  if (!CpuHas(" avx2") || !CpuHas(" f16c")) GTEST_SKIP() << "this CPU has no AVX2 and F16C";
+  const std::string haswell = "-march=haswell";
+  CheckFused(kAttention, "b=1 / m=16 / -", TestTarget(), haswell);
+  CheckFused(kAttention, "b=1 m=16 / n=16 / S(k=16) O(h=16)", TestTarget(), haswell);
+  CheckFused(testing::kMaskedF16Attention, "b=1 m=16 / n=16 / O(h=16)", TestTarget(), haswell);
+  CheckFused(testing::kGemmChain, "{E=A*(B*D)} m=16 / - / B_D(n=32)", TestTarget(), haswell);
+  CheckFused(testing::kConvChain, "n=1 p=4 q=8 / - / T(c=4)", TestTarget(), haswell);
+  CheckFused(R"(
+chain mlp
+dtype bf16
+dim m=37 c=48 f=80 o=24
+in X[m,c] W1[c,f] B1[f] W2[f,o]
+H[m,f] = sum(c) X[m,c] * W1[c,f]
+G[m,f] = gelu(H[m,f] + B1[f])
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+out Y
+)",
+             "m=16 / f=32 / H(c=16)", TestTarget(), haswell);
 }
 
 TEST(CpuCodegenTest, EpilogueAfterTheStreamLoop) {

@@ -1,0 +1,935 @@
+#!/usr/bin/env python3
+"""fusor's tuned kernel against what a user would run instead, in one process.
+
+For each chain file: fusor's best kernel comes from `fusor compile` (tuning
+first on a cache miss), is built with the flags in its metadata and loaded;
+the same chain is built for PyTorch eager (as a user writes it: matmul/einsum,
+conv2d, softmax, elementwise), PyTorch scaled_dot_product_attention (attention
+chains), onnxruntime's CPU provider (com.microsoft MultiHeadAttention for
+attention; MatMul/Einsum, Conv, Softmax and elementwise nodes otherwise) and
+numpy. Every implementation's output is checked against fusor's float64
+reference (`fusor reference`) before it is timed; then all are timed
+interleaved, in slices, until each has run for --seconds, and the medians are
+compared. PyTorch is optional: its rows say "not installed" without it.
+
+  bench/peers/peers.py examples/bert_base_attention.fusor examples/gemm_chain.fusor
+  bench/peers/peers.py --short --model-only examples/*.fusor   # no timing claim
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("chains", nargs="+", help="chain files (.fusor text or JSON)")
+    p.add_argument("--fusor", default=os.path.join(ROOT, "build", "client", "fusor"), help="the fusor CLI")
+    p.add_argument("--db", help="tuning database for `fusor compile` (default: fusor's)")
+    p.add_argument("--server", help="scheduler address for `fusor compile` (default: embedded)")
+    p.add_argument("--budget", type=int, help="candidates to measure when tuning on a cache miss")
+    p.add_argument("--model-only", action="store_true",
+                   help="take the cost model's pick (`compile --model-only --target local`): no tuning, no database")
+    p.add_argument("--schedule", help="with --model-only and one chain: this schedule instead of the model's pick")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every implementation")
+    p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per implementation (at least)")
+    p.add_argument("--short", action="store_true", help="validate everything, time briefly: no timing claim")
+    p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--compiler", default="c++", help="compiler for fusor's kernel")
+    p.add_argument("--keep", help="keep the kernels and reference data in this directory")
+    return p.parse_args()
+
+
+ARGS = parse_args()
+# Thread counts before any numerical library loads.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+    import torch.nn.functional as F  # noqa: E402
+    torch.set_num_threads(ARGS.threads)
+except ImportError:
+    torch = None
+try:
+    import onnx  # noqa: E402
+    from onnx import TensorProto, helper  # noqa: E402
+    import onnxruntime as ort  # noqa: E402
+except ImportError:
+    ort = None
+
+
+# ------------------------------------------------------------ chain model ---
+
+class Affine:
+    """constant + sum of coefficient * dim."""
+
+    def __init__(self, terms, const):
+        self.terms = terms  # {dim: coef}
+        self.const = const
+
+    def plain(self):
+        return self.const == 0 and len(self.terms) == 1 and list(self.terms.values())[0] == 1
+
+    def dim(self):
+        return next(iter(self.terms))
+
+
+class Node:
+    def __init__(self, kind, **kw):
+        self.kind = kind  # const, access, + - * /, neg, call
+        self.__dict__.update(kw)
+
+
+def tokenize(text):
+    return re.findall(r"\d+\.\d*(?:[eE][-+]?\d+)?|\d*\.\d+(?:[eE][-+]?\d+)?|\d+(?:[eE][-+]?\d+)?|[A-Za-z_]\w*|\S", text)
+
+
+def parse_expr(text):
+    toks = tokenize(text)
+    pos = [0]
+
+    def peek():
+        return toks[pos[0]] if pos[0] < len(toks) else None
+
+    def take(expect=None):
+        t = toks[pos[0]]
+        if expect is not None and t != expect:
+            raise ValueError("expected %r in %r" % (expect, text))
+        pos[0] += 1
+        return t
+
+    def affine():
+        terms, const, sign = {}, 0, 1
+        while True:
+            t = take()
+            if t == "-":
+                sign = -sign
+                continue
+            if re.match(r"\d", t):
+                value = int(t)
+                if peek() == "*":
+                    take()
+                    d = take()
+                    terms[d] = terms.get(d, 0) + sign * value
+                else:
+                    const += sign * value
+            else:
+                coef = 1
+                if peek() == "*":
+                    take()
+                    coef = int(take())
+                terms[t] = terms.get(t, 0) + sign * coef
+            sign = 1
+            if peek() == "+":
+                take()
+            elif peek() == "-":
+                take()
+                sign = -1
+            else:
+                return Affine({d: c for d, c in terms.items() if c != 0}, const)
+
+    def primary():
+        t = take()
+        if t == "(":
+            e = add()
+            take(")")
+            return e
+        if t == "-":
+            return Node("neg", args=[primary()])
+        if re.match(r"[\d.]", t):
+            return Node("const", value=float(t))
+        if peek() == "(":
+            take("(")
+            e = add()
+            take(")")
+            return Node("call", func=t, args=[e])
+        take("[")
+        index = [affine()]
+        while peek() == ",":
+            take()
+            index.append(affine())
+        take("]")
+        return Node("access", tensor=t, index=index)
+
+    def mul():
+        e = primary()
+        while peek() in ("*", "/"):
+            op = take()
+            e = Node(op, args=[e, primary()])
+        return e
+
+    def add():
+        e = mul()
+        while peek() in ("+", "-"):
+            op = take()
+            e = Node(op, args=[e, mul()])
+        return e
+
+    e = add()
+    if peek() is not None:
+        raise ValueError("trailing %r in %r" % (peek(), text))
+    return e
+
+
+class Chain:
+    def __init__(self, j):
+        self.name = j["name"]
+        self.dtype = j.get("dtype", "f32")
+        self.extent = {d["name"]: d["extent"] for d in j["dims"]}
+        self.inputs = [t["name"] for t in j["inputs"]]
+        self.outputs = list(j["outputs"])
+        self.shape = {}
+        for t in j["inputs"]:
+            self.shape[t["name"]] = [s if isinstance(s, int) else self.extent[s] for s in t["shape"]]
+        self.ops = []
+        for o in j["ops"]:
+            op = dict(kind=o["kind"], output=o["output"], index=list(o["index"]), reduce=list(o.get("reduce", [])),
+                      axis=o.get("axis"), body=parse_expr(o["expr"]))
+            self.shape[op["output"]] = [self.extent[d] for d in op["index"]]
+            self.ops.append(op)
+
+    def flops(self):
+        total = 0
+        for op in self.ops:
+            if op["kind"] == "sum":
+                total += 2 * math.prod(self.extent[d] for d in op["index"] + op["reduce"])
+        return total
+
+
+def factors(e, scale=1.0):
+    """A product of accesses and constants: (scale, [access nodes]), or None."""
+    if e.kind == "const":
+        return e.value * scale, []
+    if e.kind == "access":
+        return scale, [e]
+    if e.kind == "neg":
+        r = factors(e.args[0], scale)
+        return None if r is None else (-r[0], r[1])
+    if e.kind == "*":
+        a = factors(e.args[0], scale)
+        b = factors(e.args[1], 1.0)
+        if a is None or b is None:
+            return None
+        return a[0] * b[0], a[1] + b[1]
+    return None
+
+
+def attention_pattern(chain):
+    """(scale, q, k, v, mask access or None) for S=QK^T*c, P=softmax(S [+M]), O=PV; else None."""
+    if len(chain.ops) != 3 or [o["kind"] for o in chain.ops] != ["sum", "softmax", "sum"]:
+        return None
+    s, p, o = chain.ops
+    fs, fo = factors(s["body"]), factors(o["body"])
+    if fs is None or fo is None or len(fs[1]) != 2 or len(fo[1]) != 2 or len(s["reduce"]) != 1:
+        return None
+    if len(o["reduce"]) != 1 or o["reduce"][0] != p["axis"] or chain.outputs != [o["output"]]:
+        return None
+    q, k = fs[1]
+    pv = fo[1]
+    if pv[0].tensor != p["output"]:
+        pv = pv[::-1]
+    if pv[0].tensor != p["output"] or fo[0] != 1.0:
+        return None
+    v = pv[1]
+    mask = None
+    body = p["body"]
+    if body.kind == "+" and body.args[0].kind == "access" and body.args[0].tensor == s["output"]:
+        mask = body.args[1]
+    elif not (body.kind == "access" and body.tensor == s["output"]):
+        return None
+    for a in (q, k, v):
+        if not all(x.plain() for x in a.index) or a.tensor not in chain.inputs:
+            return None
+    batch = s["index"][:-2]
+    m, n = s["index"][-2:]
+    kd = s["reduce"][0]
+    h = o["index"][-1]
+    want = {q.tensor: batch + [m, kd], k.tensor: batch + [n, kd], v.tensor: batch + [n, h]}
+    for a in (q, k, v):
+        if [x.dim() for x in a.index] != want[a.tensor]:
+            return None
+    if o["index"] != batch + [m, h] or p["axis"] != n:
+        return None
+    return dict(scale=fs[0], q=q.tensor, k=k.tensor, v=v.tensor, mask=mask, batch=batch, m=m, n=n, k_dim=kd, h=h)
+
+
+def conv_pattern(chain, op):
+    """A 2-D convolution T[n,k,p,q] = sum(c,r,s) X[n,c,p*sp+r*dp+a,q*sq+s*dq+b] * W[k,c,r,s] (any output order)."""
+    f = factors(op["body"])
+    if f is None or len(f[1]) != 2:
+        return None
+    for x, w in (f[1], f[1][::-1]):
+        if len(x.index) != 4 or len(w.index) != 4 or not all(e.plain() for e in w.index):
+            continue
+        kk, c, r, s = [e.dim() for e in w.index]
+        if not (x.index[0].plain() and x.index[1].plain() and x.index[1].dim() == c):
+            continue
+        n = x.index[0].dim()
+        spatial = []
+        for e, red in ((x.index[2], r), (x.index[3], s)):
+            outs = [d for d in e.terms if d != red]
+            if len(outs) != 1 or red not in e.terms or e.const < 0:
+                break
+            spatial.append((outs[0], e.terms[outs[0]], e.terms[red], e.const))
+        if len(spatial) != 2 or sorted(op["reduce"]) != sorted([c, r, s]):
+            continue
+        if sorted(op["index"]) != sorted([n, kk, spatial[0][0], spatial[1][0]]):
+            continue
+        return dict(scale=f[0], x=x.tensor, w=w.tensor, n=n, k=kk, spatial=spatial,
+                    order=[n, kk, spatial[0][0], spatial[1][0]])
+    return None
+
+
+# ------------------------------------------------------ array evaluation ---
+
+def strided_view(lib, chain, value, access, dims):
+    """The access as a view over `dims` (broadcast along dims it does not use)."""
+    shape = chain.shape[access.tensor]
+    tstrides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    size, stride = [], []
+    offset = sum(e.const * s for e, s in zip(access.index, tstrides))
+    for d in dims:
+        st = sum(e.terms.get(d, 0) * s for e, s in zip(access.index, tstrides))
+        size.append(chain.extent[d] if st != 0 else 1)
+        stride.append(st)
+    if lib == "torch":
+        return torch.as_strided(value.contiguous(), size, stride, offset)
+    v = np.ascontiguousarray(value).reshape(-1)[offset:]
+    return np.lib.stride_tricks.as_strided(v, size, [s * v.itemsize for s in stride], writeable=False)
+
+
+def aligned(lib, chain, env, access, dims):
+    if all(e.plain() for e in access.index) and len({e.dim() for e in access.index}) == len(access.index):
+        used = [e.dim() for e in access.index]
+        order = sorted(range(len(used)), key=lambda i: dims.index(used[i]))
+        v = env[access.tensor]
+        v = v.permute(order) if lib == "torch" else np.transpose(v, order)
+        idx = [slice(None) if d in used else None for d in dims]
+        return v[tuple(idx)]
+    return strided_view(lib, chain, env[access.tensor], access, dims)
+
+
+def apply_func(lib, name, x):
+    if lib == "torch":
+        return {"relu": torch.relu, "gelu": F.gelu, "exp": torch.exp, "tanh": torch.tanh,
+                "sigmoid": torch.sigmoid}[name](x)
+    if name == "gelu":
+        raise NotImplementedError("numpy has no erf (exact GELU)")
+    return {"relu": lambda v: np.maximum(v, 0), "exp": np.exp, "tanh": np.tanh,
+            "sigmoid": lambda v: 1 / (1 + np.exp(-v))}[name](x)
+
+
+def evaluate(lib, chain, env, e, dims):
+    if e.kind == "const":
+        return e.value
+    if e.kind == "access":
+        return aligned(lib, chain, env, e, dims)
+    if e.kind == "neg":
+        return -evaluate(lib, chain, env, e.args[0], dims)
+    if e.kind == "call":
+        return apply_func(lib, e.func, evaluate(lib, chain, env, e.args[0], dims))
+    a = evaluate(lib, chain, env, e.args[0], dims)
+    b = evaluate(lib, chain, env, e.args[1], dims)
+    return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "/": lambda: a / b}[e.kind]()
+
+
+LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def array_program(lib, chain):
+    """fn(inputs) -> outputs for torch or numpy, op by op as a user writes it."""
+    letter = {d: LETTERS[i] for i, d in enumerate(chain.extent)}
+    steps = []
+    for op in chain.ops:
+        out, index = op["output"], op["index"]
+        if op["kind"] == "sum":
+            conv = conv_pattern(chain, op) if lib == "torch" else None
+            f = factors(op["body"])
+            if conv is not None:
+                def step(env, op=op, cv=conv):
+                    x = env[cv["x"]]
+                    (p, sp, dp, a), (q, sq, dq, b) = cv["spatial"]
+                    x = x[:, :, a:, b:]
+                    y = F.conv2d(x, env[cv["w"]], stride=(sp, sq), dilation=(dp, dq))
+                    y = y[:, :, :chain.extent[p], :chain.extent[q]]
+                    if cv["scale"] != 1:
+                        y = y * cv["scale"]
+                    return y.permute([cv["order"].index(d) for d in op["index"]])
+            elif f is not None:
+                def step(env, op=op, f=f):
+                    operands, specs = [], []
+                    for a in f[1]:
+                        used = []
+                        for e in a.index:
+                            for d in e.terms:
+                                if d not in used:
+                                    used.append(d)
+                        operands.append(aligned(lib, chain, env, a, used) if not all(e.plain() for e in a.index)
+                                        else env[a.tensor])
+                        specs.append("".join(letter[d] for d in used) if not all(e.plain() for e in a.index)
+                                     else "".join(letter[e.dim()] for e in a.index))
+                    spec = ",".join(specs) + "->" + "".join(letter[d] for d in op["index"])
+                    y = torch.einsum(spec, *operands) if lib == "torch" else np.einsum(spec, *operands, optimize=True)
+                    return y * f[0] if f[0] != 1 else y
+            else:
+                def step(env, op=op):
+                    dims = op["index"] + op["reduce"]
+                    v = evaluate(lib, chain, env, op["body"], dims)
+                    axes = tuple(range(len(op["index"]), len(dims)))
+                    return v.sum(dim=axes) if lib == "torch" else v.sum(axis=axes)
+        elif op["kind"] == "softmax":
+            def step(env, op=op):
+                v = evaluate(lib, chain, env, op["body"], op["index"])
+                axis = op["index"].index(op["axis"])
+                if lib == "torch":
+                    return torch.softmax(v, dim=axis)
+                v = np.exp(v - v.max(axis=axis, keepdims=True))
+                return v / v.sum(axis=axis, keepdims=True)
+        else:
+            def step(env, op=op):
+                v = evaluate(lib, chain, env, op["body"], op["index"])
+                if lib == "torch":
+                    return v.expand([chain.extent[d] for d in op["index"]]) if not torch.is_tensor(v) or \
+                        list(v.shape) != [chain.extent[d] for d in op["index"]] else v
+                return np.broadcast_to(v, [chain.extent[d] for d in op["index"]])
+        steps.append((out, step))
+
+    def run(inputs):
+        env = dict(zip(chain.inputs, inputs))
+        for out, step in steps:
+            env[out] = step(env)
+        return [env[o] for o in chain.outputs]
+    return run
+
+
+# -------------------------------------------------------------- onnx ---
+
+def onnx_program(chain, dtype):
+    """An onnxruntime session over the chain and a fn(inputs) -> outputs (arrays in the chain's layout)."""
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    att = attention_pattern(chain)
+    nodes, inits = [], []
+    counter = [0]
+
+    def fresh(prefix):
+        counter[0] += 1
+        return "%s_%d" % (prefix, counter[0])
+
+    def const(value, shape=None):
+        name = fresh("c")
+        arr = np.array(value, dtype=dtype if shape is None else np.int64).reshape(shape if shape else [])
+        inits.append(helper.make_tensor(name, elem if shape is None else TensorProto.INT64, arr.shape,
+                                        arr.flatten().tolist()))
+        return name
+
+    def node(op, inputs, **attrs):
+        out = fresh(op)
+        nodes.append(helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    if att is not None:
+        # MultiHeadAttention on [batch, sequence, heads * head size]: b folds
+        # the heads (batch 1); the layout change is done outside the session.
+        heads = math.prod(chain.extent[d] for d in att["batch"])
+        m, n, k, h = (chain.extent[att[x]] for x in ("m", "n", "k_dim", "h"))
+        graph_in = [helper.make_tensor_value_info("q", elem, [1, m, heads * k]),
+                    helper.make_tensor_value_info("k", elem, [1, n, heads * k]),
+                    helper.make_tensor_value_info("v", elem, [1, n, heads * h])]
+        mha_inputs = ["q", "k", "v"]
+        mask = att["mask"]
+        if mask is not None:
+            graph_in.append(helper.make_tensor_value_info("bias", elem, [1, 1, m, n]))
+            mha_inputs += ["", "", "bias"]
+        nodes.append(helper.make_node("MultiHeadAttention", mha_inputs, ["o"], domain="com.microsoft",
+                                      num_heads=heads, scale=float(att["scale"])))
+        graph_out = [helper.make_tensor_value_info("o", elem, [1, m, heads * h])]
+        graph = helper.make_graph(nodes, chain.name, graph_in, graph_out)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        session = make_session(model)
+
+        def run_prepared(feeds):
+            return session.run(None, feeds)
+
+        def prepare(inputs):
+            env = dict(zip(chain.inputs, inputs))
+
+            def heads_last(x, seq, size):
+                return np.ascontiguousarray(x.reshape(heads, seq, size).transpose(1, 0, 2).reshape(1, seq, heads * size))
+            feeds = {"q": heads_last(env[att["q"]], m, k), "k": heads_last(env[att["k"]], n, k),
+                     "v": heads_last(env[att["v"]], n, h)}
+            if mask is not None:
+                bias = np.asarray(array_program("numpy", mask_chain(chain, att))(inputs)[0], dtype=dtype)
+                feeds["bias"] = np.ascontiguousarray(bias.reshape(1, 1, m, n))
+            return feeds
+
+        def finish(outs):
+            shape = [chain.extent[d] for d in att["batch"]] + [m, h]
+            return [outs[0].reshape(m, heads, h).transpose(1, 0, 2).reshape(shape)]
+        return "MultiHeadAttention (com.microsoft)", prepare, run_prepared, finish
+
+    # Op by op: MatMul where the sum is a batched matrix product, Conv for
+    # convolutions, Einsum otherwise; elementwise nodes and Softmax.
+    graph_in = [helper.make_tensor_value_info(t, elem, chain.shape[t]) for t in chain.inputs]
+    value = {t: t for t in chain.inputs}
+
+    def align(access, dims):
+        """The access as a tensor broadcastable over `dims` (Transpose + Reshape)."""
+        name = value[access.tensor]
+        if not all(e.plain() for e in access.index) or len({e.dim() for e in access.index}) != len(access.index):
+            raise NotImplementedError("affine access outside a convolution")
+        used = [e.dim() for e in access.index]
+        order = sorted(range(len(used)), key=lambda i: dims.index(used[i]))
+        if order != list(range(len(used))):
+            name = node("Transpose", [name], perm=order)
+        shape = [chain.extent[d] if d in used else 1 for d in dims]
+        if shape != [chain.extent[d] for d in sorted(used, key=dims.index)]:
+            name = node("Reshape", [name, const(shape, [len(shape)])])
+        return name
+
+    def expr(e, dims):
+        if e.kind == "const":
+            return const(e.value)
+        if e.kind == "access":
+            return align(e, dims)
+        if e.kind == "neg":
+            return node("Neg", [expr(e.args[0], dims)])
+        if e.kind == "call":
+            x = expr(e.args[0], dims)
+            if e.func == "gelu":
+                return node("Gelu", [x], domain="com.microsoft")
+            return node({"relu": "Relu", "exp": "Exp", "tanh": "Tanh", "sigmoid": "Sigmoid"}[e.func], [x])
+        a, b = expr(e.args[0], dims), expr(e.args[1], dims)
+        return node({"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}[e.kind], [a, b])
+
+    letter = {d: LETTERS[i] for i, d in enumerate(chain.extent)}
+    used_ops = set()
+    for op in chain.ops:
+        index = op["index"]
+        if op["kind"] == "sum":
+            conv = conv_pattern(chain, op)
+            f = factors(op["body"])
+            if conv is not None:
+                (p, sp, dp, a), (q, sq, dq, b) = conv["spatial"]
+                x = value[conv["x"]]
+                if a or b:
+                    shape = chain.shape[conv["x"]]
+                    x = node("Slice", [x, const([a, b], [2]), const([shape[2], shape[3]], [2]), const([2, 3], [2])])
+                y = node("Conv", [x, value[conv["w"]]], strides=[sp, sq], dilations=[dp, dq])
+                used_ops.add("Conv")
+                y = node("Slice", [y, const([0, 0], [2]), const([chain.extent[p], chain.extent[q]], [2]),
+                                   const([2, 3], [2])])
+                if conv["scale"] != 1:
+                    y = node("Mul", [y, const(conv["scale"])])
+                perm = [conv["order"].index(d) for d in index]
+                if perm != list(range(4)):
+                    y = node("Transpose", [y], perm=perm)
+            elif f is not None and all(all(e.plain() for e in a.index) for a in f[1]) and len(f[1]) == 2:
+                a_acc, b_acc = f[1]
+                y = matmul_nodes(chain, op, a_acc, b_acc, value, node, const)
+                if y is None:
+                    spec = ",".join("".join(letter[e.dim()] for e in acc.index) for acc in f[1]) + "->" + \
+                        "".join(letter[d] for d in index)
+                    y = node("Einsum", [value[acc.tensor] for acc in f[1]], equation=spec)
+                    used_ops.add("Einsum")
+                else:
+                    used_ops.add("MatMul")
+                if f[0] != 1:
+                    y = node("Mul", [y, const(f[0])])
+            else:
+                raise NotImplementedError("a sum that is not a product of plain accesses")
+        elif op["kind"] == "softmax":
+            y = expr(op["body"], index)
+            axis = index.index(op["axis"])
+            y = node("Softmax", [y], axis=axis)
+            used_ops.add("Softmax")
+        else:
+            y = expr(op["body"], index)
+            used_ops.update(n.op_type for n in nodes if n.op_type in ("Gelu", "Relu", "Add", "Tanh", "Sigmoid"))
+        value[op["output"]] = y
+    outs = []
+    for t in chain.outputs:
+        nodes.append(helper.make_node("Identity", [value[t]], [t + "_out"]))
+        outs.append(helper.make_tensor_value_info(t + "_out", elem, chain.shape[t]))
+    graph = helper.make_graph(nodes, chain.name, graph_in, outs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    session = make_session(model)
+    label = ", ".join(sorted(used_ops)) or "elementwise"
+    return label, (lambda inputs: dict(zip(chain.inputs, [np.ascontiguousarray(x) for x in inputs]))), \
+        (lambda feeds: session.run(None, feeds)), (lambda outs: outs)
+
+
+def matmul_nodes(chain, op, a, b, value, node, const):
+    """MatMul for A[batch..., i, k] x B[batch..., k, j] up to transposes; None when the sum is no such product."""
+    index, red = op["index"], op["reduce"]
+    if len(red) != 1:
+        return None
+    k = red[0]
+    da, db = [e.dim() for e in a.index], [e.dim() for e in b.index]
+    if k not in da or k not in db:
+        return None
+    batch = [d for d in index if d in da and d in db]
+    ia = [d for d in da if d not in batch and d != k]
+    ib = [d for d in db if d not in batch and d != k]
+    if len(ia) != 1 or len(ib) != 1 or sorted(da) != sorted(batch + ia + [k]) or sorted(db) != sorted(batch + ib + [k]):
+        return None
+    i, j = ia[0], ib[0]
+    if index[:len(batch)] != batch or sorted(index) != sorted(batch + [i, j]):
+        return None
+
+    def arranged(acc, dims, want):
+        name = value[acc.tensor]
+        if dims != want:
+            name = node("Transpose", [name], perm=[dims.index(d) for d in want])
+        return name
+    y = node("MatMul", [arranged(a, da, batch + [i, k]), arranged(b, db, batch + [k, j])])
+    if index != batch + [i, j]:
+        y = node("Transpose", [y], perm=[(batch + [i, j]).index(d) for d in index])
+    return y
+
+
+def mask_chain(chain, att):
+    """A chain computing only the attention's additive mask over [m, n]."""
+    class MaskChain:
+        pass
+    mc = MaskChain()
+    mc.name, mc.extent, mc.inputs, mc.shape = chain.name, chain.extent, chain.inputs, chain.shape
+    mc.outputs = ["__mask"]
+    mc.ops = [dict(kind="map", output="__mask", index=[att["m"], att["n"]], reduce=[], axis=None, body=att["mask"])]
+    mc.shape = dict(chain.shape)
+    mc.shape["__mask"] = [chain.extent[att["m"]], chain.extent[att["n"]]]
+    return mc
+
+
+def make_session(model):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = ARGS.threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+# ------------------------------------------------------------- fusor ---
+
+def run_cmd(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s%s" % (" ".join(shlex.quote(c) for c in cmd), r.returncode,
+                                                     r.stdout[-3000:], r.stderr[-3000:]))
+    return r.stdout
+
+
+def fusor_base():
+    cmd = [ARGS.fusor]
+    if ARGS.server:
+        cmd += ["--server", ARGS.server]
+    elif ARGS.db:
+        cmd += ["--db", ARGS.db]
+    return cmd
+
+
+def fusor_kernel(path, work):
+    """Compiles fusor's best kernel for the chain; returns (callable, metadata, text printed by fusor)."""
+    out = os.path.join(work, "kernel")
+    if ARGS.model_only:
+        cmd = [ARGS.fusor, "compile", "--model-only", "--target", "local", path, "-o", out]
+        if ARGS.schedule:
+            cmd += ["--schedule", ARGS.schedule]
+    else:
+        cmd = fusor_base() + ["compile", path, "-o", out] + (["--budget", str(ARGS.budget)] if ARGS.budget else [])
+    printed = run_cmd(cmd)
+    source = [f for f in os.listdir(out) if f.endswith(".cc")][0]
+    meta = json.load(open(os.path.join(out, source[:-3] + ".json")))
+    kmeta = meta.get("kernel", meta)
+    so = os.path.join(out, "kernel.so")
+    libs = ["-l" + l for l in kmeta.get("link_libs", [])]
+    run_cmd([ARGS.compiler] + kmeta["compile_flags"] + ["-shared", "-fPIC", "-o", so, os.path.join(out, source)] + libs)
+    lib = ctypes.CDLL(so)
+    fn = lib[kmeta.get("entry_point", "fusor_run")]
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn, meta, printed
+
+
+def storage(dtype):
+    return {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[dtype]
+
+
+def to_storage(values, dtype):
+    if dtype == "bf16":
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(storage(dtype))
+
+
+def from_storage(a, dtype):
+    if dtype == "bf16":
+        return (a.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.asarray(a, dtype=np.float64)
+
+
+def check(name, outs, refs, tol):
+    """Max relative error (fusor's rule); raises when any element is out of tolerance or not finite."""
+    worst = 0.0
+    for out, ref in zip(outs, refs):
+        out = np.asarray(out, dtype=np.float64).reshape(ref.shape)
+        rms = math.sqrt(float(np.mean(ref * ref))) if ref.size else 0.0
+        rel = np.abs(out - ref) / (np.abs(ref) + rms)
+        if not np.all(np.isfinite(out)) or not np.all(rel <= tol):
+            bad = int(np.argmax(np.where(np.isfinite(rel), rel, np.inf)))
+            raise ValueError("%s: element %d is %r, expected %r (relative error %.3g > %.3g)" % (
+                name, bad, out.flat[bad], ref.flat[bad], rel.flat[bad], tol))
+        worst = max(worst, float(rel.max()) if rel.size else 0.0)
+    return worst
+
+
+# ------------------------------------------------------------ timing ---
+
+def time_interleaved(impls, seconds, slice_s=0.15, gap_s=0.15):
+    """Runs each impl in turn for slices of `slice_s` until each has `seconds` of samples; per-call samples.
+
+    Thread pools spin after their work (OpenMP's, onnxruntime's, OpenBLAS's
+    for up to about 0.1 s): each slice starts after `gap_s` of idling, so the
+    previous implementation's threads have gone to sleep, and with one
+    untimed call that wakes its own pool.
+    """
+    for _, fn in impls:
+        for _ in range(3):
+            fn()
+    samples = {name: [] for name, _ in impls}
+    spent = {name: 0.0 for name, _ in impls}
+    deadline = time.perf_counter() + 30 * seconds * len(impls) + 10
+    while min(spent.values()) < seconds and time.perf_counter() < deadline:
+        for name, fn in impls:
+            if spent[name] >= seconds:
+                continue
+            time.sleep(gap_s)
+            fn()
+            end = time.perf_counter() + slice_s
+            while True:
+                t0 = time.perf_counter()
+                fn()
+                t1 = time.perf_counter()
+                samples[name].append(t1 - t0)
+                spent[name] += t1 - t0
+                if t1 >= end:
+                    break
+    out = {}
+    for name, s in samples.items():
+        s = sorted(s)
+        med = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+        p10, p90 = s[int(0.1 * (len(s) - 1))], s[int(0.9 * (len(s) - 1))]
+        out[name] = dict(median_s=med, samples=len(s), spread=(p90 - p10) / med if med > 0 else 0.0,
+                         min_s=s[0], p10_s=p10, p90_s=p90)
+    return out
+
+
+def sgemm_rate(seconds):
+    """The machine's sgemm rate (GFLOP/s) at 1024^3 through the fastest library at hand, same threads."""
+    n = 1024
+    best, lib = 0.0, None
+    candidates = [("numpy", lambda a, b: a @ b, np.random.rand(n, n).astype(np.float32),
+                   np.random.rand(n, n).astype(np.float32))]
+    if torch is not None:
+        candidates.append(("torch", lambda a, b: a @ b, torch.rand(n, n), torch.rand(n, n)))
+    for name, mm, a, b in candidates:
+        t = time_interleaved([(name, lambda mm=mm, a=a, b=b: mm(a, b))], seconds)[name]["median_s"]
+        rate = 2 * n ** 3 / t / 1e9
+        if rate > best:
+            best, lib = rate, name
+    return best, lib
+
+
+# -------------------------------------------------------------- main ---
+
+def bench_chain(path, work, seconds):
+    ref_dir = os.path.join(work, "reference")
+    run_cmd([ARGS.fusor, "reference", path, "--seed", "11", "-o", ref_dir])
+    manifest = json.load(open(os.path.join(ref_dir, "manifest.json")))
+    chain = Chain(manifest["chain"])
+    tol = manifest["tolerance"]
+    read = lambda e: np.fromfile(os.path.join(ref_dir, e["file"]), dtype=np.float64).reshape(e["shape"])
+    inputs64 = [read(e) for e in manifest["inputs"]]
+    refs = [read(e) for e in manifest["outputs"]]
+    result = dict(chain=chain.name, file=path, dtype=chain.dtype, gflop=chain.flops() / 1e9, impls={}, notes=[])
+
+    fn, meta, printed = fusor_kernel(path, work)
+    kmeta = meta.get("kernel", meta)
+    result["fusor"] = dict(schedule=meta.get("schedule") or kmeta.get("schedule"), mapping=meta.get("mapping"),
+                           measured_s=meta.get("median_s"), baseline_s=meta.get("baseline_median_s"))
+    f_inputs = [np.ascontiguousarray(to_storage(x, chain.dtype)) for x in inputs64]
+    f_outputs = [np.empty(r.shape, dtype=storage(chain.dtype)) for r in refs]
+    in_ptrs = (ctypes.c_void_p * len(f_inputs))(*[x.ctypes.data for x in f_inputs])
+    out_ptrs = (ctypes.c_void_p * len(f_outputs))(*[x.ctypes.data for x in f_outputs])
+    threads = ARGS.threads
+
+    def run_fusor():
+        if fn(in_ptrs, out_ptrs, threads) != 0:
+            raise RuntimeError("fusor kernel returned an error")
+    impls = []
+    for o in f_outputs:
+        o.fill(np.nan) if chain.dtype != "bf16" else o.fill(0x7fc0)
+    run_fusor()
+    result["impls"]["fusor"] = dict(max_rel_error=check("fusor", [from_storage(o, chain.dtype) for o in f_outputs],
+                                                        refs, tol), what=result["fusor"]["schedule"])
+    impls.append(("fusor", run_fusor))
+
+    # The peers compute in the chain's dtype where they can, else in f32.
+    def peer(name, what, build):
+        try:
+            run, args, finish = build()
+            outs = finish(run(*args))
+            err = check(name, [np.asarray(o.float() if torch is not None and torch.is_tensor(o) else o)
+                               for o in outs], refs, tol)
+            result["impls"][name] = dict(max_rel_error=err, what=what() if callable(what) else what)
+            impls.append((name, lambda: run(*args)))
+        except ImportError as e:
+            result["impls"][name] = dict(skipped=str(e))
+        except Exception as e:  # a peer that cannot run this chain says why; fusor's row stands
+            result["impls"][name] = dict(skipped="%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200]))
+
+    peer_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.float32}[chain.dtype]
+    np_inputs = [np.ascontiguousarray(x.astype(peer_dtype)) for x in inputs64]
+
+    def torch_build(sdpa=False):
+        if torch is None:
+            raise ImportError("not installed")
+        tdtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[chain.dtype]
+        t_inputs = [torch.from_numpy(x.astype(np.float32)).to(tdtype).contiguous() for x in inputs64]
+        if not sdpa:
+            prog = array_program("torch", chain)
+            return (lambda xs: prog(xs)), (t_inputs,), (lambda outs: [o.float().numpy() for o in outs])
+        att = attention_pattern(chain)
+        if att is None:
+            raise ValueError("not an attention chain")
+        env = dict(zip(chain.inputs, t_inputs))
+        q, k, v = env[att["q"]], env[att["k"]], env[att["v"]]
+        mask = None
+        if att["mask"] is not None:
+            mask = array_program("torch", mask_chain(chain, att))(t_inputs)[0].to(tdtype).contiguous()
+
+        def run(q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=att["scale"])
+        return run, (q, k, v, mask), (lambda o: [o.float().numpy()])
+
+    def numpy_build():
+        prog = array_program("numpy", chain)
+        return (lambda xs: prog(xs)), (np_inputs,), (lambda outs: outs)
+
+    def ort_build():
+        if ort is None:
+            raise ImportError("not installed")
+        label, prepare, run, finish = onnx_program(chain, peer_dtype)
+        peer_what["ort"] = label
+        feeds = prepare(np_inputs)
+        return run, (feeds,), finish
+
+    peer_what = {}
+    peer("pytorch", "eager" + (" (%s)" % chain.dtype if chain.dtype != "f32" else ""),
+         lambda: torch_build(False))
+    if attention_pattern(chain) is not None:
+        peer("pytorch_sdpa", "scaled_dot_product_attention", lambda: torch_build(True))
+    peer("onnxruntime", lambda: peer_what.get("ort", ""), ort_build)
+    if chain.dtype == "bf16":
+        result["notes"].append("onnxruntime and numpy compute bf16 chains in f32")
+    if chain.dtype == "f16":
+        result["notes"].append("numpy computes in f16 (its matmul in f16 is not a BLAS call)")
+    peer("numpy", "numpy (%s)" % np.dtype(peer_dtype).name, numpy_build)
+
+    timings = time_interleaved(impls, seconds)
+    for name, t in timings.items():
+        result["impls"][name].update(t)
+    peers = [(n, d["median_s"]) for n, d in result["impls"].items() if n != "fusor" and "median_s" in d]
+    if peers:
+        fastest = min(peers, key=lambda p: p[1])
+        result["fastest_peer"] = fastest[0]
+        result["speedup_vs_fastest_peer"] = fastest[1] / result["impls"]["fusor"]["median_s"]
+    result["fusor_gflops"] = chain.flops() / result["impls"]["fusor"]["median_s"] / 1e9
+    return result
+
+
+def fmt_time(s):
+    return "%.3f ms" % (s * 1e3) if s >= 1e-4 else "%.1f us" % (s * 1e6)
+
+
+def main():
+    if ort is None:
+        print("peers: onnxruntime is not installed (pip install onnx onnxruntime)", file=sys.stderr)
+    seconds = 0.05 if ARGS.short else ARGS.seconds
+    work_root = ARGS.keep or tempfile.mkdtemp(prefix="fusor-peers-")
+    report = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), machine=cpu_name(), cores=os.cpu_count(),
+                  threads=ARGS.threads, short=ARGS.short, seconds=seconds,
+                  versions=dict(numpy=np.__version__, torch=torch.__version__ if torch else None,
+                                onnxruntime=ort.__version__ if ort else None, python=platform.python_version()),
+                  command=" ".join(shlex.quote(a) for a in sys.argv), chains=[])
+    report["sgemm_gflops"], report["sgemm_lib"] = sgemm_rate(seconds)
+    failed = False
+    for i, path in enumerate(ARGS.chains):
+        work = os.path.join(work_root, "%d" % i)
+        os.makedirs(work, exist_ok=True)
+        try:
+            r = bench_chain(path, work, seconds)
+        except Exception as e:
+            print("peers: %s: %s" % (path, e), file=sys.stderr)
+            report["chains"].append(dict(file=path, error=str(e)))
+            failed = True
+            continue
+        report["chains"].append(r)
+        print_chain(r, report["sgemm_gflops"])
+    if ARGS.short:
+        print("short mode: every implementation validated; the times above are not a measurement")
+    else:
+        print("sgemm %.0f GFLOP/s (%s, %d threads, 1024^3) on %s" % (report["sgemm_gflops"], report["sgemm_lib"],
+                                                                      ARGS.threads, report["machine"]))
+    if ARGS.json:
+        with open(ARGS.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 1 if failed else 0
+
+
+def print_chain(r, sgemm):
+    print("\n%s (%s, %.3f GFLOP)  fusor schedule: %s" % (r["chain"], r["dtype"], r["gflop"], r["fusor"]["schedule"]))
+    print("| implementation | median | spread (p90-p10) | fusor speedup | max rel. error |")
+    print("|---|---:|---:|---:|---:|")
+    fusor_t = r["impls"]["fusor"]["median_s"]
+    for name, d in r["impls"].items():
+        label = name + (" — " + d["what"] if d.get("what") else "")
+        if "median_s" not in d:
+            print("| %s | %s | | | |" % (name, d.get("skipped", "not run")))
+            continue
+        print("| %s | %s | %.0f%% | %s | %.1e |" % (label, fmt_time(d["median_s"]), 100 * d["spread"],
+                                                     "—" if name == "fusor" else "%.2fx" % (d["median_s"] / fusor_t),
+                                                     d["max_rel_error"]))
+    if "fastest_peer" in r:
+        print("fusor vs fastest peer (%s): %.2fx; fusor at %.0f GFLOP/s = %.0f%% of sgemm" % (
+            r["fastest_peer"], r["speedup_vs_fastest_peer"], r["fusor_gflops"], 100 * r["fusor_gflops"] / sgemm))
+    for note in r["notes"]:
+        print("note: " + note)
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/codegen/cpu/cpu_codegen.h"
+#include "common/codegen/cpu/cpu_emit.h"
+#include "common/codegen/emit.h"
+#include "common/mapping/mapping.h"
+
+namespace fusor::codegen {
+namespace {
+
+using emit::CloseScopes;
+using emit::ExprToC;
+using emit::FlatIndex;
+using emit::FloatLit;
+using emit::GlobalOffset;
+using emit::GlobalStrides;
+using emit::LinearToC;
+using emit::LoadConvert;
+using emit::LoadFn;
+using emit::Names;
+using emit::OpenPointLoops;
+using emit::ProductToC;
+using emit::StoreConvert;
+using emit::Writer;
+using ir::Access;
+using ir::Chain;
+using ir::Op;
+using ir::OpKind;
+using ir::TensorRole;
+
+class BaselineEmitter {
+ public:
+  explicit BaselineEmitter(const Chain& chain) : chain_(chain), n_{chain} {}
+
+  std::string Emit() {
+    std::string title = absl::StrCat("// fusor unfused baseline for chain '", chain_.name,
+                                     "': each op over whole tensors, GEMMs through OpenBLAS\n");
+    std::string out = cpu::Preamble(title) + "#include <cblas.h>\n\n";
+    Writer& w = w_;
+    w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
+           "int num_threads)");
+    cpu::DeclareArguments(w, chain_, n_);
+    w.Line("const int nt = num_threads > 0 ? num_threads : 1;");
+    const bool f32 = chain_.dtype == ir::DType::kF32;
+    // f32 views of every tensor: aliases where the dtype is already f32,
+    // buffers allocated on the first call otherwise (as a framework's
+    // caching allocator would).
+    std::vector<int> owned;
+    for (size_t t = 0; t < chain_.tensors.size(); ++t) {
+      const ir::Tensor& tensor = chain_.tensors[t];
+      bool alias = f32 && tensor.role != TensorRole::kIntermediate;
+      if (alias) {
+        w.Line(absl::StrCat("float* const ", n_.Full(t), " = (float*)", n_.Global(t), ";"));
+      } else {
+        w.Line(absl::StrCat("static float* ", n_.Full(t), " = 0;"));
+        owned.push_back(static_cast<int>(t));
+      }
+    }
+    for (int t : owned) {
+      w.Open(absl::StrCat("if (!", n_.Full(t), ")"));
+      w.Line(absl::StrCat(n_.Full(t), " = (float*)malloc(sizeof(float) * ", chain_.tensors[t].NumElements(), "L);"));
+      w.Line(absl::StrCat("if (!", n_.Full(t), ") return 1;"));
+      w.Close();
+    }
+    w.Line("openblas_set_num_threads(nt);");
+    if (!f32) {
+      for (int t : chain_.inputs) {
+        w.Line("#pragma omp parallel for num_threads(nt)");
+        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Full(t),
+                            "[i] = ", LoadConvert(chain_.dtype, absl::StrCat(n_.Global(t), "[i]")), ";"));
+      }
+    }
+    for (const Op& op : chain_.ops) {
+      w.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
+      w.Open("");
+      std::vector<int> dims = op.index;
+      dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
+      for (int d : dims) {
+        w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      }
+      w.Line(absl::StrCat("(void)", absl::StrJoin(dims, ", (void)", [&](std::string* s, int d) {
+                            s->append(n_.O(d));
+                          }), ";"));
+      space::GemmForm g = BaselineForm(static_cast<int>(&op - chain_.ops.data()));
+      if (op.kind == OpKind::kSum && g.ok) {
+        if (!EmitDirectGemm(op, g)) EmitPackedGemm(op, g);
+      } else if (op.kind == OpKind::kSum) {
+        EmitLoopSum(op);
+      } else if (op.kind == OpKind::kMap) {
+        int opened = OpenPointLoops(w, op.index, n_, "#pragma omp parallel for num_threads(nt)");
+        w.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
+        CloseScopes(w, opened);
+      } else {
+        EmitSoftmax(op);
+      }
+      w.Close();
+    }
+    if (!f32) {
+      for (int t : chain_.outputs) {
+        w.Line("#pragma omp parallel for num_threads(nt)");
+        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Global(t),
+                            "[i] = ", StoreConvert(chain_.dtype, absl::StrCat(n_.Full(t), "[i]")), ";"));
+      }
+    }
+    w.Line("return 0;");
+    w.Close();
+    return out + w.Take();
+  }
+
+ private:
+  LoadFn Loader() const {
+    return [this](const Access& a) { return absl::StrCat(n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]"); };
+  }
+
+  // The GEMM view a framework would take: the default mapping's rows and
+  // columns (oriented so the output's last dim is a column), every reduced
+  // dim in the reduction (im2col for convolutions).
+  space::GemmForm BaselineForm(int op) const {
+    auto sw = mapping::ViewOp(chain_, op);
+    if (!sw.ok()) return {};
+    auto m = mapping::DefaultMapping(chain_, *sw, *hw::FindIntrinsic("scalar.4x4"));
+    if (!m) return {};
+    space::GemmForm g = space::FormOf(chain_, *sw, *m);
+    g.kdims = chain_.ops[op].reduce;
+    g.outer_reduce.clear();
+    const int last = chain_.ops[op].index.back();
+    if (std::find(g.rows.begin(), g.rows.end(), last) != g.rows.end()) {
+      std::swap(g.rows, g.cols);
+      std::swap(g.a_side, g.b_side);
+    }
+    return g;
+  }
+
+  std::string FullAt(const Op& op) const {
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    return absl::StrCat(n_.Full(op.output), "[", GlobalOffset(self, n_), "]");
+  }
+
+  // One cblas_sgemm per batch point when both sides are single plain
+  // accesses with one row, one column and one reduced dim, strided so BLAS
+  // can read them in place. Returns false (emitting nothing) otherwise.
+  bool EmitDirectGemm(const Op& op, const space::GemmForm& g) {
+    if (g.a_side.size() != 1 || g.b_side.size() != 1 || g.rows.size() != 1 || g.cols.size() != 1 ||
+        op.reduce.size() != 1) {
+      return false;
+    }
+    for (const Access* a : {&g.a_side[0], &g.b_side[0]}) {
+      for (const ir::AffineExpr& e : a->index) {
+        if (!e.IsPlainDim()) return false;
+      }
+    }
+    const int r = g.rows[0], c = g.cols[0], k = op.reduce[0];
+    const int64_t m_ext = chain_.dims[r].extent, n_ext = chain_.dims[c].extent, k_ext = chain_.dims[k].extent;
+    int64_t const_a = 0, const_b = 0, const_c = 0;
+    auto sa = GlobalStrides(g.a_side[0], chain_, &const_a);
+    auto sb = GlobalStrides(g.b_side[0], chain_, &const_b);
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    auto sc = GlobalStrides(self, chain_, &const_c);
+    // A is M x K: element (r, k) at r*sa[r] + k*sa[k].
+    std::string trans_a, trans_b;
+    int64_t lda, ldb;
+    if (sa[k] == 1 && sa[r] >= k_ext) {
+      trans_a = "CblasNoTrans", lda = sa[r];
+    } else if (sa[r] == 1 && sa[k] >= m_ext) {
+      trans_a = "CblasTrans", lda = sa[k];
+    } else {
+      return false;
+    }
+    if (sb[c] == 1 && sb[k] >= n_ext) {
+      trans_b = "CblasNoTrans", ldb = sb[k];
+    } else if (sb[k] == 1 && sb[c] >= k_ext) {
+      trans_b = "CblasTrans", ldb = sb[c];
+    } else {
+      return false;
+    }
+    if (sc[c] != 1 || sc[r] < n_ext) return false;
+    auto base = [&](const std::map<int, int64_t>& s, int64_t constant) {
+      std::vector<std::pair<int64_t, std::string>> terms;
+      for (int d : g.batch) {
+        auto it = s.find(d);
+        if (it != s.end()) terms.push_back({it->second, n_.V(d)});
+      }
+      return LinearToC(terms, constant);
+    };
+    int opened = OpenPointLoops(w_, g.batch, n_);
+    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, ", trans_a, ", ", trans_b, ", ", m_ext, ", ", n_ext, ", ",
+                         k_ext, ", ", FloatLit(g.scale), ", ", n_.Full(g.a_side[0].tensor), " + ", base(sa, const_a),
+                         ", ", lda, ", ", n_.Full(g.b_side[0].tensor), " + ", base(sb, const_b), ", ", ldb,
+                         ", 0.0f, ", n_.Full(op.output), " + ", base(sc, const_c), ", ", sc[r], ");"));
+    CloseScopes(w_, opened);
+    return true;
+  }
+
+  // Packs each side into dense row-major matrices (im2col for affine
+  // accesses), multiplies with cblas_sgemm, scatters the result.
+  void EmitPackedGemm(const Op& op, const space::GemmForm& g) {
+    int64_t m = 1, n = 1, k = 1;
+    for (int d : g.rows) m *= chain_.dims[d].extent;
+    for (int d : g.cols) n *= chain_.dims[d].extent;
+    for (int d : op.reduce) k *= chain_.dims[d].extent;
+    for (const char* name : {"ta", "tb", "tc"}) {
+      int64_t size = std::string(name) == "ta" ? m * k : std::string(name) == "tb" ? k * n : m * n;
+      w_.Line(absl::StrCat("static float* ", name, " = 0;"));
+      w_.Line(absl::StrCat("if (!", name, ") ", name, " = (float*)malloc(sizeof(float) * ", size, "L);"));
+      w_.Line(absl::StrCat("if (!", name, ") return 1;"));
+    }
+    const std::string pragma = "#pragma omp parallel for num_threads(nt)";
+    int outer = OpenPointLoops(w_, g.batch, n_);
+    std::vector<int> a_dims = g.rows;
+    a_dims.insert(a_dims.end(), op.reduce.begin(), op.reduce.end());
+    int opened = OpenPointLoops(w_, a_dims, n_, pragma);
+    w_.Line(absl::StrCat("ta[(", FlatIndex(g.rows, n_), ") * ", k, "L + (", FlatIndex(op.reduce, n_), ")] = ",
+                         ProductToC(g.a_side, g.scale, Loader()), ";"));
+    CloseScopes(w_, opened);
+    std::vector<int> b_dims = op.reduce;
+    b_dims.insert(b_dims.end(), g.cols.begin(), g.cols.end());
+    opened = OpenPointLoops(w_, b_dims, n_, pragma);
+    w_.Line(absl::StrCat("tb[(", FlatIndex(op.reduce, n_), ") * ", n, "L + (", FlatIndex(g.cols, n_), ")] = ",
+                         ProductToC(g.b_side, 1, Loader()), ";"));
+    CloseScopes(w_, opened);
+    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ", m, ", ", n, ", ", k,
+                         ", 1.0f, ta, ", k, ", tb, ", n, ", 0.0f, tc, ", n, ");"));
+    std::vector<int> c_dims = g.rows;
+    c_dims.insert(c_dims.end(), g.cols.begin(), g.cols.end());
+    opened = OpenPointLoops(w_, c_dims, n_, pragma);
+    w_.Line(absl::StrCat(FullAt(op), " = tc[(", FlatIndex(g.rows, n_), ") * ", n, "L + (",
+                         FlatIndex(g.cols, n_), ")];"));
+    CloseScopes(w_, opened);
+    CloseScopes(w_, outer);
+  }
+
+  void EmitLoopSum(const Op& op) {
+    int opened = OpenPointLoops(w_, op.index, n_, "#pragma omp parallel for num_threads(nt)");
+    w_.Line("float s = 0.0f;");
+    int inner = OpenPointLoops(w_, op.reduce, n_);
+    w_.Line(absl::StrCat("s += ", ExprToC(op.body, Loader()), ";"));
+    CloseScopes(w_, inner);
+    w_.Line(absl::StrCat(FullAt(op), " = s;"));
+    CloseScopes(w_, opened);
+  }
+
+  void EmitSoftmax(const Op& op) {
+    std::vector<int> others;
+    for (int d : op.index) {
+      if (d != op.axis) others.push_back(d);
+    }
+    const int ax = op.axis;
+    const std::string loop = absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ",
+                                          chain_.dims[ax].extent, "L; ++", n_.I(ax), ")");
+    const std::string def = absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";");
+    int opened = OpenPointLoops(w_, others, n_, "#pragma omp parallel for num_threads(nt)");
+    w_.Line("float mx = -INFINITY;");
+    w_.Open(loop);
+    w_.Line(def);
+    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, Loader()), ";"));
+    w_.Line(absl::StrCat(FullAt(op), " = x;"));
+    w_.Line("mx = x > mx ? x : mx;");
+    w_.Close();
+    w_.Line("float total = 0.0f;");
+    w_.Open(loop);
+    w_.Line(def);
+    w_.Line(absl::StrCat("const float e = expf(", FullAt(op), " - mx);"));
+    w_.Line(absl::StrCat(FullAt(op), " = e;"));
+    w_.Line("total += e;");
+    w_.Close();
+    w_.Line("const float inv = 1.0f / total;");
+    w_.Open(loop);
+    w_.Line(def);
+    w_.Line(absl::StrCat(FullAt(op), " *= inv;"));
+    w_.Close();
+    CloseScopes(w_, opened);
+  }
+
+  const Chain& chain_;
+  Names n_;
+  Writer w_;
+};
+
+}  // namespace
+
+absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain) {
+  KernelSource k;
+  k.source = BaselineEmitter(chain).Emit();
+  k.compile_flags = cpu::CompileFlags();
+  k.link_libs = {"openblas"};
+  nlohmann::json meta = {{"entry_point", k.entry_point},
+                         {"language", "c++"},
+                         {"inputs", emit::TensorsJson(chain, chain.inputs)},
+                         {"outputs", emit::TensorsJson(chain, chain.outputs)},
+                         {"baseline", "unfused, cblas_sgemm"}};
+  k.metadata_json = meta.dump(2);
+  return k;
+}
+
+}  // namespace fusor::codegen

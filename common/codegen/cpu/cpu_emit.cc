@@ -1,0 +1,110 @@
+#include "common/codegen/cpu/cpu_emit.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/codegen/cpu/prelude.h"
+
+namespace fusor::codegen::cpu {
+
+const std::vector<std::string>& CompileFlags() {
+  static const auto* flags = new std::vector<std::string>{"-O3", "-march=native", "-std=gnu++17", "-fopenmp",
+                                                          "-ffp-contract=fast", "-fno-math-errno"};
+  return *flags;
+}
+
+std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
+
+std::string Preamble(const std::string& title_comment) {
+  std::string s = title_comment;
+  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n\n";
+  s += std::string(CpuPreludeSource());
+  s += "\n";
+  s += std::string(CpuSimdSource());
+  s += "\n";
+  return s;
+}
+
+void DeclareArguments(emit::Writer& w, const ir::Chain& chain, const emit::Names& n) {
+  const std::string type = StorageType(chain.dtype);
+  for (size_t i = 0; i < chain.inputs.size(); ++i) {
+    int t = chain.inputs[i];
+    w.Line(absl::StrCat("const ", type, "* const ", n.Global(t), " = (const ", type, "*)fusor_inputs[", i, "];"));
+  }
+  for (size_t i = 0; i < chain.outputs.size(); ++i) {
+    int t = chain.outputs[i];
+    w.Line(absl::StrCat(type, "* const ", n.Global(t), " = (", type, "*)fusor_outputs[", i, "];"));
+  }
+}
+
+namespace {
+
+const char* Suffix(ir::DType dtype) {
+  switch (dtype) {
+    case ir::DType::kF32: return "";
+    case ir::DType::kF16: return "_f16";
+    case ir::DType::kBF16: return "_bf16";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string VectorLoad(const Lanes& l) {
+  if (!l.stride_expr.empty()) {
+    return absl::StrCat("fusor_vgather", Suffix(l.dtype), "(", l.ptr, ", ", l.stride_expr, ")");
+  }
+  if (l.stride == 0) return absl::StrCat("fusor_vsplat(", emit::LoadConvert(l.dtype, absl::StrCat("*(", l.ptr, ")")), ")");
+  if (l.stride == 1) return absl::StrCat("fusor_vload", Suffix(l.dtype), "(", l.ptr, ")");
+  return absl::StrCat("fusor_vgather", Suffix(l.dtype), "(", l.ptr, ", ", l.stride, "L)");
+}
+
+std::string VectorStore(const Lanes& l, const std::string& value) {
+  if (!l.stride_expr.empty()) {
+    return absl::StrCat("fusor_vscatter", Suffix(l.dtype), "(", l.ptr, ", ", l.stride_expr, ", ", value, ");");
+  }
+  if (l.stride == 1) return absl::StrCat("fusor_vstore", Suffix(l.dtype), "(", l.ptr, ", ", value, ");");
+  return absl::StrCat("fusor_vscatter", Suffix(l.dtype), "(", l.ptr, ", ", l.stride, "L, ", value, ");");
+}
+
+std::string VectorFunc(ir::Func f) {
+  switch (f) {
+    case ir::Func::kRelu: return "fusor_vrelu";
+    case ir::Func::kGelu: return "fusor_vgelu";
+    case ir::Func::kExp: return "fusor_vexp";
+    case ir::Func::kTanh: return "fusor_vtanh";
+    case ir::Func::kSigmoid: return "fusor_vsigmoid";
+  }
+  return "";
+}
+
+std::string VectorExpr(const ir::Expr& e, const std::function<Lanes(const ir::Access&)>& lanes_of) {
+  using Kind = ir::Expr::Kind;
+  auto arg = [&](int i) { return VectorExpr(e.args[i], lanes_of); };
+  switch (e.kind) {
+    case Kind::kConst: return absl::StrCat("fusor_vsplat(", emit::FloatLit(e.value), ")");
+    case Kind::kAccess: return VectorLoad(lanes_of(e.access));
+    case Kind::kAdd: return absl::StrCat("(", arg(0), " + ", arg(1), ")");
+    case Kind::kSub: return absl::StrCat("(", arg(0), " - ", arg(1), ")");
+    case Kind::kMul: return absl::StrCat("(", arg(0), " * ", arg(1), ")");
+    case Kind::kDiv: return absl::StrCat("(", arg(0), " / ", arg(1), ")");
+    case Kind::kNeg: return absl::StrCat("(-", arg(0), ")");
+    case Kind::kCall: return absl::StrCat(VectorFunc(e.func), "(", arg(0), ")");
+  }
+  return "fusor_vsplat(0.0f)";
+}
+
+void VectorLoop(emit::Writer& w, const std::string& var, const std::string& count, const std::string& define,
+                const std::function<void(bool vector)>& body) {
+  w.Open("");
+  w.Line(absl::StrCat("long ", var, " = 0;"));
+  w.Open(absl::StrCat("for (; ", var, " + FUSOR_VL <= ", count, "; ", var, " += FUSOR_VL)"));
+  if (!define.empty()) w.Line(define);
+  body(true);
+  w.Close();
+  w.Open(absl::StrCat("for (; ", var, " < ", count, "; ++", var, ")"));
+  if (!define.empty()) w.Line(define);
+  body(false);
+  w.Close();
+  w.Close();
+}
+
+}  // namespace fusor::codegen::cpu
