@@ -76,6 +76,7 @@ struct GlobalOptions {
   std::string target_fp;
   double timeout_s = 3600;
   double calibration_s = 0.3;
+  double max_spread = 0;  // embedded scheduler: 0 for the default bound
   bool verbose = false;
 };
 
@@ -635,6 +636,10 @@ int main(int argc, char** argv) {
   app.add_option("--target", g.target_fp,
                  "target fingerprint (default: the backend's registered target); explain also takes local or a device");
   app.add_option("--timeout", g.timeout_s, "seconds to wait for an answer")->capture_default_str();
+  app.add_option("--max-spread", g.max_spread,
+                 "embedded scheduler: a measurement whose samples' (p90 - p10) / median stays beyond this is noisy, "
+                 "never a best record or a baseline (default 0.5)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--calibration-seconds", g.calibration_s, "embedded worker: length of each calibration run")
       ->capture_default_str();
   app.add_flag("-v,--verbose", g.verbose, "embedded mode: show the scheduler's and worker's logs");
@@ -793,6 +798,7 @@ int main(int argc, char** argv) {
     // mid-job resume quickly next time.
     options.lease = absl::Seconds(10);
     options.heartbeat_interval = absl::Seconds(1);
+    options.measure.set_max_spread(g.max_spread);
     // Only commands that may measure need the local worker.
     std::optional<fusor::worker::WorkerOptions> worker;
     if (*tune || (*compile && !cache_only) || *sweep) {

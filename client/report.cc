@@ -32,12 +32,18 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
   absl::StrAppendFormat(&out, "mapping    %s\n", r.best().mapping().text());
   absl::StrAppendFormat(&out, "predicted  %s  (t_mem %s + t_comp %s) x alpha %.2f\n", FormatSeconds(p.t_estm_s()),
                         FormatSeconds(p.t_mem_s()), FormatSeconds(p.t_comp_s()), p.alpha());
-  absl::StrAppendFormat(&out, "measured   %s  median of %d samples (max relative error %.1e)\n",
-                        FormatSeconds(m.median_s()), m.samples_s_size(), m.max_rel_error());
+  absl::StrAppendFormat(&out, "measured   %s  median of %d samples, spread %.0f%% (max relative error %.1e)\n",
+                        FormatSeconds(m.median_s()), m.samples_s_size(), 100 * m.spread(), m.max_rel_error());
+  const v1::Measurement& b = r.baseline();
+  const std::string what = absl::StrCat("unfused: ", r.baseline_kind().empty() ? "vendor BLAS" : r.baseline_kind(),
+                                        " GEMMs + vector passes, measured in the same task");
   if (r.baseline_s() > 0) {
-    absl::StrAppendFormat(&out, "baseline   %s  unfused: OpenBLAS sgemm per GEMM + separate passes\n",
-                          FormatSeconds(r.baseline_s()));
+    absl::StrAppendFormat(&out, "baseline   %s  median of %d samples, spread %.0f%% (%s)\n", FormatSeconds(r.baseline_s()),
+                          b.samples_s_size(), 100 * b.spread(), what);
     absl::StrAppendFormat(&out, "speedup    %.2fx over the unfused baseline\n", r.speedup());
+  } else if (b.status() == v1::MEASUREMENT_STATUS_NOISY) {
+    absl::StrAppendFormat(&out, "baseline   noisy: its samples spread too far on every try (the machine was busy)\n");
+    absl::StrAppendFormat(&out, "speedup    not shown: there is no trusted baseline to compare with\n");
   } else {
     absl::StrAppendFormat(&out, "baseline   not measured (the baseline job failed)\n");
   }
@@ -50,7 +56,10 @@ std::string FormatProgress(const v1::TuneProgress& p) {
   const int filled = std::min(kWidth, p.measured() * kWidth / budget);
   std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
   std::string out = absl::StrFormat("[%s] %d/%d measured", bar, p.measured(), p.budget());
-  if (p.failed() > 0) absl::StrAppendFormat(&out, ", %d failed", p.failed());
+  if (p.failed() > 0) {
+    absl::StrAppendFormat(&out, ", %d failed", p.failed());
+    if (p.noisy() > 0) absl::StrAppendFormat(&out, " (%d noisy)", p.noisy());
+  }
   if (p.best_s() > 0) absl::StrAppendFormat(&out, ", best %s (%s)", FormatSeconds(p.best_s()), p.best_schedule());
   return out;
 }

@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libsqlite3-dev sqlite3 libspdlog-dev libabsl-dev libgtest-dev libgmock-dev
-  libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev libonnx-dev libyaml-cpp-dev
+  libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev libdnnl-dev libonnx-dev libyaml-cpp-dev
   libssl-dev openssl curl
   clang libclang-rt-14-dev shellcheck yamllint python3-yaml
 )

@@ -9,6 +9,7 @@
 
 #include "common/util/log.h"
 #include "common/util/paths.h"
+#include "common/util/timing.h"
 #include "server/metrics.h"
 #include "server/service.h"
 #include "server/tls.h"
@@ -59,6 +60,12 @@ int main(int argc, char** argv) {
                  "running sweeps one client may have started (0: no limit)")
       ->capture_default_str();
   app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
+  double max_spread = fusor::kMaxSpread;
+  app.add_option("--max-spread", max_spread,
+                 "a measurement whose samples' (p90 - p10) / median stays beyond this is noisy: never a best record "
+                 "or a baseline")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--job-timeout", job_timeout_s, "seconds a worker may spend on one job")->capture_default_str();
   bool insecure = false;
   app.add_flag("--insecure", insecure,
@@ -85,6 +92,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Seconds(heartbeat_s);
   options.worker_timeout = absl::Seconds(worker_timeout_s);
   options.measure.set_time_budget_s(time_budget_s);
+  options.measure.set_max_spread(max_spread);
   options.measure.set_timeout_s(job_timeout_s);
   auto log = fusor::Logger("scheduler");
   if (absl::Status st = fusor::EnsureParentDirectory(db_path); !st.ok()) {

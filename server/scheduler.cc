@@ -1,6 +1,7 @@
 #include "server/scheduler.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include "common/space/schedule.h"
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
+#include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
 
@@ -38,7 +40,10 @@ struct Scheduler::Task {
   v1::TaskStarted started;
   v1::TuneProgress progress;
   std::optional<v1::TuneResult> result;
-  std::string baseline_job;  // this task's baseline job, if it made one
+  // This task's baseline jobs: one queued with the first candidates, one
+  // once half the budget is issued, so that the baseline is measured among
+  // the candidates, under the same conditions.
+  std::vector<std::string> baseline_jobs;
 };
 
 namespace {
@@ -46,6 +51,12 @@ namespace {
 std::shared_ptr<spdlog::logger> Log() { return Logger("scheduler"); }
 
 bool Finished(const std::string& job_state) { return job_state == "done" || job_state == "failed"; }
+
+// What a baseline measurement ran, from its resources ({"baseline": ...}).
+std::string BaselineKind(const std::string& resources_json) {
+  const nlohmann::json j = nlohmann::json::parse(resources_json, nullptr, false);
+  return j.is_object() && j.contains("baseline") && j["baseline"].is_string() ? j["baseline"].get<std::string>() : "";
+}
 
 // The intrinsic of the first mapped op in a space::DescribeMappings text.
 std::string FirstIntrinsic(const std::string& mappings) {
@@ -60,6 +71,7 @@ v1::MeasureOptions WithDefaults(v1::MeasureOptions m) {
   if (m.max_repeats() <= 0) m.set_max_repeats(100);
   if (m.time_budget_s() <= 0) m.set_time_budget_s(0.3);
   if (m.timeout_s() <= 0) m.set_timeout_s(300);
+  if (m.max_spread() <= 0) m.set_max_spread(kMaxSpread);
   return m;
 }
 
@@ -226,6 +238,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   m->set_error(meas.error);
   for (double s : meas.samples_s) m->add_samples_s(s);
   m->set_median_s(meas.median_s);
+  m->set_spread(meas.spread);
   m->mutable_compile()->set_compile_s(meas.compile_s);
   m->mutable_compile()->set_compiler(meas.compiler);
   m->mutable_compile()->set_flags(meas.compile_flags);
@@ -235,11 +248,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   m->set_max_rel_error(meas.max_rel_error);
   m->set_worker_id(meas.worker_id);
   m->set_measured_at_unix_ms(meas.measured_ms);
-  ASSIGN_OR_RETURN(std::optional<double> baseline, db_->GetBaseline(key, fp));
-  if (baseline && meas.median_s > 0) {
-    r.set_baseline_s(*baseline);
-    r.set_speedup(*baseline / meas.median_s);
-  }
+  RETURN_IF_ERROR(SetBaselineOfTask(best->task_id, meas, r));
   r.set_candidates_measured(counts.first);
   r.set_candidates_failed(counts.second);
   if (task.finished_ms) r.set_tuning_s(static_cast<double>(*task.finished_ms - task.created_ms) / 1000);
@@ -379,18 +388,7 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
                                        ir::ChainToJson(request.canonical.chain)},
                                       task->row.created_ms));
   RETURN_IF_ERROR(db_->InsertTask(task->row));
-  ASSIGN_OR_RETURN(std::optional<double> baseline, db_->GetBaseline(key, fp));
-  ASSIGN_OR_RETURN(std::optional<db::JobRow> pending, db_->FindBaselineJob(key, fp));
-  if (!baseline && !pending) {
-    db::JobRow job;
-    job.id = NewId("j-");
-    job.task_id = task->row.id;
-    job.kind = "baseline";
-    job.target_fp = fp;
-    job.state = "queued";
-    RETURN_IF_ERROR(db_->InsertJob(job, task->row.created_ms));
-    task->baseline_job = job.id;
-  }
+  RETURN_IF_ERROR(QueueBaseline(*task, task->row.created_ms));
   task->started.set_task_id(task->row.id);
   task->started.set_workload_key(key);
   task->started.set_target_fingerprint(fp);
@@ -597,6 +595,9 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   m.error = pm.error();
   m.median_s = pm.median_s();
   m.samples_s.assign(pm.samples_s().begin(), pm.samples_s().end());
+  // The spread from the samples themselves, whatever the worker says: an
+  // ok measurement beyond the bound is noisy (an older worker's, say).
+  m.spread = Summarize(m.samples_s).spread;
   m.max_abs_error = pm.max_abs_error();
   m.max_rel_error = pm.max_rel_error();
   m.compile_s = pm.compile().compile_s();
@@ -607,6 +608,11 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   m.measured_ms = NowMs();
   if (m.status == "ok" && (m.samples_s.empty() || m.median_s <= 0)) {
     return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");
+  }
+  if (m.status == "ok" && m.spread > options_.measure.max_spread()) {
+    m.status = "noisy";
+    m.error = absl::StrCat("noisy: the samples' spread (p90 - p10) / median is ", m.spread, " (at most ",
+                           options_.measure.max_spread(), " is trusted)");
   }
   ASSIGN_OR_RETURN(db::RecordResult rec, db_->RecordMeasurement(request.lease_id(), m));
   v1::ReportResponse resp;
@@ -622,9 +628,6 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(), job.kind, m.status,
               m.status == "ok" ? absl::StrCat(m.median_s * 1e3, " ms") : m.error.substr(0, 200),
               m.status == "ok" ? absl::StrCat(" (", m.samples_s.size(), " samples)") : "");
-  if (job.kind == "baseline" && m.status == "ok") {
-    RETURN_IF_ERROR(db_->SetBaseline(task_row.workload_key, job.target_fp, rec.measurement_id, m.median_s));
-  }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tasks_.find(job.task_id);
   if (it != tasks_.end()) {
@@ -640,9 +643,11 @@ absl::Status Scheduler::RefreshProgress(Task& task) {
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
   int measured = 0, failed = 0;
   const db::MeasurementRow* best = nullptr;
+  int noisy = 0;
   for (const db::MeasurementRow& m : rows) {
     if (m.kind != "candidate") continue;
     ++measured;
+    noisy += m.status == "noisy";
     if (m.status != "ok") {
       ++failed;
     } else if (best == nullptr || m.median_s < best->median_s) {
@@ -652,6 +657,7 @@ absl::Status Scheduler::RefreshProgress(Task& task) {
   v1::TuneProgress p;
   p.set_measured(measured);
   p.set_failed(failed);
+  p.set_noisy(noisy);
   p.set_budget(task.row.budget);
   if (best) {
     p.set_best_s(best->median_s);
@@ -713,14 +719,54 @@ absl::Status Scheduler::Advance(Task& task) {
       ASSIGN_OR_RETURN(auto inserted, db_->FindOrInsertCandidate(c, NewId("j-"), now));
       task.batch.push_back(inserted.first);
     }
+    // The second baseline, after the candidates up to half the budget.
+    if (task.baseline_jobs.size() < 2 && 2 * task.issued >= task.row.budget) RETURN_IF_ERROR(QueueBaseline(task, now));
     lease_cv_.notify_all();
   }
-  // Nothing more to propose: wait for this task's baseline, then finish.
-  if (!task.baseline_job.empty()) {
-    ASSIGN_OR_RETURN(db::JobRow baseline, db_->GetJob(task.baseline_job));
+  // Nothing more to propose: wait for this task's baselines, then finish.
+  for (const std::string& id : task.baseline_jobs) {
+    ASSIGN_OR_RETURN(db::JobRow baseline, db_->GetJob(id));
     if (!Finished(baseline.state)) return absl::OkStatus();
   }
   return Finalize(task);
+}
+
+absl::Status Scheduler::QueueBaseline(Task& task, int64_t now_ms) {
+  db::JobRow job;
+  job.id = NewId("j-");
+  job.task_id = task.row.id;
+  job.kind = "baseline";
+  job.target_fp = task.row.target_fp;
+  job.state = "queued";
+  RETURN_IF_ERROR(db_->InsertJob(job, now_ms));
+  task.baseline_jobs.push_back(job.id);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best,
+                                          v1::TuneResult& r) {
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id));
+  v1::Measurement* baseline = r.mutable_baseline();
+  int trusted = 0, noisy = 0;
+  for (const db::MeasurementRow& m : rows) {
+    if (m.kind != "baseline") continue;
+    if (m.status == "noisy") ++noisy;
+    if (m.status != "ok") continue;
+    ++trusted;
+    for (double s : m.samples_s) baseline->add_samples_s(s);
+    if (r.baseline_kind().empty()) r.set_baseline_kind(BaselineKind(m.resources_json));
+  }
+  if (trusted == 0) {
+    baseline->set_status(noisy > 0 ? v1::MEASUREMENT_STATUS_NOISY : v1::MEASUREMENT_STATUS_UNSPECIFIED);
+    return absl::OkStatus();
+  }
+  const SampleStats stats = Summarize({baseline->samples_s().begin(), baseline->samples_s().end()});
+  baseline->set_status(v1::MEASUREMENT_STATUS_OK);
+  baseline->set_median_s(stats.median);
+  baseline->set_spread(stats.spread);
+  r.set_baseline_s(stats.median);
+  if (best.status == "ok" && best.median_s > 0) r.set_speedup(stats.median / best.median_s);
+  return absl::OkStatus();
 }
 
 absl::Status Scheduler::Finalize(Task& task) {
@@ -779,7 +825,7 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {
-    if (j.kind == "baseline") task->baseline_job = j.id;
+    if (j.kind == "baseline") task->baseline_jobs.push_back(j.id);
   }
   task->started.set_task_id(row.id);
   task->started.set_workload_key(row.workload_key);

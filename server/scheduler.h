@@ -163,6 +163,10 @@ class Scheduler {
   absl::StatusOr<Task*> LoadTask(const db::TaskRow& row);
   absl::Status Advance(Task& task);  // mu_ held
   absl::Status Finalize(Task& task);  // mu_ held
+  absl::Status QueueBaseline(Task& task, int64_t now_ms);  // mu_ held
+  // The baseline measured by task `task_id` (its trusted measurements'
+  // samples together) into `r`, and the speedup of `best` over it.
+  absl::Status SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best, v1::TuneResult& r);
   absl::Status RefreshProgress(Task& task);  // mu_ held
   absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held
   absl::StatusOr<v1::TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);

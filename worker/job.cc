@@ -3,8 +3,10 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 #include <nlohmann/json.hpp>
@@ -89,55 +91,100 @@ JobOutcome CalibrateCpuJob(const JobSpec& spec, const std::string& dir) {
   return out;
 }
 
-// Generates the candidate's fused kernel (or the baseline) and compiles it
-// into `dir`, with its entry point in dir/compiled.json.
+// Generates the candidate's fused kernel and compiles it into `dir`; or,
+// for the baseline, the unfused chain through each BLAS the machine has,
+// each into its own subdirectory. dir/compiled.json lists what compiled:
+// [{"name", "so_path", "entry_point"}].
 JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
-  absl::StatusOr<codegen::KernelSource> kernel = [&]() -> absl::StatusOr<codegen::KernelSource> {
-    if (spec.kind == JobKind::kBaseline) return codegen::EmitCpuUnfusedBaseline(chain);
-    ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(spec.schedule_text, chain));
-    ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, schedule, spec.target));
-    return codegen::EmitCpuFusedKernel(chain, nest, spec.schedule_text, spec.mapping);
-  }();
-  if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
-  CompileOutcome compiled = CompileKernel(*kernel, dir, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
+  std::vector<std::pair<std::string, absl::StatusOr<codegen::KernelSource>>> kernels;
+  if (spec.kind == JobKind::kBaseline) {
+    for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
+      kernels.emplace_back(codegen::CpuBlasName(blas), codegen::EmitCpuUnfusedBaseline(chain, blas));
+    }
+  } else {
+    kernels.emplace_back("fused", [&]() -> absl::StatusOr<codegen::KernelSource> {
+      ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(spec.schedule_text, chain));
+      ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, schedule, spec.target));
+      return codegen::EmitCpuFusedKernel(chain, nest, spec.schedule_text, spec.mapping);
+    }());
+  }
   JobOutcome out;
-  out.compile_s = compiled.seconds;
-  out.compile_flags = compiled.flags;
-  out.code_bytes = compiled.code_bytes;
-  if (!compiled.ok) {
+  Json entries = Json::array();
+  std::string errors;
+  for (auto& [name, kernel] : kernels) {
+    if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kCompileError, std::string(kernel.status().message()));
+    const std::string sub = kernels.size() == 1 ? dir : dir + "/" + name;
+    if (sub != dir && mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) {
+      return FailedOutcome(OutcomeStatus::kRuntimeError, absl::StrCat("cannot create ", sub, ": ", strerror(errno)));
+    }
+    CompileOutcome compiled = CompileKernel(*kernel, sub, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
+    out.compile_s += compiled.seconds;
+    if (!compiled.ok) {
+      // A baseline goes on with the BLAS that did compile (the machine may
+      // lack oneDNN); a candidate that does not compile is an error.
+      absl::StrAppend(&errors, name, ": ", compiled.error, "\n");
+      continue;
+    }
+    if (out.compile_flags.empty()) out.compile_flags = compiled.flags;
+    out.code_bytes = std::max(out.code_bytes, compiled.code_bytes);
+    entries.push_back({{"name", name}, {"so_path", compiled.so_path}, {"entry_point", kernel->entry_point}});
+  }
+  if (entries.empty()) {
     out.status = OutcomeStatus::kCompileError;
-    out.error = compiled.error;
+    out.error = errors;
     return out;
   }
-  const Json entry = {{"so_path", compiled.so_path}, {"entry_point", kernel->entry_point}};
-  absl::Status written = WriteFile(dir + "/compiled.json", entry.dump());
+  absl::Status written = WriteFile(dir + "/compiled.json", entries.dump());
   if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
   out.status = OutcomeStatus::kOk;
   return out;
 }
 
-// Validates and times the kernel CompileCpuJob left in `dir`.
+// Validates and times what CompileCpuJob left in `dir`. A baseline keeps
+// the fastest of its BLAS variants that measured trustworthily (all of
+// them named in resources_json).
 JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
   auto text = ReadFile(dir + "/compiled.json");
   if (!text.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(text.status().message()));
-  const Json entry = Json::parse(*text, nullptr, false);
-  if (!entry.is_object() || !entry.contains("so_path") || !entry.contains("entry_point")) {
-    return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
-  }
-  auto loaded = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
-  if (!loaded.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(loaded.status().message()));
-  JobOutcome out;
+  const Json entries = Json::parse(*text, nullptr, false);
+  if (!entries.is_array() || entries.empty()) return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
   const int threads = std::max(1, spec.target.compute_units);
-  if (!RecordValidation(ValidateKernel(*loaded, chain, spec.seed, threads), out)) return out;
   TimingOptions timing = spec.timing;
   timing.num_threads = threads;
   timing.seed = spec.seed + 1;
-  auto timed = TimeKernel(*loaded, chain, timing);
-  if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
-  out.samples_s = timed->samples_s;
-  out.median_s = timed->median_s;
-  out.status = OutcomeStatus::kOk;
-  return out;
+  JobOutcome best;
+  Json medians = Json::object();
+  for (const Json& entry : entries) {
+    if (!entry.is_object() || !entry.contains("so_path") || !entry.contains("entry_point") || !entry.contains("name")) {
+      return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
+    }
+    const std::string name = entry["name"].get<std::string>();
+    auto loaded = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
+    if (!loaded.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(loaded.status().message()));
+    JobOutcome out;
+    if (!RecordValidation(ValidateKernel(*loaded, chain, spec.seed, threads), out)) {
+      if (entries.size() > 1) out.error = absl::StrCat(name, ": ", out.error);
+      return out;
+    }
+    auto timed = TimeKernel(*loaded, chain, timing);
+    if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
+    RecordTiming({timed->samples_s, timed->median_s, timed->spread, timed->noisy, timed->sets}, out);
+    medians[name] = {{"median_s", out.median_s}, {"status", OutcomeStatusName(out.status)}};
+    // Trusted first, then faster.
+    const bool better = best.samples_s.empty() ||
+                        (out.status == OutcomeStatus::kOk && best.status != OutcomeStatus::kOk) ||
+                        (out.status == best.status && out.median_s < best.median_s);
+    if (better) {
+      best = std::move(out);
+      if (spec.kind == JobKind::kBaseline) best.resources_json = Json{{"baseline", name}}.dump();
+    }
+  }
+  if (spec.kind == JobKind::kBaseline) {
+    Json resources = Json::parse(best.resources_json);
+    resources["variants"] = medians;
+    best.resources_json = resources.dump();
+  }
+  return best;
 }
 
 JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
@@ -165,11 +212,24 @@ JobOutcome FailedOutcome(OutcomeStatus status, std::string error) {
   return o;
 }
 
+void RecordTiming(const TrustedTiming& timing, JobOutcome& out) {
+  out.samples_s = timing.samples_s;
+  out.median_s = timing.median_s;
+  out.spread = timing.spread;
+  out.status = timing.noisy ? OutcomeStatus::kNoisy : OutcomeStatus::kOk;
+  if (timing.noisy) {
+    out.error = absl::StrCat("noisy: the samples' spread (p90 - p10) / median was ", timing.spread, " or more in ",
+                             timing.sets, " sample sets; the machine is busy");
+  }
+}
+
 void MergeCompileRecord(const JobOutcome& compiled, JobOutcome& measured) {
   measured.compile_s = compiled.compile_s;
   measured.compile_flags = compiled.compile_flags;
   measured.code_bytes = compiled.code_bytes;
-  measured.resources_json = compiled.resources_json;
+  // A CPU baseline's measuring names the BLAS it kept; a GPU kernel's
+  // compiling records its resources.
+  if (!compiled.resources_json.empty()) measured.resources_json = compiled.resources_json;
 }
 
 bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out) {
@@ -196,6 +256,7 @@ const char* OutcomeStatusName(OutcomeStatus s) {
     case OutcomeStatus::kTimeout: return "timeout";
     case OutcomeStatus::kCrash: return "crash";
     case OutcomeStatus::kRuntimeError: return "runtime_error";
+    case OutcomeStatus::kNoisy: return "noisy";
   }
   return "?";
 }
@@ -213,7 +274,8 @@ std::string JobSpecToJson(const JobSpec& s) {
               {"min_repeats", s.timing.min_repeats},
               {"max_repeats", s.timing.max_repeats},
               {"time_budget_s", s.timing.time_budget_s},
-              {"rotate_bytes", s.timing.rotate_bytes}}},
+              {"rotate_bytes", s.timing.rotate_bytes},
+              {"max_spread", s.timing.max_spread}}},
             {"compiler", s.compiler},
             {"blas_dir", s.blas_dir},
             {"compile_timeout_s", s.compile_timeout_s},
@@ -244,6 +306,7 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
     s.timing.max_repeats = t.at("max_repeats");
     s.timing.time_budget_s = t.at("time_budget_s");
     s.timing.rotate_bytes = t.at("rotate_bytes");
+    s.timing.max_spread = t.at("max_spread");
     s.compiler = j.at("compiler");
     s.blas_dir = j.at("blas_dir");
     s.compile_timeout_s = j.at("compile_timeout_s");
@@ -261,6 +324,7 @@ std::string JobOutcomeToJson(const JobOutcome& o) {
             {"error", o.error},
             {"samples_s", o.samples_s},
             {"median_s", o.median_s},
+            {"spread", o.spread},
             {"max_abs_error", o.max_abs_error},
             {"max_rel_error", o.max_rel_error},
             {"compile_s", o.compile_s},
@@ -280,12 +344,14 @@ absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json) {
     std::string status = j.at("status");
     o.status = OutcomeStatus::kRuntimeError;
     for (OutcomeStatus s : {OutcomeStatus::kOk, OutcomeStatus::kCompileError, OutcomeStatus::kInvalidResult,
-                            OutcomeStatus::kTimeout, OutcomeStatus::kCrash, OutcomeStatus::kRuntimeError}) {
+                            OutcomeStatus::kTimeout, OutcomeStatus::kCrash, OutcomeStatus::kRuntimeError,
+                            OutcomeStatus::kNoisy}) {
       if (status == OutcomeStatusName(s)) o.status = s;
     }
     o.error = j.at("error");
     o.samples_s = j.at("samples_s").get<std::vector<double>>();
     o.median_s = j.at("median_s");
+    o.spread = j.at("spread");
     o.max_abs_error = j.at("max_abs_error");
     o.max_rel_error = j.at("max_rel_error");
     o.compile_s = j.at("compile_s");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/hw/target.h"
+#include "common/util/timing.h"
 #include "worker/cpu/measure.h"
 
 namespace fusor::worker {
@@ -25,8 +26,9 @@ enum class JobKind { kCandidate, kBaseline, kCalibrate };
 // kAll: compile and measure in one child.
 enum class JobPhase { kAll, kCompile, kMeasure };
 
-// Mirrors fusor.v1.MeasurementStatus.
-enum class OutcomeStatus { kOk, kCompileError, kInvalidResult, kTimeout, kCrash, kRuntimeError };
+// Mirrors fusor.v1.MeasurementStatus. kNoisy: validated and timed, but the
+// samples spread too far to trust (common/util/timing.h).
+enum class OutcomeStatus { kOk, kCompileError, kInvalidResult, kTimeout, kCrash, kRuntimeError, kNoisy };
 const char* OutcomeStatusName(OutcomeStatus s);
 
 struct JobSpec {
@@ -51,6 +53,7 @@ struct JobOutcome {
   std::string error;
   std::vector<double> samples_s;
   double median_s = 0;
+  double spread = 0;  // (p90 - p10) / median
   double max_abs_error = 0;
   double max_rel_error = 0;
   double compile_s = 0;
@@ -70,6 +73,10 @@ JobOutcome FailedOutcome(OutcomeStatus status, std::string error);
 // be checked (runtime error) or computed a wrong result (invalid result),
 // with the status and error set.
 bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out);
+
+// Records a trusted timing's samples, median and spread in `out`: status
+// ok, or noisy (with the reason in `error`).
+void RecordTiming(const TrustedTiming& timing, JobOutcome& out);
 
 // Copies what compiling recorded (time, flags, size, resources) from a
 // kCompile outcome into the kMeasure outcome of the same job.

@@ -26,6 +26,7 @@ v1::MeasurementStatus ToProto(OutcomeStatus s) {
     case OutcomeStatus::kTimeout: return v1::MEASUREMENT_STATUS_TIMEOUT;
     case OutcomeStatus::kCrash: return v1::MEASUREMENT_STATUS_CRASH;
     case OutcomeStatus::kRuntimeError: return v1::MEASUREMENT_STATUS_RUNTIME_ERROR;
+    case OutcomeStatus::kNoisy: return v1::MEASUREMENT_STATUS_NOISY;
   }
   return v1::MEASUREMENT_STATUS_UNSPECIFIED;
 }
@@ -239,6 +240,7 @@ Worker::Pending Worker::Start(const v1::Job& job) {
   spec.timing.min_repeats = job.options().min_repeats();
   spec.timing.max_repeats = job.options().max_repeats();
   spec.timing.time_budget_s = job.options().time_budget_s();
+  if (job.options().max_spread() > 0) spec.timing.max_spread = job.options().max_spread();
   spec.timing.rotate_bytes = 2 * std::max(target_.l2_bytes * target_.compute_units, target_.l3_bytes);
   spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
   spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
@@ -289,6 +291,7 @@ void Worker::Finish(Pending& p) {
     m.set_error(out.error);
     for (double s : out.samples_s) m.add_samples_s(s);
     m.set_median_s(out.median_s);
+    m.set_spread(out.spread);
     m.set_max_abs_error(out.max_abs_error);
     m.set_max_rel_error(out.max_rel_error);
     m.mutable_compile()->set_compile_s(out.compile_s);
@@ -300,8 +303,8 @@ void Worker::Finish(Pending& p) {
   m.set_worker_id(worker_id_);
   m.set_measured_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   if (m.status() == v1::MEASUREMENT_STATUS_OK) {
-    Log()->info("{} ok: median {:.3f} ms over {} samples (max rel. error {:.1e})", context, m.median_s() * 1e3,
-                m.samples_s_size(), m.max_rel_error());
+    Log()->info("{} ok: median {:.3f} ms over {} samples, spread {:.0f}% (max rel. error {:.1e})", context,
+                m.median_s() * 1e3, m.samples_s_size(), 100 * m.spread(), m.max_rel_error());
   } else {
     Log()->warn("{} {}: {}", context, wire::MeasurementStatusName(m.status()), m.error().substr(0, 300));
   }

@@ -826,9 +826,11 @@ def bench_chain(path, work, seconds):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=att["scale"])
         return run, (q, k, v, mask), (lambda o: [o.float().numpy()])
 
+    f32_inputs = [np.ascontiguousarray(x.astype(np.float32)) for x in inputs64]
+
     def numpy_build():
         prog = array_program("numpy", chain)
-        return (lambda xs: prog(xs)), (np_inputs,), (lambda outs: outs)
+        return (lambda xs: prog(xs)), (f32_inputs,), (lambda outs: outs)
 
     def ort_build():
         if ort is None:
@@ -846,9 +848,9 @@ def bench_chain(path, work, seconds):
     peer("onnxruntime", lambda: peer_what.get("ort", ""), ort_build)
     if chain.dtype == "bf16":
         result["notes"].append("onnxruntime and numpy compute bf16 chains in f32")
-    if chain.dtype == "f16":
-        result["notes"].append("numpy computes in f16 (its matmul in f16 is not a BLAS call)")
-    peer("numpy", "numpy (%s)" % np.dtype(peer_dtype).name, numpy_build)
+    if chain.dtype != "f32":
+        result["notes"].append("numpy computes in f32 (it has no BLAS for f16 or bf16)")
+    peer("numpy", "numpy (float32)", numpy_build)
 
     timings = time_interleaved(impls, seconds)
     for name, t in timings.items():

@@ -143,6 +143,31 @@ std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest
   return "";
 }
 
+// Why the nest's stream loop cannot be split among blocks ("" when it
+// can): its accumulated results must be chain outputs nothing reads, and
+// nothing may need them within a block.
+std::string SplitProblem(const ir::Chain& chain, const hw::TargetDesc& target, const LoopNest& nest) {
+  if (target.backend != hw::Backend::kCpu) return "only on a CPU";
+  const int sd = nest.stream_dim;
+  if (sd < 0) return "there is no stream loop";
+  if (nest.schedule.split > nest.trips[sd]) return "more parts than the loop has steps";
+  bool accumulated = false;
+  for (const OpNest& on : nest.ops) {
+    const ir::Op& op = chain.ops[on.op];
+    if (on.online) return "a softmax is online along it";
+    if (on.region == Region::kAfter) return "an op runs after it";
+    if (!on.accumulates) continue;
+    accumulated = true;
+    if (chain.tensors[op.output].role != ir::TensorRole::kOutput) return "what accumulates along it is not an output";
+    for (const ir::Op& reader : chain.ops) {
+      for (int t : ir::TensorsRead(reader)) {
+        if (t == op.output) return "an accumulated result is read";
+      }
+    }
+  }
+  return accumulated ? "" : "nothing accumulates along it";
+}
+
 }  // namespace
 
 std::vector<int> BlockEligibleDims(const ir::Chain& chain) {
@@ -612,6 +637,25 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     }
   }
   nest.scratch_bytes = nest.intermediate_bytes + (stream_temps + shared_temps) * static_cast<int64_t>(sizeof(float));
+  if (s.split > 1) {
+    const std::string why = SplitProblem(chain, target, nest);
+    if (!why.empty()) return Illegal(chain, absl::StrCat("the stream loop cannot be split: ", why));
+    nest.split = s.split;
+    nest.num_blocks *= s.split;
+    // What runs outside the stream loop runs once per part.
+    for (Statement& st : nest.statements) {
+      if (!Contains(st.loops, sd)) st.executions *= s.split;
+    }
+    // Then the partial sums of each accumulated output are added up.
+    for (const OpNest& on : nest.ops) {
+      if (!on.accumulates) continue;
+      const ir::Tensor& out = chain.tensors[chain.ops[on.op].output];
+      const double elements = static_cast<double>(out.NumElements());
+      add_statement(StmtKind::kLoad, on.op, chain.ops[on.op].output, elements * 4 * s.split, 0, {});
+      nest.statements.back().label = absl::StrCat("L(", out.name, " partials)");
+      add_statement(StmtKind::kStore, on.op, chain.ops[on.op].output, elements * ir::DTypeBytes(chain.dtype), 0, {});
+    }
+  }
   if (s.registers) {
     if (std::string why = RegisterResidentProblem(chain, nest); !why.empty()) {
       return Illegal(chain, absl::StrCat("intermediates cannot live in registers: ", why));

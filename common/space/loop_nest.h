@@ -25,6 +25,10 @@
 //    the model charges for it.
 //  - A softmax along the stream dim is computed online: a running max and
 //    sum per row, and the consuming sum rescales its accumulator.
+//  - A split stream loop (CPU) runs its parts in separate blocks: whatever
+//    runs outside it is recomputed per part, and each result accumulated
+//    along it (a chain output, read by nothing) is written as a partial
+//    sum per part, summed into the output after every block is done.
 #pragma once
 
 #include <cstdint>
@@ -120,8 +124,9 @@ struct LoopNest {
   // runs the chain as written. Every id below refers to NestChain.
   std::shared_ptr<const ir::Chain> regrouped;
   std::vector<int64_t> trips;     // per dim: ceil(extent / tile)
-  int64_t num_blocks = 1;
+  int64_t num_blocks = 1;         // split included
   int stream_dim = -1;            // at most one stream loop
+  int split = 1;                  // blocks the stream loop's range is divided among
   std::vector<OpNest> ops;        // parallel to chain.ops
   std::vector<LocalBuffer> local; // per tensor
   std::vector<Statement> statements;

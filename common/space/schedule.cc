@@ -23,13 +23,22 @@ std::string Entries(const std::vector<int>& dims, const Schedule& s, const ir::C
   return absl::StrJoin(parts, " ");
 }
 
-// Reads "name=tile" entries into `dims`, recording each dim's tile.
+// Reads "name=tile" entries into `dims`, recording each dim's tile; with
+// `split`, "name=tilexN" too (N into *split).
 absl::Status ParseEntries(absl::string_view text, const ir::Chain& chain, Schedule& s,
-                          std::vector<bool>& tile_set, std::vector<int>& dims) {
+                          std::vector<bool>& tile_set, std::vector<int>& dims, int* split = nullptr) {
   for (absl::string_view entry : absl::StrSplit(text, ' ', absl::SkipWhitespace())) {
     std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
     int d = chain.FindDim(kv.first);
     if (d < 0) return Error(absl::StrCat("unknown dim '", kv.first, "'"));
+    if (const size_t x = kv.second.find('x'); x != absl::string_view::npos) {
+      int parts = 0;
+      if (split == nullptr || !absl::SimpleAtoi(kv.second.substr(x + 1), &parts) || parts < 1 || parts > 64) {
+        return Error(absl::StrCat("'", entry, "': only the stream loop splits, as dim=TILExN with N in [1, 64]"));
+      }
+      *split = parts;
+      kv.second = kv.second.substr(0, x);
+    }
     int64_t tile = 0;
     if (!absl::SimpleAtoi(kv.second, &tile) || tile < 1 || tile > chain.dims[d].extent) {
       return Error(absl::StrCat("tile of '", kv.first, "' must be an integer in [1, ", chain.dims[d].extent,
@@ -90,6 +99,7 @@ Schedule Canonical(const Schedule& schedule, const ir::Chain& chain) {
   std::erase_if(s.block, one_trip);
   std::sort(s.block.begin(), s.block.end());
   std::erase_if(s.stream, one_trip);
+  if (s.stream.empty()) s.split = 1;
   s.own.resize(chain.ops.size());
   s.maps.resize(chain.ops.size());
   for (auto& loops : s.own) std::erase_if(loops, one_trip);
@@ -124,6 +134,7 @@ std::string ScheduleToText(const Schedule& schedule, const ir::Chain& chain) {
   Schedule s = Canonical(schedule, chain);
   std::string block = s.block.empty() ? "-" : Entries(s.block, s, chain);
   std::string stream = s.stream.empty() ? "-" : Entries(s.stream, s, chain);
+  if (s.split > 1) absl::StrAppend(&stream, "x", s.split);
   std::vector<std::string> own;
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     if (s.own[o].empty()) continue;
@@ -192,7 +203,7 @@ absl::StatusOr<Schedule> ParseSchedule(absl::string_view text, const ir::Chain& 
   };
   absl::Status st = ParseEntries(level(parts[0]), chain, s, tile_set, s.block);
   if (!st.ok()) return st;
-  st = ParseEntries(level(parts[1]), chain, s, tile_set, s.stream);
+  st = ParseEntries(level(parts[1]), chain, s, tile_set, s.stream, &s.split);
   if (!st.ok()) return st;
   absl::string_view own = level(parts[2]);
   while (!own.empty()) {
@@ -259,6 +270,7 @@ Schedule RemapSchedule(const Schedule& schedule, const std::vector<int>& dim_map
     }
     out.maps[op_map[o]] = m;
   }
+  out.split = schedule.split;
   out.warps = schedule.warps;
   out.stages = schedule.stages;
   out.registers = schedule.registers;

@@ -35,6 +35,7 @@
 //   b=1 m=64 / n=32 / S(k=32) O(h=32) / S=fma.avx2.6x16[i=m j=n k=k]
 //   b=1 m=64 / n=64 / - / cuda warps=4 stages=1 registers
 //   {E=A*(B*D)} b=1 / - / B_D(n=64)
+//   m=64 / f=256x2 / -          (the f loop split among 2 blocks)
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,10 @@ struct Schedule {
   ir::Regroup regroup;
   std::vector<int> block;              // dim ids, ascending
   std::vector<int> stream;             // dim ids, outermost first
+  // CPU: the stream loop's range is divided among this many blocks, each
+  // running its part; what accumulates along it is summed across them at
+  // the end (split-K: every core busy when the other dims give few blocks).
+  int split = 1;
   std::vector<std::vector<int>> own;   // per op: dim ids, outermost first
   std::vector<int64_t> tile;           // per dim, in [1, extent]
   std::vector<mapping::Mapping> maps;  // per op; intrinsic == nullptr: the default

@@ -119,6 +119,15 @@ const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t bu
 
 }  // namespace
 
+std::vector<int> SplitOptions(const Schedule& schedule, const ir::Chain& chain, const hw::TargetDesc& target) {
+  std::vector<int> out = {1};
+  bool looped = false;  // a stream loop of more than one step
+  for (int d : schedule.stream) looped = looped || schedule.tile[d] < chain.dims[d].extent;
+  if (!looped || target.backend != hw::Backend::kCpu) return out;
+  for (int parts = 2; parts <= std::min(target.compute_units, 8); parts *= 2) out.push_back(parts);
+  return out;
+}
+
 std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& target, int dim) {
   const int64_t extent = chain.dims[dim].extent;
   // Only a dim that can carry a loop is tiled: one a sum op loops over, a
@@ -229,12 +238,14 @@ void EnumerateVariant(const Variant& variant, const hw::TargetDesc& target, cons
           s.own[o] = outs[o];
           s.own[o].insert(s.own[o].end(), reds[o].begin(), reds[o].end());
         }
-        space.stats.enumerated += duplicates;
-        // Without rule 1 every equivalent copy goes on through the stages.
-        const int64_t copies = options.dedupe ? 1 : duplicates;
-        counts.deduped += copies;
-        auto nest = BuildLoopNest(chain, s, target, &context);
-        if (nest.ok()) {
+        for (int split : SplitOptions(s, chain, target)) {
+          s.split = split;
+          space.stats.enumerated += duplicates;
+          // Without rule 1 every equivalent copy goes on through the stages.
+          const int64_t copies = options.dedupe ? 1 : duplicates;
+          counts.deduped += copies;
+          auto nest = BuildLoopNest(chain, s, target, &context);
+          if (!nest.ok()) continue;
           counts.legal += copies;
           const std::string_view why = Pruned(*nest, options, budget, variant.min_padding);
           counts.after_intermediates += why != "intermediates" ? copies : 0;

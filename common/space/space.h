@@ -76,6 +76,10 @@ struct Space {
   SpaceStats stats;
 };
 
+// The splits of the stream loop among blocks considered for `schedule`: 1,
+// and on a CPU with a stream loop 2, 4, ... up to the cores (at most 8).
+std::vector<int> SplitOptions(const Schedule& schedule, const ir::Chain& chain, const hw::TargetDesc& target);
+
 // The tile sizes considered for `dim` on `target`.
 std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& target, int dim);
 

@@ -147,6 +147,7 @@ std::string MeasurementStatusName(v1::MeasurementStatus status) {
     case v1::MEASUREMENT_STATUS_TIMEOUT: return "timeout";
     case v1::MEASUREMENT_STATUS_CRASH: return "crash";
     case v1::MEASUREMENT_STATUS_RUNTIME_ERROR: return "runtime_error";
+    case v1::MEASUREMENT_STATUS_NOISY: return "noisy";
     default: return "unspecified";
   }
 }
@@ -154,7 +155,8 @@ std::string MeasurementStatusName(v1::MeasurementStatus status) {
 v1::MeasurementStatus MeasurementStatusFromName(const std::string& name) {
   for (v1::MeasurementStatus s :
        {v1::MEASUREMENT_STATUS_OK, v1::MEASUREMENT_STATUS_COMPILE_ERROR, v1::MEASUREMENT_STATUS_INVALID_RESULT,
-        v1::MEASUREMENT_STATUS_TIMEOUT, v1::MEASUREMENT_STATUS_CRASH, v1::MEASUREMENT_STATUS_RUNTIME_ERROR}) {
+        v1::MEASUREMENT_STATUS_TIMEOUT, v1::MEASUREMENT_STATUS_CRASH, v1::MEASUREMENT_STATUS_RUNTIME_ERROR,
+        v1::MEASUREMENT_STATUS_NOISY}) {
     if (MeasurementStatusName(s) == name) return s;
   }
   return v1::MEASUREMENT_STATUS_UNSPECIFIED;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
+#include "common/util/timing.h"
 #include "server/db/tuning_db.h"
 
 namespace fusor::db {
@@ -25,7 +26,7 @@ SELECT m.job_id, m.kind, m.status, m.error, m.median_s, m.samples_json, m.max_ab
        w.key, w.name, w.canonical_text, w.chain_json,
        g.fingerprint, g.backend, g.description_json,
        c.schedule, c.mapping, c.t_mem_s, c.t_comp_s, c.alpha, c.t_estm_s, c.rank,
-       m.id
+       m.id, m.spread
 FROM measurements m
 JOIN tasks t ON t.id = m.task_id
 JOIN workloads w ON w.key = m.workload_key
@@ -119,6 +120,7 @@ std::string RecordLine(const Statement& s) {
   j["resources_json"] = s.Text(12);
   j["worker_id"] = s.Text(13);
   j["measured_ms"] = s.Int(14);
+  j["spread"] = s.Double(40);
   j["task"] = {{"id", s.Text(15)},         {"state", s.Text(16)},         {"salt", s.Text(17)},
                {"budget", s.Int(18)},      {"batch_size", s.Int(19)},     {"space_size", s.Int(20)},
                {"space_after_pruning", s.Int(21)}, {"error", s.Text(22)}, {"created_ms", s.Int(23)},
@@ -237,7 +239,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
                                       "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
                                       "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
                                       "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
-                                      "resources_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+                                      "resources_json, spread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
     RETURN_IF_ERROR(m.Bind(1, job_id).Bind(2, task_id).Bind(3, candidate_id).Bind(4, kind).Bind(5, key).Bind(6, fp)
                         .Bind(7, r.m["worker_id"].get<std::string>()).Bind(8, r.m["status"].get<std::string>())
                         .Bind(9, Or<std::string>(r.m, "error", "")).Bind(10, r.m["median_s"].get<double>())
@@ -245,12 +247,15 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
                         .Bind(13, Or<double>(r.m, "max_rel_error", 0)).Bind(14, Or<double>(r.m, "compile_s", 0))
                         .Bind(15, Or<std::string>(r.m, "compile_flags", "")).Bind(16, Or<std::string>(r.m, "compiler", ""))
                         .Bind(17, Or<int64_t>(r.m, "code_bytes", 0)).Bind(18, measured)
-                        .Bind(19, Or<std::string>(r.m, "resources_json", "")).Run());
+                        .Bind(19, Or<std::string>(r.m, "resources_json", ""))
+                        .Bind(20, r.m.contains("spread") ? r.m["spread"].get<double>()
+                                                         : Summarize(r.m["samples_s"].get<std::vector<double>>()).spread)
+                        .Run());
     ++stats.added;
     touched.emplace(key, fp, r.task["salt"].get<std::string>());
   }
   // The best record per (workload, target, salt) over every ok candidate
-  // measurement now here; the baseline where there was none.
+  // measurement now here.
   for (const auto& [key, fp, salt] : touched) {
     ASSIGN_OR_RETURN(Statement best, db_->Prepare(
                                          "SELECT m.task_id, m.candidate_id, m.id, m.median_s FROM measurements m "
@@ -272,12 +277,6 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
                           .Bind(6, best.Int(2)).Bind(7, best.Double(3)).Bind(8, now_ms).Run());
       stats.best_updated += db_->Changes();
     }
-    ASSIGN_OR_RETURN(Statement base, db_->Prepare(
-                                         "INSERT OR IGNORE INTO baselines(workload_key, target_fp, measurement_id, "
-                                         "median_s) SELECT workload_key, target_fp, id, median_s FROM measurements "
-                                         "WHERE workload_key = ? AND target_fp = ? AND kind = 'baseline' AND "
-                                         "status = 'ok' ORDER BY measured_ms DESC LIMIT 1"));
-    RETURN_IF_ERROR(base.Bind(1, key).Bind(2, fp).Run());
   }
   RETURN_IF_ERROR(txn.Commit());
   return stats;

@@ -180,6 +180,11 @@ const std::vector<Migration>& SchemaMigrations() {
                         "ALTER TABLE sweeps ADD COLUMN client TEXT NOT NULL DEFAULT '';"
                         "ALTER TABLE jobs ADD COLUMN leased_ms INTEGER;");
        }},
+      // A column with a default and a new status text ('noisy', which older
+      // fusor counts as a failure): older fusor goes on reading and writing.
+      // The baselines table is no longer written: a task measures its own.
+      {6, 1, "measurements.spread: (p90 - p10) / median of the samples; status 'noisy' beyond the trusted bound",
+       [](Database& db) { return db.Exec("ALTER TABLE measurements ADD COLUMN spread REAL NOT NULL DEFAULT 0;"); }},
   };
   return *migrations;
 }

@@ -69,7 +69,8 @@ CandidateRow ReadCandidate(const Statement& s) {
 
 constexpr char kMeasurementColumns[] =
     "id, job_id, task_id, candidate_id, kind, workload_key, target_fp, worker_id, status, error, median_s, "
-    "samples_json, max_abs_error, max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, resources_json";
+    "samples_json, max_abs_error, max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, resources_json, "
+    "spread";
 
 MeasurementRow ReadMeasurement(const Statement& s) {
   MeasurementRow m;
@@ -94,6 +95,7 @@ MeasurementRow ReadMeasurement(const Statement& s) {
   m.code_bytes = s.Int(17);
   m.measured_ms = s.Int(18);
   m.resources_json = s.Text(19);
+  m.spread = s.Double(20);
   return m;
 }
 
@@ -102,12 +104,12 @@ absl::Status InsertMeasurementRow(Database& db, const MeasurementRow& m) {
                                     "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
                                     "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
                                     "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
-                                    "resources_json) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
+                                    "resources_json, spread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
   s.Bind(1, m.job_id).Bind(2, m.task_id).Bind(3, m.candidate_id).Bind(4, m.kind).Bind(5, m.workload_key);
   s.Bind(6, m.target_fp).Bind(7, m.worker_id).Bind(8, m.status).Bind(9, m.error).Bind(10, m.median_s);
   s.Bind(11, nlohmann::json(m.samples_s).dump()).Bind(12, m.max_abs_error).Bind(13, m.max_rel_error);
   s.Bind(14, m.compile_s).Bind(15, m.compile_flags).Bind(16, m.compiler).Bind(17, m.code_bytes);
-  s.Bind(18, m.measured_ms).Bind(19, m.resources_json);
+  s.Bind(18, m.measured_ms).Bind(19, m.resources_json).Bind(20, m.spread);
   return s.Run();
 }
 
@@ -401,20 +403,6 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::JobsOfTask(const std::string& task
   return out;
 }
 
-absl::StatusOr<std::optional<JobRow>> TuningDb::FindBaselineJob(const std::string& workload_key,
-                                                               const std::string& fp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat(
-                                    "SELECT ", kJobColumns,
-                                    " FROM jobs WHERE kind = 'baseline' AND target_fp = ? AND state IN "
-                                    "('queued', 'leased') AND task_id IN (SELECT id FROM tasks WHERE "
-                                    "workload_key = ?) LIMIT 1")));
-  s.Bind(1, fp).Bind(2, workload_key);
-  ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return std::optional<JobRow>();
-  return std::optional<JobRow>(ReadJob(s));
-}
-
 absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worker_id, const std::string& target_fp,
                                                         int max_jobs, int64_t now_ms, int64_t expires_ms,
                                                         const std::function<std::string()>& make_lease_id) {
@@ -594,24 +582,6 @@ absl::Status TuningDb::OfferBest(const std::string& key, const std::string& fp, 
                                     "updated_ms = excluded.updated_ms WHERE excluded.median_s < best.median_s"));
   return s.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.task_id).Bind(5, best.candidate_id)
       .Bind(6, best.measurement_id).Bind(7, best.median_s).Bind(8, now_ms).Run();
-}
-
-absl::StatusOr<std::optional<double>> TuningDb::GetBaseline(const std::string& key, const std::string& fp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT median_s FROM baselines WHERE workload_key = ? AND "
-                                             "target_fp = ?"));
-  s.Bind(1, key).Bind(2, fp);
-  ASSIGN_OR_RETURN(bool row, s.Step());
-  if (!row) return std::optional<double>();
-  return std::optional<double>(s.Double(0));
-}
-
-absl::Status TuningDb::SetBaseline(const std::string& key, const std::string& fp, int64_t measurement_id,
-                                   double median_s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR REPLACE INTO baselines(workload_key, target_fp, "
-                                             "measurement_id, median_s) VALUES (?,?,?,?)"));
-  return s.Bind(1, key).Bind(2, fp).Bind(3, measurement_id).Bind(4, median_s).Run();
 }
 
 // -------------------------------------------------------------- sweeps ---

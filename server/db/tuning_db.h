@@ -92,6 +92,7 @@ struct MeasurementRow {
   std::string error;
   double median_s = 0;
   std::vector<double> samples_s;
+  double spread = 0;  // (p90 - p10) / median (common/util/timing.h)
   double max_abs_error = 0, max_rel_error = 0;
   double compile_s = 0;
   std::string compile_flags;
@@ -222,7 +223,6 @@ class TuningDb {
   absl::Status InsertJob(const JobRow& j, int64_t now_ms);
   absl::StatusOr<JobRow> GetJob(const std::string& id);
   absl::StatusOr<std::vector<JobRow>> JobsOfTask(const std::string& task_id);
-  absl::StatusOr<std::optional<JobRow>> FindBaselineJob(const std::string& workload_key, const std::string& fp);
 
   // Leases up to `max_jobs` queued jobs for `target_fp` to `worker_id`,
   // with fresh lease ids from `make_lease_id`, sharing workers fairly
@@ -291,10 +291,6 @@ class TuningDb {
   absl::StatusOr<int64_t> CountActiveTokens();
   // A consistent copy of the database (online: see Database::BackupTo).
   absl::Status BackupTo(const std::string& path);
-
-  absl::StatusOr<std::optional<double>> GetBaseline(const std::string& key, const std::string& fp);
-  absl::Status SetBaseline(const std::string& key, const std::string& fp, int64_t measurement_id,
-                           double median_s);
 
  private:
   explicit TuningDb(std::unique_ptr<Database> db) : db_(std::move(db)) {}

@@ -9,6 +9,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/ir/parse.h"
 #include "worker/process.h"
@@ -46,6 +47,7 @@ JobSpec Spec(JobKind kind, const std::string& schedule) {
   spec.timing.min_repeats = 3;
   spec.timing.max_repeats = 5;
   spec.timing.time_budget_s = 0.01;
+  spec.timing.max_spread = 1e9;  // mechanics under a busy test machine; trusted_measurement_test checks the bound
   spec.compile_timeout_s = 60;
   spec.run_timeout_s = 30;
   return spec;
@@ -104,6 +106,15 @@ TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
   JobOutcome out = RunJobIsolated(Spec(JobKind::kBaseline, ""), worker::CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_THAT(out.compile_flags, HasSubstr("-lopenblas"));
+  // Both BLAS were validated and timed; the faster one is the baseline.
+  const nlohmann::json resources = nlohmann::json::parse(out.resources_json);
+  const std::string kept = resources.at("baseline");
+  EXPECT_TRUE(kept == "openblas" || kept == "onednn") << out.resources_json;
+  ASSERT_TRUE(resources.at("variants").contains("openblas")) << out.resources_json;
+  ASSERT_TRUE(resources.at("variants").contains("onednn")) << out.resources_json;
+  for (const auto& [name, v] : resources.at("variants").items()) {
+    EXPECT_GE(v.at("median_s").get<double>(), out.median_s) << name;
+  }
 }
 
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {

@@ -11,6 +11,7 @@
 #include "common/codegen/cpu/prelude.h"
 #include "common/ir/reference.h"
 #include "common/util/status_macros.h"
+#include "common/util/timing.h"
 
 namespace fusor::worker {
 namespace {
@@ -255,18 +256,29 @@ absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& c
     if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
     return absl::OkStatus();
   };
-  for (int i = 0; i < options.warmup; ++i) RETURN_IF_ERROR(call());
+  // One sample set: warm-up, then samples to the time budget.
+  const int min_repeats = std::max(options.min_repeats, kMinSamples);
+  auto take_set = [&]() -> absl::StatusOr<std::vector<double>> {
+    for (int i = 0; i < options.warmup; ++i) RETURN_IF_ERROR(call());
+    std::vector<double> samples;
+    auto start = Clock::now();
+    while (static_cast<int>(samples.size()) < std::max(options.max_repeats, min_repeats)) {
+      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      if (static_cast<int>(samples.size()) >= min_repeats && elapsed >= options.time_budget_s) break;
+      auto t0 = Clock::now();
+      RETURN_IF_ERROR(call());
+      auto t1 = Clock::now();
+      samples.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    return samples;
+  };
+  ASSIGN_OR_RETURN(TrustedTiming trusted, MeasureTrusted(take_set, kSampleSets, options.max_spread));
   Timing timing;
-  auto start = Clock::now();
-  while (static_cast<int>(timing.samples_s.size()) < options.max_repeats) {
-    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    if (static_cast<int>(timing.samples_s.size()) >= options.min_repeats && elapsed >= options.time_budget_s) break;
-    auto t0 = Clock::now();
-    RETURN_IF_ERROR(call());
-    auto t1 = Clock::now();
-    timing.samples_s.push_back(std::chrono::duration<double>(t1 - t0).count());
-  }
-  timing.median_s = Median(timing.samples_s);
+  timing.samples_s = std::move(trusted.samples_s);
+  timing.median_s = trusted.median_s;
+  timing.spread = trusted.spread;
+  timing.noisy = trusted.noisy;
+  timing.sets = trusted.sets;
   return timing;
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/ir/chain.h"
+#include "common/util/timing.h"
 
 namespace fusor::worker {
 
@@ -86,15 +87,21 @@ struct TimingOptions {
   // Input sets are rotated until together they exceed this many bytes (the
   // last-level cache), so repeats do not read inputs the last one cached.
   int64_t rotate_bytes = 0;
+  double max_spread = kMaxSpread;  // the timing protocol's bound (common/util/timing.h)
 };
 
 struct Timing {
   std::vector<double> samples_s;
   double median_s = 0;
+  double spread = 0;   // (p90 - p10) / median (common/util/timing.h)
+  bool noisy = false;  // spread beyond kMaxSpread in every sample set taken
+  int sets = 0;
 };
 
 // Times the kernel with a monotonic clock after warm-up, repeating to the
-// time budget (within min/max repeats). Non-OK if the kernel reports an error.
+// time budget (within min/max repeats, at least kMinSamples), by the
+// timing protocol of common/util/timing.h: a set that spreads too far is
+// taken again. Non-OK if the kernel reports an error.
 absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
                                   const TimingOptions& options);
 

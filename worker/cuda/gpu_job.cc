@@ -1,5 +1,7 @@
 #include "worker/cuda/gpu_job.h"
 
+#include "common/util/timing.h"
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -186,16 +188,20 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
   }
   gpu::TimingPlan plan;
   plan.warmup = spec.timing.warmup;
-  plan.min_repeats = spec.timing.min_repeats;
-  plan.max_repeats = spec.timing.max_repeats;
+  plan.min_repeats = std::max(spec.timing.min_repeats, kMinSamples);
+  plan.max_repeats = std::max(spec.timing.max_repeats, plan.min_repeats);
   plan.time_budget_s = spec.timing.time_budget_s;
-  if (!rt.Time(run, plan, &out.samples_s, &why)) {
+  auto timed = MeasureTrusted([&]() -> absl::StatusOr<std::vector<double>> {
+    std::vector<double> samples;
+    if (!rt.Time(run, plan, &samples, &why)) return absl::InternalError(why);
+    return samples;
+  }, kSampleSets, spec.timing.max_spread);
+  if (!timed.ok()) {
     out.status = OutcomeStatus::kRuntimeError;
-    out.error = why;
+    out.error = std::string(timed.status().message());
     return out;
   }
-  out.median_s = Median(out.samples_s);
-  out.status = OutcomeStatus::kOk;
+  RecordTiming(*timed, out);
   return out;
 }
 

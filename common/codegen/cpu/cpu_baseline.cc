@@ -35,17 +35,20 @@ using ir::TensorRole;
 
 class BaselineEmitter {
  public:
-  explicit BaselineEmitter(const Chain& chain) : chain_(chain), n_{chain} {}
+  BaselineEmitter(const Chain& chain, CpuBlas blas) : chain_(chain), blas_(blas), n_{chain} {}
 
   std::string Emit() {
     std::string title = absl::StrCat("// fusor unfused baseline for chain '", chain_.name,
-                                     "': each op over whole tensors, GEMMs through OpenBLAS\n");
-    std::string out = cpu::Preamble(title) + "#include <cblas.h>\n\n";
+                                     "': each op over whole tensors, GEMMs through ", CpuBlasName(blas_),
+                                     ", the other ops as vector passes\n");
+    std::string out = cpu::Preamble(title) + "#include <omp.h>\n" +
+                      (blas_ == CpuBlas::kOneDnn ? "#include <dnnl.h>\n\n" : "#include <cblas.h>\n\n");
     Writer& w = w_;
     w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
            "int num_threads)");
     cpu::DeclareArguments(w, chain_, n_);
     w.Line("const int nt = num_threads > 0 ? num_threads : 1;");
+    w.Line("int failed = 0;");
     const bool f32 = chain_.dtype == ir::DType::kF32;
     // f32 views of every tensor: aliases where the dtype is already f32,
     // buffers allocated on the first call otherwise (as a framework's
@@ -67,13 +70,12 @@ class BaselineEmitter {
       w.Line(absl::StrCat("if (!", n_.Full(t), ") return 1;"));
       w.Close();
     }
-    w.Line("openblas_set_num_threads(nt);");
+    // The library's threads: OpenBLAS's own count, oneDNN's from OpenMP. A
+    // call inside a parallel region runs on its one thread either way.
+    w.Line("omp_set_num_threads(nt);");
+    if (blas_ == CpuBlas::kOpenBlas) w.Line("openblas_set_num_threads(nt);");
     if (!f32) {
-      for (int t : chain_.inputs) {
-        w.Line("#pragma omp parallel for num_threads(nt)");
-        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Full(t),
-                            "[i] = ", LoadConvert(chain_.dtype, absl::StrCat(n_.Global(t), "[i]")), ";"));
-      }
+      for (int t : chain_.inputs) ConvertPass(t, /*to_f32=*/true);
     }
     for (const Op& op : chain_.ops) {
       w.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
@@ -92,27 +94,100 @@ class BaselineEmitter {
       } else if (op.kind == OpKind::kSum) {
         EmitLoopSum(op);
       } else if (op.kind == OpKind::kMap) {
-        int opened = OpenPointLoops(w, op.index, n_, "#pragma omp parallel for num_threads(nt)");
-        w.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
-        CloseScopes(w, opened);
+        EmitMap(op);
       } else {
         EmitSoftmax(op);
       }
       w.Close();
     }
     if (!f32) {
-      for (int t : chain_.outputs) {
-        w.Line("#pragma omp parallel for num_threads(nt)");
-        w.Line(absl::StrCat("for (long i = 0; i < ", chain_.tensors[t].NumElements(), "L; ++i) ", n_.Global(t),
-                            "[i] = ", StoreConvert(chain_.dtype, absl::StrCat(n_.Full(t), "[i]")), ";"));
-      }
+      for (int t : chain_.outputs) ConvertPass(t, /*to_f32=*/false);
     }
-    w.Line("return 0;");
+    w.Line("return failed;");
     w.Close();
     return out + w.Take();
   }
 
  private:
+  // One row-major GEMM C = scale * op(A) op(B) through the library.
+  std::string Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double scale, const std::string& a,
+                   int64_t lda, const std::string& b, int64_t ldb, const std::string& c, int64_t ldc) const {
+    if (blas_ == CpuBlas::kOneDnn) {
+      return absl::StrCat("if (dnnl_sgemm('", trans_a ? "T" : "N", "', '", trans_b ? "T" : "N", "', ", m, ", ", n, ", ",
+                          k, ", ", FloatLit(scale), ", ", a, ", ", lda, ", ", b, ", ", ldb, ", 0.0f, ", c, ", ", ldc,
+                          ") != dnnl_success) failed = 1;");
+    }
+    return absl::StrCat("cblas_sgemm(CblasRowMajor, ", trans_a ? "CblasTrans" : "CblasNoTrans", ", ",
+                        trans_b ? "CblasTrans" : "CblasNoTrans", ", ", m, ", ", n, ", ", k, ", ", FloatLit(scale),
+                        ", ", a, ", ", lda, ", ", b, ", ", ldb, ", 0.0f, ", c, ", ", ldc, ");");
+  }
+
+  // A parallel loop over `trips`, when there are enough of them.
+  static std::string ParallelIf(int64_t trips) {
+    return absl::StrCat("#pragma omp parallel for num_threads(nt) schedule(static) if (", trips, " >= nt)");
+  }
+
+  // The lanes of an access along dim d in the f32 views.
+  cpu::Lanes FullLanes(const Access& a, int d) const {
+    int64_t constant = 0;
+    std::map<int, int64_t> strides = GlobalStrides(a, chain_, &constant);
+    cpu::Lanes l;
+    l.ptr = absl::StrCat("&", n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]");
+    l.stride = strides.count(d) ? strides.at(d) : 0;
+    return l;
+  }
+
+  // An elementwise op: rows in parallel, the last dim in vectors.
+  void EmitMap(const Op& op) {
+    const int inner = op.index.back();
+    std::vector<int> outer(op.index.begin(), op.index.end() - 1);
+    const int64_t rows = outer.empty() ? 1 : chain_.dims[outer[0]].extent;
+    int opened = OpenPointLoops(w_, outer, n_, outer.empty() ? "" : ParallelIf(rows));
+    const cpu::Lanes out = FullLanes(NestSelf(op), inner);
+    cpu::VectorLoop(w_, n_.I(inner), n_.N(inner), absl::StrCat("const long ", n_.V(inner), " = ", n_.I(inner), ";"),
+                    [&](bool vector) {
+                      if (vector) {
+                        w_.Line(cpu::VectorStore(out, cpu::VectorExpr(op.body, [&](const Access& a) {
+                                                   return FullLanes(a, inner);
+                                                 })));
+                      } else {
+                        w_.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
+                      }
+                    });
+    CloseScopes(w_, opened);
+  }
+
+  // f16/bf16 storage to its f32 view (inputs) or back (outputs), in vectors.
+  void ConvertPass(int t, bool to_f32) {
+    const int64_t n = chain_.tensors[t].NumElements();
+    const int64_t chunk = 4096;
+    const std::string suffix = chain_.dtype == ir::DType::kF16 ? "_f16" : "_bf16";
+    w_.Line("#pragma omp parallel for num_threads(nt) schedule(static)");
+    w_.Open(absl::StrCat("for (long c = 0; c < ", (n + chunk - 1) / chunk, "L; ++c)"));
+    w_.Line(absl::StrCat("const long lo = c * ", chunk, "L, hi = lo + ", chunk, "L < ", n, "L ? lo + ", chunk, "L : ",
+                         n, "L;"));
+    w_.Line("long i = lo;");
+    if (to_f32) {
+      w_.Line(absl::StrCat("for (; i + FUSOR_VL <= hi; i += FUSOR_VL) fusor_vstore(", n_.Full(t), " + i, fusor_vload",
+                           suffix, "(", n_.Global(t), " + i));"));
+      w_.Line(absl::StrCat("for (; i < hi; ++i) ", n_.Full(t), "[i] = ",
+                           LoadConvert(chain_.dtype, absl::StrCat(n_.Global(t), "[i]")), ";"));
+    } else {
+      w_.Line(absl::StrCat("for (; i + FUSOR_VL <= hi; i += FUSOR_VL) fusor_vstore", suffix, "(", n_.Global(t),
+                           " + i, fusor_vload(", n_.Full(t), " + i));"));
+      w_.Line(absl::StrCat("for (; i < hi; ++i) ", n_.Global(t), "[i] = ",
+                           StoreConvert(chain_.dtype, absl::StrCat(n_.Full(t), "[i]")), ";"));
+    }
+    w_.Close();
+  }
+
+  static Access NestSelf(const Op& op) {
+    Access self;
+    self.tensor = op.output;
+    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+    return self;
+  }
+
   LoadFn Loader() const {
     return [this](const Access& a) { return absl::StrCat(n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]"); };
   }
@@ -166,19 +241,19 @@ class BaselineEmitter {
     for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
     auto sc = GlobalStrides(self, chain_, &const_c);
     // A is M x K: element (r, k) at r*sa[r] + k*sa[k].
-    std::string trans_a, trans_b;
+    bool trans_a, trans_b;
     int64_t lda, ldb;
     if (sa[k] == 1 && sa[r] >= k_ext) {
-      trans_a = "CblasNoTrans", lda = sa[r];
+      trans_a = false, lda = sa[r];
     } else if (sa[r] == 1 && sa[k] >= m_ext) {
-      trans_a = "CblasTrans", lda = sa[k];
+      trans_a = true, lda = sa[k];
     } else {
       return false;
     }
     if (sb[c] == 1 && sb[k] >= n_ext) {
-      trans_b = "CblasNoTrans", ldb = sb[k];
+      trans_b = false, ldb = sb[k];
     } else if (sb[k] == 1 && sb[c] >= k_ext) {
-      trans_b = "CblasTrans", ldb = sb[c];
+      trans_b = true, ldb = sb[c];
     } else {
       return false;
     }
@@ -191,11 +266,14 @@ class BaselineEmitter {
       }
       return LinearToC(terms, constant);
     };
-    int opened = OpenPointLoops(w_, g.batch, n_);
-    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, ", trans_a, ", ", trans_b, ", ", m_ext, ", ", n_ext, ", ",
-                         k_ext, ", ", FloatLit(g.scale), ", ", n_.Full(g.a_side[0].tensor), " + ", base(sa, const_a),
-                         ", ", lda, ", ", n_.Full(g.b_side[0].tensor), " + ", base(sb, const_b), ", ", ldb,
-                         ", 0.0f, ", n_.Full(op.output), " + ", base(sc, const_c), ", ", sc[r], ");"));
+    // Batches in parallel, each GEMM on one thread, when they are enough
+    // to occupy the threads; else one after another on all of them.
+    const int64_t first_batch = g.batch.empty() ? 1 : chain_.dims[g.batch[0]].extent;
+    int opened = OpenPointLoops(w_, g.batch, n_, ParallelIf(first_batch));
+    w_.Line(Gemm(trans_a, trans_b, m_ext, n_ext, k_ext, g.scale,
+                 absl::StrCat(n_.Full(g.a_side[0].tensor), " + ", base(sa, const_a)), lda,
+                 absl::StrCat(n_.Full(g.b_side[0].tensor), " + ", base(sb, const_b)), ldb,
+                 absl::StrCat(n_.Full(op.output), " + ", base(sc, const_c)), sc[r]));
     CloseScopes(w_, opened);
     return true;
   }
@@ -227,8 +305,7 @@ class BaselineEmitter {
     w_.Line(absl::StrCat("tb[(", FlatIndex(op.reduce, n_), ") * ", n, "L + (", FlatIndex(g.cols, n_), ")] = ",
                          ProductToC(g.b_side, 1, Loader()), ";"));
     CloseScopes(w_, opened);
-    w_.Line(absl::StrCat("cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ", m, ", ", n, ", ", k,
-                         ", 1.0f, ta, ", k, ", tb, ", n, ", 0.0f, tc, ", n, ");"));
+    w_.Line(Gemm(false, false, m, n, k, 1, "ta", k, "tb", n, "tc", n));
     std::vector<int> c_dims = g.rows;
     c_dims.insert(c_dims.end(), g.cols.begin(), g.cols.end());
     opened = OpenPointLoops(w_, c_dims, n_, pragma);
@@ -248,16 +325,36 @@ class BaselineEmitter {
     CloseScopes(w_, opened);
   }
 
+  // Softmax rows in parallel: the row's inputs into the output row, then
+  // max, exponentials and the sum (vector helpers), then the scaling. Along
+  // an axis that is not the last, elementwise.
   void EmitSoftmax(const Op& op) {
     std::vector<int> others;
     for (int d : op.index) {
       if (d != op.axis) others.push_back(d);
     }
     const int ax = op.axis;
-    const std::string loop = absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ",
-                                          chain_.dims[ax].extent, "L; ++", n_.I(ax), ")");
     const std::string def = absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";");
-    int opened = OpenPointLoops(w_, others, n_, "#pragma omp parallel for num_threads(nt)");
+    const int64_t rows = others.empty() ? 1 : chain_.dims[others[0]].extent;
+    int opened = OpenPointLoops(w_, others, n_, others.empty() ? "" : ParallelIf(rows));
+    const cpu::Lanes out = FullLanes(NestSelf(op), ax);
+    if (out.stride == 1) {
+      w_.Line(absl::StrCat("float* const row = &", n_.Full(op.output), "[", RowStart(op), "];"));
+      cpu::VectorLoop(w_, n_.I(ax), n_.N(ax), def, [&](bool vector) {
+        if (vector) {
+          w_.Line(cpu::VectorStore(out, cpu::VectorExpr(op.body, [&](const Access& a) { return FullLanes(a, ax); })));
+        } else {
+          w_.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
+        }
+      });
+      w_.Line(absl::StrCat("const float inv = 1.0f / fusor_row_exp_sum(row, ", n_.N(ax), ", fusor_row_max(row, ",
+                           n_.N(ax), "));"));
+      w_.Line(absl::StrCat("for (long j = 0; j < ", n_.N(ax), "; ++j) row[j] *= inv;"));
+      CloseScopes(w_, opened);
+      return;
+    }
+    const std::string loop = absl::StrCat("for (long ", n_.I(ax), " = 0; ", n_.I(ax), " < ", chain_.dims[ax].extent,
+                                          "L; ++", n_.I(ax), ")");
     w_.Line("float mx = -INFINITY;");
     w_.Open(loop);
     w_.Line(def);
@@ -268,7 +365,7 @@ class BaselineEmitter {
     w_.Line("float total = 0.0f;");
     w_.Open(loop);
     w_.Line(def);
-    w_.Line(absl::StrCat("const float e = expf(", FullAt(op), " - mx);"));
+    w_.Line(absl::StrCat("const float e = mx == -INFINITY ? 0.0f : fusor_exp(", FullAt(op), " - mx);"));
     w_.Line(absl::StrCat(FullAt(op), " = e;"));
     w_.Line("total += e;");
     w_.Close();
@@ -280,23 +377,35 @@ class BaselineEmitter {
     CloseScopes(w_, opened);
   }
 
+  // The offset of the softmax output row's first element (axis at 0).
+  std::string RowStart(const Op& op) const {
+    Access self = NestSelf(op);
+    for (size_t axis = 0; axis < op.index.size(); ++axis) {
+      if (op.index[axis] == op.axis) self.index[axis] = ir::AffineExpr{};
+    }
+    return GlobalOffset(self, n_);
+  }
+
   const Chain& chain_;
+  const CpuBlas blas_;
   Names n_;
   Writer w_;
 };
 
 }  // namespace
 
-absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain) {
+const char* CpuBlasName(CpuBlas blas) { return blas == CpuBlas::kOneDnn ? "onednn" : "openblas"; }
+
+absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain, CpuBlas blas) {
   KernelSource k;
-  k.source = BaselineEmitter(chain).Emit();
+  k.source = BaselineEmitter(chain, blas).Emit();
   k.compile_flags = cpu::CompileFlags();
-  k.link_libs = {"openblas"};
+  k.link_libs = {blas == CpuBlas::kOneDnn ? "dnnl" : "openblas"};
   nlohmann::json meta = {{"entry_point", k.entry_point},
                          {"language", "c++"},
                          {"inputs", emit::TensorsJson(chain, chain.inputs)},
                          {"outputs", emit::TensorsJson(chain, chain.outputs)},
-                         {"baseline", "unfused, cblas_sgemm"}};
+                         {"baseline", absl::StrCat("unfused, GEMMs through ", CpuBlasName(blas))}};
   k.metadata_json = meta.dump(2);
   return k;
 }

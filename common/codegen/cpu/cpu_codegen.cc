@@ -112,6 +112,17 @@ class FusedEmitter {
            "int num_threads)");
     cpu::DeclareArguments(w, chain_, n_);
     const int64_t scratch_bytes = std::max<int64_t>(64, (scratch_floats_ * 4 + 63) / 64 * 64);
+    if (nest_.split > 1) {
+      // Per accumulated output, one partial sum per part of the split stream.
+      int64_t floats = 0;
+      for (const space::OpNest& on : nest_.ops) {
+        if (!on.accumulates) continue;
+        partial_slot_[on.op] = floats;
+        floats += chain_.tensors[chain_.ops[on.op].output].NumElements() * nest_.split;
+      }
+      w.Line(absl::StrCat("float* const partials = fusor_partials(", floats * 4, "UL);"));
+      w.Line("if (!partials) return 1;");
+    }
     w.Line("int failed = 0;");
     w.Line(absl::StrCat("#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1) if (",
                         nest_.num_blocks, " > 1)"));
@@ -125,11 +136,17 @@ class FusedEmitter {
     w.Open(absl::StrCat("for (long blk = 0; blk < ", nest_.num_blocks, "L; ++blk)"));
     w.Line("if (!scratch) continue;");
     DeclareScratchPointers();
-    x_.DefineBlockOrigins(w, "blk");
+    if (nest_.split > 1) {
+      w.Line(absl::StrCat("const long part = blk % ", nest_.split, "L;"));
+      x_.DefineBlockOrigins(w, absl::StrCat("blk / ", nest_.split, "L"));
+    } else {
+      x_.DefineBlockOrigins(w, "blk");
+    }
     EmitRegion(space::Region::kBefore);
     if (nest_.stream_dim >= 0) EmitStream();
     EmitRegion(space::Region::kAfter);
     w.Close();  // block loop
+    if (nest_.split > 1) EmitPartialSums();
     w.Close();  // parallel
     w.Line("return failed;");
     w.Close();
@@ -277,11 +294,39 @@ class FusedEmitter {
       if (on.b_hoisted) Pack(op, on, false);
       w_.Close();
     }
-    x_.OpenTileLoop(w_, sd);
+    if (nest_.split > 1) {
+      // This block's part of the loop.
+      const int64_t tile = s_.tile[sd], extent = chain_.dims[sd].extent;
+      const int64_t per_part = (nest_.trips[sd] + nest_.split - 1) / nest_.split * tile;
+      w_.Line(absl::StrCat("const long part_lo = part * ", per_part, "L, part_hi = part_lo + ", per_part, "L < ",
+                           extent, "L ? part_lo + ", per_part, "L : ", extent, "L;"));
+      w_.Open(absl::StrCat("for (long ", n_.O(sd), " = part_lo; ", n_.O(sd), " < part_hi; ", n_.O(sd), " += ", tile,
+                           "L)"));
+      w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
+    } else {
+      x_.OpenTileLoop(w_, sd);
+    }
     EmitRegion(space::Region::kStream);
     w_.Close();
     for (const space::OpNest& on : nest_.ops) {
       if (on.accumulates) EmitFinalize(on);
+    }
+  }
+
+  // After every block of a split stream loop: each accumulated output is
+  // the sum of its parts' partial sums.
+  void EmitPartialSums() {
+    for (const auto& [o, slot] : partial_slot_) {
+      const int t = chain_.ops[o].output;
+      const int64_t elements = chain_.tensors[t].NumElements();
+      w_.Line(absl::StrCat("// ", chain_.tensors[t].name, ": the sum of the parts"));
+      w_.Line("#pragma omp for schedule(static)");
+      w_.Open(absl::StrCat("for (long i = 0; i < ", elements, "L; ++i)"));
+      w_.Line(absl::StrCat("float s = partials[", slot, "L + i];"));
+      w_.Line(absl::StrCat("for (long p = 1; p < ", nest_.split, "L; ++p) s += partials[", slot, "L + p * ", elements,
+                           "L + i];"));
+      w_.Line(absl::StrCat(n_.Global(t), "[i] = ", StoreConvert(chain_.dtype, "s"), ";"));
+      w_.Close();
     }
   }
 
@@ -480,41 +525,69 @@ class FusedEmitter {
       }
       const bool by_k = k_adjacent && !own_adjacent;
       const bool may_pad = !a_side && (!ConstRange(d, on) || *ConstRange(d, on) % width != 0);
-      w_.Open(absl::StrCat("for (long c0 = 0; c0 < own; c0 += ", width, "L)"));
-      w_.Line(absl::StrCat("const long cn = own - c0 < ", width, "L ? own - c0 : ", width, "L;"));
-      w_.Line(absl::StrCat("float* const panel = ", buf, " + (bi * (own_pad / ", width, "L) + c0 / ", width,
-                           "L) * kc * ", width, "L;"));
       const std::string define_own =
           absl::StrCat("const long ", n_.I(d), " = c0 + j, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";");
-      // One f32 factor, k adjacent: transposed in registers.
-      const bool transpose = by_k && factors.size() == 1 && (HasLocal(factors[0].tensor) ||
-                                                             chain_.dtype == ir::DType::kF32);
-      if (transpose) {
+      auto open_panel = [&]() {
+        w_.Open(absl::StrCat("for (long c0 = 0; c0 < own; c0 += ", width, "L)"));
+        w_.Line(absl::StrCat("const long cn = own - c0 < ", width, "L ? own - c0 : ", width, "L;"));
+        w_.Line(absl::StrCat("float* const panel = ", buf, " + (bi * (own_pad / ", width, "L) + c0 / ", width,
+                             "L) * kc * ", width, "L;"));
+      };
+      auto pad_columns = [&]() {
+        if (!may_pad) return;
+        w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
+                             width, "L + j] = 0.0f;"));
+      };
+      if (by_k && factors.size() == 1) {
+        // One factor, k adjacent: transposed in registers (converted from
+        // f16 or bf16 on the way).
         const int k = g.kdims[0];
+        const Lanes src = AccessLanes(factors[0], d);
+        const char* fn = src.dtype == ir::DType::kF16    ? "fusor_pack_transposed_f16"
+                         : src.dtype == ir::DType::kBF16 ? "fusor_pack_transposed_bf16"
+                                                         : "fusor_pack_transposed";
+        open_panel();
         w_.Open("");
         w_.Line(absl::StrCat("const long ", n_.I(d), " = c0, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
         w_.Line(absl::StrCat("const long ", n_.V(k), " = ", n_.O(k), ";"));
-        w_.Line(absl::StrCat("fusor_pack_transposed(", AccessLanes(factors[0], d).ptr, ", ", Stride(factors[0], d),
-                             "L, panel, ", width, "L, cn, kc, ", emit::FloatLit(scale), ");"));
+        w_.Line(absl::StrCat(fn, "(", src.ptr, ", ", src.stride, "L, panel, ", width, "L, cn, kc, ",
+                             emit::FloatLit(scale), ");"));
         w_.Close();
-        if (may_pad) {
-          w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
-                               width, "L + j] = 0.0f;"));
-        }
+        pad_columns();
+        w_.Close();
       } else if (by_k) {
+        open_panel();
         w_.Open("for (long j = 0; j < cn; ++j)");
         w_.Line(define_own);
         int inner = OpenPointLoops(w_, g.kdims, n_);
         w_.Line(absl::StrCat("panel[(", FlatIndex(g.kdims, n_), ") * ", width, "L + j] = ", value, ";"));
         CloseScopes(w_, inner);
         w_.Close();
-        if (may_pad) {
-          w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
-                               width, "L + j] = 0.0f;"));
-        }
+        pad_columns();
+        w_.Close();
       } else {
+        // Columns adjacent: each step of k copies its row of the tile front
+        // to back, a piece into every panel (rows read in one sweep).
         int inner = OpenPointLoops(w_, g.kdims, n_);
-        w_.Line(absl::StrCat("float* const dst = panel + (", FlatIndex(g.kdims, n_), ") * ", width, "L;"));
+        w_.Line(absl::StrCat("const long p = ", FlatIndex(g.kdims, n_), ";"));
+        if (g.kdims.size() == 1) {
+          // Rows of the source are apart (a weight matrix's rows, say): the
+          // hardware prefetcher does not cross into the next row's page, so
+          // the rows a few steps ahead are asked for now.
+          for (const Access& a : factors) {
+            const int64_t row = Stride(a, g.kdims[0]);
+            if (row * (HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype)) < 4096) continue;
+            w_.Open("");
+            w_.Line(absl::StrCat("const long ", n_.I(d), " = 0, ", n_.V(d), " = ", n_.O(d), ";"));
+            w_.Line(absl::StrCat("const char* const ahead = (const char*)(", AccessLanes(a, d).ptr, " + ",
+                                 4 * row, "L);"));
+            w_.Line(absl::StrCat("for (long b = 0; b < own * ", HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype),
+                                 "L; b += 64) __builtin_prefetch(ahead + b, 0, 1);"));
+            w_.Close();
+          }
+        }
+        open_panel();
+        w_.Line(absl::StrCat("float* const dst = panel + p * ", width, "L;"));
         VectorLoop(w_, "j", "cn", define_own, [&](bool vector) {
           if (vector) {
             std::vector<std::string> parts;
@@ -527,9 +600,9 @@ class FusedEmitter {
           }
         });
         if (may_pad) w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) dst[j] = 0.0f;"));
+        w_.Close();
         CloseScopes(w_, inner);
       }
-      w_.Close();
     } else {
       opened += OpenPointLoops(w_, g.kdims, n_);
       w_.Line(absl::StrCat("float* const dst = ", buf, " + (bi * (own_pad / ", width, "L) * kc + (",
@@ -770,6 +843,15 @@ class FusedEmitter {
     CloseScopes(w_, opened);
   }
 
+  // Where a result accumulated along the stream loop is written: the
+  // output, or this part's partial sums when the loop is split.
+  std::string OutputAt(const Op& op) const {
+    if (nest_.split == 1) return n_.Global(op.output);
+    const int o = chain_.tensors[op.output].producer;
+    return absl::StrCat("(partials + ", partial_slot_.at(o), "L + part * ",
+                        chain_.tensors[op.output].NumElements(), "L)");
+  }
+
   // After the stream loop: an accumulated result is complete; divide by
   // the online softmax's sums and write it out.
   void EmitFinalize(const space::OpNest& on) {
@@ -801,8 +883,8 @@ class FusedEmitter {
         if (sm != nullptr) w_.Line(VectorStore(local, "value"));
         if (output) {
           Lanes out;
-          out.ptr = absl::StrCat("&", n_.Global(op.output), "[", GlobalOffset(self, n_), "]");
-          out.dtype = chain_.dtype;
+          out.ptr = absl::StrCat("&", OutputAt(op), "[", GlobalOffset(self, n_), "]");
+          out.dtype = nest_.split > 1 ? ir::DType::kF32 : chain_.dtype;
           int64_t constant = 0;
           std::map<int, int64_t> strides = GlobalStrides(self, chain_, &constant);
           out.stride = strides.count(inner) ? strides.at(inner) : 0;
@@ -811,8 +893,8 @@ class FusedEmitter {
       } else {
         if (sm != nullptr) w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", x_.StateOffset(*sm), "];"));
         if (output) {
-          w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(self, n_), "] = ",
-                               StoreConvert(chain_.dtype, at), ";"));
+          w_.Line(absl::StrCat(OutputAt(op), "[", GlobalOffset(self, n_), "] = ",
+                               nest_.split > 1 ? at : StoreConvert(chain_.dtype, at), ";"));
         }
       }
     });
@@ -830,6 +912,7 @@ class FusedEmitter {
   int64_t scratch_floats_ = 0;
   std::vector<ASide> a_;  // per op
   std::vector<int64_t> direct_c_;  // per op: the row stride of C written in place, or 0
+  std::map<int, int64_t> partial_slot_;  // split stream: accumulated op -> its partial sums in `partials`
 };
 
 }  // namespace

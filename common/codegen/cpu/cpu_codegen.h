@@ -35,9 +35,15 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const ir::Chain& chain, const sp
                                                 const std::string& schedule_text,
                                                 const std::string& mapping);
 
+// The BLAS an unfused baseline calls: OpenBLAS (cblas_sgemm) or oneDNN
+// (dnnl_sgemm); "openblas" or "onednn".
+enum class CpuBlas { kOpenBlas, kOneDnn };
+const char* CpuBlasName(CpuBlas blas);
+
 // The unfused chain as a user would otherwise run it: each op over whole
-// tensors in turn, GEMM-shaped sums through OpenBLAS's cblas_sgemm, softmax
-// and elementwise ops as separate parallel passes.
-absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const ir::Chain& chain);
+// tensors in turn, GEMM-shaped sums through `blas` (batches of small GEMMs
+// in parallel, each on one thread), softmax and elementwise ops as separate
+// parallel vector passes.
+absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const ir::Chain& chain, CpuBlas blas = CpuBlas::kOpenBlas);
 
 }  // namespace fusor::codegen

@@ -15,7 +15,9 @@ std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "fl
 
 std::string Preamble(const std::string& title_comment) {
   std::string s = title_comment;
-  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n\n";
+  s += "#define FUSOR_KERNEL 1\n";
+  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n";
+  s += "#if defined(__AVX512F__) || defined(__F16C__)\n#include <immintrin.h>\n#endif\n\n";
   s += std::string(CpuPreludeSource());
   s += "\n";
   s += std::string(CpuSimdSource());

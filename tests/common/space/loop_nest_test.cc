@@ -219,6 +219,41 @@ TEST(LoopNestTest, RegisterResidentIntermediates) {
   EXPECT_FALSE(RegisterResidentVariant(*gemm, *ParseSchedule("m=16 / n=16 / -", *gemm), gpu).has_value());
 }
 
+// A split stream loop: the parts are blocks; what runs outside the loop
+// runs once per part, and the partial sums are read back and added.
+TEST(LoopNestTest, SplitStreamLoop) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  LoopNest whole = Nest(*chain, "m=16 / n=16 / C(k=16)");
+  LoopNest split = Nest(*chain, "m=16 / n=16x2 / C(k=16)");
+  EXPECT_EQ(split.split, 2);
+  EXPECT_EQ(split.num_blocks, 2 * whole.num_blocks);
+  // L(D) sits inside the n loop: the same traffic either way. S(E) sits
+  // outside it: once per part.
+  EXPECT_DOUBLE_EQ(Find(split, "L(D)")->executions, Find(whole, "L(D)")->executions);
+  EXPECT_DOUBLE_EQ(Find(split, "S(E)")->executions, 2 * Find(whole, "S(E)")->executions);
+  ASSERT_NE(Find(split, "L(E partials)"), nullptr);
+  EXPECT_DOUBLE_EQ(Find(split, "L(E partials)")->bytes, 64.0 * 32 * 4 * 2);
+
+  auto error = [&](const ir::Chain& c, const std::string& text, const hw::TargetDesc& target) {
+    auto nest = BuildLoopNest(c, *ParseSchedule(text, c), target);
+    EXPECT_FALSE(nest.ok()) << text;
+    return std::string(nest.status().message());
+  };
+  auto attention = ir::ParseChainText(testing::kMaskedF16Attention);
+  EXPECT_THAT(error(*attention, "b=1 / n=16x2 / -", Avx512()), HasSubstr("a softmax is online along it"));
+  auto epilogue = ir::ParseChainText(R"(
+dim m=64 n=64 k=32 h=32
+in A[m,k] B[k,n] D[n,h] Z[h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+G[m,h] = relu(E[m,h] + Z[h])
+out G
+)");
+  EXPECT_THAT(error(*epilogue, "m=16 / n=16x2 / -", Avx512()), HasSubstr("what accumulates along it is not an output"));
+  EXPECT_THAT(error(*chain, "m=16 / n=32x4 / -", Avx512()), HasSubstr("more parts than the loop has steps"));
+  EXPECT_THAT(error(*chain, "m=16 / n=16x2 / -", *hw::LookupDevice("h100")), HasSubstr("only on a CPU"));
+}
+
 TEST(LoopNestTest, RejectsIllegalNests) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
   auto error = [&](const std::string& text) {

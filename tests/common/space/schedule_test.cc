@@ -102,5 +102,19 @@ out Y
             "{Y=P*(Q*R)} i=16 / - / Q_R(j=32)");
 }
 
+// A split stream loop prints and parses as dim=TILExN; only the stream
+// level takes it, and it goes with the loop when the loop vanishes.
+TEST(ScheduleTest, SplitStreamLoops) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto s = ParseSchedule("m=16 / n=16x2 / C(k=16)", *chain);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->split, 2);
+  EXPECT_EQ(ScheduleToText(*s, *chain), "m=16 / n=16x2 / C(k=16)");
+  EXPECT_EQ(ScheduleToText(*ParseSchedule("m=16 / n=64x2 / -", *chain), *chain), "m=16 / - / -");
+  EXPECT_FALSE(ParseSchedule("m=16x2 / n=16 / -", *chain).ok());
+  EXPECT_FALSE(ParseSchedule("m=16 / n=16x0 / -", *chain).ok());
+  EXPECT_FALSE(ParseSchedule("m=16 / n=16xy / -", *chain).ok());
+}
+
 }  // namespace
 }  // namespace fusor::space

@@ -77,8 +77,11 @@ void BruteForceVariant(const ir::Chain& chain, const hw::TargetDesc& target, con
           s.own[o] = outs[o];
           s.own[o].insert(s.own[o].end(), reds[o].begin(), reds[o].end());
         }
-        ++c.enumerated;
-        if (seen.insert(ScheduleToText(s, chain)).second) distinct.push_back(s);
+        for (int split : SplitOptions(s, chain, target)) {
+          s.split = split;
+          ++c.enumerated;
+          if (seen.insert(ScheduleToText(s, chain)).second) distinct.push_back(s);
+        }
         size_t o = 0;
         for (; o < outs.size(); ++o) {
           if (std::next_permutation(outs[o].begin(), outs[o].end())) break;

@@ -123,13 +123,20 @@ TEST(TimeKernelTest, KeepsEverySampleWithinTheRepeatBounds) {
   auto loaded = LoadedKernel::Open(c.so_path, "fusor_run");
   auto chain = ir::ParseChainText("dim m=1\nin A[m]\nO[m] = A[m]\nout O");
   TimingOptions options;
-  options.min_repeats = 7;
-  options.max_repeats = 9;
+  options.min_repeats = 12;
+  options.max_repeats = 14;
   options.time_budget_s = 10;
+  options.max_spread = 1e9;  // a nanosecond kernel's samples spread; this checks the bounds
   auto t = TimeKernel(*loaded, *chain, options);
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->samples_s.size(), 9u);
+  EXPECT_EQ(t->samples_s.size(), 14u);
   EXPECT_DOUBLE_EQ(t->median_s, Median(t->samples_s));
+  EXPECT_EQ(t->sets, 1);
+  // Fewer than kMinSamples are never taken: percentiles need them.
+  options.min_repeats = options.max_repeats = 3;
+  t = TimeKernel(*loaded, *chain, options);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(static_cast<int>(t->samples_s.size()), kMinSamples);
 }
 
 TEST(MedianTest, OddAndEven) {

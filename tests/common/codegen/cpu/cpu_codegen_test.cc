@@ -197,6 +197,25 @@ out Y
              "m=16 / f=32 / H(c=16)", TestTarget(), haswell);
 }
 
+// A stream loop split among blocks: partial sums per part, added up after
+// every block; uneven parts, an empty part, f16 and bf16 outputs.
+TEST(CpuCodegenTest, SplitStreamLoops) {
+  const std::string mlp = R"(
+dim m=37 c=48 f=80 o=24
+in X[m,c] W1[c,f] B1[f] W2[f,o]
+H[m,f] = sum(c) X[m,c] * W1[c,f]
+G[m,f] = gelu(H[m,f] + B1[f])
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+out Y
+)";
+  CheckFused(mlp, "- / f=16x2 / -", TestTarget());
+  CheckFused(mlp, "m=16 / f=16x4 / H(c=16)", TestTarget());  // 5 steps over 4 parts: one part empty
+  CheckFused(mlp, "- / f=32x2 / -", TestTarget());  // 3 steps over 2 parts
+  CheckFused("dtype f16\n" + mlp, "m=16 / f=16x2 / -", TestTarget());
+  CheckFused("dtype bf16\n" + mlp, "- / f=16x2 / -", TestTarget());
+  CheckFused(testing::kGemmChain, "m=16 / n=16x2 / C(k=16)", TestTarget());
+}
+
 TEST(CpuCodegenTest, EpilogueAfterTheStreamLoop) {
   CheckFused(R"(
 dim m=40 n=56 k=24 h=20
@@ -288,13 +307,16 @@ out D
              "m=8 n=16 / - / D(k=8)", TestTarget());
 }
 
+// Through OpenBLAS and through oneDNN.
 void CheckBaseline(const std::string& text) {
   auto chain = ir::ParseChainText(text);
   ASSERT_TRUE(chain.ok()) << chain.status();
-  auto kernel = EmitCpuUnfusedBaseline(*chain);
-  ASSERT_TRUE(kernel.ok()) << kernel.status();
-  worker::Validation v = CompileAndValidate(*chain, *kernel);
-  EXPECT_TRUE(v.ok) << v.detail << "\n" << kernel->source;
+  for (CpuBlas blas : {CpuBlas::kOpenBlas, CpuBlas::kOneDnn}) {
+    auto kernel = EmitCpuUnfusedBaseline(*chain, blas);
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    worker::Validation v = CompileAndValidate(*chain, *kernel);
+    EXPECT_TRUE(v.ok) << CpuBlasName(blas) << ": " << v.detail << "\n" << kernel->source;
+  }
 }
 
 TEST(CpuCodegenTest, BaselineAttentionUsesDirectSgemm) {
@@ -303,12 +325,28 @@ TEST(CpuCodegenTest, BaselineAttentionUsesDirectSgemm) {
   auto kernel = EmitCpuUnfusedBaseline(*chain);
   ASSERT_TRUE(kernel.ok());
   EXPECT_NE(kernel->source.find("CblasTrans"), std::string::npos);  // K read transposed in place
+  auto onednn = EmitCpuUnfusedBaseline(*chain, CpuBlas::kOneDnn);
+  ASSERT_TRUE(onednn.ok());
+  EXPECT_NE(onednn->source.find("dnnl_sgemm('N', 'T'"), std::string::npos);
   CheckBaseline(kAttention);
 }
 
 TEST(CpuCodegenTest, BaselinesOfF16AndConvChains) {
   CheckBaseline(testing::kMaskedF16Attention);
   CheckBaseline(testing::kConvChain);
+}
+
+TEST(CpuCodegenTest, BaselinesOfGemmChainsWithEpilogues) {
+  CheckBaseline(testing::kGemmChain);
+  CheckBaseline(R"(
+dtype bf16
+dim m=37 c=48 f=80 o=24
+in X[m,c] W1[c,f] B1[f] W2[f,o]
+H[m,f] = sum(c) X[m,c] * W1[c,f]
+G[m,f] = gelu(H[m,f] + B1[f])
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+out Y
+)");
 }
 
 }  // namespace

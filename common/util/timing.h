@@ -1,0 +1,47 @@
+// The timing protocol every measurement follows, candidate or baseline,
+// CPU or GPU: samples after warm-up until a time budget, their median and
+// their spread; a sample set that spreads too far is taken again, and one
+// that stays that way is noisy: stored with its samples, never a best
+// record or a baseline.
+//
+// The spread is (p90 - p10) / median. On a quiet machine a kernel's middle
+// 80% of samples lie within a few percent of each other (within 30% on a
+// shared 2-core VM, measured); a busy core shows as a tail of samples
+// several times the median, since a thread that loses its core waits a
+// scheduler quantum (4 ms at 250 Hz) at the next barrier: spreads of 1 to
+// 40 under a CPU hog, and medians off by up to 60x under a parallel build.
+// Half the median separates the two with room on both sides.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace fusor {
+
+inline constexpr double kMaxSpread = 0.5;
+inline constexpr int kMinSamples = 10;  // for the percentiles to mean something
+inline constexpr int kSampleSets = 3;   // taken at most, per measurement
+
+struct SampleStats {
+  double median = 0, p10 = 0, p90 = 0;
+  double spread = 0;  // (p90 - p10) / median; 0 for no samples
+};
+SampleStats Summarize(std::vector<double> samples);
+
+struct TrustedTiming {
+  std::vector<double> samples_s;  // the set kept: the least spread one
+  double median_s = 0;
+  double spread = 0;
+  bool noisy = false;  // even the set kept spreads beyond kMaxSpread
+  int sets = 0;        // sample sets taken
+};
+
+// Takes sample sets with `take_set` until one's spread is within
+// `max_spread`, at most `max_sets`; returns the least spread set. A failed
+// set fails the measurement.
+absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<std::vector<double>>()>& take_set,
+                                             int max_sets = kSampleSets, double max_spread = kMaxSpread);
+
+}  // namespace fusor
