@@ -28,6 +28,7 @@
 #include "client/reference_data.h"
 #include "client/report.h"
 #include "client/sweep_report.h"
+#include "common/codegen/cpu/cpu_codegen.h"
 #include "common/util/files.h"
 #include "common/util/log.h"
 #include "common/hw/devices.h"
@@ -168,6 +169,8 @@ int Compile(Client& client, const GlobalOptions& g, const std::string& file, con
   j["target_fingerprint"] = resp->result().target().fingerprint();
   j["measured_median_s"] = resp->result().best_measurement().median_s();
   j["baseline_median_s"] = resp->result().baseline_s();
+  j["baseline_kind"] = resp->result().baseline_kind();
+  j["speedup"] = resp->result().speedup();
   j["from_cache"] = resp->result().from_cache();
   std::ofstream(src) << resp->kernel_source();
   std::ofstream(meta) << j.dump(2) << "\n";
@@ -559,6 +562,28 @@ int AdminToken(const GlobalOptions& g, const std::string& action, const std::str
   return 0;
 }
 
+// compile --unfused: the baseline's source, as a worker builds it.
+int CompileUnfused(const std::string& file, const std::string& out_dir, const std::string& blas) {
+  auto workload = fusor::client::ReadWorkloadFile(file);
+  if (!workload.ok()) return Fail(workload.status());
+  auto chain = fusor::wire::ChainFromWorkload(*workload);
+  if (!chain.ok()) return Fail(chain.status());
+  auto kernel = fusor::codegen::EmitCpuUnfusedBaseline(
+      *chain, blas == "onednn" ? fusor::codegen::CpuBlas::kOneDnn : fusor::codegen::CpuBlas::kOpenBlas);
+  if (!kernel.ok()) return Fail(kernel.status());
+  nlohmann::json meta = nlohmann::json::parse(kernel->metadata_json);
+  meta["compile_flags"] = kernel->compile_flags;
+  meta["link_libs"] = kernel->link_libs;
+  const std::string base = out_dir + "/" + WorkloadName(file);
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  for (const auto& [path, text] : {std::pair{base + ".cc", kernel->source}, std::pair{base + ".json", meta.dump(2)}}) {
+    if (absl::Status st = fusor::WriteFile(path, text); !st.ok()) return Fail(st);
+    std::cout << (path == base + ".cc" ? "wrote      " : "           ") << path << "\n";
+  }
+  return 0;
+}
+
 // reference: fusor's validation inputs and float64 outputs, on disk.
 int Reference(const std::string& file, uint64_t seed, const std::string& out_dir) {
   auto workload = fusor::client::ReadWorkloadFile(file);
@@ -665,6 +690,11 @@ int main(int argc, char** argv) {
   std::string compile_schedule;
   compile->add_option("--schedule", compile_schedule,
                       "with --model-only and a CPU target: write this schedule's kernel instead of the model's pick");
+  std::string unfused_blas;
+  compile->add_option("--unfused", unfused_blas,
+                      "write the unfused baseline (each op in turn, GEMMs through this BLAS) instead of a tuned kernel; "
+                      "no tuning, nothing stored")
+      ->check(CLI::IsMember({"openblas", "onednn"}));
   CLI::App* lookup = app.add_subcommand("lookup", "print cached results only (exit 3 on a miss)");
   lookup->add_option("files", files, "workload files")->required()->check(CLI::ExistingFile);
   CLI::App* workers = app.add_subcommand("workers", "list the workers the scheduler knows");
@@ -760,6 +790,7 @@ int main(int argc, char** argv) {
     std::cerr << "fusor: compile --schedule needs --model-only\n";
     return 2;
   }
+  if (*compile && !unfused_blas.empty()) return CompileUnfused(file, out_dir, unfused_blas);
   if (*compile && model_only) return CompileModelOnly(g, file, out_dir, compile_schedule);
 
   std::optional<std::pair<fusor::client::Manifest, std::vector<fusor::client::SweepModel>>> plan;

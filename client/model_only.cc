@@ -106,7 +106,7 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
     if (!schedule_text.empty()) {
       ASSIGN_OR_RETURN(space::Schedule given, space::ParseSchedule(schedule_text, chain));
       ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, given, target));
-      r = {nest.schedule, model::Predict(nest, target), space::DescribeMappings(chain, nest)};
+      r = {nest.schedule, model::Predict(nest, target, chain), space::DescribeMappings(chain, nest)};
       rank = 0;
       for (size_t i = 0; i < space->ranked.size() && rank == 0; ++i) {
         if (space->ranked[i].schedule == r.schedule) rank = static_cast<int>(i) + 1;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
+#include "common/ir/regroup.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
 #include "worker/cpu/measure.h"
@@ -38,7 +39,14 @@ absl::StatusOr<std::vector<std::string>> WriteReferenceData(const ir::Chain& cha
                              {"tolerance_rule", "|out - ref| <= tolerance * (|ref| + rms(ref)) per output"},
                              {"element", "raw little-endian float64, row-major"},
                              {"inputs", nlohmann::json::array()},
-                             {"outputs", nlohmann::json::array()}};
+                             {"outputs", nlohmann::json::array()},
+                             {"regroupings", nlohmann::json::array()}};
+  // The other association orders of its sums: the same outputs, other FLOPs.
+  for (const ir::Regroup& r : ir::Regroupings(chain)) {
+    ASSIGN_OR_RETURN(ir::Chain regrouped, ir::ApplyRegroup(chain, r));
+    manifest["regroupings"].push_back(
+        {{"text", ir::RegroupToText(chain, r)}, {"chain", nlohmann::json::parse(ir::ChainToJson(regrouped))}});
+  }
   for (size_t i = 0; i < chain.inputs.size(); ++i) RETURN_IF_ERROR(write(chain.inputs[i], inputs[i], manifest["inputs"]));
   for (size_t i = 0; i < chain.outputs.size(); ++i) {
     RETURN_IF_ERROR(write(chain.outputs[i], outputs[i], manifest["outputs"]));

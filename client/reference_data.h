@@ -16,7 +16,8 @@ namespace fusor::client {
 // (fusor's validation inputs for `seed`, as the chain's dtype stores them)
 // and per chain output (the float64 reference on those inputs), and
 // manifest.json naming each file with its tensor, shape and dtype, the
-// chain (IR JSON) and the validation tolerance. Returns the paths written.
+// chain (IR JSON), its regroupings (other association orders, as chains)
+// and the validation tolerance. Returns the paths written.
 absl::StatusOr<std::vector<std::string>> WriteReferenceData(const ir::Chain& chain, uint64_t seed,
                                                             const std::string& out_dir);
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "common/codegen/cpu/cpu_codegen.h"
 #include "common/ir/parse.h"
+#include "common/mapping/mapping.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
 #include "common/util/log.h"
@@ -41,9 +42,12 @@ struct Scheduler::Task {
   v1::TuneProgress progress;
   std::optional<v1::TuneResult> result;
   // This task's baseline jobs: one queued with the first candidates, one
-  // once half the budget is issued, so that the baseline is measured among
-  // the candidates, under the same conditions.
+  // with the confirmation, so that the baseline is measured among the
+  // candidates, under the same conditions.
   std::vector<std::string> baseline_jobs;
+  // The best candidate measured again at the end: the fastest of many
+  // noisy medians is biased low, and a speedup quoted from it too high.
+  std::string confirm_job;
 };
 
 namespace {
@@ -278,7 +282,23 @@ std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
   for (size_t u = 0; u < request.canonical.tensor_map.size(); ++u) {
     if (request.canonical.tensor_map[u] >= 0) tensors[request.canonical.tensor_map[u]] = static_cast<int>(u);
   }
-  return space::ScheduleToText(space::RemapSchedule(*schedule, dims, ops, request.chain, tensors), request.chain);
+  space::Schedule remapped = space::RemapSchedule(*schedule, dims, ops, request.chain, tensors);
+  // A mapping's A side is its op's first factor, and the canonical form may
+  // have put the factors the other way round: then the mapping swaps.
+  auto canonical_run = space::ScheduledChain(canonical, *schedule);
+  auto user_run = space::ScheduledChain(request.chain, remapped);
+  if (canonical_run.ok() && user_run.ok()) {
+    for (size_t o = 0; o < canonical.ops.size(); ++o) {
+      if (schedule->maps[o].intrinsic == nullptr || ops[o] < 0) continue;
+      auto from = mapping::ViewOp(*canonical_run, static_cast<int>(o));
+      auto to = mapping::ViewOp(*user_run, ops[o]);
+      if (!from.ok() || !to.ok()) continue;
+      const int first = from->a_side[0].tensor;
+      const int first_user = first < static_cast<int>(tensors.size()) ? tensors[first] : -1;
+      if (first_user != to->a_side[0].tensor) remapped.maps[ops[o]].swapped = !remapped.maps[ops[o]].swapped;
+    }
+  }
+  return space::ScheduleToText(remapped, request.chain);
 }
 
 v1::TuneResult Scheduler::Translate(const v1::TuneResult& result, const PreparedRequest& request) const {
@@ -719,14 +739,33 @@ absl::Status Scheduler::Advance(Task& task) {
       ASSIGN_OR_RETURN(auto inserted, db_->FindOrInsertCandidate(c, NewId("j-"), now));
       task.batch.push_back(inserted.first);
     }
-    // The second baseline, after the candidates up to half the budget.
-    if (task.baseline_jobs.size() < 2 && 2 * task.issued >= task.row.budget) RETURN_IF_ERROR(QueueBaseline(task, now));
     lease_cv_.notify_all();
   }
-  // Nothing more to propose: wait for this task's baselines, then finish.
-  for (const std::string& id : task.baseline_jobs) {
-    ASSIGN_OR_RETURN(db::JobRow baseline, db_->GetJob(id));
-    if (!Finished(baseline.state)) return absl::OkStatus();
+  // Nothing more to propose: the best measured again, with the second
+  // baseline beside it; then finish.
+  if (task.confirm_job.empty()) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> best, BestCandidate(task));
+    if (best) {
+      const int64_t now = NowMs();
+      db::JobRow job;
+      job.id = NewId("j-");
+      job.task_id = task.row.id;
+      job.kind = "confirm";
+      job.candidate_id = *best;
+      job.target_fp = task.row.target_fp;
+      job.state = "queued";
+      RETURN_IF_ERROR(db_->InsertJob(job, now));
+      task.confirm_job = job.id;
+      if (task.baseline_jobs.size() < 2) RETURN_IF_ERROR(QueueBaseline(task, now));
+      lease_cv_.notify_all();
+      return absl::OkStatus();
+    }
+  }
+  std::vector<std::string> waiting = task.baseline_jobs;
+  if (!task.confirm_job.empty()) waiting.push_back(task.confirm_job);
+  for (const std::string& id : waiting) {
+    ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(id));
+    if (!Finished(job.state)) return absl::OkStatus();
   }
   return Finalize(task);
 }
@@ -769,12 +808,24 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<int64_t>> Scheduler::BestCandidate(const Task& task) {
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+  const db::MeasurementRow* best = nullptr;
+  for (const db::MeasurementRow& m : rows) {
+    if (m.kind == "candidate" && m.status == "ok" && (best == nullptr || m.median_s < best->median_s)) best = &m;
+  }
+  if (best == nullptr) return std::optional<int64_t>();
+  return std::optional<int64_t>(*best->candidate_id);
+}
+
 absl::Status Scheduler::Finalize(Task& task) {
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
   const db::MeasurementRow* best = nullptr;
   const db::MeasurementRow* first_failure = nullptr;
+  const db::MeasurementRow* confirmed = nullptr;
   int candidates = 0;
   for (const db::MeasurementRow& m : rows) {
+    if (m.kind == "confirm" && m.status == "ok") confirmed = &m;
     if (m.kind != "candidate") continue;
     ++candidates;
     if (m.status == "ok") {
@@ -783,6 +834,9 @@ absl::Status Scheduler::Finalize(Task& task) {
       first_failure = &m;
     }
   }
+  // The best's own measurement again, when it was trusted: that is what
+  // the task reports and caches.
+  if (best != nullptr && confirmed != nullptr && confirmed->candidate_id == best->candidate_id) best = confirmed;
   const int64_t now = NowMs();
   if (best == nullptr) {
     task.row.state = "failed";
@@ -826,6 +880,7 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {
     if (j.kind == "baseline") task->baseline_jobs.push_back(j.id);
+    if (j.kind == "confirm") task->confirm_job = j.id;
   }
   task->started.set_task_id(row.id);
   task->started.set_workload_key(row.workload_key);

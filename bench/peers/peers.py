@@ -643,8 +643,23 @@ def fusor_base():
     return cmd
 
 
+def build_kernel(out):
+    """Builds the kernel `fusor compile` wrote into `out` with its recorded flags; (entry point, metadata)."""
+    source = [f for f in os.listdir(out) if f.endswith(".cc")][0]
+    meta = json.load(open(os.path.join(out, source[:-3] + ".json")))
+    kmeta = meta.get("kernel", meta)
+    so = os.path.join(out, "kernel.so")
+    libs = ["-l" + l for l in kmeta.get("link_libs", meta.get("link_libs", []))]
+    run_cmd([ARGS.compiler] + kmeta["compile_flags"] + ["-shared", "-fPIC", "-o", so, os.path.join(out, source)] + libs)
+    lib = ctypes.CDLL(so)
+    fn = lib[kmeta.get("entry_point", "fusor_run")]
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn, meta
+
+
 def fusor_kernel(path, work):
-    """Compiles fusor's best kernel for the chain; returns (callable, metadata, text printed by fusor)."""
+    """Compiles fusor's best kernel for the chain; returns (entry point, metadata)."""
     out = os.path.join(work, "kernel")
     if ARGS.model_only:
         cmd = [ARGS.fusor, "compile", "--model-only", "--target", "local", path, "-o", out]
@@ -652,18 +667,15 @@ def fusor_kernel(path, work):
             cmd += ["--schedule", ARGS.schedule]
     else:
         cmd = fusor_base() + ["compile", path, "-o", out] + (["--budget", str(ARGS.budget)] if ARGS.budget else [])
-    printed = run_cmd(cmd)
-    source = [f for f in os.listdir(out) if f.endswith(".cc")][0]
-    meta = json.load(open(os.path.join(out, source[:-3] + ".json")))
-    kmeta = meta.get("kernel", meta)
-    so = os.path.join(out, "kernel.so")
-    libs = ["-l" + l for l in kmeta.get("link_libs", [])]
-    run_cmd([ARGS.compiler] + kmeta["compile_flags"] + ["-shared", "-fPIC", "-o", so, os.path.join(out, source)] + libs)
-    lib = ctypes.CDLL(so)
-    fn = lib[kmeta.get("entry_point", "fusor_run")]
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn, meta, printed
+    run_cmd(cmd)
+    return build_kernel(out)
+
+
+def fusor_unfused(path, work, blas):
+    """fusor's unfused baseline through `blas`, as its workers build it."""
+    out = os.path.join(work, "unfused-" + blas)
+    run_cmd([ARGS.fusor, "compile", "--unfused", blas, path, "-o", out])
+    return build_kernel(out)
 
 
 def storage(dtype):
@@ -767,26 +779,40 @@ def bench_chain(path, work, seconds):
     refs = [read(e) for e in manifest["outputs"]]
     result = dict(chain=chain.name, file=path, dtype=chain.dtype, gflop=chain.flops() / 1e9, impls={}, notes=[])
 
-    fn, meta, printed = fusor_kernel(path, work)
+    fn, meta = fusor_kernel(path, work)
     kmeta = meta.get("kernel", meta)
     result["fusor"] = dict(schedule=meta.get("schedule") or kmeta.get("schedule"), mapping=meta.get("mapping"),
-                           measured_s=meta.get("median_s"), baseline_s=meta.get("baseline_median_s"))
+                           measured_s=meta.get("measured_median_s"), baseline_s=meta.get("baseline_median_s"),
+                           baseline_kind=meta.get("baseline_kind"), printed_speedup=meta.get("speedup"))
     f_inputs = [np.ascontiguousarray(to_storage(x, chain.dtype)) for x in inputs64]
-    f_outputs = [np.empty(r.shape, dtype=storage(chain.dtype)) for r in refs]
-    in_ptrs = (ctypes.c_void_p * len(f_inputs))(*[x.ctypes.data for x in f_inputs])
-    out_ptrs = (ctypes.c_void_p * len(f_outputs))(*[x.ctypes.data for x in f_outputs])
     threads = ARGS.threads
-
-    def run_fusor():
-        if fn(in_ptrs, out_ptrs, threads) != 0:
-            raise RuntimeError("fusor kernel returned an error")
     impls = []
-    for o in f_outputs:
-        o.fill(np.nan) if chain.dtype != "bf16" else o.fill(0x7fc0)
-    run_fusor()
-    result["impls"]["fusor"] = dict(max_rel_error=check("fusor", [from_storage(o, chain.dtype) for o in f_outputs],
-                                                        refs, tol), what=result["fusor"]["schedule"])
-    impls.append(("fusor", run_fusor))
+
+    def add_kernel(name, fn, what):
+        """A fusor kernel (fused or its own unfused baseline), validated, then timed with the rest."""
+        outputs = [np.empty(r.shape, dtype=storage(chain.dtype)) for r in refs]
+        for o in outputs:
+            o.fill(np.nan) if chain.dtype != "bf16" else o.fill(0x7fc0)
+        in_ptrs = (ctypes.c_void_p * len(f_inputs))(*[x.ctypes.data for x in f_inputs])
+        out_ptrs = (ctypes.c_void_p * len(outputs))(*[x.ctypes.data for x in outputs])
+
+        def run():
+            if fn(in_ptrs, out_ptrs, threads) != 0:
+                raise RuntimeError("%s returned an error" % name)
+        run()
+        result["impls"][name] = dict(max_rel_error=check(name, [from_storage(o, chain.dtype) for o in outputs], refs,
+                                                         tol), what=what)
+        impls.append((name, run))
+
+    add_kernel("fusor", fn, result["fusor"]["schedule"])
+    # fusor's own unfused baselines: what its printed speedup is over.
+    for blas in ("openblas", "onednn"):
+        try:
+            bfn, _ = fusor_unfused(path, work, blas)
+            add_kernel("fusor_unfused_" + blas, bfn, "fusor's baseline: %s GEMMs + vector passes" % blas)
+        except Exception as e:
+            result["impls"]["fusor_unfused_" + blas] = dict(skipped="%s: %s" % (type(e).__name__,
+                                                                              str(e).splitlines()[0][:200]))
 
     # The peers compute in the chain's dtype where they can, else in f32.
     def peer(name, what, build):
@@ -841,25 +867,41 @@ def bench_chain(path, work, seconds):
         return run, (feeds,), finish
 
     peer_what = {}
-    peer("pytorch", "eager" + (" (%s)" % chain.dtype if chain.dtype != "f32" else ""),
-         lambda: torch_build(False))
-    if attention_pattern(chain) is not None:
-        peer("pytorch_sdpa", "scaled_dot_product_attention", lambda: torch_build(True))
-    peer("onnxruntime", lambda: peer_what.get("ort", ""), ort_build)
+    # Every association order a user could write (the chain as written and
+    # its regroupings), each a peer of its own.
+    orders = [("", manifest["chain"])] + [(r["text"], r["chain"]) for r in manifest.get("regroupings", [])]
+    outer_chain = chain
+    for text, chain_json in orders:
+        chain = Chain(chain_json)
+        suffix = ", " + text if text else ""
+        key = "" if not text else "_" + re.sub(r"\W", "", text)
+        peer("pytorch" + key, "eager" + (" (%s)" % chain.dtype if chain.dtype != "f32" else "") + suffix,
+             lambda: torch_build(False))
+        if attention_pattern(chain) is not None:
+            peer("pytorch_sdpa", "scaled_dot_product_attention", lambda: torch_build(True))
+        peer("onnxruntime" + key, lambda: peer_what.get("ort", "") + suffix, ort_build)
+        peer("numpy" + key, "numpy (float32)" + suffix, numpy_build)
+    chain = outer_chain
     if chain.dtype == "bf16":
         result["notes"].append("onnxruntime and numpy compute bf16 chains in f32")
     if chain.dtype != "f32":
         result["notes"].append("numpy computes in f32 (it has no BLAS for f16 or bf16)")
-    peer("numpy", "numpy (float32)", numpy_build)
 
     timings = time_interleaved(impls, seconds)
     for name, t in timings.items():
         result["impls"][name].update(t)
-    peers = [(n, d["median_s"]) for n, d in result["impls"].items() if n != "fusor" and "median_s" in d]
+    fusor_t = result["impls"]["fusor"]["median_s"]
+    peers = [(n, d["median_s"]) for n, d in result["impls"].items() if not n.startswith("fusor") and "median_s" in d]
     if peers:
         fastest = min(peers, key=lambda p: p[1])
         result["fastest_peer"] = fastest[0]
-        result["speedup_vs_fastest_peer"] = fastest[1] / result["impls"]["fusor"]["median_s"]
+        result["speedup_vs_fastest_peer"] = fastest[1] / fusor_t
+    # The speedup fusor printed (over its baseline, in the tuning task)
+    # against the one measured here over the same baseline.
+    kind = result["fusor"].get("baseline_kind")
+    base = result["impls"].get("fusor_unfused_" + kind, {}) if kind else {}
+    if "median_s" in base:
+        result["speedup_over_baseline_here"] = base["median_s"] / fusor_t
     result["fusor_gflops"] = chain.flops() / result["impls"]["fusor"]["median_s"] / 1e9
     return result
 
@@ -917,8 +959,13 @@ def print_chain(r, sgemm):
                                                      "—" if name == "fusor" else "%.2fx" % (d["median_s"] / fusor_t),
                                                      d["max_rel_error"]))
     if "fastest_peer" in r:
-        print("fusor vs fastest peer (%s): %.2fx; fusor at %.0f GFLOP/s = %.0f%% of sgemm" % (
+        print("fusor vs fastest peer (%s): %.2fx; fusor at %.0f GFLOP/s of the chain as written = %.0f%% of sgemm" % (
             r["fastest_peer"], r["speedup_vs_fastest_peer"], r["fusor_gflops"], 100 * r["fusor_gflops"] / sgemm))
+    if "speedup_over_baseline_here" in r:
+        printed = r["fusor"].get("printed_speedup") or 0
+        print("fusor vs its %s baseline here: %.2fx%s" % (
+            r["fusor"]["baseline_kind"], r["speedup_over_baseline_here"],
+            "; printed when tuned: %.2fx" % printed if printed else ""))
     for note in r["notes"]:
         print("note: " + note)
 

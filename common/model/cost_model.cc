@@ -1,12 +1,46 @@
 #include "common/model/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/hw/devices.h"
 
 namespace fusor::model {
+namespace {
 
-Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target) {
+bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// CPU: bytes an accumulator moves through the caches beyond its first
+// partial sum. A GEMM-shaped op whose reduction is split (own loops over
+// reduced dims, reduced dims outside the intrinsic, or the stream loop it
+// accumulates across) reads and writes its tile once more per partial
+// sum; the split stream loop's parts are separate blocks, not revisits.
+double AccumulatorBytes(const space::LoopNest& nest, const ir::Chain& chain) {
+  double bytes = 0;
+  for (const space::OpNest& on : nest.ops) {
+    if (!on.gemm.ok) continue;
+    const ir::Op& op = chain.ops[on.op];
+    double partials = 1;
+    for (int d : op.reduce) {
+      if (Contains(on.loops, d)) partials *= static_cast<double>(nest.trips[d]);
+      if (Contains(on.gemm.outer_reduce, d)) partials *= static_cast<double>(chain.dims[d].extent);
+    }
+    if (on.accumulates) {
+      const int sd = nest.stream_dim;
+      partials *= std::ceil(static_cast<double>(nest.trips[sd]) / nest.split);
+    }
+    if (partials <= 1) continue;
+    double elements = 1;
+    for (int d : op.index) elements *= static_cast<double>(chain.dims[d].extent);
+    bytes += 2 * 4 * elements * (partials - 1);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, const ir::Chain& written) {
+  const ir::Chain& chain = space::NestChain(written, nest);
   const hw::ModelRates rates = hw::RatesFor(target);
   const double w = rates.bandwidth_bytes_per_s;
   const double p = rates.peak_flops;
@@ -19,7 +53,16 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target) {
     }
   }
   const double blocks = static_cast<double>(std::max<int64_t>(nest.num_blocks, 1));
-  pred.alpha = (blocks + rates.compute_units) / blocks;
+  const double units = std::max(rates.compute_units, 1);
+  if (target.backend == hw::Backend::kCpu) {
+    // A core's caches move about half a byte per peak FLOP.
+    pred.t_mem_s += AccumulatorBytes(nest, chain) / (0.5 * p);
+    // Blocks are handed to the cores as they free up: the last wave runs
+    // only as many cores as it has blocks.
+    pred.alpha = std::ceil(blocks / units) * units / blocks;
+  } else {
+    pred.alpha = (blocks + units) / blocks;
+  }
   pred.t_estm_s = (pred.t_mem_s + pred.t_comp_s) * pred.alpha;
   return pred;
 }

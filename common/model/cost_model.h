@@ -23,7 +23,9 @@ struct Prediction {
   double t_estm_s = 0;
 };
 
-// W, P and N_SM from hw::RatesFor(target): calibrated, device table or estimate.
-Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target);
+// W, P and N_SM from hw::RatesFor(target): calibrated, device table or
+// estimate. `chain` is the chain the nest was built for (as written; a
+// regrouped nest carries its own).
+Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, const ir::Chain& chain);
 
 }  // namespace fusor::model

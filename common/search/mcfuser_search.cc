@@ -51,7 +51,7 @@ class McfuserSearch : public SearchStrategy {
       pool = Unproposed(static_cast<size_t>(room) * 4 + options_.population);
     } else {
       pool = Evolve();
-      std::vector<int> top = Unproposed(static_cast<size_t>(options_.population));
+      std::vector<int> top = Unproposed(static_cast<size_t>(room) * 4 + options_.population);
       pool.insert(pool.end(), top.begin(), top.end());
     }
     std::sort(pool.begin(), pool.end(), [&](int a, int b) {
@@ -63,18 +63,30 @@ class McfuserSearch : public SearchStrategy {
     // best measured schedule, which the model cannot rank.
     std::vector<int> launches = LaunchVariants(std::max(1, room / 4));
     pool.insert(pool.begin(), launches.begin(), launches.end());
+    // A batch spans tiling expressions: first the best of each class
+    // scored within twice the best (the model ties schedules of one
+    // expression that differ in ways it cannot rank, like tile sizes that
+    // only move traffic between caches), then the rest by score.
     std::vector<CandidateSpec> batch;
+    std::set<std::string> classes_taken;
+    double best_score = 0;
     for (int i : pool) {
-      if (static_cast<int>(batch.size()) >= room) break;
-      if (proposed_[i]) continue;
-      proposed_[i] = true;
-      ++num_proposed_;
-      CandidateSpec c;
-      c.schedule = space_.ranked[i].schedule;
-      c.schedule_text = texts_[i];
-      c.mapping = space_.ranked[i].mappings;
-      c.prediction = space_.ranked[i].prediction;
-      batch.push_back(std::move(c));
+      if (!proposed_[i] && (best_score == 0 || Score(i) < best_score)) best_score = Score(i);
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i : pool) {
+        if (static_cast<int>(batch.size()) >= room) break;
+        if (proposed_[i]) continue;
+        if (pass == 0 && (Score(i) > 2 * best_score || !classes_taken.insert(classes_[i]).second)) continue;
+        proposed_[i] = true;
+        ++num_proposed_;
+        CandidateSpec c;
+        c.schedule = space_.ranked[i].schedule;
+        c.schedule_text = texts_[i];
+        c.mapping = space_.ranked[i].mappings;
+        c.prediction = space_.ranked[i].prediction;
+        batch.push_back(std::move(c));
+      }
     }
     return batch;
   }
@@ -125,10 +137,15 @@ class McfuserSearch : public SearchStrategy {
     return space_.ranked[i].prediction.t_estm_s * std::exp(log_ratio);
   }
 
+  // The first `count` unproposed schedules in model order, at most
+  // `count` / 4 (and at least 4) of any one class, so that a class the
+  // model ranks high with many tile variants does not crowd out the rest.
   std::vector<int> Unproposed(size_t count) const {
     std::vector<int> out;
+    std::map<std::string, size_t> per_class;
+    const size_t limit = std::max<size_t>(4, count / 4);
     for (size_t i = 0; i < proposed_.size() && out.size() < count; ++i) {
-      if (!proposed_[i]) out.push_back(static_cast<int>(i));
+      if (!proposed_[i] && ++per_class[classes_[i]] <= limit) out.push_back(static_cast<int>(i));
     }
     return out;
   }

@@ -66,7 +66,7 @@ void AddMappingAlternatives(const std::vector<Variant>& variants, const hw::Targ
           auto nest = BuildLoopNest(chain, s, target, &v.context);
           if (!nest.ok() || *Pruned(*nest, options, budget, v.min_padding)) continue;
           nest->schedule.regroup = v.regroup;
-          added.push_back({nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)});
+          added.push_back({nest->schedule, model::Predict(*nest, target, chain), DescribeMappings(chain, *nest)});
         }
       }
     }
@@ -168,7 +168,7 @@ absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw
   const char* why =
       Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddingRatio(NestChain(chain, nest), target));
   if (*why) return absl::FailedPreconditionError(absl::StrCat("pruned by the ", why, " rule"));
-  return RankedSchedule{nest.schedule, model::Predict(nest, target), DescribeMappings(chain, nest)};
+  return RankedSchedule{nest.schedule, model::Predict(nest, target, chain), DescribeMappings(chain, nest)};
 }
 
 namespace {
@@ -253,7 +253,7 @@ void EnumerateVariant(const Variant& variant, const hw::TargetDesc& target, cons
           if (why.empty()) {
             counts.after_scratch += copies;
             nest->schedule.regroup = variant.regroup;
-            RankedSchedule r{nest->schedule, model::Predict(*nest, target), DescribeMappings(chain, *nest)};
+            RankedSchedule r{nest->schedule, model::Predict(*nest, target, chain), DescribeMappings(chain, *nest)};
             for (int64_t c = 0; c < copies; ++c) space.ranked.push_back(r);
           }
         }

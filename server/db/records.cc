@@ -81,9 +81,13 @@ absl::StatusOr<Record> ParseRecord(const std::string& line) {
     RETURN_IF_ERROR(Field<std::string>(r.target, f).status());
   }
   const std::string kind = r.m["kind"], state = r.task["state"];
-  if (kind != "candidate" && kind != "baseline") return absl::InvalidArgumentError("'kind' is not candidate or baseline");
+  // A confirmation is the task's best candidate measured again at its end.
+  const bool of_candidate = kind == "candidate" || kind == "confirm";
+  if (!of_candidate && kind != "baseline") {
+    return absl::InvalidArgumentError("'kind' is not candidate, confirm or baseline");
+  }
   if (state != "done" && state != "failed") return absl::InvalidArgumentError("the task is not finished");
-  if (kind == "candidate") {
+  if (of_candidate) {
     if (r.candidate.is_null()) return absl::InvalidArgumentError("a candidate measurement without its 'candidate'");
     RETURN_IF_ERROR(Field<std::string>(r.candidate, "schedule").status());
   }
@@ -213,7 +217,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
                                                         " is here already for another workload or target"));
     }
     std::optional<int64_t> candidate_id;
-    if (kind == "candidate") {
+    if (kind == "candidate" || kind == "confirm") {
       const std::string schedule = r.candidate["schedule"];
       ASSIGN_OR_RETURN(Statement find, db_->Prepare("SELECT id FROM candidates WHERE task_id = ? AND schedule = ?"));
       find.Bind(1, task_id).Bind(2, schedule);

@@ -3,6 +3,8 @@
 // becomes the best record or the baseline, and no speedup is shown without
 // a trusted baseline. The scheduler is driven directly, as a worker would
 // drive it, with made-up sample sets.
+#include <map>
+
 #include <gtest/gtest.h>
 
 #include "common/util/timing.h"
@@ -139,14 +141,24 @@ class TrustedMeasurementTest : public ::testing::Test {
 };
 
 TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {
-  int candidates = 0;
+  std::map<int64_t, int> order;  // candidate id -> 1, 2, ... as first seen
+  int jobs = 0;
   v1::TuneResult r = Tune(4, [&](const v1::Job& job) {
+    ++jobs;
     if (job.kind() == v1::JOB_KIND_BASELINE) return Ok(Steady(8e-3));
+    const int n = order.emplace(job.candidate().id(), static_cast<int>(order.size()) + 1).first->second;
     // The first candidate looks fastest but its samples disagree; an old
-    // worker calls it ok anyway.
-    return ++candidates == 1 ? Ok(Disturbed(1e-3)) : Ok(Steady(2e-3 * candidates));
+    // worker calls it ok anyway. The others measure 4, 6 and 8 ms, and the
+    // same again when the best is confirmed.
+    return n == 1 ? Ok(Disturbed(1e-3)) : Ok(Steady(2e-3 * n));
   });
+  // 4 candidates, 2 baselines, and the best measured again.
+  EXPECT_EQ(jobs, 7);
   EXPECT_DOUBLE_EQ(r.best_measurement().median_s(), Summarize(Steady(4e-3)).median);
+  // What the best record holds is the confirmation measurement.
+  auto best = scheduler_->db().GetBest(r.workload_key(), r.target().fingerprint(), scheduler_->Salt());
+  ASSERT_TRUE(best.ok() && best->has_value());
+  EXPECT_EQ(scheduler_->db().GetMeasurement((*best)->measurement_id)->kind, "confirm");
   EXPECT_EQ(r.best_measurement().status(), v1::MEASUREMENT_STATUS_OK);
   EXPECT_LT(r.best_measurement().spread(), kMaxSpread);
   EXPECT_EQ(r.candidates_failed(), 1);

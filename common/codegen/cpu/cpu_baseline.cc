@@ -266,10 +266,12 @@ class BaselineEmitter {
       }
       return LinearToC(terms, constant);
     };
-    // Batches in parallel, each GEMM on one thread, when they are enough
-    // to occupy the threads; else one after another on all of them.
+    // With oneDNN, batches in parallel, each GEMM on one thread, when they
+    // are enough to occupy the threads (OpenBLAS, called from a parallel
+    // region, runs many times slower); else one after another, each GEMM
+    // on every thread.
     const int64_t first_batch = g.batch.empty() ? 1 : chain_.dims[g.batch[0]].extent;
-    int opened = OpenPointLoops(w_, g.batch, n_, ParallelIf(first_batch));
+    int opened = OpenPointLoops(w_, g.batch, n_, blas_ == CpuBlas::kOneDnn ? ParallelIf(first_batch) : "");
     w_.Line(Gemm(trans_a, trans_b, m_ext, n_ext, k_ext, g.scale,
                  absl::StrCat(n_.Full(g.a_side[0].tensor), " + ", base(sa, const_a)), lda,
                  absl::StrCat(n_.Full(g.b_side[0].tensor), " + ", base(sb, const_b)), ldb,

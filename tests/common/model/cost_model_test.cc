@@ -29,14 +29,17 @@ out E
   target.compute_units = 4;
   auto nest = space::BuildLoopNest(*chain, *schedule, target);
   ASSERT_TRUE(nest.ok()) << nest.status();
-  Prediction p = Predict(*nest, target);
-  // L(A) 2 KiB x 4 blocks, L(B) 4 KiB x 8, L(D) 2 KiB x 16, S(E) 1 KiB x 8.
-  EXPECT_DOUBLE_EQ(p.t_mem_s, (2048.0 * 4 + 4096.0 * 8 + 2048.0 * 16 + 1024.0 * 8) / 1e9);
+  Prediction p = Predict(*nest, target, *chain);
+  // L(A) 2 KiB x 4 blocks, L(B) 4 KiB x 8, L(D) 2 KiB x 16, S(E) 1 KiB x 8;
+  // and on a CPU E's accumulator: its own n loop makes two partial sums, so
+  // its 64 x 32 floats are read and written once more, at P / 2 bytes/s.
+  EXPECT_DOUBLE_EQ(p.t_mem_s,
+                   (2048.0 * 4 + 4096.0 * 8 + 2048.0 * 16 + 1024.0 * 8) / 1e9 + 2 * 4 * 64.0 * 32 / (0.5 * 1e9));
   // C(C): 2*16*32*32 FLOPs x 8; C(E): 16 x 32 (padded from 16) x 32 x 2 x 16.
   EXPECT_DOUBLE_EQ(p.t_comp_s, (32768.0 * 8 + 32768.0 * 16) / 1e9);
-  // alpha = (N_block + N_SM) / N_block with 4 blocks on 4 cores.
-  EXPECT_DOUBLE_EQ(p.alpha, 2);
-  EXPECT_DOUBLE_EQ(p.t_estm_s, (p.t_mem_s + p.t_comp_s) * 2);
+  // 4 blocks on 4 cores: one wave, nothing idles (a GPU's alpha would be 2).
+  EXPECT_DOUBLE_EQ(p.alpha, 1);
+  EXPECT_DOUBLE_EQ(p.t_estm_s, p.t_mem_s + p.t_comp_s);
 
   // The same nest on the AVX2 unit (6x16 tiles) runs at half the peak.
   auto avx2 = space::ParseSchedule(
@@ -45,22 +48,31 @@ out E
   auto narrow = space::BuildLoopNest(*chain, *avx2, target);
   ASSERT_TRUE(narrow.ok()) << narrow.status();
   // Tiles pad to 18 rows (16 -> 3 x 6) and 32 / 16 columns; FLOPs count at rate 1/2.
-  EXPECT_DOUBLE_EQ(Predict(*narrow, target).t_comp_s,
+  EXPECT_DOUBLE_EQ(Predict(*narrow, target, *chain).t_comp_s,
                    (2.0 * 18 * 32 * 32 * 8 + 2.0 * 18 * 16 * 32 * 16) / (1e9 * 0.5));
 }
 
-TEST(CostModelTest, MoreBlocksThanCoresShrinkAlphaAndEstimatesApply) {
+// alpha: on a CPU the exact waves of blocks over the cores; on a GPU
+// MCFuser's (N_block + N_SM) / N_block.
+TEST(CostModelTest, AlphaChargesTheLastWaveAndEstimatesApply) {
   auto chain = ir::ParseChainText("dim m=256 k=8\nin A[m,k]\nS[m] = sum(k) A[m,k] * A[m,k]\nout S");
-  space::Schedule s = space::UntiledSchedule(*chain);
-  s.block = {chain->FindDim("m")};
-  s.tile[chain->FindDim("m")] = 1;
-  hw::TargetDesc target;  // no W or P: estimated from the cores
-  target.compute_units = 2;
-  auto nest = space::BuildLoopNest(*chain, s, target);
-  Prediction p = Predict(*nest, target);
-  EXPECT_DOUBLE_EQ(p.alpha, (256.0 + 2) / 256);
-  EXPECT_GT(p.t_mem_s, 0);
-  EXPECT_GT(p.t_comp_s, 0);
+  auto alpha = [&](int64_t tile, const hw::TargetDesc& target) {
+    space::Schedule s = space::UntiledSchedule(*chain);
+    s.block = {chain->FindDim("m")};
+    s.tile[chain->FindDim("m")] = tile;
+    auto nest = space::BuildLoopNest(*chain, s, target);
+    Prediction p = Predict(*nest, target, *chain);
+    EXPECT_GT(p.t_mem_s, 0);
+    EXPECT_GT(p.t_comp_s, 0);
+    return p.alpha;
+  };
+  hw::TargetDesc cpu;  // no W or P: estimated from the cores
+  cpu.compute_units = 2;
+  EXPECT_DOUBLE_EQ(alpha(1, cpu), 1);            // 256 blocks: 128 waves of 2
+  EXPECT_DOUBLE_EQ(alpha(128, cpu), 1);          // 2 blocks, one wave
+  EXPECT_DOUBLE_EQ(alpha(96, cpu), 4.0 / 3);     // 3 blocks: the second wave half idle
+  const hw::TargetDesc gpu = *hw::LookupDevice("h100");
+  EXPECT_DOUBLE_EQ(alpha(1, gpu), (256.0 + gpu.compute_units) / 256);
 }
 
 }  // namespace

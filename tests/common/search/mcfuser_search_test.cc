@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
@@ -56,7 +57,9 @@ TEST(McfuserSearchTest, DeterministicWithinBudgetAndNeverRepeats) {
   EXPECT_TRUE(a->NextBatch(4).empty());
 }
 
-TEST(McfuserSearchTest, FirstRoundIsTheModelsTopK) {
+// The first round is the model's best of each of the best classes (its
+// association order, tiling expression and mappings), in model order.
+TEST(McfuserSearchTest, FirstRoundIsTheModelsBestOfEachClass) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
   auto space = space::BuildSpace(*chain, Cpu());
   ASSERT_TRUE(space.ok());
@@ -64,14 +67,23 @@ TEST(McfuserSearchTest, FirstRoundIsTheModelsTopK) {
   ASSERT_TRUE(s->Initialize({&*chain, Cpu(), 8}).ok());
   std::vector<CandidateSpec> first = s->NextBatch(4);
   ASSERT_EQ(first.size(), 4u);
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(first[i].schedule_text, space::ScheduleToText(space->ranked[i].schedule, *chain));
+  auto class_of = [&](const space::RankedSchedule& r) {
+    return ScheduleToText(r.schedule, *chain).substr(0, r.schedule.regroup.empty() ? 0 : 12) +
+           space::TilingExpression(r.schedule, *chain) + " " + r.mappings;
+  };
+  std::vector<std::string> expected;
+  std::set<std::string> seen;
+  for (const space::RankedSchedule& r : space->ranked) {
+    if (expected.size() == 4) break;
+    if (seen.insert(class_of(r)).second) expected.push_back(space::ScheduleToText(r.schedule, *chain));
   }
+  EXPECT_EQ(first[0].schedule_text, space::ScheduleToText(space->ranked[0].schedule, *chain));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first[i].schedule_text, expected[i]) << i;
 }
 
-// Measurements that contradict the model move the search: a tiling
-// expression measured far slower than predicted is not proposed again
-// while others are left.
+// Measurements that contradict the model move the search: a class (tiling
+// expression, association order, mappings) measured far slower than
+// predicted is not proposed again while others are left.
 TEST(McfuserSearchTest, PenalizesWhatTheModelOverRated) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
   McfuserSearchOptions options;
@@ -81,16 +93,20 @@ TEST(McfuserSearchTest, PenalizesWhatTheModelOverRated) {
   ASSERT_TRUE(s->Initialize({&*chain, Cpu(), 40}).ok());
   std::vector<CandidateSpec> first = s->NextBatch(4);
   ASSERT_FALSE(first.empty());
-  const std::string bad = space::TilingExpression(first[0].schedule, *chain);
+  // The search's classes: association order, tiling expression, mappings.
+  auto class_of = [&](const CandidateSpec& c) {
+    return std::make_tuple(c.schedule.regroup.consumer, space::TilingExpression(c.schedule, *chain), c.mapping);
+  };
+  const auto bad = class_of(first[0]);
   std::vector<MeasuredResult> results;
   for (const CandidateSpec& c : first) {
-    bool is_bad = space::TilingExpression(c.schedule, *chain) == bad;
+    bool is_bad = class_of(c) == bad;
     results.push_back({c.schedule_text, true, c.prediction.t_estm_s * (is_bad ? 50 : 1)});
   }
   s->NotifyResults(results);
   int bad_next = 0;
   std::vector<CandidateSpec> second = s->NextBatch(8);
-  for (const CandidateSpec& c : second) bad_next += space::TilingExpression(c.schedule, *chain) == bad;
+  for (const CandidateSpec& c : second) bad_next += class_of(c) == bad;
   EXPECT_EQ(bad_next, 0);
   EXPECT_EQ(second.size(), 8u);
 }

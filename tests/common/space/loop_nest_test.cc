@@ -157,8 +157,8 @@ TEST(LoopNestTest, HOutsideNRecomputesCAndTheModelCharges) {
   target.bandwidth_bytes_per_s = 1e9;
   target.peak_flops = 1e9;
   target.compute_units = 1;
-  model::Prediction p_deep = model::Predict(deep, target);
-  model::Prediction p_flat = model::Predict(flat, target);
+  model::Prediction p_deep = model::Predict(deep, target, *chain);
+  model::Prediction p_flat = model::Predict(flat, target, *chain);
   const double extra_c = c_deep->flops * (c_deep->executions - c_flat->executions) / 1e9;
   // E's compute is the same work tiled differently (16 x 32 padded tiles either way).
   EXPECT_DOUBLE_EQ(p_deep.t_comp_s - p_flat.t_comp_s, extra_c);
