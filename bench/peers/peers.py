@@ -273,8 +273,17 @@ def conv_pattern(chain, op):
     if f is None or len(f[1]) != 2:
         return None
     for x, w in (f[1], f[1][::-1]):
-        if len(x.index) != 4 or len(w.index) != 4 or not all(e.plain() for e in w.index):
+        if len(x.index) != 4 or len(w.index) not in (2, 4) or not all(e.plain() for e in w.index):
             continue
+        if len(w.index) == 2:  # a 1x1 convolution: W[k,c], X[n,c,p,q]
+            if not all(e.plain() for e in x.index) or x.index[1].dim() != w.index[1].dim():
+                continue
+            n, c, p, q = [e.dim() for e in x.index]
+            kk = w.index[0].dim()
+            if sorted(op["reduce"]) != [c] or sorted(op["index"]) != sorted([n, kk, p, q]):
+                continue
+            return dict(scale=f[0], x=x.tensor, w=w.tensor, n=n, k=kk, spatial=[(p, 1, 1, 0), (q, 1, 1, 0)],
+                        order=[n, kk, p, q], pointwise=True)
         kk, c, r, s = [e.dim() for e in w.index]
         if not (x.index[0].plain() and x.index[1].plain() and x.index[1].dim() == c):
             continue
@@ -364,7 +373,10 @@ def array_program(lib, chain):
                     x = env[cv["x"]]
                     (p, sp, dp, a), (q, sq, dq, b) = cv["spatial"]
                     x = x[:, :, a:, b:]
-                    y = F.conv2d(x, env[cv["w"]], stride=(sp, sq), dilation=(dp, dq))
+                    w = env[cv["w"]]
+                    if cv.get("pointwise"):
+                        w = w.reshape(w.shape[0], w.shape[1], 1, 1)
+                    y = F.conv2d(x, w, stride=(sp, sq), dilation=(dp, dq))
                     y = y[:, :, :chain.extent[p], :chain.extent[q]]
                     if cv["scale"] != 1:
                         y = y * cv["scale"]
@@ -529,7 +541,10 @@ def onnx_program(chain, dtype):
                 if a or b:
                     shape = chain.shape[conv["x"]]
                     x = node("Slice", [x, const([a, b], [2]), const([shape[2], shape[3]], [2]), const([2, 3], [2])])
-                y = node("Conv", [x, value[conv["w"]]], strides=[sp, sq], dilations=[dp, dq])
+                w = value[conv["w"]]
+                if conv.get("pointwise"):
+                    w = node("Reshape", [w, const(chain.shape[conv["w"]] + [1, 1], [4])])
+                y = node("Conv", [x, w], strides=[sp, sq], dilations=[dp, dq])
                 used_ops.add("Conv")
                 y = node("Slice", [y, const([0, 0], [2]), const([chain.extent[p], chain.extent[q]], [2]),
                                    const([2, 3], [2])])
@@ -796,7 +811,7 @@ def bench_chain(path, work, seconds):
         in_ptrs = (ctypes.c_void_p * len(f_inputs))(*[x.ctypes.data for x in f_inputs])
         out_ptrs = (ctypes.c_void_p * len(outputs))(*[x.ctypes.data for x in outputs])
 
-        def run():
+        def run(keep=(f_inputs, outputs)):  # the buffers live as long as the pointers
             if fn(in_ptrs, out_ptrs, threads) != 0:
                 raise RuntimeError("%s returned an error" % name)
         run()

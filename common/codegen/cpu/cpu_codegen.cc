@@ -813,13 +813,36 @@ class FusedEmitter {
     });
   }
 
+  // Whether the softmax's row can be worked on where it is stored: its
+  // result only in a block-local buffer, adjacent along the axis.
+  bool RowInPlace(const Op& op) const {
+    const Access self = emit::NestIndex::SelfAccess(op);
+    return HasLocal(op.output) && chain_.tensors[op.output].role != TensorRole::kOutput &&
+           x_.LocalStride(self, op.axis) == 1;
+  }
+
+  // Declares `row`, the row's scratch, or the result's row itself in place.
+  std::string SoftmaxRow(const Op& op, const space::OpNest& on) {
+    if (!RowInPlace(op)) return "row" + Sfx(on.op);
+    w_.Line("float* row;");
+    w_.Open("");
+    w_.Line(absl::StrCat("const long ", n_.V(op.axis), " = ", n_.O(op.axis), ";"));
+    w_.Line(absl::StrCat("row = ", AccessLanes(emit::NestIndex::SelfAccess(op), op.axis).ptr, ";"));
+    w_.Close();
+    return "row";
+  }
+
   void EmitSoftmax(const Op& op, const space::OpNest& on) {
-    const std::string row = "row" + Sfx(on.op);
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
+    const std::string row = SoftmaxRow(op, on);
     EmitRowValues(op, row);
     w_.Line(absl::StrCat("const float mx = fusor_row_max(", row, ", ", n_.N(op.axis), ");"));
     w_.Line(absl::StrCat("const float inv = 1.0f / fusor_row_exp_sum(", row, ", ", n_.N(op.axis), ", mx);"));
-    EmitRowStore(on, row, "inv");
+    if (RowInPlace(op)) {
+      w_.Line(absl::StrCat("for (long j = 0; j < ", n_.N(op.axis), "; ++j) ", row, "[j] *= inv;"));
+    } else {
+      EmitRowStore(on, row, "inv");
+    }
     CloseScopes(w_, opened);
   }
 
@@ -827,8 +850,9 @@ class FusedEmitter {
   // exponentials against the running max; the running sum, and the factor
   // by which the consumer rescales what it accumulated so far.
   void EmitOnlineSoftmax(const Op& op, const space::OpNest& on) {
-    const std::string o = Sfx(on.op), row = "row" + o;
+    const std::string o = Sfx(on.op);
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
+    const std::string row = SoftmaxRow(op, on);
     w_.Line(absl::StrCat("const long sr = ", x_.StateOffset(op), ";"));
     EmitRowValues(op, row);
     w_.Line(absl::StrCat("const float mt = fusor_row_max(", row, ", ", n_.N(op.axis), ");"));
@@ -836,7 +860,7 @@ class FusedEmitter {
     w_.Line("const float m_new = m_old > mt ? m_old : mt;");
     w_.Line("const float rescale = m_new == -INFINITY ? 1.0f : fusor_exp(m_old - m_new);");
     w_.Line(absl::StrCat("const float total = fusor_row_exp_sum(", row, ", ", n_.N(op.axis), ", m_new);"));
-    EmitRowStore(on, row, "");
+    if (!RowInPlace(op)) EmitRowStore(on, row, "");
     w_.Line(absl::StrCat("ssum", o, "[sr] = ssum", o, "[sr] * rescale + total;"));
     w_.Line(absl::StrCat("smax", o, "[sr] = m_new;"));
     w_.Line(absl::StrCat("sscale", o, "[sr] = rescale;"));
