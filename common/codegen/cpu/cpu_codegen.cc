@@ -607,9 +607,47 @@ class FusedEmitter {
       opened += OpenPointLoops(w_, g.kdims, n_);
       w_.Line(absl::StrCat("float* const dst = ", buf, " + (bi * (own_pad / ", width, "L) * kc + (",
                            FlatIndex(g.kdims, n_), ")) * ", width, "L;"));
-      int inner = OpenPointLoops(w_, own, n_);
-      w_.Line(absl::StrCat("const long x = ", FlatIndex(own, n_), ";"));
+      // Several dims on the panel's axis (a convolution's p.q): a run of the
+      // last one is adjacent in the panel unless it crosses into the next,
+      // and copies as vectors where the source is adjacent too.
+      if (own.empty()) {  // a degenerate axis (a GEMV's): one row of one element
+        w_.Line(absl::StrCat("dst[0] = ", value, ";"));
+        if (!a_side) w_.Line(absl::StrCat("for (long x = 1; x < ", width, "L; ++x) dst[x] = 0.0f;"));
+        CloseScopes(w_, opened);
+        w_.Close();
+        return;
+      }
+      const int last = own.back();
+      bool run_adjacent = false;
+      for (const Access& a : factors) run_adjacent = run_adjacent || Stride(a, last) == 1;
+      const std::vector<int> outer_own(own.begin(), own.end() - 1);
+      int inner = OpenPointLoops(w_, outer_own, n_);
+      w_.Line(absl::StrCat("const long x0 = (", FlatIndex(outer_own, n_), ") * ", n_.N(last), ";"));
+      w_.Line(absl::StrCat("float* const run = dst + (x0 / ", width, "L) * kc * ", width, "L + x0 % ", width, "L;"));
+      const std::string define_last =
+          absl::StrCat("const long ", n_.V(last), " = ", n_.O(last), " + ", n_.I(last), ";");
+      if (run_adjacent) {
+        w_.Open(absl::StrCat("if (x0 % ", width, "L + ", n_.N(last), " <= ", width, "L)"));
+        VectorLoop(w_, n_.I(last), n_.N(last), define_last, [&](bool vector) {
+          if (vector) {
+            std::vector<std::string> parts;
+            for (const Access& a : factors) parts.push_back(VectorLoad(AccessLanes(a, last)));
+            std::string v = absl::StrJoin(parts, " * ");
+            if (scale != 1) absl::StrAppend(&v, " * ", emit::FloatLit(scale));
+            w_.Line(absl::StrCat("fusor_vstore(run + ", n_.I(last), ", ", v, ");"));
+          } else {
+            w_.Line(absl::StrCat("run[", n_.I(last), "] = ", value, ";"));
+          }
+        });
+        w_.Close();
+        w_.Open("else");
+      }
+      w_.Open(absl::StrCat("for (long ", n_.I(last), " = 0; ", n_.I(last), " < ", n_.N(last), "; ++", n_.I(last), ")"));
+      w_.Line(define_last);
+      w_.Line(absl::StrCat("const long x = x0 + ", n_.I(last), ";"));
       w_.Line(absl::StrCat("dst[(x / ", width, "L) * kc * ", width, "L + x % ", width, "L] = ", value, ";"));
+      w_.Close();
+      if (run_adjacent) w_.Close();
       CloseScopes(w_, inner);
       if (!a_side) {
         w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, "L) * kc * ", width,
