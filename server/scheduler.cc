@@ -47,7 +47,8 @@ struct Scheduler::Task {
   std::vector<std::string> baseline_jobs;
   // The best candidate measured again at the end: the fastest of many
   // noisy medians is biased low, and a speedup quoted from it too high.
-  std::string confirm_job;
+  // One that comes out noisy is tried once more.
+  std::vector<std::string> confirm_jobs;
 };
 
 namespace {
@@ -741,9 +742,16 @@ absl::Status Scheduler::Advance(Task& task) {
     }
     lease_cv_.notify_all();
   }
-  // Nothing more to propose: the best measured again, with the second
-  // baseline beside it; then finish.
-  if (task.confirm_job.empty()) {
+  // Nothing more to propose: the best measured again, with a baseline
+  // beside it; once more when that came out noisy; then finish.
+  std::vector<std::string> waiting = task.baseline_jobs;
+  waiting.insert(waiting.end(), task.confirm_jobs.begin(), task.confirm_jobs.end());
+  for (const std::string& id : waiting) {
+    ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(id));
+    if (!Finished(job.state)) return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(bool confirm, NeedsConfirmation(task));
+  if (confirm) {
     ASSIGN_OR_RETURN(std::optional<int64_t> best, BestCandidate(task));
     if (best) {
       const int64_t now = NowMs();
@@ -755,17 +763,11 @@ absl::Status Scheduler::Advance(Task& task) {
       job.target_fp = task.row.target_fp;
       job.state = "queued";
       RETURN_IF_ERROR(db_->InsertJob(job, now));
-      task.confirm_job = job.id;
-      if (task.baseline_jobs.size() < 2) RETURN_IF_ERROR(QueueBaseline(task, now));
+      task.confirm_jobs.push_back(job.id);
+      if (task.baseline_jobs.size() <= task.confirm_jobs.size()) RETURN_IF_ERROR(QueueBaseline(task, now));
       lease_cv_.notify_all();
       return absl::OkStatus();
     }
-  }
-  std::vector<std::string> waiting = task.baseline_jobs;
-  if (!task.confirm_job.empty()) waiting.push_back(task.confirm_job);
-  for (const std::string& id : waiting) {
-    ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(id));
-    if (!Finished(job.state)) return absl::OkStatus();
   }
   return Finalize(task);
 }
@@ -786,16 +788,30 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
                                           v1::TuneResult& r) {
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id));
   v1::Measurement* baseline = r.mutable_baseline();
-  int trusted = 0, noisy = 0;
+  std::vector<const db::MeasurementRow*> trusted;
+  int noisy = 0;
   for (const db::MeasurementRow& m : rows) {
     if (m.kind != "baseline") continue;
     if (m.status == "noisy") ++noisy;
-    if (m.status != "ok") continue;
-    ++trusted;
-    for (double s : m.samples_s) baseline->add_samples_s(s);
-    if (r.baseline_kind().empty()) r.set_baseline_kind(BaselineKind(m.resources_json));
+    if (m.status == "ok") trusted.push_back(&m);
   }
-  if (trusted == 0) {
+  // A confirmation is compared with the baseline measured beside it (the
+  // machine's speed drifts over a task); anything else with all of them.
+  if (best.kind == "confirm" && !trusted.empty()) {
+    const db::MeasurementRow* nearest = nullptr;
+    for (const db::MeasurementRow* m : trusted) {
+      if (nearest == nullptr ||
+          std::abs(m->measured_ms - best.measured_ms) <= std::abs(nearest->measured_ms - best.measured_ms)) {
+        nearest = m;
+      }
+    }
+    trusted = {nearest};
+  }
+  for (const db::MeasurementRow* m : trusted) {
+    for (double s : m->samples_s) baseline->add_samples_s(s);
+    if (r.baseline_kind().empty()) r.set_baseline_kind(BaselineKind(m->resources_json));
+  }
+  if (trusted.empty()) {
     baseline->set_status(noisy > 0 ? v1::MEASUREMENT_STATUS_NOISY : v1::MEASUREMENT_STATUS_UNSPECIFIED);
     return absl::OkStatus();
   }
@@ -806,6 +822,17 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
   r.set_baseline_s(stats.median);
   if (best.status == "ok" && best.median_s > 0) r.set_speedup(stats.median / best.median_s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Scheduler::NeedsConfirmation(const Task& task) {
+  constexpr size_t kConfirmAttempts = 2;
+  if (task.confirm_jobs.empty()) return true;
+  if (task.confirm_jobs.size() >= kConfirmAttempts) return false;
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+  for (const db::MeasurementRow& m : rows) {
+    if (m.job_id == task.confirm_jobs.back()) return m.status == "noisy";
+  }
+  return false;
 }
 
 absl::StatusOr<std::optional<int64_t>> Scheduler::BestCandidate(const Task& task) {
@@ -880,7 +907,7 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {
     if (j.kind == "baseline") task->baseline_jobs.push_back(j.id);
-    if (j.kind == "confirm") task->confirm_job = j.id;
+    if (j.kind == "confirm") task->confirm_jobs.push_back(j.id);
   }
   task->started.set_task_id(row.id);
   task->started.set_workload_key(row.workload_key);

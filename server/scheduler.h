@@ -166,6 +166,8 @@ class Scheduler {
   absl::Status QueueBaseline(Task& task, int64_t now_ms);  // mu_ held
   // The candidate of the task's fastest trusted measurement, if any.
   absl::StatusOr<std::optional<int64_t>> BestCandidate(const Task& task);  // mu_ held
+  // Whether the best is to be measured again: not yet, or last time noisy.
+  absl::StatusOr<bool> NeedsConfirmation(const Task& task);  // mu_ held
   // The baseline measured by task `task_id` (its trusted measurements'
   // samples together) into `r`, and the speedup of `best` over it.
   absl::Status SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best, v1::TuneResult& r);
