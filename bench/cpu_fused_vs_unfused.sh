@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tuned fused kernel vs the unfused OpenBLAS baseline for examples/ chains on
+# Tuned fused kernel vs the strongest unfused baseline (OpenBLAS or oneDNN GEMMs) for examples/ chains on
 # this CPU, measured in one run by one embedded worker (fresh database).
 # Usage: bench/cpu_fused_vs_unfused.sh [budget] [example.fusor ...]
 set -euo pipefail

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -61,6 +62,25 @@ bool Finished(const std::string& job_state) { return job_state == "done" || job_
 std::string BaselineKind(const std::string& resources_json) {
   const nlohmann::json j = nlohmann::json::parse(resources_json, nullptr, false);
   return j.is_object() && j.contains("baseline") && j["baseline"].is_string() ? j["baseline"].get<std::string>() : "";
+}
+
+// The baseline a CPU worker timed together with a confirmation (see
+// worker/job.h), when its samples are there and within `max_spread`.
+std::optional<std::pair<std::string, std::vector<double>>> BaselineBeside(const std::string& resources_json,
+                                                                          double max_spread) {
+  const nlohmann::json j = nlohmann::json::parse(resources_json, nullptr, false);
+  if (!j.is_object() || !j.contains("beside") || !j["beside"].is_object()) return std::nullopt;
+  const nlohmann::json& b = j["beside"];
+  if (!b.contains("baseline") || !b["baseline"].is_string() || !b.contains("samples_s") || !b["samples_s"].is_array()) {
+    return std::nullopt;
+  }
+  std::vector<double> samples;
+  for (const nlohmann::json& x : b["samples_s"]) {
+    if (!x.is_number() || !(x.get<double>() > 0)) return std::nullopt;
+    samples.push_back(x.get<double>());
+  }
+  if (static_cast<int>(samples.size()) < kMinSamples || Summarize(samples).spread > max_spread) return std::nullopt;
+  return std::make_pair(b["baseline"].get<std::string>(), std::move(samples));
 }
 
 // The intrinsic of the first mapped op in a space::DescribeMappings text.
@@ -577,7 +597,9 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
         job->set_lease_id(j.lease_id);
         job->set_lease_expires_unix_ms(j.lease_expires_ms);
         job->set_task_id(j.task_id);
-        job->set_kind(j.kind == "baseline" ? v1::JOB_KIND_BASELINE : v1::JOB_KIND_CANDIDATE);
+        job->set_kind(j.kind == "baseline"  ? v1::JOB_KIND_BASELINE
+                      : j.kind == "confirm" ? v1::JOB_KIND_CONFIRM
+                                            : v1::JOB_KIND_CANDIDATE);
         *job->mutable_chain() = wire::ChainToProto(task.chain);
         *job->mutable_options() = options_.measure;
         if (j.candidate_id) {
@@ -795,23 +817,31 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
     if (m.status == "noisy") ++noisy;
     if (m.status == "ok") trusted.push_back(&m);
   }
-  // A confirmation is compared with the baseline measured beside it (the
-  // machine's speed drifts over a task); anything else with all of them.
-  if (best.kind == "confirm" && !trusted.empty()) {
-    const db::MeasurementRow* nearest = nullptr;
-    for (const db::MeasurementRow* m : trusted) {
-      if (nearest == nullptr ||
-          std::abs(m->measured_ms - best.measured_ms) <= std::abs(nearest->measured_ms - best.measured_ms)) {
-        nearest = m;
+  // A confirmation is compared with the baseline timed together with it,
+  // else with the one measured nearest it (the machine's speed drifts over
+  // a task); anything else with all of them.
+  auto beside = best.kind == "confirm" ? BaselineBeside(best.resources_json, options_.measure.max_spread())
+                                       : std::nullopt;
+  if (beside) {
+    for (double s : beside->second) baseline->add_samples_s(s);
+    r.set_baseline_kind(beside->first);
+  } else {
+    if (best.kind == "confirm" && !trusted.empty()) {
+      const db::MeasurementRow* nearest = nullptr;
+      for (const db::MeasurementRow* m : trusted) {
+        if (nearest == nullptr ||
+            std::abs(m->measured_ms - best.measured_ms) <= std::abs(nearest->measured_ms - best.measured_ms)) {
+          nearest = m;
+        }
       }
+      trusted = {nearest};
     }
-    trusted = {nearest};
+    for (const db::MeasurementRow* m : trusted) {
+      for (double s : m->samples_s) baseline->add_samples_s(s);
+      if (r.baseline_kind().empty()) r.set_baseline_kind(BaselineKind(m->resources_json));
+    }
   }
-  for (const db::MeasurementRow* m : trusted) {
-    for (double s : m->samples_s) baseline->add_samples_s(s);
-    if (r.baseline_kind().empty()) r.set_baseline_kind(BaselineKind(m->resources_json));
-  }
-  if (trusted.empty()) {
+  if (baseline->samples_s().empty()) {
     baseline->set_status(noisy > 0 ? v1::MEASUREMENT_STATUS_NOISY : v1::MEASUREMENT_STATUS_UNSPECIFIED);
     return absl::OkStatus();
   }

@@ -8,12 +8,14 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/codegen/cpu/cpu_codegen.h"
 #include "common/ir/parse.h"
+#include "common/ir/reference.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
 #include "common/util/files.h"
@@ -67,6 +69,7 @@ const char* KindName(JobKind k) {
     case JobKind::kCandidate: return "candidate";
     case JobKind::kBaseline: return "baseline";
     case JobKind::kCalibrate: return "calibrate";
+    case JobKind::kConfirm: return "confirm";
   }
   return "?";
 }
@@ -91,22 +94,25 @@ JobOutcome CalibrateCpuJob(const JobSpec& spec, const std::string& dir) {
   return out;
 }
 
+constexpr char kFused[] = "fused";
+
 // Generates the candidate's fused kernel and compiles it into `dir`; or,
 // for the baseline, the unfused chain through each BLAS the machine has,
-// each into its own subdirectory. dir/compiled.json lists what compiled:
-// [{"name", "so_path", "entry_point"}].
+// each into its own subdirectory; a confirmation has both. dir/compiled.json
+// lists what compiled: [{"name", "so_path", "entry_point"}].
 JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
   std::vector<std::pair<std::string, absl::StatusOr<codegen::KernelSource>>> kernels;
-  if (spec.kind == JobKind::kBaseline) {
-    for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
-      kernels.emplace_back(codegen::CpuBlasName(blas), codegen::EmitCpuUnfusedBaseline(chain, blas));
-    }
-  } else {
-    kernels.emplace_back("fused", [&]() -> absl::StatusOr<codegen::KernelSource> {
+  if (spec.kind != JobKind::kBaseline) {
+    kernels.emplace_back(kFused, [&]() -> absl::StatusOr<codegen::KernelSource> {
       ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(spec.schedule_text, chain));
       ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, schedule, spec.target));
       return codegen::EmitCpuFusedKernel(chain, nest, spec.schedule_text, spec.mapping);
     }());
+  }
+  if (spec.kind == JobKind::kBaseline || spec.kind == JobKind::kConfirm) {
+    for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
+      kernels.emplace_back(codegen::CpuBlasName(blas), codegen::EmitCpuUnfusedBaseline(chain, blas));
+    }
   }
   JobOutcome out;
   Json entries = Json::array();
@@ -122,11 +128,18 @@ JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
     if (!compiled.ok) {
       // A baseline goes on with the BLAS that did compile (the machine may
       // lack oneDNN); a candidate that does not compile is an error.
+      if (name == kFused) {
+        JobOutcome failed = FailedOutcome(OutcomeStatus::kCompileError, compiled.error);
+        failed.compile_s = out.compile_s;
+        return failed;
+      }
       absl::StrAppend(&errors, name, ": ", compiled.error, "\n");
       continue;
     }
-    if (out.compile_flags.empty()) out.compile_flags = compiled.flags;
-    out.code_bytes = std::max(out.code_bytes, compiled.code_bytes);
+    if (entries.empty()) {  // the candidate's, where there is one
+      out.compile_flags = compiled.flags;
+      out.code_bytes = compiled.code_bytes;
+    }
     entries.push_back({{"name", name}, {"so_path", compiled.so_path}, {"entry_point", kernel->entry_point}});
   }
   if (entries.empty()) {
@@ -140,51 +153,83 @@ JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
   return out;
 }
 
-// Validates and times what CompileCpuJob left in `dir`. A baseline keeps
-// the fastest of its BLAS variants that measured trustworthily (all of
-// them named in resources_json).
+// Validates and times what CompileCpuJob left in `dir`, every kernel
+// together (interleaved). A baseline keeps the fastest of its BLAS
+// variants that measured trustworthily (all of them named in
+// resources_json); a confirmation reports the candidate, with that
+// baseline beside it in resources_json.
 JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
   auto text = ReadFile(dir + "/compiled.json");
   if (!text.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(text.status().message()));
   const Json entries = Json::parse(*text, nullptr, false);
   if (!entries.is_array() || entries.empty()) return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
   const int threads = std::max(1, spec.target.compute_units);
-  TimingOptions timing = spec.timing;
-  timing.num_threads = threads;
-  timing.seed = spec.seed + 1;
-  JobOutcome best;
-  Json medians = Json::object();
+  // Every kernel is checked on the same inputs, against one reference.
+  const std::vector<std::vector<double>> inputs = RandomInputs(chain, spec.seed);
+  std::optional<Outputs> expected;
+  const ReferenceFn reference = [&](const std::vector<std::vector<double>>& rounded) -> absl::StatusOr<Outputs> {
+    if (!expected) {
+      ASSIGN_OR_RETURN(Outputs computed, ir::EvaluateReference(chain, rounded));
+      expected = std::move(computed);
+    }
+    return *expected;
+  };
+  std::vector<std::string> names;
+  std::vector<LoadedKernel> loaded;
+  std::vector<JobOutcome> outs;
   for (const Json& entry : entries) {
     if (!entry.is_object() || !entry.contains("so_path") || !entry.contains("entry_point") || !entry.contains("name")) {
       return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
     }
-    const std::string name = entry["name"].get<std::string>();
-    auto loaded = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
-    if (!loaded.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(loaded.status().message()));
+    names.push_back(entry["name"].get<std::string>());
+    auto kernel = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
+    if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(kernel.status().message()));
     JobOutcome out;
-    if (!RecordValidation(ValidateKernel(*loaded, chain, spec.seed, threads), out)) {
-      if (entries.size() > 1) out.error = absl::StrCat(name, ": ", out.error);
+    const RunFn run = [&](const void* const* in, void* const* result) { return kernel->entry()(in, result, threads); };
+    if (!RecordValidation(ValidateRun(run, chain, inputs, 0, reference), out)) {
+      if (entries.size() > 1) out.error = absl::StrCat(names.back(), ": ", out.error);
       return out;
     }
-    auto timed = TimeKernel(*loaded, chain, timing);
-    if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
-    RecordTiming({timed->samples_s, timed->median_s, timed->spread, timed->noisy, timed->sets}, out);
-    medians[name] = {{"median_s", out.median_s}, {"status", OutcomeStatusName(out.status)}};
-    // Trusted first, then faster.
-    const bool better = best.samples_s.empty() ||
-                        (out.status == OutcomeStatus::kOk && best.status != OutcomeStatus::kOk) ||
-                        (out.status == best.status && out.median_s < best.median_s);
-    if (better) {
-      best = std::move(out);
-      if (spec.kind == JobKind::kBaseline) best.resources_json = Json{{"baseline", name}}.dump();
-    }
+    loaded.push_back(std::move(*kernel));
+    outs.push_back(std::move(out));
   }
-  if (spec.kind == JobKind::kBaseline) {
-    Json resources = Json::parse(best.resources_json);
-    resources["variants"] = medians;
-    best.resources_json = resources.dump();
+  TimingOptions timing = spec.timing;
+  timing.num_threads = threads;
+  timing.seed = spec.seed + 1;
+  std::vector<const LoadedKernel*> kernels;
+  for (const LoadedKernel& k : loaded) kernels.push_back(&k);
+  auto timed = TimeKernelsTogether(kernels, chain, timing);
+  if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
+  // The baseline: trusted first, then faster.
+  int kept = -1;
+  Json medians = Json::object();
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Timing& t = (*timed)[i];
+    RecordTiming({t.samples_s, t.median_s, t.spread, t.noisy, t.sets}, outs[i]);
+    if (names[i] == kFused) continue;
+    medians[names[i]] = {{"median_s", outs[i].median_s}, {"status", OutcomeStatusName(outs[i].status)}};
+    const bool better = kept < 0 || (outs[i].status == OutcomeStatus::kOk && outs[kept].status != OutcomeStatus::kOk) ||
+                        (outs[i].status == outs[kept].status && outs[i].median_s < outs[kept].median_s);
+    if (better) kept = static_cast<int>(i);
   }
-  return best;
+  if (names.front() != kFused) {  // a baseline
+    JobOutcome best = std::move(outs[kept]);
+    best.resources_json = Json{{"baseline", names[kept]}, {"variants", medians}}.dump();
+    return best;
+  }
+  JobOutcome candidate = std::move(outs.front());
+  if (kept >= 0) {
+    const JobOutcome& b = outs[kept];
+    candidate.resources_json = Json{{"beside",
+                                     {{"baseline", names[kept]},
+                                      {"status", OutcomeStatusName(b.status)},
+                                      {"median_s", b.median_s},
+                                      {"spread", b.spread},
+                                      {"samples_s", b.samples_s}}},
+                                    {"variants", medians}}
+                                   .dump();
+  }
+  return candidate;
 }
 
 JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
@@ -291,7 +336,10 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
   try {
     JobSpec s;
     std::string kind = j.at("kind");
-    s.kind = kind == "baseline" ? JobKind::kBaseline : kind == "calibrate" ? JobKind::kCalibrate : JobKind::kCandidate;
+    s.kind = JobKind::kCandidate;
+    for (JobKind k : {JobKind::kBaseline, JobKind::kCalibrate, JobKind::kConfirm}) {
+      if (kind == KindName(k)) s.kind = k;
+    }
     const int phase = j.at("phase");
     if (phase < 0 || phase > static_cast<int>(JobPhase::kMeasure)) return absl::InvalidArgumentError("job spec: bad phase");
     s.phase = static_cast<JobPhase>(phase);

@@ -22,7 +22,9 @@
 
 namespace fusor::worker {
 
-enum class JobKind { kCandidate, kBaseline, kCalibrate };
+// kConfirm: a candidate measured again, timed together with the unfused
+// baseline (on CPUs; a GPU measures it as a candidate).
+enum class JobKind { kCandidate, kBaseline, kCalibrate, kConfirm };
 // kAll: compile and measure in one child.
 enum class JobPhase { kAll, kCompile, kMeasure };
 
@@ -59,7 +61,10 @@ struct JobOutcome {
   double compile_s = 0;
   std::string compile_flags;
   int64_t code_bytes = 0;
-  // GPU kernels: ptxas's report and the launch shape, as JSON ("" on CPUs).
+  // GPU kernels: ptxas's report and the launch shape, as JSON. CPU
+  // baselines: the BLAS kept and each one's median. CPU confirmations: the
+  // baseline timed beside the candidate ({"beside": {"baseline", "status",
+  // "median_s", "spread", "samples_s"}}).
   std::string resources_json;
   // kCalibrate
   double bandwidth_bytes_per_s = 0;

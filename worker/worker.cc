@@ -219,7 +219,9 @@ Worker::Pending Worker::Start(const v1::Job& job) {
   Pending p;
   p.job = job;
   p.context = absl::StrCat("[task=", job.task_id(), " job=", job.job_id(),
-                           job.kind() == v1::JOB_KIND_BASELINE ? " baseline" : "",
+                           job.kind() == v1::JOB_KIND_BASELINE  ? " baseline"
+                           : job.kind() == v1::JOB_KIND_CONFIRM ? " confirm"
+                                                                : "",
                            job.has_candidate() ? absl::StrCat(" cand=", job.candidate().id()) : "", "]");
   v1::Workload workload;
   *workload.mutable_chain() = job.chain();
@@ -229,7 +231,9 @@ Worker::Pending Worker::Start(const v1::Job& job) {
     return p;
   }
   JobSpec spec;
-  spec.kind = job.kind() == v1::JOB_KIND_BASELINE ? JobKind::kBaseline : JobKind::kCandidate;
+  spec.kind = job.kind() == v1::JOB_KIND_BASELINE  ? JobKind::kBaseline
+              : job.kind() == v1::JOB_KIND_CONFIRM ? JobKind::kConfirm
+                                                   : JobKind::kCandidate;
   spec.chain_json = ir::ChainToJson(*chain);
   spec.schedule_text = job.candidate().schedule().text();
   spec.mapping = job.candidate().mapping().text();

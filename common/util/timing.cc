@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "common/util/status_macros.h"
+
 namespace fusor {
 
 SampleStats Summarize(std::vector<double> samples) {
@@ -19,25 +21,52 @@ SampleStats Summarize(std::vector<double> samples) {
   return s;
 }
 
-absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<std::vector<double>>()>& take_set,
-                                             int max_sets, double max_spread) {
-  TrustedTiming best;
+absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
+    const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets, int max_sets,
+    double max_spread) {
+  std::vector<TrustedTiming> best;
+  double best_worst = 0;
+  int sets = 0;
   for (int set = 0; set < std::max(1, max_sets); ++set) {
     // A pause before a retry lets a passing disturbance pass.
     if (set > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    absl::StatusOr<std::vector<double>> samples = take_set();
+    absl::StatusOr<std::vector<std::vector<double>>> samples = take_sets();
     if (!samples.ok()) return samples.status();
-    const SampleStats stats = Summarize(*samples);
-    ++best.sets;
-    if (best.samples_s.empty() || stats.spread < best.spread) {
-      best.samples_s = std::move(*samples);
-      best.median_s = stats.median;
-      best.spread = stats.spread;
+    ++sets;
+    std::vector<TrustedTiming> round;
+    double worst = 0;
+    for (std::vector<double>& s : *samples) {
+      const SampleStats stats = Summarize(s);
+      TrustedTiming t;
+      t.samples_s = std::move(s);
+      t.median_s = stats.median;
+      t.spread = stats.spread;
+      worst = std::max(worst, stats.spread);
+      round.push_back(std::move(t));
     }
-    if (best.spread <= max_spread) break;
+    if (best.empty() || worst < best_worst) {
+      best = std::move(round);
+      best_worst = worst;
+    }
+    if (best_worst <= max_spread) break;
   }
-  best.noisy = best.spread > max_spread;
+  for (TrustedTiming& t : best) {
+    t.noisy = t.spread > max_spread;
+    t.sets = sets;
+  }
   return best;
+}
+
+absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<std::vector<double>>()>& take_set,
+                                             int max_sets, double max_spread) {
+  ASSIGN_OR_RETURN(std::vector<TrustedTiming> timed,
+                   MeasureTrustedTogether(
+                       [&]() -> absl::StatusOr<std::vector<std::vector<double>>> {
+                         ASSIGN_OR_RETURN(std::vector<double> samples, take_set());
+                         return std::vector<std::vector<double>>{std::move(samples)};
+                       },
+                       max_sets, max_spread));
+  return std::move(timed.front());
 }
 
 }  // namespace fusor

@@ -44,4 +44,12 @@ struct TrustedTiming {
 absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<std::vector<double>>()>& take_set,
                                              int max_sets = kSampleSets, double max_spread = kMaxSpread);
 
+// The same for several kernels timed together (interleaved, so that a
+// machine whose speed drifts slows them alike): `take_sets` returns one
+// sample set per kernel; sets are taken again until every kernel's is
+// within `max_spread`, and the round whose worst spread is least is kept.
+absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
+    const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets, int max_sets = kSampleSets,
+    double max_spread = kMaxSpread);
+
 }  // namespace fusor

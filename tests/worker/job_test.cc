@@ -117,6 +117,23 @@ TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
   }
 }
 
+TEST(RunJobIsolatedTest, AConfirmationTimesTheBaselineBesideTheCandidate) {
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kConfirm, "m=8 / - / -"), worker::CurrentExecutable(""), "/tmp");
+  ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+  EXPECT_GE(out.samples_s.size(), 10u);
+  // The candidate's own compile record, not a BLAS one.
+  EXPECT_THAT(out.compile_flags, ::testing::Not(HasSubstr("-lopenblas")));
+  const nlohmann::json resources = nlohmann::json::parse(out.resources_json);
+  const nlohmann::json& beside = resources.at("beside");
+  const std::string kept = beside.at("baseline");
+  EXPECT_TRUE(kept == "openblas" || kept == "onednn") << out.resources_json;
+  EXPECT_EQ(beside.at("status"), "ok");
+  // Timed in as many samples as the candidate, slice by slice.
+  EXPECT_EQ(beside.at("samples_s").size(), out.samples_s.size());
+  EXPECT_GT(beside.at("median_s").get<double>(), 0);
+  EXPECT_TRUE(resources.at("variants").contains("openblas")) << out.resources_json;
+}
+
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {
   JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "k=8 / - / -"), worker::CurrentExecutable(""), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCompileError);

@@ -228,6 +228,12 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
 
 absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
                                   const TimingOptions& options) {
+  ASSIGN_OR_RETURN(std::vector<Timing> timed, TimeKernelsTogether({&kernel}, chain, options));
+  return std::move(timed.front());
+}
+
+absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
+                                                        const ir::Chain& chain, const TimingOptions& options) {
   std::mt19937_64 rng(options.seed);
   int64_t input_bytes = 0;
   for (int t : chain.inputs) input_bytes += Elements(chain, t) * ir::DTypeBytes(chain.dtype);
@@ -250,36 +256,50 @@ absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& c
 
   using Clock = std::chrono::steady_clock;
   int run = 0;
-  auto call = [&]() -> absl::Status {
+  auto call = [&](const LoadedKernel& kernel) -> absl::Status {
     int rc = kernel.entry()(in_ptrs[run % sets].data(), out_ptrs.data(), options.num_threads);
     ++run;
     if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
     return absl::OkStatus();
   };
-  // One sample set: warm-up, then samples to the time budget.
+  // One sample set per kernel: warm-up, then samples to the time budget;
+  // with several kernels, in slices of the budget, taking turns.
+  const int slices = kernels.size() > 1 ? 8 : 1;
   const int min_repeats = std::max(options.min_repeats, kMinSamples);
-  auto take_set = [&]() -> absl::StatusOr<std::vector<double>> {
-    for (int i = 0; i < options.warmup; ++i) RETURN_IF_ERROR(call());
-    std::vector<double> samples;
-    auto start = Clock::now();
-    while (static_cast<int>(samples.size()) < std::max(options.max_repeats, min_repeats)) {
-      double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      if (static_cast<int>(samples.size()) >= min_repeats && elapsed >= options.time_budget_s) break;
-      auto t0 = Clock::now();
-      RETURN_IF_ERROR(call());
-      auto t1 = Clock::now();
-      samples.push_back(std::chrono::duration<double>(t1 - t0).count());
+  const int max_repeats = std::max(options.max_repeats, min_repeats);
+  auto per_slice = [&](int total) { return (total + slices - 1) / slices; };
+  auto take_sets = [&]() -> absl::StatusOr<std::vector<std::vector<double>>> {
+    std::vector<std::vector<double>> samples(kernels.size());
+    for (int slice = 0; slice < slices; ++slice) {
+      for (size_t k = 0; k < kernels.size(); ++k) {
+        for (int i = 0; i < (slice == 0 ? options.warmup : std::min(options.warmup, 1)); ++i) {
+          RETURN_IF_ERROR(call(*kernels[k]));
+        }
+        const auto start = Clock::now();
+        for (int n = 0; n < per_slice(max_repeats); ++n) {
+          const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+          if (n >= per_slice(min_repeats) && elapsed >= options.time_budget_s / slices) break;
+          const auto t0 = Clock::now();
+          RETURN_IF_ERROR(call(*kernels[k]));
+          samples[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+      }
     }
     return samples;
   };
-  ASSIGN_OR_RETURN(TrustedTiming trusted, MeasureTrusted(take_set, kSampleSets, options.max_spread));
-  Timing timing;
-  timing.samples_s = std::move(trusted.samples_s);
-  timing.median_s = trusted.median_s;
-  timing.spread = trusted.spread;
-  timing.noisy = trusted.noisy;
-  timing.sets = trusted.sets;
-  return timing;
+  ASSIGN_OR_RETURN(std::vector<TrustedTiming> trusted,
+                   MeasureTrustedTogether(take_sets, kSampleSets, options.max_spread));
+  std::vector<Timing> timed;
+  for (TrustedTiming& t : trusted) {
+    Timing timing;
+    timing.samples_s = std::move(t.samples_s);
+    timing.median_s = t.median_s;
+    timing.spread = t.spread;
+    timing.noisy = t.noisy;
+    timing.sets = t.sets;
+    timed.push_back(std::move(timing));
+  }
+  return timed;
 }
 
 }  // namespace fusor::worker

@@ -105,6 +105,14 @@ struct Timing {
 absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
                                   const TimingOptions& options);
 
+// Several kernels of the chain timed together, on the same inputs: each
+// sample set is taken in slices, every kernel in turn per slice (with one
+// warm-up call after the others ran), so that their ratios hold on a
+// machine whose speed drifts. One Timing per kernel, in order; a set is
+// taken again while any kernel's spreads too far.
+absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
+                                                        const ir::Chain& chain, const TimingOptions& options);
+
 double Median(std::vector<double> values);
 
 }  // namespace fusor::worker

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
@@ -137,6 +138,45 @@ TEST(TimeKernelTest, KeepsEverySampleWithinTheRepeatBounds) {
   t = TimeKernel(*loaded, *chain, options);
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(static_cast<int>(t->samples_s.size()), kMinSamples);
+}
+
+TEST(TimeKernelTest, KernelsTimedTogetherTakeTurnsInSlices) {
+  // Each kernel appends its name to a shared log at every call.
+  codegen::KernelSource k;
+  k.source =
+      "#include <cstdio>\n"
+      "extern \"C\" int fusor_run(const void* const*, void* const*, int) {\n"
+      "  if (FILE* f = std::fopen(LOG, \"a\")) { std::fputs(NAME, f); std::fclose(f); }\n"
+      "  return 0;\n}\n";
+  auto dir = TempDir::Create("/tmp", "fusor-together-");
+  ASSERT_TRUE(dir.ok());
+  const std::string log = dir->path() + "/calls";
+  std::vector<LoadedKernel> loaded;
+  for (const std::string name : {"a", "b"}) {
+    k.compile_flags = {"-O1", "-DLOG=\"" + log + "\"", "-DNAME=\"" + name + "\""};
+    auto sub = TempDir::Create(dir->path(), "k-");
+    CompileOutcome c = CompileKernel(k, sub->path(), "c++", 60);
+    ASSERT_TRUE(c.ok) << c.error;
+    auto kernel = LoadedKernel::Open(c.so_path, "fusor_run");
+    ASSERT_TRUE(kernel.ok());
+    loaded.push_back(std::move(*kernel));
+  }
+  auto chain = ir::ParseChainText("dim m=1\nin A[m]\nO[m] = A[m]\nout O");
+  TimingOptions options;
+  options.warmup = 1;
+  options.min_repeats = options.max_repeats = 16;
+  options.time_budget_s = 10;
+  options.max_spread = 1e9;
+  auto t = TimeKernelsTogether({&loaded[0], &loaded[1]}, *chain, options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 2u);
+  for (const Timing& timing : *t) EXPECT_EQ(timing.samples_s.size(), 16u);
+  // 8 slices, each a warm-up call and 2 samples per kernel, in turn.
+  std::string calls;
+  std::getline(std::ifstream(log), calls);
+  std::string expected;
+  for (int slice = 0; slice < 8; ++slice) expected += "aaabbb";
+  EXPECT_EQ(calls, expected);
 }
 
 TEST(MedianTest, OddAndEven) {
