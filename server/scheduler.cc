@@ -42,9 +42,9 @@ struct Scheduler::Task {
   v1::TaskStarted started;
   v1::TuneProgress progress;
   std::optional<v1::TuneResult> result;
-  // This task's baseline jobs: one queued with the first candidates, one
-  // with the confirmation, so that the baseline is measured among the
-  // candidates, under the same conditions.
+  // This task's baseline jobs: one queued with the first candidates, so
+  // that the baseline is measured among them; on a GPU also one with each
+  // confirmation.
   std::vector<std::string> baseline_jobs;
   // The best candidate measured again at the end: the fastest of many
   // noisy medians is biased low, and a speedup quoted from it too high.
@@ -722,7 +722,7 @@ absl::Status Scheduler::Advance(Task& task) {
       ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(task.row.id));
       std::map<int64_t, const db::JobRow*> by_candidate;
       for (const db::JobRow& j : jobs) {
-        if (j.candidate_id) by_candidate[*j.candidate_id] = &j;
+        if (j.candidate_id && j.kind == "candidate") by_candidate[*j.candidate_id] = &j;
       }
       for (const db::CandidateRow& c : task.batch) {
         auto it = by_candidate.find(c.id);
@@ -734,7 +734,7 @@ absl::Status Scheduler::Advance(Task& task) {
         search::MeasuredResult r;
         r.schedule_text = c.schedule;
         for (const db::MeasurementRow& m : rows) {
-          if (m.candidate_id == c.id) {
+          if (m.candidate_id == c.id && m.kind == "candidate") {
             r.ok = m.status == "ok";
             r.median_s = m.median_s;
           }
@@ -786,7 +786,11 @@ absl::Status Scheduler::Advance(Task& task) {
       job.state = "queued";
       RETURN_IF_ERROR(db_->InsertJob(job, now));
       task.confirm_jobs.push_back(job.id);
-      if (task.baseline_jobs.size() <= task.confirm_jobs.size()) RETURN_IF_ERROR(QueueBaseline(task, now));
+      // A CPU worker times the baseline together with the confirmation; a
+      // GPU's is a job of its own, beside it.
+      if (task.target.backend != hw::Backend::kCpu && task.baseline_jobs.size() <= task.confirm_jobs.size()) {
+        RETURN_IF_ERROR(QueueBaseline(task, now));
+      }
       lease_cv_.notify_all();
       return absl::OkStatus();
     }

@@ -168,8 +168,10 @@ class Scheduler {
   absl::StatusOr<std::optional<int64_t>> BestCandidate(const Task& task);  // mu_ held
   // Whether the best is to be measured again: not yet, or last time noisy.
   absl::StatusOr<bool> NeedsConfirmation(const Task& task);  // mu_ held
-  // The baseline measured by task `task_id` (its trusted measurements'
-  // samples together) into `r`, and the speedup of `best` over it.
+  // The baseline measured by task `task_id` into `r`, and the speedup of
+  // `best` over it: for a confirmation, the baseline timed together with it
+  // (else the trusted one measured nearest it); otherwise every trusted
+  // baseline measurement's samples together.
   absl::Status SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best, v1::TuneResult& r);
   absl::Status RefreshProgress(Task& task);  // mu_ held
   absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
@@ -124,7 +125,8 @@ JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
       return FailedOutcome(OutcomeStatus::kRuntimeError, absl::StrCat("cannot create ", sub, ": ", strerror(errno)));
     }
     CompileOutcome compiled = CompileKernel(*kernel, sub, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
-    out.compile_s += compiled.seconds;
+    // A confirmation's compile record is its candidate's.
+    if (spec.kind != JobKind::kConfirm || name == kFused) out.compile_s += compiled.seconds;
     if (!compiled.ok) {
       // A baseline goes on with the BLAS that did compile (the machine may
       // lack oneDNN); a candidate that does not compile is an error.
@@ -177,19 +179,32 @@ JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
   std::vector<std::string> names;
   std::vector<LoadedKernel> loaded;
   std::vector<JobOutcome> outs;
+  Json medians = Json::object();  // each baseline variant's
   for (const Json& entry : entries) {
     if (!entry.is_object() || !entry.contains("so_path") || !entry.contains("entry_point") || !entry.contains("name")) {
       return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
     }
-    names.push_back(entry["name"].get<std::string>());
-    auto kernel = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
-    if (!kernel.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(kernel.status().message()));
+    const std::string name = entry["name"].get<std::string>();
     JobOutcome out;
-    const RunFn run = [&](const void* const* in, void* const* result) { return kernel->entry()(in, result, threads); };
-    if (!RecordValidation(ValidateRun(run, chain, inputs, 0, reference), out)) {
-      if (entries.size() > 1) out.error = absl::StrCat(names.back(), ": ", out.error);
-      return out;
+    auto kernel = LoadedKernel::Open(entry["so_path"].get<std::string>(), entry["entry_point"].get<std::string>());
+    bool valid = false;
+    if (!kernel.ok()) {
+      out = FailedOutcome(OutcomeStatus::kRuntimeError, std::string(kernel.status().message()));
+    } else {
+      const RunFn run = [&](const void* const* in, void* const* result) { return kernel->entry()(in, result, threads); };
+      valid = RecordValidation(ValidateRun(run, chain, inputs, 0, reference), out);
     }
+    if (!valid) {
+      // A baseline that fails fails its job; beside a confirmation, the
+      // candidate is still measured without it.
+      if (spec.kind != JobKind::kConfirm || name == kFused) {
+        if (entries.size() > 1) out.error = absl::StrCat(name, ": ", out.error);
+        return out;
+      }
+      medians[name] = {{"status", OutcomeStatusName(out.status)}, {"error", out.error}};
+      continue;
+    }
+    names.push_back(name);
     loaded.push_back(std::move(*kernel));
     outs.push_back(std::move(out));
   }
@@ -197,12 +212,17 @@ JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
   timing.num_threads = threads;
   timing.seed = spec.seed + 1;
   std::vector<const LoadedKernel*> kernels;
-  for (const LoadedKernel& k : loaded) kernels.push_back(&k);
-  auto timed = TimeKernelsTogether(kernels, chain, timing);
+  // Each needs one trusted kernel: the candidate, and one baseline variant.
+  std::vector<std::vector<int>> groups(2);
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    kernels.push_back(&loaded[i]);
+    groups[names[i] == kFused ? 0 : 1].push_back(static_cast<int>(i));
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
+  auto timed = TimeKernelsTogether(kernels, chain, timing, groups);
   if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
   // The baseline: trusted first, then faster.
   int kept = -1;
-  Json medians = Json::object();
   for (size_t i = 0; i < outs.size(); ++i) {
     const Timing& t = (*timed)[i];
     RecordTiming({t.samples_s, t.median_s, t.spread, t.noisy, t.sets}, outs[i]);
@@ -218,16 +238,17 @@ JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
     return best;
   }
   JobOutcome candidate = std::move(outs.front());
-  if (kept >= 0) {
-    const JobOutcome& b = outs[kept];
-    candidate.resources_json = Json{{"beside",
-                                     {{"baseline", names[kept]},
-                                      {"status", OutcomeStatusName(b.status)},
-                                      {"median_s", b.median_s},
-                                      {"spread", b.spread},
-                                      {"samples_s", b.samples_s}}},
-                                    {"variants", medians}}
-                                   .dump();
+  if (spec.kind == JobKind::kConfirm) {
+    Json resources = {{"variants", medians}};
+    if (kept >= 0) {
+      const JobOutcome& b = outs[kept];
+      resources["beside"] = {{"baseline", names[kept]},
+                             {"status", OutcomeStatusName(b.status)},
+                             {"median_s", b.median_s},
+                             {"spread", b.spread},
+                             {"samples_s", b.samples_s}};
+    }
+    candidate.resources_json = resources.dump();
   }
   return candidate;
 }
@@ -263,8 +284,8 @@ void RecordTiming(const TrustedTiming& timing, JobOutcome& out) {
   out.spread = timing.spread;
   out.status = timing.noisy ? OutcomeStatus::kNoisy : OutcomeStatus::kOk;
   if (timing.noisy) {
-    out.error = absl::StrCat("noisy: the samples' spread (p90 - p10) / median was ", timing.spread, " or more in ",
-                             timing.sets, " sample sets; the machine is busy");
+    out.error = absl::StrCat("noisy: the samples' spread (p90 - p10) / median was ", timing.spread,
+                             " in the set kept of ", timing.sets, "; the machine is busy");
   }
 }
 

@@ -248,6 +248,8 @@ Worker::Pending Worker::Start(const v1::Job& job) {
   spec.timing.rotate_bytes = 2 * std::max(target_.l2_bytes * target_.compute_units, target_.l3_bytes);
   spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
   spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
+  // A confirmation times the candidate and two baselines.
+  if (spec.kind == JobKind::kConfirm) spec.run_timeout_s *= 3;
   spec.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   spec.device = options_.gpu;
   if (options_.compile_ahead > 0) {

@@ -22,8 +22,8 @@ SampleStats Summarize(std::vector<double> samples) {
 }
 
 absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
-    const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets, int max_sets,
-    double max_spread) {
+    const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets,
+    const std::vector<std::vector<int>>& groups, int max_sets, double max_spread) {
   std::vector<TrustedTiming> best;
   double best_worst = 0;
   int sets = 0;
@@ -34,15 +34,29 @@ absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
     if (!samples.ok()) return samples.status();
     ++sets;
     std::vector<TrustedTiming> round;
-    double worst = 0;
     for (std::vector<double>& s : *samples) {
       const SampleStats stats = Summarize(s);
       TrustedTiming t;
       t.samples_s = std::move(s);
       t.median_s = stats.median;
       t.spread = stats.spread;
-      worst = std::max(worst, stats.spread);
       round.push_back(std::move(t));
+    }
+    // The worst group's best spread.
+    double worst = 0;
+    auto group_spread = [&](const std::vector<int>& group) {
+      double least = -1;
+      for (int k : group) {
+        if (k >= 0 && k < static_cast<int>(round.size()) && (least < 0 || round[k].spread < least)) {
+          least = round[k].spread;
+        }
+      }
+      return std::max(least, 0.0);
+    };
+    if (groups.empty()) {
+      for (const TrustedTiming& t : round) worst = std::max(worst, t.spread);
+    } else {
+      for (const std::vector<int>& g : groups) worst = std::max(worst, group_spread(g));
     }
     if (best.empty() || worst < best_worst) {
       best = std::move(round);
@@ -65,7 +79,7 @@ absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<
                          ASSIGN_OR_RETURN(std::vector<double> samples, take_set());
                          return std::vector<std::vector<double>>{std::move(samples)};
                        },
-                       max_sets, max_spread));
+                       {}, max_sets, max_spread));
   return std::move(timed.front());
 }
 

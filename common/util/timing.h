@@ -31,10 +31,10 @@ struct SampleStats {
 SampleStats Summarize(std::vector<double> samples);
 
 struct TrustedTiming {
-  std::vector<double> samples_s;  // the set kept: the least spread one
+  std::vector<double> samples_s;  // the set kept: the least spread one (of kernels timed together, the round's)
   double median_s = 0;
   double spread = 0;
-  bool noisy = false;  // even the set kept spreads beyond kMaxSpread
+  bool noisy = false;  // the set kept spreads beyond kMaxSpread
   int sets = 0;        // sample sets taken
 };
 
@@ -46,10 +46,13 @@ absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<
 
 // The same for several kernels timed together (interleaved, so that a
 // machine whose speed drifts slows them alike): `take_sets` returns one
-// sample set per kernel; sets are taken again until every kernel's is
-// within `max_spread`, and the round whose worst spread is least is kept.
+// sample set per kernel. The kernels fall into `groups` (indices; empty:
+// each kernel its own group), of which each needs one trusted kernel:
+// variants of one baseline need not all be. Rounds are taken until each
+// group has one within `max_spread`, and the round kept is the one whose
+// worst group is least spread; each kernel is noisy by its own spread.
 absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
-    const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets, int max_sets = kSampleSets,
-    double max_spread = kMaxSpread);
+    const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets,
+    const std::vector<std::vector<int>>& groups = {}, int max_sets = kSampleSets, double max_spread = kMaxSpread);
 
 }  // namespace fusor

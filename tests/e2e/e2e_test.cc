@@ -272,7 +272,7 @@ TEST_F(E2eTest, SurvivesAKilledWorkerAndServesTheCache) {
   // Every job done once; the job A held was leased again and finished by B.
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 1);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate'"), 4);
-  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline'"), 2);  // measured within the task
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline'"), 1);  // measured within the task
   EXPECT_EQ(Query("SELECT COUNT(*) FROM jobs WHERE state <> 'done'"), 0);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE status <> 'ok'"), 0);
@@ -395,7 +395,7 @@ TEST_F(E2eTest, SchedulerKilledMidTaskResumesOnRestart) {
   EXPECT_THAT(again.second, HasSubstr("tuned now by task " + task));
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks"), 1);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate'"), 6);
-  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline'"), 2);
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline'"), 1);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), Query("SELECT COUNT(DISTINCT job_id) FROM measurements"));
   EXPECT_EQ(TryQuery("PRAGMA integrity_check"), std::optional<std::string>("ok"));
 }
@@ -420,8 +420,7 @@ TEST_F(E2eTest, WorkerWhoseCandidatesCrashKeepsServing) {
   }
   EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'failed'"), 2);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'candidate' AND status = 'crash'"), 4);
-  // One baseline per task: the second is measured beside the confirmation
-  // of a best, and these tasks have none.
+  // One baseline per task, measured among the first candidates.
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements WHERE kind = 'baseline' AND status = 'ok'"), 2);
   EXPECT_EQ(Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'"), 1);
 }

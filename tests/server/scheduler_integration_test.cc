@@ -140,13 +140,13 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   EXPECT_TRUE(space::ParseSchedule(result->best().schedule().text(), *ir::ParseChainText(kChain)).ok());
   EXPECT_GT(result->best().prediction().t_estm_s(), 0);
 
-  // 4 candidates, 2 baselines (one among the first candidates, one beside
-  // the confirmation) and the best measured again, every sample kept.
+  // 4 candidates, the baseline (among the first candidates) and the best
+  // measured again with the baseline beside it, every sample kept.
   auto& db = server_->core().db();
-  EXPECT_EQ(*db.CountMeasurements(), 7);
+  EXPECT_EQ(*db.CountMeasurements(), 6);
   auto rows = db.MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
-  EXPECT_EQ(rows->size(), 7u);  // the baselines and the confirmation are measured by the task too
+  EXPECT_EQ(rows->size(), 6u);  // the baseline and the confirmation are measured by the task too
   EXPECT_EQ(result->baseline().status(), v1::MEASUREMENT_STATUS_OK);
   EXPECT_FALSE(result->baseline_kind().empty());
   for (const auto& m : *rows) {
@@ -164,7 +164,7 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
       << cached->best().schedule().text();
   // U is in either association order (T may have been regrouped away).
   EXPECT_THAT(cached->best().mapping().text(), HasSubstr("U=fma."));
-  EXPECT_EQ(*db.CountMeasurements(), 7);
+  EXPECT_EQ(*db.CountMeasurements(), 6);
 
   v1::CompileRequest compile;
   compile.mutable_workload()->set_text(kRenamed);
@@ -180,7 +180,7 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   EXPECT_EQ(task->state(), "done");
   auto workers = client.ListWorkers();
   ASSERT_EQ(workers->workers_size(), 1);
-  EXPECT_EQ(workers->workers(0).jobs_done(), 7);
+  EXPECT_EQ(workers->workers(0).jobs_done(), 6);
 }
 
 // Convolution chains go through the same machinery as GEMM chains: their
@@ -261,10 +261,10 @@ TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
   }
   auto task = again.GetTask(task_id);
   EXPECT_EQ(task->state(), "done") << task->error();
-  // Six candidates, the two baselines and the confirmation, each measured
+  // Six candidates, the baseline and the confirmation, each measured
   // exactly once.
   auto rows = server_->core().db().MeasurementsOfTask(task_id);
-  EXPECT_EQ(rows->size(), 9u);
+  EXPECT_EQ(rows->size(), 8u);
   std::set<std::string> jobs;
   for (const auto& m : *rows) jobs.insert(m.job_id);
   EXPECT_EQ(jobs.size(), rows->size());
@@ -432,7 +432,7 @@ TEST_F(IntegrationTest, CompilingAheadMeasuresEveryJobOnce) {
   EXPECT_GE(most_held.load(), 2u);
   auto rows = server_->core().db().MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
-  EXPECT_EQ(rows->size(), 9u);
+  EXPECT_EQ(rows->size(), 8u);
   std::set<std::string> jobs;
   for (const auto& m : *rows) {
     jobs.insert(m.job_id);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/codegen/cpu/prelude.h"
@@ -226,14 +227,9 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
   return v;
 }
 
-absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
-                                  const TimingOptions& options) {
-  ASSIGN_OR_RETURN(std::vector<Timing> timed, TimeKernelsTogether({&kernel}, chain, options));
-  return std::move(timed.front());
-}
-
 absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
-                                                        const ir::Chain& chain, const TimingOptions& options) {
+                                                        const ir::Chain& chain, const TimingOptions& options,
+                                                        const std::vector<std::vector<int>>& groups) {
   std::mt19937_64 rng(options.seed);
   int64_t input_bytes = 0;
   for (int t : chain.inputs) input_bytes += Elements(chain, t) * ir::DTypeBytes(chain.dtype);
@@ -264,21 +260,25 @@ absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const 
   };
   // One sample set per kernel: warm-up, then samples to the time budget;
   // with several kernels, in slices of the budget, taking turns.
-  const int slices = kernels.size() > 1 ? 8 : 1;
+  const bool together = kernels.size() > 1;
+  const int slices = together ? 8 : 1;
   const int min_repeats = std::max(options.min_repeats, kMinSamples);
-  const int max_repeats = std::max(options.max_repeats, min_repeats);
-  auto per_slice = [&](int total) { return (total + slices - 1) / slices; };
+  const int slice_min = (min_repeats + slices - 1) / slices;
+  const int slice_max = std::max(slice_min, std::max(options.max_repeats, min_repeats) / slices);
   auto take_sets = [&]() -> absl::StatusOr<std::vector<std::vector<double>>> {
     std::vector<std::vector<double>> samples(kernels.size());
     for (int slice = 0; slice < slices; ++slice) {
       for (size_t k = 0; k < kernels.size(); ++k) {
+        // The last kernel's threads may still spin (OpenBLAS's own pool
+        // where it is not the OpenMP build): let them sleep first.
+        if (together) std::this_thread::sleep_for(std::chrono::milliseconds(10));
         for (int i = 0; i < (slice == 0 ? options.warmup : std::min(options.warmup, 1)); ++i) {
           RETURN_IF_ERROR(call(*kernels[k]));
         }
         const auto start = Clock::now();
-        for (int n = 0; n < per_slice(max_repeats); ++n) {
+        for (int n = 0; n < slice_max; ++n) {
           const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-          if (n >= per_slice(min_repeats) && elapsed >= options.time_budget_s / slices) break;
+          if (n >= slice_min && elapsed >= options.time_budget_s / slices) break;
           const auto t0 = Clock::now();
           RETURN_IF_ERROR(call(*kernels[k]));
           samples[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -288,7 +288,7 @@ absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const 
     return samples;
   };
   ASSIGN_OR_RETURN(std::vector<TrustedTiming> trusted,
-                   MeasureTrustedTogether(take_sets, kSampleSets, options.max_spread));
+                   MeasureTrustedTogether(take_sets, groups, kSampleSets, options.max_spread));
   std::vector<Timing> timed;
   for (TrustedTiming& t : trusted) {
     Timing timing;

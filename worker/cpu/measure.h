@@ -94,24 +94,22 @@ struct Timing {
   std::vector<double> samples_s;
   double median_s = 0;
   double spread = 0;   // (p90 - p10) / median (common/util/timing.h)
-  bool noisy = false;  // spread beyond kMaxSpread in every sample set taken
+  bool noisy = false;  // the set kept spreads beyond kMaxSpread
   int sets = 0;
 };
 
-// Times the kernel with a monotonic clock after warm-up, repeating to the
-// time budget (within min/max repeats, at least kMinSamples), by the
-// timing protocol of common/util/timing.h: a set that spreads too far is
-// taken again. Non-OK if the kernel reports an error.
-absl::StatusOr<Timing> TimeKernel(const LoadedKernel& kernel, const ir::Chain& chain,
-                                  const TimingOptions& options);
-
-// Several kernels of the chain timed together, on the same inputs: each
-// sample set is taken in slices, every kernel in turn per slice (with one
-// warm-up call after the others ran), so that their ratios hold on a
-// machine whose speed drifts. One Timing per kernel, in order; a set is
-// taken again while any kernel's spreads too far.
+// Times kernels of the chain together, on the same inputs, with a
+// monotonic clock after warm-up, repeating to the time budget (within
+// min/max repeats, at least kMinSamples), by the timing protocol of
+// common/util/timing.h: a set that spreads too far is taken again (until
+// each of `groups` has a trusted kernel; empty: every kernel). Several
+// kernels take turns in 8 slices of each set, each slice after a pause and
+// one warm-up call, so that their ratios hold on a machine whose speed
+// drifts. One Timing per kernel, in order; non-OK if a kernel reports an
+// error.
 absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
-                                                        const ir::Chain& chain, const TimingOptions& options);
+                                                        const ir::Chain& chain, const TimingOptions& options,
+                                                        const std::vector<std::vector<int>>& groups = {});
 
 double Median(std::vector<double> values);
 

@@ -128,16 +128,16 @@ TEST(TimeKernelTest, KeepsEverySampleWithinTheRepeatBounds) {
   options.max_repeats = 14;
   options.time_budget_s = 10;
   options.max_spread = 1e9;  // a nanosecond kernel's samples spread; this checks the bounds
-  auto t = TimeKernel(*loaded, *chain, options);
+  auto t = TimeKernelsTogether({&*loaded}, *chain, options);
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(t->samples_s.size(), 14u);
-  EXPECT_DOUBLE_EQ(t->median_s, Median(t->samples_s));
-  EXPECT_EQ(t->sets, 1);
+  EXPECT_EQ(t->at(0).samples_s.size(), 14u);
+  EXPECT_DOUBLE_EQ(t->at(0).median_s, Median(t->at(0).samples_s));
+  EXPECT_EQ(t->at(0).sets, 1);
   // Fewer than kMinSamples are never taken: percentiles need them.
   options.min_repeats = options.max_repeats = 3;
-  t = TimeKernel(*loaded, *chain, options);
+  t = TimeKernelsTogether({&*loaded}, *chain, options);
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(static_cast<int>(t->samples_s.size()), kMinSamples);
+  EXPECT_EQ(static_cast<int>(t->at(0).samples_s.size()), kMinSamples);
 }
 
 TEST(TimeKernelTest, KernelsTimedTogetherTakeTurnsInSlices) {
@@ -155,6 +155,7 @@ TEST(TimeKernelTest, KernelsTimedTogetherTakeTurnsInSlices) {
   for (const std::string name : {"a", "b"}) {
     k.compile_flags = {"-O1", "-DLOG=\"" + log + "\"", "-DNAME=\"" + name + "\""};
     auto sub = TempDir::Create(dir->path(), "k-");
+    ASSERT_TRUE(sub.ok());
     CompileOutcome c = CompileKernel(k, sub->path(), "c++", 60);
     ASSERT_TRUE(c.ok) << c.error;
     auto kernel = LoadedKernel::Open(c.so_path, "fusor_run");
