@@ -157,9 +157,9 @@ JobOutcome CompileCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
 
 // Validates and times what CompileCpuJob left in `dir`, every kernel
 // together (interleaved). A baseline keeps the fastest of its BLAS
-// variants that measured trustworthily (all of them named in
-// resources_json); a confirmation reports the candidate, with that
-// baseline beside it in resources_json.
+// variants, noisy if that one is (all of them named in resources_json); a
+// confirmation reports the candidate, with that baseline beside it in
+// resources_json.
 JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) {
   auto text = ReadFile(dir + "/compiled.json");
   if (!text.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(text.status().message()));
@@ -221,16 +221,15 @@ JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
   groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
   auto timed = TimeKernelsTogether(kernels, chain, timing, groups);
   if (!timed.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(timed.status().message()));
-  // The baseline: trusted first, then faster.
+  // The baseline: the fastest variant, trusted or not (a slower one would
+  // flatter the candidate).
   int kept = -1;
   for (size_t i = 0; i < outs.size(); ++i) {
     const Timing& t = (*timed)[i];
     RecordTiming({t.samples_s, t.median_s, t.spread, t.noisy, t.sets}, outs[i]);
     if (names[i] == kFused) continue;
     medians[names[i]] = {{"median_s", outs[i].median_s}, {"status", OutcomeStatusName(outs[i].status)}};
-    const bool better = kept < 0 || (outs[i].status == OutcomeStatus::kOk && outs[kept].status != OutcomeStatus::kOk) ||
-                        (outs[i].status == outs[kept].status && outs[i].median_s < outs[kept].median_s);
-    if (better) kept = static_cast<int>(i);
+    if (kept < 0 || outs[i].median_s < outs[kept].median_s) kept = static_cast<int>(i);
   }
   if (names.front() != kFused) {  // a baseline
     JobOutcome best = std::move(outs[kept]);

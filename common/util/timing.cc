@@ -42,16 +42,17 @@ absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
       t.spread = stats.spread;
       round.push_back(std::move(t));
     }
-    // The worst group's best spread.
+    // The worst spread of a group's fastest kernel.
     double worst = 0;
     auto group_spread = [&](const std::vector<int>& group) {
-      double least = -1;
+      const TrustedTiming* fastest = nullptr;
       for (int k : group) {
-        if (k >= 0 && k < static_cast<int>(round.size()) && (least < 0 || round[k].spread < least)) {
-          least = round[k].spread;
+        if (k >= 0 && k < static_cast<int>(round.size()) &&
+            (fastest == nullptr || round[k].median_s < fastest->median_s)) {
+          fastest = &round[k];
         }
       }
-      return std::max(least, 0.0);
+      return fastest == nullptr ? 0.0 : fastest->spread;
     };
     if (groups.empty()) {
       for (const TrustedTiming& t : round) worst = std::max(worst, t.spread);

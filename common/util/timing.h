@@ -47,10 +47,11 @@ absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<
 // The same for several kernels timed together (interleaved, so that a
 // machine whose speed drifts slows them alike): `take_sets` returns one
 // sample set per kernel. The kernels fall into `groups` (indices; empty:
-// each kernel its own group), of which each needs one trusted kernel:
-// variants of one baseline need not all be. Rounds are taken until each
-// group has one within `max_spread`, and the round kept is the one whose
-// worst group is least spread; each kernel is noisy by its own spread.
+// each kernel its own group), of which only the fastest kernel needs to be
+// trusted: of a baseline's variants, the one that is the baseline. Rounds
+// are taken until each group's fastest is within `max_spread`, and the
+// round kept is the one whose worst such spread is least; each kernel is
+// noisy by its own spread.
 absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
     const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets,
     const std::vector<std::vector<int>>& groups = {}, int max_sets = kSampleSets, double max_spread = kMaxSpread);

@@ -115,6 +115,16 @@ TEST(TimingProtocolTest, KernelsTimedTogetherAreTakenAgainWhileAnyOneSpreadsTooF
   EXPECT_EQ(calls, 1);
   EXPECT_FALSE((*t)[1].noisy);
   EXPECT_TRUE((*t)[2].noisy);
+  // But not a slower one in place of the fastest, which is the baseline.
+  calls = 0;
+  auto fastest_variant_noisy = [&]() -> absl::StatusOr<std::vector<std::vector<double>>> {
+    ++calls;
+    return std::vector<std::vector<double>>{Steady(1e-3), Disturbed(2e-3), Steady(3e-3)};
+  };
+  t = MeasureTrustedTogether(fastest_variant_noisy, {{0}, {1, 2}});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(calls, kSampleSets);
+  EXPECT_TRUE((*t)[1].noisy);
 }
 
 class TrustedMeasurementTest : public ::testing::Test {
