@@ -654,7 +654,7 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   }
   if (m.status == "ok" && m.spread > options_.measure.max_spread()) {
     m.status = "noisy";
-    m.error = absl::StrCat("noisy: the samples' spread (p90 - p10) / median is ", m.spread, " (at most ",
+    m.error = absl::StrCat("the samples' spread (p90 - p10) / median is ", m.spread, " (at most ",
                            options_.measure.max_spread(), " is trusted)");
   }
   ASSIGN_OR_RETURN(db::RecordResult rec, db_->RecordMeasurement(request.lease_id(), m));

@@ -283,8 +283,8 @@ void RecordTiming(const TrustedTiming& timing, JobOutcome& out) {
   out.spread = timing.spread;
   out.status = timing.noisy ? OutcomeStatus::kNoisy : OutcomeStatus::kOk;
   if (timing.noisy) {
-    out.error = absl::StrCat("noisy: the samples' spread (p90 - p10) / median was ", timing.spread,
-                             " in the set kept of ", timing.sets, "; the machine is busy");
+    out.error = absl::StrCat("the samples' spread (p90 - p10) / median was ", timing.spread, " in the set kept of ",
+                             timing.sets, "; the machine is busy");
   }
 }
 

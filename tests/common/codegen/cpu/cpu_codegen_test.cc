@@ -105,8 +105,8 @@ TEST(CpuCodegenTest, MaskedF16AttentionWithBothOutputs) {
              "b=1 m=16 / - / S(n=16) O(n=16)", TestTarget());
 }
 
-TEST(CpuCodegenTest, Bf16GemmChainWithEpilogues) {
-  CheckFused(R"(
+// A bf16 MLP block with odd extents: padding, epilogues, conversions.
+constexpr char kBf16Mlp[] = R"(
 chain mlp
 dtype bf16
 dim m=37 c=48 f=80 o=24
@@ -115,8 +115,10 @@ H[m,f] = sum(c) X[m,c] * W1[c,f]
 G[m,f] = gelu(H[m,f] + B1[f])
 Y[m,o] = sum(f) G[m,f] * W2[f,o]
 out Y
-)",
-             "m=16 / - / H(f=32 c=16) Y(f=32)", TestTarget());
+)";
+
+TEST(CpuCodegenTest, Bf16GemmChainWithEpilogues) {
+  CheckFused(kBf16Mlp, "m=16 / - / H(f=32 c=16) Y(f=32)", TestTarget());
 }
 
 TEST(CpuCodegenTest, TransposedOperandsAndThreeGemms) {
@@ -184,17 +186,7 @@ TEST(CpuCodegenTest, Avx2BuildsOfEveryKind) {
   CheckFused(testing::kMaskedF16Attention, "b=1 m=16 / n=16 / O(h=16)", TestTarget(), haswell);
   CheckFused(testing::kGemmChain, "{E=A*(B*D)} m=16 / - / B_D(n=32)", TestTarget(), haswell);
   CheckFused(testing::kConvChain, "n=1 p=4 q=8 / - / T(c=4)", TestTarget(), haswell);
-  CheckFused(R"(
-chain mlp
-dtype bf16
-dim m=37 c=48 f=80 o=24
-in X[m,c] W1[c,f] B1[f] W2[f,o]
-H[m,f] = sum(c) X[m,c] * W1[c,f]
-G[m,f] = gelu(H[m,f] + B1[f])
-Y[m,o] = sum(f) G[m,f] * W2[f,o]
-out Y
-)",
-             "m=16 / f=32 / H(c=16)", TestTarget(), haswell);
+  CheckFused(kBf16Mlp, "m=16 / f=32 / H(c=16)", TestTarget(), haswell);
 }
 
 // A stream loop split among blocks: partial sums per part, added up after
