@@ -212,7 +212,8 @@ JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
   timing.num_threads = threads;
   timing.seed = spec.seed + 1;
   std::vector<const LoadedKernel*> kernels;
-  // Each needs one trusted kernel: the candidate, and one baseline variant.
+  // Trusted timings are needed of the candidate and of the fastest
+  // baseline variant (the baseline), not of every variant.
   std::vector<std::vector<int>> groups(2);
   for (size_t i = 0; i < loaded.size(); ++i) {
     kernels.push_back(&loaded[i]);

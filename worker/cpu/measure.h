@@ -102,7 +102,8 @@ struct Timing {
 // monotonic clock after warm-up, repeating to the time budget (within
 // min/max repeats, at least kMinSamples), by the timing protocol of
 // common/util/timing.h: a set that spreads too far is taken again (until
-// each of `groups` has a trusted kernel; empty: every kernel). Several
+// the fastest kernel of each of `groups` is trusted; empty: every kernel
+// is a group). Several
 // kernels take turns in 8 slices of each set, each slice after a pause and
 // one warm-up call, so that their ratios hold on a machine whose speed
 // drifts. One Timing per kernel, in order; non-OK if a kernel reports an
