@@ -11,17 +11,10 @@
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "server/scheduler.h"
+#include "tests/test_chains.h"
 
 namespace fusor::server {
 namespace {
-
-constexpr char kChain[] = R"(
-dim m=64 k=16 n=48 h=16
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)";
 
 std::vector<double> Steady(double median_s) {
   std::vector<double> s;
@@ -150,7 +143,7 @@ class TrustedMeasurementTest : public ::testing::Test {
   // Starts a task of `budget` candidates; `measure(job)` makes each report.
   v1::TuneResult Tune(int budget, const std::function<v1::Measurement(const v1::Job&)>& measure) {
     v1::Workload w;
-    w.set_text(kChain);
+    w.set_text(testing::kGemmChain);
     auto req = scheduler_->Prepare(w, {});
     EXPECT_TRUE(req.ok()) << req.status();
     v1::TuneOptions options;
@@ -224,7 +217,7 @@ TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {
   EXPECT_NEAR(r.speedup(), r.baseline_s() / r.best_measurement().median_s(), 1e-12);
   // The cache answers with the trusted best.
   v1::Workload w;
-  w.set_text(kChain);
+  w.set_text(testing::kGemmChain);
   auto cached = scheduler_->Lookup(*scheduler_->Prepare(w, {}));
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_EQ(cached->best().id(), r.best().id());

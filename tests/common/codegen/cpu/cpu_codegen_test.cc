@@ -330,15 +330,7 @@ TEST(CpuCodegenTest, BaselinesOfF16AndConvChains) {
 
 TEST(CpuCodegenTest, BaselinesOfGemmChainsWithEpilogues) {
   CheckBaseline(testing::kGemmChain);
-  CheckBaseline(R"(
-dtype bf16
-dim m=37 c=48 f=80 o=24
-in X[m,c] W1[c,f] B1[f] W2[f,o]
-H[m,f] = sum(c) X[m,c] * W1[c,f]
-G[m,f] = gelu(H[m,f] + B1[f])
-Y[m,o] = sum(f) G[m,f] * W2[f,o]
-out Y
-)");
+  CheckBaseline(kBf16Mlp);
 }
 
 }  // namespace
