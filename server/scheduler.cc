@@ -812,12 +812,11 @@ absl::Status Scheduler::QueueBaseline(Task& task, int64_t now_ms) {
 
 absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best,
                                           v1::TuneResult& r) {
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id));
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id, "baseline"));
   v1::Measurement* baseline = r.mutable_baseline();
   std::vector<const db::MeasurementRow*> trusted;
   int noisy = 0;
   for (const db::MeasurementRow& m : rows) {
-    if (m.kind != "baseline") continue;
     if (m.status == "noisy") ++noisy;
     if (m.status == "ok") trusted.push_back(&m);
   }
@@ -862,7 +861,7 @@ absl::StatusOr<bool> Scheduler::NeedsConfirmation(const Task& task) {
   constexpr size_t kConfirmAttempts = 2;
   if (task.confirm_jobs.empty()) return true;
   if (task.confirm_jobs.size() >= kConfirmAttempts) return false;
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id, "confirm"));
   for (const db::MeasurementRow& m : rows) {
     if (m.job_id == task.confirm_jobs.back()) return m.status == "noisy";
   }

@@ -226,8 +226,7 @@ JobOutcome MeasureCpuJob(const JobSpec& spec, const ir::Chain& chain, const std:
   // flatter the candidate).
   int kept = -1;
   for (size_t i = 0; i < outs.size(); ++i) {
-    const Timing& t = (*timed)[i];
-    RecordTiming({t.samples_s, t.median_s, t.spread, t.noisy, t.sets}, outs[i]);
+    RecordTiming((*timed)[i], outs[i]);
     if (names[i] == kFused) continue;
     medians[names[i]] = {{"median_s", outs[i].median_s}, {"status", OutcomeStatusName(outs[i].status)}};
     if (kept < 0 || outs[i].median_s < outs[kept].median_s) kept = static_cast<int>(i);

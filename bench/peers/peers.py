@@ -709,8 +709,12 @@ def from_storage(a, dtype):
     return np.asarray(a, dtype=np.float64)
 
 
+class WrongResult(ValueError):
+    """An implementation's output is out of tolerance: the run fails, whichever implementation it is."""
+
+
 def check(name, outs, refs, tol):
-    """Max relative error (fusor's rule); raises when any element is out of tolerance or not finite."""
+    """Max relative error (fusor's rule); raises WrongResult when any element is out of tolerance or not finite."""
     worst = 0.0
     for out, ref in zip(outs, refs):
         out = np.asarray(out, dtype=np.float64).reshape(ref.shape)
@@ -718,7 +722,7 @@ def check(name, outs, refs, tol):
         rel = np.abs(out - ref) / (np.abs(ref) + rms)
         if not np.all(np.isfinite(out)) or not np.all(rel <= tol):
             bad = int(np.argmax(np.where(np.isfinite(rel), rel, np.inf)))
-            raise ValueError("%s: element %d is %r, expected %r (relative error %.3g > %.3g)" % (
+            raise WrongResult("%s: element %d is %r, expected %r (relative error %.3g > %.3g)" % (
                 name, bad, out.flat[bad], ref.flat[bad], rel.flat[bad], tol))
         worst = max(worst, float(rel.max()) if rel.size else 0.0)
     return worst
@@ -825,6 +829,8 @@ def bench_chain(path, work, seconds):
         try:
             bfn, _ = fusor_unfused(path, work, blas)
             add_kernel("fusor_unfused_" + blas, bfn, "fusor's baseline: %s GEMMs + vector passes" % blas)
+        except WrongResult:
+            raise
         except Exception as e:
             result["impls"]["fusor_unfused_" + blas] = dict(skipped="%s: %s" % (type(e).__name__,
                                                                               str(e).splitlines()[0][:200]))
@@ -840,6 +846,8 @@ def bench_chain(path, work, seconds):
             impls.append((name, lambda: run(*args)))
         except ImportError as e:
             result["impls"][name] = dict(skipped=str(e))
+        except WrongResult:
+            raise
         except Exception as e:  # a peer that cannot run this chain says why; fusor's row stands
             result["impls"][name] = dict(skipped="%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200]))
 

@@ -518,11 +518,15 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
   return RecordResult{ReportOutcome::kRecorded, id};
 }
 
-absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const std::string& task_id) {
+absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const std::string& task_id,
+                                                                         const std::string& kind) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
-                                                          " FROM measurements WHERE task_id = ? ORDER BY id")));
+                                                          " FROM measurements WHERE task_id = ? AND (? = '' OR kind = ?)"
+                                                          " ORDER BY id")));
   s.Bind(1, task_id);
+  s.Bind(2, kind);
+  s.Bind(3, kind);
   std::vector<MeasurementRow> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, s.Step());

@@ -244,7 +244,9 @@ class TuningDb {
   // transaction. kDuplicate: the job was already reported (nothing
   // written); kStaleLease: the job is not leased under `lease_id` any more.
   absl::StatusOr<RecordResult> RecordMeasurement(const std::string& lease_id, const MeasurementRow& m);
-  absl::StatusOr<std::vector<MeasurementRow>> MeasurementsOfTask(const std::string& task_id);
+  // `kind` non-empty: only measurements of that kind ("baseline", ...).
+  absl::StatusOr<std::vector<MeasurementRow>> MeasurementsOfTask(const std::string& task_id,
+                                                                 const std::string& kind = "");
   // Candidate measurements of a task: all, and those not ok.
   absl::StatusOr<std::pair<int, int>> CountCandidateMeasurements(const std::string& task_id);
   absl::StatusOr<MeasurementRow> GetMeasurement(int64_t id);

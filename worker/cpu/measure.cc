@@ -114,13 +114,6 @@ double Tolerance(ir::DType dtype) {
   return 1e-4;
 }
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values) {
   HostTensor scratch;
   return Store(dtype, values, scratch);
@@ -227,7 +220,7 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
   return v;
 }
 
-absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
+absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
                                                         const ir::Chain& chain, const TimingOptions& options,
                                                         const std::vector<std::vector<int>>& groups) {
   std::mt19937_64 rng(options.seed);
@@ -287,19 +280,7 @@ absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const 
     }
     return samples;
   };
-  ASSIGN_OR_RETURN(std::vector<TrustedTiming> trusted,
-                   MeasureTrustedTogether(take_sets, groups, kSampleSets, options.max_spread));
-  std::vector<Timing> timed;
-  for (TrustedTiming& t : trusted) {
-    Timing timing;
-    timing.samples_s = std::move(t.samples_s);
-    timing.median_s = t.median_s;
-    timing.spread = t.spread;
-    timing.noisy = t.noisy;
-    timing.sets = t.sets;
-    timed.push_back(std::move(timing));
-  }
-  return timed;
+  return MeasureTrustedTogether(take_sets, groups, kSampleSets, options.max_spread);
 }
 
 }  // namespace fusor::worker

@@ -90,13 +90,6 @@ struct TimingOptions {
   double max_spread = kMaxSpread;  // the timing protocol's bound (common/util/timing.h)
 };
 
-struct Timing {
-  std::vector<double> samples_s;
-  double median_s = 0;
-  double spread = 0;   // (p90 - p10) / median (common/util/timing.h)
-  bool noisy = false;  // the set kept spreads beyond kMaxSpread
-  int sets = 0;
-};
 
 // Times kernels of the chain together, on the same inputs, with a
 // monotonic clock after warm-up, repeating to the time budget (within
@@ -106,12 +99,10 @@ struct Timing {
 // is a group). Several
 // kernels take turns in 8 slices of each set, each slice after a pause and
 // one warm-up call, so that their ratios hold on a machine whose speed
-// drifts. One Timing per kernel, in order; non-OK if a kernel reports an
+// drifts. One timing per kernel, in order; non-OK if a kernel reports an
 // error.
-absl::StatusOr<std::vector<Timing>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
+absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
                                                         const ir::Chain& chain, const TimingOptions& options,
                                                         const std::vector<std::vector<int>>& groups = {});
-
-double Median(std::vector<double> values);
 
 }  // namespace fusor::worker
