@@ -63,6 +63,8 @@ std::optional<Func> LookupFunc(absl::string_view name) {
   return std::nullopt;
 }
 
+constexpr int64_t kMaxIndexValue = int64_t{1} << 31;
+
 // Recursive-descent parser for one expression string against a partly
 // built chain (the tensors defined so far).
 class ExprParser {
@@ -91,6 +93,25 @@ class ExprParser {
     if (++nodes_ > limits_.max_expr_nodes) {
       return ErrorAt(tok, absl::StrCat("expression has more than ", limits_.max_expr_nodes,
                                        " nodes (limit)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Counts one level of nesting for as long as it lives.
+  class Nested {
+   public:
+    explicit Nested(int& depth) : depth_(depth) { ++depth_; }
+    ~Nested() { --depth_; }
+    Nested(const Nested&) = delete;
+    Nested& operator=(const Nested&) = delete;
+
+   private:
+    int& depth_;
+  };
+
+  absl::Status CheckDepth(const Token& tok) const {
+    if (depth_ > limits_.max_expr_depth) {
+      return ErrorAt(tok, absl::StrCat("expression nests deeper than ", limits_.max_expr_depth, " levels (limit)"));
     }
     return absl::OkStatus();
   }
@@ -128,7 +149,10 @@ class ExprParser {
     return lhs;
   }
 
+  // Every cycle of the recursion passes here.
   absl::StatusOr<Expr> ParseUnary() {
+    Nested nested(depth_);
+    RETURN_IF_ERROR(CheckDepth(Peek()));
     if (Peek().Is('-')) {
       const Token& op = Next();
       RETURN_IF_ERROR(CountNode(op));
@@ -225,9 +249,9 @@ class ExprParser {
   absl::StatusOr<AffineExpr> ParseAffine() {
     ASSIGN_OR_RETURN(AffineExpr lhs, ParseAffineTerm());
     while (Peek().Is('+') || Peek().Is('-')) {
-      bool minus = Next().Is('-');
+      const Token& op = Next();
       ASSIGN_OR_RETURN(AffineExpr rhs, ParseAffineTerm());
-      lhs = Combine(lhs, rhs, minus ? -1 : 1);
+      ASSIGN_OR_RETURN(lhs, Combine(lhs, rhs, op.Is('-') ? -1 : 1, op));
     }
     return lhs;
   }
@@ -236,23 +260,26 @@ class ExprParser {
     const Token& start = Peek();
     ASSIGN_OR_RETURN(AffineExpr lhs, ParseAffineFactor());
     while (Peek().Is('*')) {
-      Next();
+      const Token& op = Next();
       ASSIGN_OR_RETURN(AffineExpr rhs, ParseAffineFactor());
       if (!lhs.terms.empty() && !rhs.terms.empty()) {
         return ErrorAt(start, "index expression is not affine (product of two dims)");
       }
       if (lhs.terms.empty()) std::swap(lhs, rhs);
-      lhs = Combine(AffineExpr(), lhs, rhs.constant);
+      ASSIGN_OR_RETURN(lhs, Combine(AffineExpr(), lhs, rhs.constant, op));
     }
     return lhs;
   }
 
+  // Every cycle of the recursion passes here.
   absl::StatusOr<AffineExpr> ParseAffineFactor() {
     const Token& tok = Peek();
+    Nested nested(depth_);
+    RETURN_IF_ERROR(CheckDepth(tok));
     if (tok.Is('-')) {
       Next();
       ASSIGN_OR_RETURN(AffineExpr e, ParseAffineFactor());
-      return Combine(AffineExpr(), e, -1);
+      return Combine(AffineExpr(), e, -1, tok);
     }
     if (tok.Is('(')) {
       Next();
@@ -280,18 +307,30 @@ class ExprParser {
     return ErrorAt(tok, absl::StrCat("expected a dim or integer in index, found ", got));
   }
 
-  // lhs + scale * rhs, normalized.
-  static AffineExpr Combine(const AffineExpr& lhs, const AffineExpr& rhs, int64_t scale) {
+  // lhs + scale * rhs, normalized. Coefficients and constants stay within
+  // kMaxIndexValue, so that bounds checks on them cannot overflow.
+  absl::StatusOr<AffineExpr> Combine(const AffineExpr& lhs, const AffineExpr& rhs, int64_t scale,
+                                     const Token& at) const {
+    bool overflow = false;
+    auto add_scaled = [&](int64_t& into, int64_t v) {
+      int64_t product = 0;
+      overflow = overflow || __builtin_mul_overflow(scale, v, &product) ||
+                 __builtin_add_overflow(into, product, &into) || into > kMaxIndexValue ||
+                 into < -kMaxIndexValue;
+    };
     AffineExpr out = lhs;
-    out.constant += scale * rhs.constant;
+    add_scaled(out.constant, rhs.constant);
     for (const auto& [d, c] : rhs.terms) {
       auto it = std::find_if(out.terms.begin(), out.terms.end(),
                              [d = d](const auto& t) { return t.first == d; });
       if (it == out.terms.end()) {
-        out.terms.push_back({d, scale * c});
-      } else {
-        it->second += scale * c;
+        out.terms.push_back({d, 0});
+        it = out.terms.end() - 1;
       }
+      add_scaled(it->second, c);
+    }
+    if (overflow) {
+      return ErrorAt(at, absl::StrCat("index coefficient or constant beyond +-", kMaxIndexValue));
     }
     std::erase_if(out.terms, [](const auto& t) { return t.second == 0; });
     std::sort(out.terms.begin(), out.terms.end());
@@ -304,6 +343,7 @@ class ExprParser {
   const Chain& chain_;
   const Limits& limits_;
   int nodes_ = 0;
+  int depth_ = 0;
 };
 
 absl::StatusOr<int> ResolveDim(const Chain& chain, const std::string& name, const Where& where) {

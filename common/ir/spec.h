@@ -38,6 +38,10 @@ struct Limits {
   // Iterations of one op (output elements times reduced elements).
   double max_op_points = 1e13;
   int max_expr_nodes = 256;
+  // Nesting of parentheses, calls and signs in one expression (value or
+  // index). It bounds the recursion of the parser and of every walker of
+  // the tree after it (canonicalizer, printer, reference interpreter).
+  int max_expr_depth = 64;
   size_t max_spec_bytes = 64 * 1024;
 };
 
