@@ -123,10 +123,15 @@ TEST(ParseChainTextTest, EnforcesLimits) {
   st = ParseError("dim m=16000000 n=16000000\nin A[m,n]\nB[m,n] = A[m,n]\nout B");
   EXPECT_THAT(std::string(st.message()), HasSubstr("elements; the limit is"));
 
-  std::string deep = "A[m]";
-  for (int i = 0; i < 300; ++i) deep = "relu(" + deep + ")";
-  st = ParseError("dim m=4\nin A[m]\nB[m] = " + deep + "\nout B");
+  std::string wide = "A[m]";
+  for (int i = 0; i < 200; ++i) wide += " + A[m]";
+  st = ParseError("dim m=4\nin A[m]\nB[m] = " + wide + "\nout B");
   EXPECT_THAT(std::string(st.message()), HasSubstr("more than 256 nodes"));
+
+  std::string deep = "A[m]";
+  for (int i = 0; i < 100; ++i) deep = "relu(" + deep + ")";
+  st = ParseError("dim m=4\nin A[m]\nB[m] = " + deep + "\nout B");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("nests deeper than 64 levels"));
 }
 
 TEST(ParseChainJsonTest, AcceptsProtoJsonAndNamesFields) {
