@@ -29,7 +29,7 @@ for target in chain_text proto_json onnx; do
   dict=()
   [ -f "$root/tests/fuzz/dict/$target.dict" ] && dict=(-dict="$root/tests/fuzz/dict/$target.dict")
   echo "fuzz: $target: ${runs:-${seconds} s} ${runs:+runs }from $(find "$scratch" -type f | wc -l) seeds"
-  (cd "$build" && "$fuzzer" "${limit[@]}" "${dict[@]}" -timeout=25 -rss_limit_mb=4096 -max_len=65536 \
+  (cd "$build" && "$fuzzer" "${limit[@]}" "${dict[@]}" -timeout=25 -rss_limit_mb=4096 -max_len=65536 -len_control=0 \
       -print_final_stats=1 "$scratch" > "$build/$target.log" 2>&1) ||
     { tail -60 "$build/$target.log"; echo "fuzz: $target found a crash; its input is in $build"; exit 1; }
   grep -E "stat::number_of_executed_units|stat::new_units_added" "$build/$target.log" | tr '\n' ' '

@@ -19,6 +19,7 @@
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
 #include "common/util/log.h"
+#include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
@@ -535,8 +536,12 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   }
   const int64_t now = NowMs();
   RETURN_IF_ERROR(db_->UpsertTarget({proto.fingerprint(), wire::BackendName(proto.backend()), json, now}, now));
+  std::random_device random;
+  std::string secret;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(random(), absl::kZeroPad8));
   db::WorkerRow w;
   w.id = NewId("w-");
+  w.secret_hash = Sha256Hex(secret);
   w.name = request.name().empty() ? w.id : request.name();
   w.target_fp = proto.fingerprint();
   w.state = "alive";
@@ -548,15 +553,38 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
               desc.peak_flops / 1e9);
   v1::RegisterResponse resp;
   resp.set_worker_id(w.id);
+  resp.set_worker_secret(secret);
   resp.set_target_fingerprint(w.target_fp);
   resp.set_heartbeat_interval_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   resp.set_lease_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.lease)));
   return resp;
 }
 
+absl::StatusOr<db::WorkerRow> Scheduler::Authenticate(const std::string& worker_id, const std::string& secret,
+                                                     absl::string_view call) {
+  ASSIGN_OR_RETURN(db::WorkerRow worker, db_->GetWorker(worker_id));
+  // Compares hashes: the time taken tells nothing about the secret.
+  const std::string hash = Sha256Hex(secret);
+  unsigned char diff = hash.size() != worker.secret_hash.size();
+  for (size_t i = 0; i < hash.size() && i < worker.secret_hash.size(); ++i) diff |= hash[i] ^ worker.secret_hash[i];
+  if (diff != 0 || secret.empty()) {
+    Log()->warn("[worker={}] {} refused: the worker secret does not match its registration", worker_id, std::string(call));
+    return absl::PermissionDeniedError(absl::StrCat(
+        call, ": the worker secret does not match the registration of worker ", worker_id,
+        "; a worker acts only under the id and secret its own Register returned (register again)"));
+  }
+  return worker;
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse resp;
   const int64_t now = NowMs();
+  auto worker = Authenticate(request.worker_id(), request.worker_secret(), "heartbeat");
+  if (absl::IsNotFound(worker.status())) {
+    resp.set_reregister(true);
+    return resp;
+  }
+  RETURN_IF_ERROR(worker.status());
   absl::Status st = db_->TouchWorker(request.worker_id(), now);
   if (absl::IsNotFound(st)) {
     resp.set_reregister(true);
@@ -570,7 +598,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
 
 absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& request,
                                                    const std::function<bool()>& cancelled) {
-  ASSIGN_OR_RETURN(db::WorkerRow worker, db_->GetWorker(request.worker_id()));
+  ASSIGN_OR_RETURN(db::WorkerRow worker, Authenticate(request.worker_id(), request.worker_secret(), "lease"));
   RETURN_IF_ERROR(db_->TouchWorker(worker.id, NowMs()));
   const int max_jobs = std::clamp(request.max_jobs(), 1, 16);
   const auto deadline =
@@ -626,6 +654,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
 }
 
 absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& request) {
+  RETURN_IF_ERROR(Authenticate(request.worker_id(), request.worker_secret(), "report").status());
   ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(request.job_id()));
   ASSIGN_OR_RETURN(db::TaskRow task_row, db_->GetTask(job.task_id));
   const v1::Measurement& pm = request.measurement();
@@ -664,9 +693,21 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
     resp.set_duplicate(true);
     return resp;
   }
+  if (rec.outcome == db::ReportOutcome::kNotYourLease) {
+    Log()->warn("[task={} job={}] report from worker {} refused: the lease is worker {}'s", job.task_id, job.id,
+                request.worker_id(), rec.job.worker_id);
+    return absl::PermissionDeniedError(absl::StrCat("report: lease ", request.lease_id(), " of job ", job.id,
+                                                    " is held by worker ", rec.job.worker_id, ", not by worker ",
+                                                    request.worker_id(), "; nothing was recorded"));
+  }
   if (rec.outcome == db::ReportOutcome::kStaleLease) {
-    return absl::FailedPreconditionError(absl::StrCat("lease ", request.lease_id(), " of job ", job.id,
-                                                      " is no longer valid: it expired and the job was requeued"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "report: lease ", request.lease_id(), " of job ", job.id, " is no longer valid: ",
+        rec.job.state == "queued"    ? "it expired and the job was requeued"
+        : rec.job.lease_id.empty()   ? "the job was never leased"
+                                     : absl::StrCat("the job is now leased again (to worker ", rec.job.worker_id,
+                                                    ") after this lease expired"),
+        "; nothing was recorded"));
   }
   Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(), job.kind, m.status,
               m.status == "ok" ? absl::StrCat(m.median_s * 1e3, " ms") : m.error.substr(0, 200),

@@ -161,6 +161,10 @@ class Scheduler {
   std::string NewId(const char* prefix);
   absl::Status ResumeTasks();
   absl::StatusOr<Task*> LoadTask(const db::TaskRow& row);
+  // The worker, if `secret` is the one its Register returned: else
+  // PERMISSION_DENIED (NOT_FOUND for an unknown worker).
+  absl::StatusOr<db::WorkerRow> Authenticate(const std::string& worker_id, const std::string& secret,
+                                             absl::string_view call);
   absl::Status Advance(Task& task);  // mu_ held
   absl::Status Finalize(Task& task);  // mu_ held
   absl::Status QueueBaseline(Task& task, int64_t now_ms);  // mu_ held

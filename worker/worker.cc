@@ -109,7 +109,11 @@ absl::Status Worker::Register() {
   wire::GrpcRetrier retrier(options_.rpc);
   grpc::Status st = retrier.Run("register", [&](grpc::ClientContext& ctx) { return stub_->Register(&ctx, req, &resp); });
   if (!st.ok()) return wire::FromGrpcStatus(st);
-  worker_id_ = resp.worker_id();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_id_ = resp.worker_id();
+    worker_secret_ = resp.worker_secret();
+  }
   heartbeat_ms_ = std::max(100, resp.heartbeat_interval_ms());
   reregister_ = false;
   registered_ = true;
@@ -125,9 +129,10 @@ void Worker::HeartbeatLoop() {
     }
     if (stop_) return;
     v1::HeartbeatRequest req;
-    req.set_worker_id(worker_id_);
     {
       std::lock_guard<std::mutex> lock(mu_);
+      req.set_worker_id(worker_id_);
+      req.set_worker_secret(worker_secret_);
       for (const std::string& lease : held_leases_) req.add_lease_ids(lease);
     }
     v1::HeartbeatResponse resp;
@@ -135,7 +140,7 @@ void Worker::HeartbeatLoop() {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Status st = stub_->Heartbeat(&ctx, req, &resp);
     if (!st.ok()) {
-      Log()->warn("[worker={}] heartbeat failed: {}", worker_id_, st.error_message());
+      Log()->warn("[worker={}] heartbeat failed: {}", req.worker_id(), st.error_message());
     } else if (resp.reregister()) {
       reregister_ = true;
     }
@@ -160,6 +165,7 @@ absl::Status Worker::Run() {
       const absl::Duration wait = pending.empty() ? options_.lease_wait : absl::ZeroDuration();
       v1::LeaseRequest req;
       req.set_worker_id(worker_id_);
+      req.set_worker_secret(worker_secret_);
       req.set_max_jobs(static_cast<int32_t>(depth - pending.size()));
       req.set_wait_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(wait)));
       v1::LeaseResponse resp;
@@ -218,6 +224,8 @@ absl::Status Worker::Run() {
 Worker::Pending Worker::Start(const v1::Job& job) {
   Pending p;
   p.job = job;
+  p.worker_id = worker_id_;
+  p.worker_secret = worker_secret_;
   p.context = absl::StrCat("[task=", job.task_id(), " job=", job.job_id(),
                            job.kind() == v1::JOB_KIND_BASELINE  ? " baseline"
                            : job.kind() == v1::JOB_KIND_CONFIRM ? " confirm"
@@ -306,7 +314,7 @@ void Worker::Finish(Pending& p) {
     m.mutable_compile()->set_code_bytes(out.code_bytes);
     m.mutable_compile()->set_resources_json(out.resources_json);
   }
-  m.set_worker_id(worker_id_);
+  m.set_worker_id(p.worker_id);
   m.set_measured_at_unix_ms(absl::ToUnixMillis(absl::Now()));
   if (m.status() == v1::MEASUREMENT_STATUS_OK) {
     Log()->info("{} ok: median {:.3f} ms over {} samples, spread {:.0f}% (max rel. error {:.1e})", context,
@@ -317,7 +325,8 @@ void Worker::Finish(Pending& p) {
 
   const v1::Job& job = p.job;
   v1::ReportRequest req;
-  req.set_worker_id(worker_id_);
+  req.set_worker_id(p.worker_id);
+  req.set_worker_secret(p.worker_secret);
   req.set_job_id(job.job_id());
   req.set_lease_id(job.lease_id());
   *req.mutable_measurement() = m;

@@ -70,6 +70,9 @@ class Worker {
   // A leased job, compiling ahead when compile_ahead > 0.
   struct Pending {
     v1::Job job;
+    // The registration the job was leased under, which reports it even
+    // after the worker registered again.
+    std::string worker_id, worker_secret;
     std::string context;  // "[task=... job=... cand=...]" for the log
     absl::StatusOr<JobSpec> spec;
     std::optional<TempDir> artifacts;
@@ -82,7 +85,10 @@ class Worker {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   WorkerOptions options_;
   hw::TargetDesc target_;
+  // The current registration; written by Register on the Run thread while
+  // the heartbeat thread reads it, so guarded by mu_.
   std::string worker_id_;
+  std::string worker_secret_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> reregister_{false};
   std::atomic<bool> registered_{false};

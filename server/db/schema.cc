@@ -185,6 +185,10 @@ const std::vector<Migration>& SchemaMigrations() {
       // The baselines table is no longer written: a task measures its own.
       {6, 1, "measurements.spread: (p90 - p10) / median of the samples; status 'noisy' beyond the trusted bound",
        [](Database& db) { return db.Exec("ALTER TABLE measurements ADD COLUMN spread REAL NOT NULL DEFAULT 0;"); }},
+      // A column with a default: older fusor goes on reading and writing
+      // (its workers register without a secret and cannot be bound).
+      {7, 1, "workers.secret_hash: the hashed per-registration secret that binds a worker's leases and reports to it",
+       [](Database& db) { return db.Exec("ALTER TABLE workers ADD COLUMN secret_hash TEXT NOT NULL DEFAULT '';"); }},
   };
   return *migrations;
 }

@@ -198,9 +198,9 @@ absl::StatusOr<TargetRow> TuningDb::GetTarget(const std::string& fingerprint) {
 absl::Status TuningDb::InsertWorker(const WorkerRow& w) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO workers(id, name, target_fp, state, registered_ms, "
-                                             "last_seen_ms) VALUES (?,?,?,?,?,?)"));
+                                             "last_seen_ms, secret_hash) VALUES (?,?,?,?,?,?,?)"));
   return s.Bind(1, w.id).Bind(2, w.name).Bind(3, w.target_fp).Bind(4, w.state).Bind(5, w.registered_ms)
-      .Bind(6, w.last_seen_ms).Run();
+      .Bind(6, w.last_seen_ms).Bind(7, w.secret_hash).Run();
 }
 
 absl::Status TuningDb::TouchWorker(const std::string& id, int64_t now_ms) {
@@ -213,12 +213,12 @@ absl::Status TuningDb::TouchWorker(const std::string& id, int64_t now_ms) {
 
 absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, target_fp, state, registered_ms, last_seen_ms "
-                                             "FROM workers WHERE id = ?"));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, target_fp, state, registered_ms, last_seen_ms, "
+                                             "secret_hash FROM workers WHERE id = ?"));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("unknown worker '", id, "'"));
-  return WorkerRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5), 0};
+  return WorkerRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5), 0, s.Text(6)};
 }
 
 absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
@@ -501,10 +501,12 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
   ASSIGN_OR_RETURN(JobRow job, GetJobLocked(m.job_id));
-  if (job.state == "done" || job.state == "failed") return RecordResult{ReportOutcome::kDuplicate, 0};
-  if (job.state != "leased" || job.lease_id != lease_id || job.worker_id != m.worker_id) {
-    return RecordResult{ReportOutcome::kStaleLease, 0};
+  // The job's lease, reported by another worker than the one holding it.
+  if (!lease_id.empty() && job.lease_id == lease_id && job.worker_id != m.worker_id) {
+    return RecordResult{ReportOutcome::kNotYourLease, 0, job};
   }
+  if (job.state == "done" || job.state == "failed") return RecordResult{ReportOutcome::kDuplicate, 0, job};
+  if (job.state != "leased" || job.lease_id != lease_id) return RecordResult{ReportOutcome::kStaleLease, 0, job};
   MeasurementRow row = m;
   row.task_id = job.task_id;
   row.candidate_id = job.candidate_id;
@@ -515,7 +517,7 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
   ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'done', finished_ms = ? WHERE id = ?"));
   RETURN_IF_ERROR(u.Bind(1, m.measured_ms).Bind(2, m.job_id).Run());
   RETURN_IF_ERROR(txn.Commit());
-  return RecordResult{ReportOutcome::kRecorded, id};
+  return RecordResult{ReportOutcome::kRecorded, id, job};
 }
 
 absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const std::string& task_id,

@@ -39,6 +39,10 @@ struct WorkerRow {
   int64_t registered_ms = 0;
   int64_t last_seen_ms = 0;
   int jobs_done = 0;
+  // SHA-256 (hex) of the secret the worker got at Register; its Heartbeat,
+  // Lease and Report calls must carry the secret. Empty for a worker
+  // registered by older fusor, which can no longer act.
+  std::string secret_hash;
 };
 
 struct TaskRow {
@@ -176,11 +180,14 @@ struct DbMetrics {
   std::vector<double> spreads;
 };
 
-enum class ReportOutcome { kRecorded, kDuplicate, kStaleLease };
+// kStaleLease: the job is no longer leased under this lease (it expired);
+// kNotYourLease: the lease is another worker's.
+enum class ReportOutcome { kRecorded, kDuplicate, kStaleLease, kNotYourLease };
 
 struct RecordResult {
   ReportOutcome outcome = ReportOutcome::kRecorded;
   int64_t measurement_id = 0;  // when recorded
+  JobRow job;                  // as it was before the report
 };
 
 class TuningDb {

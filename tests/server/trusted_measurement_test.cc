@@ -138,6 +138,7 @@ class TrustedMeasurementTest : public ::testing::Test {
     auto r = scheduler_->Register(reg);
     ASSERT_TRUE(r.ok()) << r.status();
     worker_ = r->worker_id();
+    secret_ = r->worker_secret();
   }
 
   // Starts a task of `budget` candidates; `measure(job)` makes each report.
@@ -154,12 +155,14 @@ class TrustedMeasurementTest : public ::testing::Test {
     for (int round = 0; round < 20; ++round) {
       v1::LeaseRequest lease;
       lease.set_worker_id(worker_);
+      lease.set_worker_secret(secret_);
       lease.set_max_jobs(16);
       auto jobs = scheduler_->Lease(lease, nullptr);
       EXPECT_TRUE(jobs.ok()) << jobs.status();
       for (const v1::Job& job : jobs->jobs()) {
         v1::ReportRequest report;
         report.set_worker_id(worker_);
+        report.set_worker_secret(secret_);
         report.set_job_id(job.job_id());
         report.set_lease_id(job.lease_id());
         *report.mutable_measurement() = measure(job);
@@ -182,7 +185,7 @@ class TrustedMeasurementTest : public ::testing::Test {
   }
 
   std::unique_ptr<Scheduler> scheduler_;
-  std::string worker_;
+  std::string worker_, secret_;
 };
 
 TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {

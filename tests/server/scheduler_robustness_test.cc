@@ -1,0 +1,183 @@
+// What an outside tester tried against the scheduler: reports forged under
+// another worker's registration or lease, and a database that cannot be
+// written. Each gets a clear status and leaves the database unchanged. The
+// scheduler is driven directly, as a worker would drive it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "proto/wire/convert.h"
+#include "server/scheduler.h"
+#include "tests/test_chains.h"
+
+namespace fusor::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+class SchedulerRobustnessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("fusor-robustness-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    Open();
+  }
+  void TearDown() override {
+    scheduler_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Open() {
+    scheduler_.reset();
+    SchedulerOptions o;
+    o.db_path = (dir_ / "tuning.db").string();
+    o.batch_size = 4;
+    auto s = Scheduler::Create(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    scheduler_ = std::move(*s);
+  }
+
+  v1::RegisterResponse RegisterWorker(const std::string& name) {
+    hw::TargetDesc t;
+    t.compute_units = 2;
+    t.isa_features = {"avx2", "fma"};
+    t.vector_lanes_f32 = 8;
+    v1::RegisterRequest reg;
+    reg.set_name(name);
+    *reg.mutable_target() = wire::TargetToProto(t);
+    auto r = scheduler_->Register(reg);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.value_or(v1::RegisterResponse());
+  }
+
+  std::string StartTask() {
+    v1::Workload w;
+    w.set_text(testing::kGemmChain);
+    auto req = scheduler_->Prepare(w, {});
+    EXPECT_TRUE(req.ok()) << req.status();
+    v1::TuneOptions options;
+    options.set_budget(4);
+    auto start = scheduler_->StartTune(*req, options, {"test", "test"});
+    EXPECT_TRUE(start.ok()) << start.status();
+    return start->started.task_id();
+  }
+
+  std::vector<v1::Job> Lease(const v1::RegisterResponse& w) {
+    v1::LeaseRequest lease;
+    lease.set_worker_id(w.worker_id());
+    lease.set_worker_secret(w.worker_secret());
+    lease.set_max_jobs(16);
+    auto jobs = scheduler_->Lease(lease, nullptr);
+    EXPECT_TRUE(jobs.ok()) << jobs.status();
+    if (!jobs.ok()) return {};
+    return {jobs->jobs().begin(), jobs->jobs().end()};
+  }
+
+  static v1::ReportRequest Report(const std::string& worker_id, const std::string& secret, const v1::Job& job,
+                                  double median_s) {
+    v1::ReportRequest report;
+    report.set_worker_id(worker_id);
+    report.set_worker_secret(secret);
+    report.set_job_id(job.job_id());
+    report.set_lease_id(job.lease_id());
+    v1::Measurement* m = report.mutable_measurement();
+    m->set_status(v1::MEASUREMENT_STATUS_OK);
+    for (int i = 0; i < 10; ++i) m->add_samples_s(median_s);
+    m->set_median_s(median_s);
+    return report;
+  }
+
+  int64_t Measurements() { return scheduler_->db().CountMeasurements().value_or(-1); }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+TEST_F(SchedulerRobustnessTest, ReportsAreBoundToTheWorkerThatLeasedTheJob) {
+  const v1::RegisterResponse honest = RegisterWorker("honest");
+  const v1::RegisterResponse impostor = RegisterWorker("impostor");  // holds the same worker token
+  ASSERT_FALSE(honest.worker_secret().empty());
+  ASSERT_NE(honest.worker_secret(), impostor.worker_secret());
+  StartTask();
+  const std::vector<v1::Job> jobs = Lease(honest);
+  ASSERT_FALSE(jobs.empty());
+  const v1::Job& job = jobs[0];
+  const int64_t before = Measurements();
+
+  // The honest worker's id and lease, without its secret.
+  for (const std::string& secret : {impostor.worker_secret(), std::string()}) {
+    auto forged = scheduler_->Report(Report(honest.worker_id(), secret, job, 1e-9));
+    EXPECT_TRUE(absl::IsPermissionDenied(forged.status())) << forged.status();
+    EXPECT_THAT(std::string(forged.status().message()),
+                HasSubstr("worker secret does not match the registration of worker " + honest.worker_id()));
+  }
+  // The impostor's own registration, the honest worker's lease.
+  auto own_id = scheduler_->Report(Report(impostor.worker_id(), impostor.worker_secret(), job, 1e-9));
+  EXPECT_TRUE(absl::IsPermissionDenied(own_id.status())) << own_id.status();
+  EXPECT_THAT(std::string(own_id.status().message()),
+              HasSubstr("is held by worker " + honest.worker_id() + ", not by worker " + impostor.worker_id()));
+  // Nor can it lease or keep leases alive as the honest worker.
+  v1::LeaseRequest lease;
+  lease.set_worker_id(honest.worker_id());
+  lease.set_worker_secret(impostor.worker_secret());
+  EXPECT_TRUE(absl::IsPermissionDenied(scheduler_->Lease(lease, nullptr).status()));
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(honest.worker_id());
+  beat.set_worker_secret(impostor.worker_secret());
+  EXPECT_TRUE(absl::IsPermissionDenied(scheduler_->Heartbeat(beat).status()));
+
+  EXPECT_EQ(Measurements(), before);
+  auto row = scheduler_->db().GetJob(job.job_id());
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->state, "leased");
+  EXPECT_EQ(row->worker_id, honest.worker_id());
+
+  // The honest report is recorded, not dropped as a duplicate.
+  auto honest_report = scheduler_->Report(Report(honest.worker_id(), honest.worker_secret(), job, 2e-3));
+  ASSERT_TRUE(honest_report.ok()) << honest_report.status();
+  EXPECT_FALSE(honest_report->duplicate());
+  EXPECT_EQ(Measurements(), before + 1);
+}
+
+TEST_F(SchedulerRobustnessTest, AnExpiredLeaseSaysSo) {
+  const v1::RegisterResponse w = RegisterWorker("w");
+  StartTask();
+  std::vector<v1::Job> jobs = Lease(w);
+  ASSERT_FALSE(jobs.empty());
+  v1::Job stale = jobs[0];
+  stale.set_lease_id("l-not-this-one");
+  auto r = scheduler_->Report(Report(w.worker_id(), w.worker_secret(), stale, 1e-3));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("nothing was recorded"));
+}
+
+TEST_F(SchedulerRobustnessTest, WorkersKeepWorkingAcrossASchedulerRestart) {
+  const v1::RegisterResponse w = RegisterWorker("w");
+  StartTask();
+  std::vector<v1::Job> jobs = Lease(w);
+  ASSERT_GE(jobs.size(), 2u);
+  Open();  // the same database, a new scheduler
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(w.worker_id());
+  beat.set_worker_secret(w.worker_secret());
+  for (const v1::Job& j : jobs) beat.add_lease_ids(j.lease_id());
+  auto hb = scheduler_->Heartbeat(beat);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_FALSE(hb->reregister());
+  const int64_t before = Measurements();
+  for (const v1::Job& j : jobs) {
+    auto r = scheduler_->Report(Report(w.worker_id(), w.worker_secret(), j, 1e-3));
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ(Measurements(), before + static_cast<int64_t>(jobs.size()));
+  // A worker that registers again gets a new registration that works too.
+  const v1::RegisterResponse again = RegisterWorker("w");
+  EXPECT_NE(again.worker_id(), w.worker_id());
+  Lease(again);
+}
+
+}  // namespace
+}  // namespace fusor::server
