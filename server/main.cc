@@ -33,6 +33,9 @@ int main(int argc, char** argv) {
   double lease_s = 60, heartbeat_s = 2, worker_timeout_s = 20, time_budget_s = 0.3, job_timeout_s = 300;
   app.add_option("--listen", listen, "address to serve on (host:port)")->capture_default_str();
   app.add_option("--db", db_path, "SQLite tuning database")->capture_default_str();
+  app.add_option("--db-max-mb", options.db_max_mb,
+                 "cap on the database file, in MiB (0: none); beyond it writes are refused as on a full disk")
+      ->capture_default_str();
   app.add_option("--salt", options.salt, "cache salt: a new value starts a fresh cache, deleting nothing");
   app.add_option("--budget", options.default_budget, "default candidates measured per task")->capture_default_str();
   app.add_option("--batch-size", options.batch_size, "candidates per search round")->capture_default_str();

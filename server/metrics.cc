@@ -81,6 +81,14 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
                                 {"sweeps", Scheduler::Quota::kSweeps}}) {
     absl::StrAppend(&out, "fusor_quota_refusals_total{limit=\"", name, "\"} ", core.quota_refusals(q), "\n");
   }
+  Family(out, "fusor_storage_failures_total", "counter",
+         "Database writes or reads refused by the storage since the scheduler started, by cause (full: out of "
+         "space; io: I/O error; readonly: not writable).");
+  for (const auto& [name, f] : {std::pair<const char*, db::StorageFailure>{"full", db::StorageFailure::kFull},
+                                {"io", db::StorageFailure::kIo},
+                                {"readonly", db::StorageFailure::kReadOnly}}) {
+    absl::StrAppend(&out, "fusor_storage_failures_total{cause=\"", name, "\"} ", db::StorageFailures(f), "\n");
+  }
   Family(out, "fusor_measurements_total", "counter",
          "Measurements recorded, by kind and status (failures by cause: compile_error, invalid_result, timeout, "
          "crash, runtime_error).");

@@ -114,6 +114,12 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
   std::optional<FileLock> lock;
   if (options.db_path != ":memory:" && !options.db_path.empty()) {
     auto held = FileLock::Acquire(options.db_path + ".lock");
+    if (!held.ok() && !absl::IsFailedPrecondition(held.status())) {
+      return absl::Status(held.status().code(),
+                          absl::StrCat("the tuning database ", options.db_path, " cannot be created or locked (",
+                                       held.status().message(),
+                                       "); give --db a path in a directory this user can write"));
+    }
     if (!held.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the tuning database ", options.db_path, " is in use by another fusor scheduler (", held.status().message(),
@@ -122,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
     lock.emplace(std::move(*held));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<db::TuningDb> db, db::TuningDb::Open(options.db_path));
+  if (options.db_max_mb > 0) RETURN_IF_ERROR(db->SetMaxBytes(options.db_max_mb << 20));
   SchedulerOptions opts = options;
   opts.measure = WithDefaults(opts.measure);
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(opts), std::move(lock), std::move(db)));

@@ -45,6 +45,7 @@ struct Caller {
 
 struct SchedulerOptions {
   std::string db_path;
+  int64_t db_max_mb = 0;  // 0: no cap but the disk's
   // Appended to kEngineVersion in cache keys: a new salt starts a fresh
   // cache without deleting the old one.
   std::string salt;

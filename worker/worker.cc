@@ -115,6 +115,7 @@ absl::Status Worker::Register() {
     worker_secret_ = resp.worker_secret();
   }
   heartbeat_ms_ = std::max(100, resp.heartbeat_interval_ms());
+  if (resp.lease_ms() > 0) lease_ms_ = resp.lease_ms();
   reregister_ = false;
   registered_ = true;
   Log()->info("[worker={}] registered as '{}' for target {}", worker_id_, options_.name, resp.target_fingerprint());
@@ -331,8 +332,14 @@ void Worker::Finish(Pending& p) {
   req.set_lease_id(job.lease_id());
   *req.mutable_measurement() = m;
   v1::ReportResponse resp;
-  // Reports are idempotent (the scheduler records a job once), so retry.
-  wire::GrpcRetrier retrier(options_.rpc);
+  // Reports are idempotent (the scheduler records a job once), so retry;
+  // a scheduler that cannot store them (a full disk) is retried too, with
+  // backoff, for as long as the lease can last.
+  wire::RetryPolicy policy = options_.rpc;
+  policy.retry_on.insert(grpc::StatusCode::RESOURCE_EXHAUSTED);
+  policy.max_attempts = std::max(policy.max_attempts, 1000);
+  policy.give_up_after = absl::Milliseconds(lease_ms_.load());
+  wire::GrpcRetrier retrier(policy);
   grpc::Status st = retrier.Run("report", [&](grpc::ClientContext& ctx) { return stub_->Report(&ctx, req, &resp); });
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -93,6 +93,7 @@ class Worker {
   std::atomic<bool> reregister_{false};
   std::atomic<bool> registered_{false};
   std::atomic<int> heartbeat_ms_{2000};
+  std::atomic<int> lease_ms_{60000};
   std::mutex mu_;
   std::condition_variable cv_;
   grpc::ClientContext* lease_ctx_ = nullptr;  // the Lease call in flight, guarded by mu_

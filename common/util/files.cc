@@ -29,7 +29,12 @@ absl::Status WriteFile(const std::string& path, const std::string& bytes) {
 
 absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError("cannot open lock file " + path + ": " + std::strerror(errno));
+  if (fd < 0) {
+    const std::string message = "cannot open lock file " + path + ": " + std::strerror(errno);
+    if (errno == EACCES || errno == EPERM || errno == EROFS) return absl::PermissionDeniedError(message);
+    if (errno == ENOENT || errno == ENOTDIR) return absl::NotFoundError(message);
+    return absl::UnavailableError(message);
+  }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {0};
     const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);

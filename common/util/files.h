@@ -20,7 +20,7 @@ absl::Status WriteFile(const std::string& path, const std::string& bytes);
 class FileLock {
  public:
   // FAILED_PRECONDITION naming the holder's pid when another process holds
-  // it; INTERNAL when the file cannot be opened.
+  // it; PERMISSION_DENIED, NOT_FOUND or UNAVAILABLE when the file cannot be opened.
   static absl::StatusOr<FileLock> Acquire(const std::string& path);
   FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
   FileLock& operator=(FileLock&&) = delete;

@@ -9,6 +9,7 @@ namespace fusor::wire {
 grpc::Status GrpcRetrier::Run(const std::string& what,
                               const std::function<grpc::Status(grpc::ClientContext&)>& attempt) const {
   absl::Duration backoff = policy_.initial_backoff;
+  absl::Duration waited;
   grpc::Status status;
   attempts_made_ = 0;
   for (int i = 1; i <= policy_.max_attempts; ++i) {
@@ -16,10 +17,14 @@ grpc::Status GrpcRetrier::Run(const std::string& what,
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + policy_.attempt_deadline));
     status = attempt(ctx);
     attempts_made_ = i;
-    if (status.ok() || !policy_.retry_on.count(status.error_code()) || i == policy_.max_attempts) return status;
+    if (status.ok() || !policy_.retry_on.count(status.error_code()) || i == policy_.max_attempts ||
+        waited + backoff > policy_.give_up_after) {
+      return status;
+    }
     Logger("rpc")->warn("{} failed ({}: {}); retry {}/{} in {}", what, static_cast<int>(status.error_code()),
                         status.error_message(), i, policy_.max_attempts - 1, absl::FormatDuration(backoff));
     sleep_(backoff);
+    waited += backoff;
     backoff = std::min(backoff * 2, policy_.max_backoff);
   }
   return status;

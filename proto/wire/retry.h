@@ -19,6 +19,8 @@ struct RetryPolicy {
   absl::Duration max_backoff = absl::Seconds(5);
   absl::Duration attempt_deadline = absl::Seconds(30);
   std::set<grpc::StatusCode> retry_on = {grpc::StatusCode::UNAVAILABLE};
+  // Retries stop once their backoff sleeps together would pass this.
+  absl::Duration give_up_after = absl::InfiniteDuration();
 };
 
 class GrpcRetrier {
@@ -28,7 +30,8 @@ class GrpcRetrier {
       : policy_(std::move(policy)), sleep_(std::move(sleep)) {}
 
   // Calls `attempt` with a fresh context until it succeeds, fails with a
-  // code not in retry_on, or max_attempts is reached; returns the last status.
+  // code not in retry_on, or max_attempts or give_up_after is reached;
+  // returns the last status.
   grpc::Status Run(const std::string& what, const std::function<grpc::Status(grpc::ClientContext&)>& attempt) const;
   int attempts_made() const { return attempts_made_; }
 

@@ -1,12 +1,48 @@
 #include "server/db/sqlite.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
+#include "common/util/log.h"
 
 namespace fusor::db {
 namespace {
 
+std::atomic<int64_t> g_storage_failures[3] = {};
+
+std::string FileOf(sqlite3* db) {
+  const char* name = db ? sqlite3_db_filename(db, "main") : nullptr;
+  return name && *name ? name : "(in memory)";
+}
+
+// A failure of the storage itself (a full disk, lost I/O, a file that can
+// no longer be written) says what to do, is logged and counted; the SQL
+// goes to the log only. Other failures keep SQLite's message.
 absl::Status SqliteError(sqlite3* db, int rc, const std::string& what) {
   std::string message = absl::StrCat(what, ": ", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+  std::optional<StorageFailure> failure;
+  std::string advice;
+  switch (rc & 0xff) {
+    case SQLITE_FULL:
+      failure = StorageFailure::kFull;
+      advice = "is out of space (the disk or its quota is full); free space there, then retry";
+      break;
+    case SQLITE_IOERR:
+      failure = StorageFailure::kIo;
+      advice = "had an I/O error; check the disk and the scheduler's log, then retry";
+      break;
+    case SQLITE_READONLY:
+      failure = StorageFailure::kReadOnly;
+      advice = "cannot be written (a read-only file, directory or file system); make it writable, then retry";
+      break;
+    default: break;
+  }
+  if (failure) {
+    g_storage_failures[static_cast<int>(*failure)]++;
+    Logger("db")->error("storage failure on {}: {}", FileOf(db), message);
+    const std::string text = absl::StrCat("the tuning database ", FileOf(db), " ", advice, "; nothing was recorded");
+    return *failure == StorageFailure::kFull ? absl::ResourceExhaustedError(text) : absl::UnavailableError(text);
+  }
   switch (rc & 0xff) {
     case SQLITE_BUSY:
     case SQLITE_LOCKED: return absl::UnavailableError(message);
@@ -14,8 +50,7 @@ absl::Status SqliteError(sqlite3* db, int rc, const std::string& what) {
     case SQLITE_CORRUPT:
     case SQLITE_NOTADB: return absl::DataLossError(message);
     case SQLITE_CANTOPEN:
-    case SQLITE_PERM:
-    case SQLITE_READONLY: return absl::PermissionDeniedError(message);
+    case SQLITE_PERM: return absl::PermissionDeniedError(message);
     default: return absl::InternalError(message);
   }
 }
@@ -51,6 +86,12 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
 }
 
 Database::~Database() { sqlite3_close(db_); }
+
+int64_t StorageFailures(StorageFailure kind) { return g_storage_failures[static_cast<int>(kind)]; }
+
+absl::Status Database::SetMaxPages(int64_t pages) {
+  return Exec(absl::StrCat("PRAGMA max_page_count = ", pages, ";"));
+}
 
 absl::Status Database::BackupTo(const std::string& path) {
   sqlite3* dest = nullptr;

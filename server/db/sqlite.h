@@ -15,6 +15,13 @@ namespace fusor::db {
 
 class Statement;
 
+// Failures of the storage under a database: out of space, an I/O error, a
+// file that cannot be written. Each is logged at error level and counted
+// (for the metrics), and comes back as RESOURCE_EXHAUSTED (out of space) or
+// UNAVAILABLE with a message saying what to do.
+enum class StorageFailure { kFull, kIo, kReadOnly };
+int64_t StorageFailures(StorageFailure kind);  // since the process started
+
 class Database {
  public:
   // Opens (creating if needed) the database at `path`; ":memory:" works.
@@ -33,6 +40,9 @@ class Database {
   // (SQLite's online backup: writers carry on meanwhile).
   absl::Status BackupTo(const std::string& path);
   const std::string& path() const { return path_; }
+  // Caps the file at `pages` pages (of 4 KiB), as a full disk would: a
+  // write beyond fails with SQLITE_FULL. For tests of full-disk handling.
+  absl::Status SetMaxPages(int64_t pages);
 
  private:
   Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

@@ -147,6 +147,11 @@ absl::StatusOr<std::unique_ptr<TuningDb>> TuningDb::Open(const std::string& path
   return std::unique_ptr<TuningDb>(new TuningDb(std::move(db)));
 }
 
+absl::Status TuningDb::SetMaxBytes(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_->SetMaxPages(std::max<int64_t>(1, bytes / 4096));
+}
+
 absl::Status TuningDb::UpsertWorkload(const WorkloadRow& w, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "

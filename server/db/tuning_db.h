@@ -195,6 +195,10 @@ class TuningDb {
   // Opens and migrates the database; see schema.h for version handling.
   static absl::StatusOr<std::unique_ptr<TuningDb>> Open(const std::string& path);
 
+  // Caps the database file at about `bytes` (never below its size now):
+  // writes beyond fail as on a full disk (RESOURCE_EXHAUSTED).
+  absl::Status SetMaxBytes(int64_t bytes);
+
   absl::Status UpsertWorkload(const WorkloadRow& w, int64_t now_ms);
   absl::StatusOr<WorkloadRow> GetWorkload(const std::string& key);
 

@@ -179,5 +179,52 @@ TEST_F(SchedulerRobustnessTest, WorkersKeepWorkingAcrossASchedulerRestart) {
   Lease(again);
 }
 
+TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetried) {
+  const v1::RegisterResponse w = RegisterWorker("w");
+  StartTask();
+  std::vector<v1::Job> jobs = Lease(w);
+  ASSERT_FALSE(jobs.empty());
+  const int64_t before = Measurements();
+  const int64_t failures = db::StorageFailures(db::StorageFailure::kFull);
+  ASSERT_TRUE(scheduler_->db().SetMaxBytes(1).ok());  // no room to grow, as on a full disk
+  // Enough samples that the row needs new pages.
+  v1::ReportRequest report = Report(w.worker_id(), w.worker_secret(), jobs[0], 1e-3);
+  for (int i = 0; i < 20000; ++i) report.mutable_measurement()->add_samples_s(1e-3);
+  auto refused = scheduler_->Report(report);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is out of space"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("nothing was recorded"));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(HasSubstr("INSERT")));
+  EXPECT_GT(db::StorageFailures(db::StorageFailure::kFull), failures);
+  EXPECT_EQ(Measurements(), before);
+  EXPECT_EQ(scheduler_->db().GetJob(jobs[0].job_id())->state, "leased");
+
+  // Space again: the same report (as the worker retries it) is recorded.
+  ASSERT_TRUE(scheduler_->db().SetMaxBytes(int64_t{1} << 30).ok());
+  auto accepted = scheduler_->Report(report);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(Measurements(), before + 1);
+}
+
+TEST(SchedulerStartTest, AnUnusableDatabaseDirectoryIsNamedAsSuch) {
+  SchedulerOptions o;
+  o.db_path = "/dev/null/tuning.db";  // its directory is not a directory
+  auto s = Scheduler::Create(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("cannot be created or locked"));
+  EXPECT_THAT(std::string(s.status().message()), ::testing::Not(HasSubstr("in use by another")));
+  if (geteuid() != 0) {  // root writes anywhere
+    const auto dir = std::filesystem::temp_directory_path() / ("fusor-readonly-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    o.db_path = (dir / "tuning.db").string();
+    s = Scheduler::Create(o);
+    EXPECT_TRUE(absl::IsPermissionDenied(s.status())) << s.status();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("directory this user can write"));
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+    std::filesystem::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace fusor::server

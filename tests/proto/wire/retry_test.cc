@@ -47,5 +47,22 @@ TEST(GrpcRetrierTest, GivesUpOnOtherCodesAndAfterMaxAttempts) {
   EXPECT_EQ(sleeps, 2);
 }
 
+TEST(GrpcRetrierTest, GivesUpWhenTheBackoffWouldPassTheTimeLimit) {
+  RetryPolicy policy;
+  policy.max_attempts = 1000;
+  policy.initial_backoff = absl::Milliseconds(100);
+  policy.max_backoff = absl::Milliseconds(400);
+  policy.give_up_after = absl::Seconds(1);
+  policy.retry_on = {grpc::StatusCode::RESOURCE_EXHAUSTED};
+  absl::Duration slept;
+  GrpcRetrier retrier(policy, [&](absl::Duration d) { slept += d; });
+  grpc::Status st = retrier.Run("test", [&](grpc::ClientContext&) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "disk full");
+  });
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(slept, absl::Milliseconds(100 + 200 + 400));  // a fourth sleep of 400 ms would pass 1 s
+  EXPECT_EQ(retrier.attempts_made(), 4);
+}
+
 }  // namespace
 }  // namespace fusor::wire
