@@ -4,7 +4,8 @@
 # database on disk, tunes one workload once, then runs
 # fusor-bench-cache-hit with 8 concurrent clients for SECONDS; then a
 # sustained run (WINDOWS windows of SECONDS, mutual TLS + tokens) showing
-# whether the rate holds, with the scheduler's peak RSS.
+# whether the rate holds, with the scheduler's peak RSS; then 64 clients
+# (Compile and Lookup) while 8 tunes of other chains run.
 # Usage: bench/cache_hit.sh [SECONDS] [WINDOWS]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,13 +60,13 @@ setup() {
 }
 
 bench() {
-  "$bin/bench/fusor-bench-cache-hit" --server "127.0.0.1:$port" --workload "$workload" --clients 8 "${flags[@]}" "$@"
+  "$bin/bench/fusor-bench-cache-hit" --server "127.0.0.1:$port" --workload "$workload" "${flags[@]}" "$@"
 }
 
 header=--header
 for security in plaintext tls-tokens mtls-tokens; do
   setup "$security" "$security"
-  bench --seconds "$seconds" --label "$security" $header
+  bench --clients 8 --seconds "$seconds" --label "$security" $header
   header=""
   kill "$worker_pid" "$scheduler_pid"
   wait "$worker_pid" "$scheduler_pid" || true
@@ -76,7 +77,23 @@ echo "sustained, mutual TLS + tokens, database on disk ($windows x $seconds s):"
 setup sustained mtls-tokens
 header=--header
 for i in $(seq "$windows"); do
-  bench --seconds "$seconds" --label "window $i" $header
+  bench --clients 8 --seconds "$seconds" --label "window $i" $header
   header=""
 done
 echo "scheduler peak RSS: $(awk '/VmHWM/ {printf "%.0f MB", $2 / 1024}' "/proc/$scheduler_pid/status")"
+kill "$worker_pid" "$scheduler_pid"
+wait "$worker_pid" "$scheduler_pid" || true
+
+echo
+echo "64 clients (Compile and Lookup, plaintext) while 8 tunes of other chains run ($seconds s):"
+setup busy plaintext
+tunes=0
+for chain in "$root"/examples/*.fusor "$root"/bench/chains/*.fusor; do
+  [ "$tunes" -ge 8 ] && break
+  [ "$chain" = "$workload" ] && continue
+  "$bin/client/fusor" --server "127.0.0.1:$port" tune "$chain" --budget 64 --force > "$work/busy/tune-$tunes.log" 2>&1 &
+  tunes=$((tunes + 1))
+done
+sleep 3  # the tasks have started: their spaces built, their jobs queued
+bench --clients 64 --mixed --seconds "$seconds" --label "64 clients, $tunes tunes running" --header
+echo "tasks running after the window: $(sqlite3 "$work/busy/t.db" "SELECT COUNT(*) FROM tasks WHERE state = 'running'" 2> /dev/null || echo "?")"

@@ -1,11 +1,14 @@
-// Cache-hit Compile latency over loopback: N concurrent clients, each with
-// its own channel (TLS and a token when given), send Compile(cache_only)
-// for one tuned workload for a fixed time; prints a markdown row: label,
-// clients, requests per second, p50 and p99 latency.
+// Cache-hit latency over loopback: N concurrent clients, each with its own
+// channel (TLS and a token when given), send Compile(cache_only) (with
+// --mixed, every other client sends Lookup) for one tuned workload for a
+// fixed time; prints a markdown row: label, clients, requests per second,
+// p50, p99 and max latency, and the failed requests by status code.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -29,7 +32,8 @@ int main(int argc, char** argv) {
   app.add_option("--token", token, "a client token");
   fusor::wire::ClientTls tls;
   fusor::wire::AddClientTlsFlags(app, tls);
-  bool header = false;
+  bool header = false, mixed = false;
+  app.add_flag("--mixed", mixed, "every other client sends Lookup instead of Compile");
   app.add_flag("--header", header, "print the table's header first");
   CLI11_PARSE(app, argc, argv);
 
@@ -41,10 +45,14 @@ int main(int argc, char** argv) {
   fusor::v1::CompileRequest req;
   *req.mutable_workload() = *workload;
   req.set_cache_only(true);
+  fusor::v1::LookupRequest lookup;
+  *lookup.mutable_workload() = *workload;
 
   using Clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> latencies(clients);
   std::atomic<int> errors{0};
+  std::mutex codes_mu;
+  std::map<std::string, int> codes;  // failed requests by status code
   std::atomic<bool> measuring{false};
   const auto start = Clock::now();
   const auto begin_measure = start + std::chrono::duration<double>(warmup_s);
@@ -64,10 +72,18 @@ int main(int argc, char** argv) {
       fusor::client::Client client(*channel);
       while (Clock::now() < end) {
         auto t0 = Clock::now();
-        auto resp = client.Compile(req, absl::Seconds(10));
+        absl::StatusOr<fusor::v1::TuneResult> result;
+        if (mixed && c % 2 == 1) {
+          result = client.Lookup(lookup);
+        } else {
+          auto resp = client.Compile(req, absl::Seconds(10));
+          if (resp.ok()) result = resp->result(); else result = resp.status();
+        }
         auto t1 = Clock::now();
-        if (!resp.ok() || !resp->result().from_cache()) {
+        if (!result.ok() || !result->from_cache()) {
           ++errors;
+          std::lock_guard<std::mutex> lock(codes_mu);
+          codes[result.ok() ? "not from cache" : absl::StatusCodeToString(result.status().code())]++;
           continue;
         }
         if (t0 >= begin_measure) latencies[c].push_back(std::chrono::duration<double>(t1 - t0).count());
@@ -85,8 +101,13 @@ int main(int argc, char** argv) {
   auto pct = [&](double p) { return all[std::min(all.size() - 1, static_cast<size_t>(p * all.size()))]; };
   std::cerr << absl::StrFormat("%s: %d clients, %.0f s: %zu requests, %d errors\n", label, clients, seconds,
                                all.size(), errors.load());
-  if (header) std::cout << "| setup | clients | requests/s | p50 | p99 |\n|---|---:|---:|---:|---:|\n";
-  std::cout << absl::StrFormat("| %s | %d | %.0f | %.2f ms | %.2f ms |\n", label, clients, all.size() / seconds,
-                               pct(0.50) * 1e3, pct(0.99) * 1e3);
+  std::string failed;
+  for (const auto& [code, n] : codes) failed += absl::StrFormat("%s%d %s", failed.empty() ? "" : ", ", n, code);
+  if (header) {
+    std::cout << "| setup | clients | requests/s | p50 | p99 | max | failed |\n|---|---:|---:|---:|---:|---:|---|\n";
+  }
+  std::cout << absl::StrFormat("| %s | %d | %.0f | %.2f ms | %.2f ms | %.1f ms | %s |\n", label, clients,
+                               all.size() / seconds, pct(0.50) * 1e3, pct(0.99) * 1e3, all.back() * 1e3,
+                               failed.empty() ? "0" : failed);
   return errors > 0 ? 1 : 0;
 }

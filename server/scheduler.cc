@@ -293,6 +293,45 @@ absl::StatusOr<v1::TuneResult> Scheduler::Lookup(const PreparedRequest& request)
   return Translate(r, request);
 }
 
+absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(const v1::Workload& workload,
+                                                                         const v1::TargetSelector& selector) {
+  const std::string w = workload.SerializeAsString(), s = selector.SerializeAsString();
+  const std::string digest = Sha256Hex(absl::StrCat(w.size(), ":", w, s));
+  // Read before the database: a best record written meanwhile makes the
+  // entry stale at once.
+  const int64_t best_generation = db_->best_generation(), targets_generation = targets_generation_;
+  {
+    std::lock_guard<std::mutex> lock(answers_mu_);
+    auto it = answers_.find(digest);
+    if (it != answers_.end() && it->second->best_generation == best_generation &&
+        it->second->targets_generation == targets_generation) {
+      return it->second;
+    }
+  }
+  ASSIGN_OR_RETURN(PreparedRequest prepared, Prepare(workload, selector));
+  auto answer = std::make_shared<Answer>();
+  answer->best_generation = best_generation;
+  answer->targets_generation = targets_generation;
+  answer->prepared = std::make_shared<const PreparedRequest>(std::move(prepared));
+  answer->result = Lookup(*answer->prepared);
+  if (!answer->result.ok() && !absl::IsNotFound(answer->result.status())) return answer->result.status();
+  std::lock_guard<std::mutex> lock(answers_mu_);
+  if (answers_.size() >= kMaxCachedAnswers) {
+    std::erase_if(answers_, [&](const auto& entry) {
+      return entry.second->best_generation != best_generation ||
+             entry.second->targets_generation != targets_generation;
+    });
+    if (answers_.size() >= kMaxCachedAnswers) answers_.clear();
+  }
+  answers_[digest] = answer;
+  return answer;
+}
+
+const absl::StatusOr<v1::CompileResponse>& Scheduler::CompileAnswer(Answer& answer) const {
+  std::call_once(answer.compile_once, [&] { answer.compile = BuildCompileResponse(*answer.prepared, *answer.result); });
+  return answer.compile;
+}
+
 std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
                                          const PreparedRequest& request) const {
   const ir::Chain& canonical = request.canonical.chain;
@@ -405,16 +444,25 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
     }
     if (!absl::IsNotFound(cached.status())) return cached.status();
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  for (auto& [id, t] : tasks_) {
-    if (t->row.state == "running" && t->row.workload_key == key && t->row.target_fp == fp &&
-        t->row.salt == Salt()) {
-      start.started = t->started;
-      return start;
-    }
-  }
   const int budget = EffectiveBudget(options.budget());
-  if (counted) RETURN_IF_ERROR(CheckQuota(caller, budget));
+  // Joins the running task for the key, if any; else checks the quota.
+  auto join_or_check = [&]() -> absl::StatusOr<bool> {
+    for (auto& [id, t] : tasks_) {
+      if (t->row.state == "running" && t->row.workload_key == key && t->row.target_fp == fp &&
+          t->row.salt == Salt()) {
+        start.started = t->started;
+        return true;
+      }
+    }
+    if (counted) RETURN_IF_ERROR(CheckQuota(caller, budget));
+    return false;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(bool joined, join_or_check());
+    if (joined) return start;
+  }
+  // The space is built without the lock: leases, reports and lookups go on.
   auto task = std::make_unique<Task>();
   task->row.id = NewId("t-");
   task->row.client = caller.id;
@@ -433,6 +481,9 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->row.space_size = stats.enumerated;
   task->row.space_after_pruning = stats.stages.back().remaining;
 
+  std::unique_lock<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(bool joined, join_or_check());  // another request may have started it meanwhile
+  if (joined) return start;
   RETURN_IF_ERROR(db_->UpsertWorkload({key, request.chain.name, request.canonical.text,
                                        ir::ChainToJson(request.canonical.chain)},
                                       task->row.created_ms));
@@ -555,6 +606,7 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   w.registered_ms = now;
   w.last_seen_ms = now;
   RETURN_IF_ERROR(db_->InsertWorker(w));
+  targets_generation_++;
   Log()->info("[worker={}] registered '{}' with target {} ({}, {} units, W={:.1f} GB/s, P={:.1f} GFLOP/s)", w.id,
               w.name, w.target_fp, desc.arch, desc.compute_units, desc.bandwidth_bytes_per_s / 1e9,
               desc.peak_flops / 1e9);
@@ -598,6 +650,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     return resp;
   }
   RETURN_IF_ERROR(st);
+  if (worker->state != "alive") targets_generation_++;  // back from lost
   RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), {request.lease_ids().begin(), request.lease_ids().end()},
                                     now + absl::ToInt64Milliseconds(options_.lease)));
   return resp;
@@ -607,6 +660,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
                                                    const std::function<bool()>& cancelled) {
   ASSIGN_OR_RETURN(db::WorkerRow worker, Authenticate(request.worker_id(), request.worker_secret(), "lease"));
   RETURN_IF_ERROR(db_->TouchWorker(worker.id, NowMs()));
+  if (worker.state != "alive") targets_generation_++;  // back from lost
   const int max_jobs = std::clamp(request.max_jobs(), 1, 16);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(std::clamp(request.wait_ms(), 0, 10000));
@@ -1049,7 +1103,10 @@ void Scheduler::ReaperLoop() {
       lease_cv_.notify_all();
     }
     auto lost = db_->MarkLostWorkers(now - absl::ToInt64Milliseconds(options_.worker_timeout));
-    if (lost.ok() && *lost > 0) Log()->warn("{} worker(s) went silent and are marked lost", *lost);
+    if (lost.ok() && *lost > 0) {
+      targets_generation_++;
+      Log()->warn("{} worker(s) went silent and are marked lost", *lost);
+    }
   }
 }
 

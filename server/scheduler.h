@@ -32,6 +32,10 @@
 
 namespace fusor::server {
 
+// Requests whose answers are kept in memory (each with its kernel source,
+// some tens of KB).
+inline constexpr size_t kMaxCachedAnswers = 2048;
+
 // Part of every cache key: bump it when a change makes old results wrong.
 inline constexpr char kEngineVersion[] = "fusor-engine-2";
 
@@ -112,6 +116,23 @@ class Scheduler {
   absl::StatusOr<v1::Target> TargetProto(const std::string& fp);
   // The cached result (translated), or NOT_FOUND.
   absl::StatusOr<v1::TuneResult> Lookup(const PreparedRequest& request);
+  // A request's prepared form and cache answer, kept in memory by the
+  // SHA-256 of the request's bytes: a repeated request is neither parsed,
+  // canonicalized nor looked up again, and its Compile answer is rendered
+  // once. Entries last until a best record lands or the targets change.
+  struct Answer {
+    int64_t best_generation = 0;
+    int64_t targets_generation = 0;
+    std::shared_ptr<const PreparedRequest> prepared;
+    absl::StatusOr<v1::TuneResult> result;  // translated; NOT_FOUND on a miss
+    std::once_flag compile_once;
+    absl::StatusOr<v1::CompileResponse> compile;  // rendered by CompileAnswer
+  };
+  // Prepare's errors; a miss is an Answer whose result is NOT_FOUND.
+  absl::StatusOr<std::shared_ptr<Answer>> CachedAnswer(const v1::Workload& workload,
+                                                       const v1::TargetSelector& selector);
+  // The answer's Compile response (its result must be ok), rendered once.
+  const absl::StatusOr<v1::CompileResponse>& CompileAnswer(Answer& answer) const;
   // Starts a task for `caller` (or joins the running one for the same key,
   // which any caller may). When the cache answers (and !options.force)
   // `cached` is set and no task starts. A new task must fit the caller's
@@ -191,6 +212,13 @@ class Scheduler {
   std::condition_variable task_cv_;
   std::condition_variable lease_cv_;
   std::map<std::string, std::unique_ptr<Task>> tasks_;
+
+  // Request digest -> answer; see CachedAnswer. Not under mu_.
+  std::mutex answers_mu_;
+  std::map<std::string, std::shared_ptr<Answer>> answers_;
+  // Changes when a worker registers or is found lost or back: which target
+  // a request's selector picks may change with it.
+  std::atomic<int64_t> targets_generation_{0};
 
   std::mutex id_mu_;
   uint64_t id_state_;

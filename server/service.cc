@@ -74,34 +74,39 @@ grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::Compi
                                        v1::CompileResponse* resp) {
   Caller caller;
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
-  auto prepared = core_->Prepare(req->workload(), req->target());
-  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
-  absl::StatusOr<v1::TuneResult> result = core_->Lookup(*prepared);
-  if (result.ok() || absl::IsNotFound(result.status())) core_->NoteCacheLookup(result.ok());
-  if (!result.ok() && absl::IsNotFound(result.status()) && !req->cache_only()) {
-    auto start = core_->StartTune(*prepared, req->options(), caller);
-    if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
-    if (start->cached) {
-      result = *start->cached;
-    } else {
-      int64_t version = 0;
-      while (true) {
-        if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-        auto snap = core_->WaitForTask(start->started.task_id(), version, kPoll);
-        if (!snap.ok()) return ToGrpcStatus(snap.status());
-        version = snap->version;
-        if (snap->state == "failed") {
-          return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat("tuning failed: ", snap->error)));
-        }
-        if (snap->state == "done" && snap->result) {
-          result = core_->Translate(*snap->result, *prepared);
-          break;
-        }
+  auto answer = core_->CachedAnswer(req->workload(), req->target());
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  core_->NoteCacheLookup((*answer)->result.ok());
+  if ((*answer)->result.ok()) {
+    const absl::StatusOr<v1::CompileResponse>& rendered = core_->CompileAnswer(**answer);
+    if (!rendered.ok()) return ToGrpcStatus(rendered.status());
+    *resp = *rendered;
+    return grpc::Status::OK;
+  }
+  if (req->cache_only()) return ToGrpcStatus((*answer)->result.status());
+  const PreparedRequest& prepared = *(*answer)->prepared;
+  v1::TuneResult result;
+  auto start = core_->StartTune(prepared, req->options(), caller);
+  if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
+  if (start->cached) {
+    result = *start->cached;
+  } else {
+    int64_t version = 0;
+    while (true) {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      auto snap = core_->WaitForTask(start->started.task_id(), version, kPoll);
+      if (!snap.ok()) return ToGrpcStatus(snap.status());
+      version = snap->version;
+      if (snap->state == "failed") {
+        return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat("tuning failed: ", snap->error)));
+      }
+      if (snap->state == "done" && snap->result) {
+        result = core_->Translate(*snap->result, prepared);
+        break;
       }
     }
   }
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  auto response = core_->BuildCompileResponse(*prepared, *result);
+  auto response = core_->BuildCompileResponse(prepared, result);
   if (!response.ok()) return ToGrpcStatus(response.status());
   *resp = std::move(*response);
   return grpc::Status::OK;
@@ -109,12 +114,11 @@ grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::Compi
 
 grpc::Status SchedulerService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
-  auto prepared = core_->Prepare(req->workload(), req->target());
-  if (!prepared.ok()) return ToGrpcStatus(prepared.status());
-  auto result = core_->Lookup(*prepared);
-  if (result.ok() || absl::IsNotFound(result.status())) core_->NoteCacheLookup(result.ok());
-  if (!result.ok()) return ToGrpcStatus(result.status());
-  *resp->mutable_result() = std::move(*result);
+  auto answer = core_->CachedAnswer(req->workload(), req->target());
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  core_->NoteCacheLookup((*answer)->result.ok());
+  if (!(*answer)->result.ok()) return ToGrpcStatus((*answer)->result.status());
+  *resp->mutable_result() = *(*answer)->result;
   return grpc::Status::OK;
 }
 

@@ -283,6 +283,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
     }
   }
   RETURN_IF_ERROR(txn.Commit());
+  if (stats.best_updated > 0) best_generation_++;
   return stats;
 }
 
@@ -367,8 +368,8 @@ absl::Status TuningDb::RevokeToken(const std::string& id, int64_t now_ms) {
 }
 
 absl::StatusOr<std::optional<TokenRow>> TuningDb::FindToken(const std::string& hash) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
                                              "WHERE hash = ?"));
   s.Bind(1, hash);
   ASSIGN_OR_RETURN(std::vector<TokenRow> rows, ReadTokens(s));

@@ -85,6 +85,18 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
   return db;
 }
 
+absl::StatusOr<std::unique_ptr<Database>> Database::OpenReadOnly(const std::string& path) {
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    absl::Status st = SqliteError(raw, rc, absl::StrCat("cannot open database '", path, "' to read"));
+    sqlite3_close(raw);
+    return st;
+  }
+  sqlite3_busy_timeout(raw, 5000);
+  return std::unique_ptr<Database>(new Database(raw, path));
+}
+
 Database::~Database() { sqlite3_close(db_); }
 
 int64_t StorageFailures(StorageFailure kind) { return g_storage_failures[static_cast<int>(kind)]; }

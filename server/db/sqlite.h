@@ -27,6 +27,9 @@ class Database {
   // Opens (creating if needed) the database at `path`; ":memory:" works.
   // Foreign keys on, WAL journal for files, a 5 s busy timeout.
   static absl::StatusOr<std::unique_ptr<Database>> Open(const std::string& path);
+  // A read-only connection to an existing database file (WAL lets readers
+  // work beside the writer, each on the last commit when it began).
+  static absl::StatusOr<std::unique_ptr<Database>> OpenReadOnly(const std::string& path);
   ~Database();
   Database(const Database&) = delete;
   Database& operator=(const Database&) = delete;

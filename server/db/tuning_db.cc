@@ -147,6 +147,33 @@ absl::StatusOr<std::unique_ptr<TuningDb>> TuningDb::Open(const std::string& path
   return std::unique_ptr<TuningDb>(new TuningDb(std::move(db)));
 }
 
+TuningDb::Reader::Reader(TuningDb& owner, std::unique_ptr<Database> connection)
+    : owner_(owner), connection_(std::move(connection)) {}
+
+TuningDb::Reader::Reader(TuningDb& owner) : owner_(owner), lock_(owner.mu_) {}
+
+TuningDb::Reader::~Reader() {
+  if (connection_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(owner_.readers_mu_);
+  if (owner_.idle_readers_.size() < 16) owner_.idle_readers_.push_back(std::move(connection_));
+}
+
+TuningDb::Reader TuningDb::Read() {
+  const std::string& path = db_->path();
+  if (path.empty() || path == ":memory:") return Reader(*this);
+  {
+    std::lock_guard<std::mutex> lock(readers_mu_);
+    if (!idle_readers_.empty()) {
+      std::unique_ptr<Database> connection = std::move(idle_readers_.back());
+      idle_readers_.pop_back();
+      return Reader(*this, std::move(connection));
+    }
+  }
+  auto opened = Database::OpenReadOnly(path);
+  if (!opened.ok()) return Reader(*this);  // the writer's connection reads too
+  return Reader(*this, std::move(*opened));
+}
+
 absl::Status TuningDb::SetMaxBytes(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   return db_->SetMaxPages(std::max<int64_t>(1, bytes / 4096));
@@ -160,8 +187,8 @@ absl::Status TuningDb::UpsertWorkload(const WorkloadRow& w, int64_t now_ms) {
 }
 
 absl::StatusOr<WorkloadRow> TuningDb::GetWorkload(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT key, name, canonical_text, chain_json FROM workloads WHERE key = ?"));
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT key, name, canonical_text, chain_json FROM workloads WHERE key = ?"));
   s.Bind(1, key);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no workload ", key));
@@ -178,8 +205,8 @@ absl::Status TuningDb::UpsertTarget(const TargetRow& t, int64_t now_ms) {
 }
 
 absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
                                              "targets ORDER BY last_seen_ms DESC"));
   std::vector<TargetRow> out;
   while (true) {
@@ -191,8 +218,8 @@ absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
 }
 
 absl::StatusOr<TargetRow> TuningDb::GetTarget(const std::string& fingerprint) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
                                              "targets WHERE fingerprint = ?"));
   s.Bind(1, fingerprint);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -217,8 +244,8 @@ absl::Status TuningDb::TouchWorker(const std::string& id, int64_t now_ms) {
 }
 
 absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, target_fp, state, registered_ms, last_seen_ms, "
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT id, name, target_fp, state, registered_ms, last_seen_ms, "
                                              "secret_hash FROM workers WHERE id = ?"));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -227,8 +254,8 @@ absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
 }
 
 absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(
                                     "SELECT w.id, w.name, w.target_fp, w.state, w.registered_ms, w.last_seen_ms, "
                                     "(SELECT COUNT(*) FROM measurements m WHERE m.worker_id = w.id) FROM workers w "
                                     "ORDER BY w.registered_ms"));
@@ -243,8 +270,8 @@ absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
 }
 
 absl::StatusOr<std::vector<std::string>> TuningDb::AliveTargets() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT DISTINCT target_fp FROM workers WHERE state = 'alive'"));
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT DISTINCT target_fp FROM workers WHERE state = 'alive'"));
   std::vector<std::string> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, s.Step());
@@ -273,8 +300,8 @@ absl::Status TuningDb::InsertTask(const TaskRow& t) {
 }
 
 absl::StatusOr<TaskRow> TuningDb::GetTask(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kTaskColumns, " FROM tasks WHERE id = ?")));
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kTaskColumns, " FROM tasks WHERE id = ?")));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no task '", id, "'"));
@@ -364,8 +391,8 @@ absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(
 }
 
 absl::StatusOr<CandidateRow> TuningDb::GetCandidate(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
                                                           " FROM candidates WHERE id = ?")));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -527,8 +554,8 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
 
 absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const std::string& task_id,
                                                                          const std::string& kind) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
                                                           " FROM measurements WHERE task_id = ? AND (? = '' OR kind = ?)"
                                                           " ORDER BY id")));
   s.Bind(1, task_id);
@@ -544,8 +571,8 @@ absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const s
 }
 
 absl::StatusOr<std::pair<int, int>> TuningDb::CountCandidateMeasurements(const std::string& task_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT COUNT(*), COALESCE(SUM(status <> 'ok'), 0) FROM measurements "
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT COUNT(*), COALESCE(SUM(status <> 'ok'), 0) FROM measurements "
                                              "WHERE task_id = ? AND kind = 'candidate'"));
   s.Bind(1, task_id);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -554,8 +581,8 @@ absl::StatusOr<std::pair<int, int>> TuningDb::CountCandidateMeasurements(const s
 }
 
 absl::StatusOr<MeasurementRow> TuningDb::GetMeasurement(int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
                                                           " FROM measurements WHERE id = ?")));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -564,16 +591,16 @@ absl::StatusOr<MeasurementRow> TuningDb::GetMeasurement(int64_t id) {
 }
 
 absl::StatusOr<int64_t> TuningDb::CountMeasurements() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT COUNT(*) FROM measurements"));
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT COUNT(*) FROM measurements"));
   ASSIGN_OR_RETURN(bool row, s.Step());
   return row ? s.Int(0) : 0;
 }
 
 absl::StatusOr<std::optional<BestRow>> TuningDb::GetBest(const std::string& key, const std::string& fp,
                                                          const std::string& salt) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT task_id, candidate_id, measurement_id, median_s FROM best "
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT task_id, candidate_id, measurement_id, median_s FROM best "
                                              "WHERE workload_key = ? AND target_fp = ? AND salt = ?"));
   s.Bind(1, key).Bind(2, fp).Bind(3, salt);
   ASSIGN_OR_RETURN(bool row, s.Step());
@@ -591,8 +618,10 @@ absl::Status TuningDb::OfferBest(const std::string& key, const std::string& fp, 
                                     "task_id = excluded.task_id, candidate_id = excluded.candidate_id, "
                                     "measurement_id = excluded.measurement_id, median_s = excluded.median_s, "
                                     "updated_ms = excluded.updated_ms WHERE excluded.median_s < best.median_s"));
-  return s.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.task_id).Bind(5, best.candidate_id)
-      .Bind(6, best.measurement_id).Bind(7, best.median_s).Bind(8, now_ms).Run();
+  RETURN_IF_ERROR(s.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.task_id).Bind(5, best.candidate_id)
+                      .Bind(6, best.measurement_id).Bind(7, best.median_s).Bind(8, now_ms).Run());
+  if (db_->Changes() > 0) best_generation_++;  // after the write: a reader holding the old value sees it change
+  return absl::OkStatus();
 }
 
 // -------------------------------------------------------------- sweeps ---

@@ -3,6 +3,7 @@
 // Thread-safe: calls are serialized on one connection.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -199,6 +200,10 @@ class TuningDb {
   // writes beyond fail as on a full disk (RESOURCE_EXHAUSTED).
   absl::Status SetMaxBytes(int64_t bytes);
 
+  // Changes whenever a best record is written: what was read of `best`
+  // before is still current while this stays the same.
+  int64_t best_generation() const { return best_generation_; }
+
   absl::Status UpsertWorkload(const WorkloadRow& w, int64_t now_ms);
   absl::StatusOr<WorkloadRow> GetWorkload(const std::string& key);
 
@@ -306,11 +311,33 @@ class TuningDb {
   absl::Status BackupTo(const std::string& path);
 
  private:
+  // A connection for one read: a pooled read-only one on a database file,
+  // so that reads wait neither for each other nor for the writer; else the
+  // writer's, held locked.
+  class Reader {
+   public:
+    Reader(TuningDb& owner, std::unique_ptr<Database> connection);
+    explicit Reader(TuningDb& owner);
+    ~Reader();
+    Reader(const Reader&) = delete;
+    Reader& operator=(const Reader&) = delete;
+    Database* operator->() { return connection_ ? connection_.get() : owner_.db_.get(); }
+
+   private:
+    TuningDb& owner_;
+    std::unique_ptr<Database> connection_;
+    std::unique_lock<std::mutex> lock_;
+  };
+  Reader Read();
+
   explicit TuningDb(std::unique_ptr<Database> db) : db_(std::move(db)) {}
   absl::StatusOr<JobRow> GetJobLocked(const std::string& id);
   absl::Status FailOpenJobsLocked(const std::string& task_id, int64_t now_ms);
   std::mutex mu_;
   std::unique_ptr<Database> db_;
+  std::atomic<int64_t> best_generation_{0};
+  std::mutex readers_mu_;
+  std::vector<std::unique_ptr<Database>> idle_readers_;
 };
 
 }  // namespace fusor::db

@@ -301,6 +301,12 @@ TEST_F(E2eTest, SurvivesAKilledWorkerAndServesTheCache) {
   auto huge = Cli({"tune", WriteFile("huge.fusor", padded)});
   EXPECT_EQ(huge.first, 1);
   EXPECT_THAT(huge.second, HasSubstr("RESOURCE_EXHAUSTED"));
+  // An index nested 9,000 deep (18 KB) once overflowed the scheduler's stack.
+  const std::string deep = std::string(9000, '(') + "m" + std::string(9000, ')');
+  auto nested = Cli({"compile", WriteFile("deep.fusor", "dim m=4\nin A[m]\nB[m] = A[" + deep + "]\nout B\n")});
+  EXPECT_EQ(nested.first, 1);
+  EXPECT_THAT(nested.second, HasSubstr("nests deeper than 64 levels"));
+  EXPECT_EQ(Cli({"workers"}).first, 0);  // the scheduler is still there
   EXPECT_EQ(TableCounts(), before);
 
   // The CLI's other commands against the live scheduler.

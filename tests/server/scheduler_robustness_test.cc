@@ -53,13 +53,14 @@ class SchedulerRobustnessTest : public ::testing::Test {
     return r.value_or(v1::RegisterResponse());
   }
 
-  std::string StartTask() {
+  std::string StartTask(bool force = false) {
     v1::Workload w;
     w.set_text(testing::kGemmChain);
     auto req = scheduler_->Prepare(w, {});
     EXPECT_TRUE(req.ok()) << req.status();
     v1::TuneOptions options;
     options.set_budget(4);
+    options.set_force(force);
     auto start = scheduler_->StartTune(*req, options, {"test", "test"});
     EXPECT_TRUE(start.ok()) << start.status();
     return start->started.task_id();
@@ -88,6 +89,18 @@ class SchedulerRobustnessTest : public ::testing::Test {
     for (int i = 0; i < 10; ++i) m->add_samples_s(median_s);
     m->set_median_s(median_s);
     return report;
+  }
+
+  // Measures every job of `task` as taking `median_s` until it is done.
+  void Finish(const std::string& task, const v1::RegisterResponse& w, double median_s) {
+    for (int round = 0; round < 20; ++round) {
+      for (const v1::Job& job : Lease(w)) {
+        EXPECT_TRUE(scheduler_->Report(Report(w.worker_id(), w.worker_secret(), job, median_s)).ok());
+      }
+      auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
+      if (snap.ok() && snap->state != "running") break;
+    }
+    EXPECT_EQ(scheduler_->WaitForTask(task, 0, absl::ZeroDuration())->state, "done");
   }
 
   int64_t Measurements() { return scheduler_->db().CountMeasurements().value_or(-1); }
@@ -204,6 +217,34 @@ TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetrie
   auto accepted = scheduler_->Report(report);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(Measurements(), before + 1);
+}
+
+TEST_F(SchedulerRobustnessTest, CacheAnswersAreKeptUntilABetterRecordLands) {
+  const v1::RegisterResponse w = RegisterWorker("w");
+  v1::Workload workload;
+  workload.set_text(testing::kGemmChain);
+  auto miss = scheduler_->CachedAnswer(workload, {});
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  EXPECT_TRUE(absl::IsNotFound((*miss)->result.status()));
+
+  Finish(StartTask(), w, 2e-3);
+  auto first = scheduler_->CachedAnswer(workload, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*first)->result.ok()) << (*first)->result.status();
+  EXPECT_DOUBLE_EQ((*first)->result->best_measurement().median_s(), 2e-3);
+  const auto& compiled = scheduler_->CompileAnswer(**first);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  EXPECT_FALSE(compiled->kernel_source().empty());
+  // The same request again: the same answer, not parsed or rendered again.
+  EXPECT_EQ(scheduler_->CachedAnswer(workload, {})->get(), first->get());
+  EXPECT_EQ(&scheduler_->CompileAnswer(**first), &compiled);
+
+  Finish(StartTask(/*force=*/true), w, 1e-3);  // a better record
+  auto second = scheduler_->CachedAnswer(workload, {});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->get(), first->get());
+  ASSERT_TRUE((*second)->result.ok());
+  EXPECT_DOUBLE_EQ((*second)->result->best_measurement().median_s(), 1e-3);
 }
 
 TEST(SchedulerStartTest, AnUnusableDatabaseDirectoryIsNamedAsSuch) {
