@@ -190,7 +190,12 @@ absl::Status Worker::Run() {
         break;
       }
       if (!st.ok()) {
-        if (st.error_code() == grpc::StatusCode::NOT_FOUND) reregister_ = true;
+        // Unknown to the scheduler, or its registration no longer valid
+        // there (e.g. made by older fusor, without a secret): register again.
+        if (st.error_code() == grpc::StatusCode::NOT_FOUND ||
+            st.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+          reregister_ = true;
+        }
         if (pending.empty()) {
           Log()->warn("[worker={}] lease failed ({}); retrying in {}", worker_id_, st.error_message(),
                       absl::FormatDuration(backoff));
