@@ -97,7 +97,10 @@ absl::StatusOr<std::unique_ptr<Database>> Database::OpenReadOnly(const std::stri
   return std::unique_ptr<Database>(new Database(raw, path));
 }
 
-Database::~Database() { sqlite3_close(db_); }
+Database::~Database() {
+  for (const auto& [sql, stmt] : idle_) sqlite3_finalize(stmt);
+  sqlite3_close(db_);
+}
 
 int64_t StorageFailures(StorageFailure kind) { return g_storage_failures[static_cast<int>(kind)]; }
 
@@ -146,21 +149,36 @@ absl::Status Database::Exec(const std::string& sql) {
 }
 
 absl::StatusOr<Statement> Database::Prepare(const std::string& sql) {
+  auto it = idle_.find(sql);
+  if (it != idle_.end()) {
+    sqlite3_stmt* stmt = it->second;
+    idle_.erase(it);
+    return Statement(this, stmt);
+  }
   sqlite3_stmt* stmt = nullptr;
-  int rc = sqlite3_prepare_v2(db_, sql.c_str(), -1, &stmt, nullptr);
+  int rc = sqlite3_prepare_v3(db_, sql.c_str(), -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
   if (rc != SQLITE_OK) return SqliteError(db_, rc, absl::StrCat("cannot prepare '", sql, "'"));
-  return Statement(db_, stmt);
+  return Statement(this, stmt);
+}
+
+void Database::Keep(sqlite3_stmt* stmt) {
+  sqlite3_reset(stmt);
+  sqlite3_clear_bindings(stmt);
+  if (idle_.size() < 256 && idle_.emplace(sqlite3_sql(stmt), stmt).second) return;
+  sqlite3_finalize(stmt);  // another one of the same SQL is kept already
 }
 
 int64_t Database::LastInsertRowId() const { return sqlite3_last_insert_rowid(db_); }
 int Database::Changes() const { return sqlite3_changes(db_); }
 
 Statement::Statement(Statement&& other) noexcept
-    : db_(other.db_), stmt_(other.stmt_), bind_error_(other.bind_error_) {
+    : owner_(other.owner_), db_(other.db_), stmt_(other.stmt_), bind_error_(other.bind_error_) {
   other.stmt_ = nullptr;
 }
 
-Statement::~Statement() { sqlite3_finalize(stmt_); }
+Statement::~Statement() {
+  if (stmt_ != nullptr) owner_->Keep(stmt_);
+}
 
 Statement& Statement::Bind(int index, int64_t value) {
   int rc = sqlite3_bind_int64(stmt_, index, value);

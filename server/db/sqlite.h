@@ -5,6 +5,7 @@
 #include <sqlite3.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,9 +49,15 @@ class Database {
   absl::Status SetMaxPages(int64_t pages);
 
  private:
+  friend class Statement;
   Database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  // A statement done with, reset, kept for the next Prepare of its SQL.
+  void Keep(sqlite3_stmt* stmt);
   sqlite3* db_;
   std::string path_;
+  // Prepared statements not in use, by SQL: a statement is prepared once
+  // per connection (a Prepare of SQL in use prepares another).
+  std::map<std::string, sqlite3_stmt*, std::less<>> idle_;
 };
 
 class Statement {
@@ -83,7 +90,8 @@ class Statement {
 
  private:
   friend class Database;
-  Statement(sqlite3* db, sqlite3_stmt* stmt) : db_(db), stmt_(stmt) {}
+  Statement(Database* owner, sqlite3_stmt* stmt) : owner_(owner), db_(owner->db_), stmt_(stmt) {}
+  Database* owner_;
   sqlite3* db_;
   sqlite3_stmt* stmt_;
   int bind_error_ = SQLITE_OK;
