@@ -2,6 +2,7 @@
 // GEMM chain is tuned to completion through the real services, the cache
 // answers the same (renamed) chain, and a restarted scheduler resumes a
 // task from its database.
+#include <algorithm>
 #include <unistd.h>
 
 #include <atomic>
@@ -141,16 +142,24 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   EXPECT_GT(result->best().prediction().t_estm_s(), 0);
 
   // 4 candidates, the baseline (among the first candidates) and the best
-  // measured again with the baseline beside it, every sample kept.
+  // measured again with the baseline beside it, every sample kept; on a
+  // busy machine the confirmation may come out noisy and be taken once more.
   auto& db = server_->core().db();
-  EXPECT_EQ(*db.CountMeasurements(), 6);
   auto rows = db.MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
-  EXPECT_EQ(rows->size(), 6u);  // the baseline and the confirmation are measured by the task too
+  const int confirms = static_cast<int>(
+      std::count_if(rows->begin(), rows->end(), [](const auto& m) { return m.kind == "confirm"; }));
+  ASSERT_TRUE(confirms == 1 || confirms == 2) << confirms;
+  const int expected = 5 + confirms;
+  EXPECT_EQ(*db.CountMeasurements(), expected);
+  EXPECT_EQ(static_cast<int>(rows->size()), expected);  // the baseline and the confirmation are the task's too
   EXPECT_EQ(result->baseline().status(), v1::MEASUREMENT_STATUS_OK);
   EXPECT_FALSE(result->baseline_kind().empty());
+  bool first_confirm = true;
   for (const auto& m : *rows) {
-    EXPECT_EQ(m.status, "ok") << m.error;
+    const bool retried = m.kind == "confirm" && confirms == 2 && first_confirm;
+    if (m.kind == "confirm") first_confirm = false;
+    EXPECT_EQ(m.status, retried ? "noisy" : "ok") << m.error;
     EXPECT_FALSE(m.samples_s.empty());
   }
 
@@ -164,7 +173,7 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
       << cached->best().schedule().text();
   // U is in either association order (T may have been regrouped away).
   EXPECT_THAT(cached->best().mapping().text(), HasSubstr("U=fma."));
-  EXPECT_EQ(*db.CountMeasurements(), 6);
+  EXPECT_EQ(*db.CountMeasurements(), expected);
 
   v1::CompileRequest compile;
   compile.mutable_workload()->set_text(kRenamed);
@@ -180,7 +189,7 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   EXPECT_EQ(task->state(), "done");
   auto workers = client.ListWorkers();
   ASSERT_EQ(workers->workers_size(), 1);
-  EXPECT_EQ(workers->workers(0).jobs_done(), 6);
+  EXPECT_EQ(workers->workers(0).jobs_done(), expected);
 }
 
 // Convolution chains go through the same machinery as GEMM chains: their
