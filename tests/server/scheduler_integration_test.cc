@@ -2,9 +2,9 @@
 // GEMM chain is tuned to completion through the real services, the cache
 // answers the same (renamed) chain, and a restarted scheduler resumes a
 // task from its database.
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
