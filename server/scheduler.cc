@@ -627,7 +627,8 @@ absl::StatusOr<db::WorkerRow> Scheduler::Authenticate(const std::string& worker_
   unsigned char diff = hash.size() != worker.secret_hash.size();
   for (size_t i = 0; i < hash.size() && i < worker.secret_hash.size(); ++i) diff |= hash[i] ^ worker.secret_hash[i];
   if (diff != 0 || secret.empty()) {
-    Log()->warn("[worker={}] {} refused: the worker secret does not match its registration", worker_id, std::string(call));
+    Log()->warn("[worker={}] {} refused: the worker secret does not match its registration", worker_id,
+                std::string(call));
     return absl::PermissionDeniedError(absl::StrCat(
         call, ": the worker secret does not match the registration of worker ", worker_id,
         "; a worker acts only under the id and secret its own Register returned (register again)"));
@@ -644,12 +645,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
     return resp;
   }
   RETURN_IF_ERROR(worker.status());
-  absl::Status st = db_->TouchWorker(request.worker_id(), now);
-  if (absl::IsNotFound(st)) {
-    resp.set_reregister(true);
-    return resp;
-  }
-  RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(db_->TouchWorker(request.worker_id(), now));
   if (worker->state != "alive") targets_generation_++;  // back from lost
   RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), {request.lease_ids().begin(), request.lease_ids().end()},
                                     now + absl::ToInt64Milliseconds(options_.lease)));
@@ -764,10 +760,9 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   if (rec.outcome == db::ReportOutcome::kStaleLease) {
     return absl::FailedPreconditionError(absl::StrCat(
         "report: lease ", request.lease_id(), " of job ", job.id, " is no longer valid: ",
-        rec.job.state == "queued"    ? "it expired and the job was requeued"
-        : rec.job.lease_id.empty()   ? "the job was never leased"
-                                     : absl::StrCat("the job is now leased again (to worker ", rec.job.worker_id,
-                                                    ") after this lease expired"),
+        rec.job.state == "queued" ? "it expired and the job was requeued"
+                                  : absl::StrCat("the job is under another lease now (worker ", rec.job.worker_id,
+                                                 "'s)"),
         "; nothing was recorded"));
   }
   Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(), job.kind, m.status,

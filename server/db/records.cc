@@ -370,7 +370,7 @@ absl::Status TuningDb::RevokeToken(const std::string& id, int64_t now_ms) {
 absl::StatusOr<std::optional<TokenRow>> TuningDb::FindToken(const std::string& hash) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
-                                             "WHERE hash = ?"));
+                                            "WHERE hash = ?"));
   s.Bind(1, hash);
   ASSIGN_OR_RETURN(std::vector<TokenRow> rows, ReadTokens(s));
   if (rows.empty()) return std::optional<TokenRow>();

@@ -207,7 +207,7 @@ absl::Status TuningDb::UpsertTarget(const TargetRow& t, int64_t now_ms) {
 absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
-                                             "targets ORDER BY last_seen_ms DESC"));
+                                            "targets ORDER BY last_seen_ms DESC"));
   std::vector<TargetRow> out;
   while (true) {
     ASSIGN_OR_RETURN(bool row, s.Step());
@@ -220,7 +220,7 @@ absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
 absl::StatusOr<TargetRow> TuningDb::GetTarget(const std::string& fingerprint) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
-                                             "targets WHERE fingerprint = ?"));
+                                            "targets WHERE fingerprint = ?"));
   s.Bind(1, fingerprint);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("unknown target ", fingerprint));
@@ -246,7 +246,7 @@ absl::Status TuningDb::TouchWorker(const std::string& id, int64_t now_ms) {
 absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT id, name, target_fp, state, registered_ms, last_seen_ms, "
-                                             "secret_hash FROM workers WHERE id = ?"));
+                                            "secret_hash FROM workers WHERE id = ?"));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("unknown worker '", id, "'"));
@@ -393,7 +393,7 @@ absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(
 absl::StatusOr<CandidateRow> TuningDb::GetCandidate(int64_t id) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
-                                                          " FROM candidates WHERE id = ?")));
+                                                         " FROM candidates WHERE id = ?")));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no candidate ", id));
@@ -556,8 +556,8 @@ absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const s
                                                                          const std::string& kind) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
-                                                          " FROM measurements WHERE task_id = ? AND (? = '' OR kind = ?)"
-                                                          " ORDER BY id")));
+                                                         " FROM measurements WHERE task_id = ? AND (? = '' OR kind = ?)"
+                                                         " ORDER BY id")));
   s.Bind(1, task_id);
   s.Bind(2, kind);
   s.Bind(3, kind);
@@ -573,7 +573,7 @@ absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const s
 absl::StatusOr<std::pair<int, int>> TuningDb::CountCandidateMeasurements(const std::string& task_id) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT COUNT(*), COALESCE(SUM(status <> 'ok'), 0) FROM measurements "
-                                             "WHERE task_id = ? AND kind = 'candidate'"));
+                                            "WHERE task_id = ? AND kind = 'candidate'"));
   s.Bind(1, task_id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::make_pair(0, 0);
@@ -583,7 +583,7 @@ absl::StatusOr<std::pair<int, int>> TuningDb::CountCandidateMeasurements(const s
 absl::StatusOr<MeasurementRow> TuningDb::GetMeasurement(int64_t id) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
-                                                          " FROM measurements WHERE id = ?")));
+                                                         " FROM measurements WHERE id = ?")));
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no measurement ", id));
@@ -601,7 +601,7 @@ absl::StatusOr<std::optional<BestRow>> TuningDb::GetBest(const std::string& key,
                                                          const std::string& salt) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT task_id, candidate_id, measurement_id, median_s FROM best "
-                                             "WHERE workload_key = ? AND target_fp = ? AND salt = ?"));
+                                            "WHERE workload_key = ? AND target_fp = ? AND salt = ?"));
   s.Bind(1, key).Bind(2, fp).Bind(3, salt);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::optional<BestRow>();
