@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/log.h"
+#include "common/util/status_macros.h"
 
 namespace fusor::db {
 namespace {
@@ -55,17 +56,22 @@ absl::Status SqliteError(sqlite3* db, int rc, const std::string& what) {
   }
 }
 
+// A raw connection to `path`, or the error (the half-open handle closed).
+absl::StatusOr<sqlite3*> OpenConnection(const std::string& path, int flags, const std::string& what) {
+  sqlite3* raw = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+  if (rc == SQLITE_OK) return raw;
+  absl::Status st = SqliteError(raw, rc, what);
+  sqlite3_close(raw);
+  return st;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path) {
-  sqlite3* raw = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &raw,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
-  if (rc != SQLITE_OK) {
-    absl::Status st = SqliteError(raw, rc, absl::StrCat("cannot open database '", path, "'"));
-    sqlite3_close(raw);
-    return st;
-  }
+  ASSIGN_OR_RETURN(sqlite3 * raw,
+                   OpenConnection(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                                  absl::StrCat("cannot open database '", path, "'")));
   std::unique_ptr<Database> db(new Database(raw, path));
   sqlite3_busy_timeout(raw, 5000);
   absl::Status st = db->Exec("PRAGMA foreign_keys = ON;");
@@ -86,13 +92,8 @@ absl::StatusOr<std::unique_ptr<Database>> Database::Open(const std::string& path
 }
 
 absl::StatusOr<std::unique_ptr<Database>> Database::OpenReadOnly(const std::string& path) {
-  sqlite3* raw = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, nullptr);
-  if (rc != SQLITE_OK) {
-    absl::Status st = SqliteError(raw, rc, absl::StrCat("cannot open database '", path, "' to read"));
-    sqlite3_close(raw);
-    return st;
-  }
+  ASSIGN_OR_RETURN(sqlite3 * raw, OpenConnection(path, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
+                                                 absl::StrCat("cannot open database '", path, "' to read")));
   sqlite3_busy_timeout(raw, 5000);
   return std::unique_ptr<Database>(new Database(raw, path));
 }
@@ -109,13 +110,8 @@ absl::Status Database::SetMaxPages(int64_t pages) {
 }
 
 absl::Status Database::BackupTo(const std::string& path) {
-  sqlite3* dest = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &dest, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
-  if (rc != SQLITE_OK) {
-    absl::Status st = SqliteError(dest, rc, absl::StrCat("cannot create backup '", path, "'"));
-    sqlite3_close(dest);
-    return st;
-  }
+  ASSIGN_OR_RETURN(sqlite3 * dest, OpenConnection(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                                                  absl::StrCat("cannot create backup '", path, "'")));
   sqlite3_backup* backup = sqlite3_backup_init(dest, "main", db_, "main");
   if (backup == nullptr) {
     absl::Status st = SqliteError(dest, sqlite3_errcode(dest), absl::StrCat("cannot back up to '", path, "'"));
@@ -125,6 +121,7 @@ absl::Status Database::BackupTo(const std::string& path) {
   // Copies every page in one step (the caller holds the connection for its
   // length); a busy source is retried, each try waiting on the busy
   // timeout, a while.
+  int rc = SQLITE_OK;
   for (int tries = 0; tries < 100; ++tries) {
     rc = sqlite3_backup_step(backup, -1);
     if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED && rc != SQLITE_OK) break;
