@@ -3,6 +3,8 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +16,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <thread>
 #include <tuple>
 #include <variant>
 
@@ -770,13 +771,26 @@ std::variant<Match, Reject> MatchConvChain(const Graph& g, const onnx::NodeProto
 // malformed graphs out of bounds (a convolution whose weight has the wrong
 // rank crashes it), and a damaged file must never take the caller down.
 absl::Status InferShapesIsolated(onnx::ModelProto& model) {
+  // The operator schemas are registered on first use: once here, not again
+  // in every child.
+  static const bool schemas_registered = onnx::OpSchemaRegistry::Schema("Add", 1) != nullptr;
+  (void)schemas_registered;
   char name[] = "/tmp/fusor-onnx-shapes-XXXXXX";
   const int fd = mkstemp(name);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create a temporary file: ", strerror(errno)));
   unlink(name);
+  // The child holds the pipe's write end until it exits: the parent waits
+  // for its hang-up with a deadline instead of polling waitpid.
+  int done_pipe[2];
+  if (pipe2(done_pipe, O_CLOEXEC) != 0) {
+    close(fd);
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
   const pid_t pid = fork();
   if (pid < 0) {
     close(fd);
+    close(done_pipe[0]);
+    close(done_pipe[1]);
     return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   }
   if (pid == 0) {
@@ -799,16 +813,25 @@ absl::Status InferShapesIsolated(onnx::ModelProto& model) {
     }
     _exit(code);
   }
-  int status = 0;
+  close(done_pipe[1]);
+  // A child forked meanwhile by another thread may also hold the write end,
+  // so waitpid is asked too, at least every 100 ms.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      close(fd);
-      return absl::DeadlineExceededError("ONNX shape inference did not finish in 120 s");
+  int status = 0;
+  pid_t ended = 0;
+  while ((ended = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    pollfd hangup{done_pipe[0], POLLIN, 0};
+    if (poll(&hangup, 1, 100) > 0) {
+      ended = waitpid(pid, &status, 0);
+      break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  close(done_pipe[0]);
+  if (ended == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    close(fd);
+    return absl::DeadlineExceededError("ONNX shape inference did not finish in 120 s");
   }
   std::string bytes;
   lseek(fd, 0, SEEK_SET);
