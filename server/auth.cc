@@ -47,7 +47,7 @@ absl::StatusOr<std::pair<db::TokenRow, std::string>> CreateToken(db::TuningDb& d
   return std::make_pair(row, token);
 }
 
-grpc::Status Authenticator::Check(const grpc::ServerContext& ctx, std::initializer_list<Role> roles,
+grpc::Status Authenticator::Check(const grpc::ServerContextBase& ctx, std::initializer_list<Role> roles,
                                   Caller* caller) const {
   if (db_ == nullptr) {
     if (caller != nullptr) {
@@ -61,18 +61,24 @@ grpc::Status Authenticator::Check(const grpc::ServerContext& ctx, std::initializ
   }
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
+  if (it == metadata.end()) return CheckAuthorization(std::nullopt, roles, caller);
+  return CheckAuthorization(std::string(it->second.data(), it->second.size()), roles, caller);
+}
+
+grpc::Status Authenticator::CheckAuthorization(const std::optional<std::string>& authorization,
+                                               std::initializer_list<Role> roles, Caller* caller) const {
+  if (!authorization) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "this scheduler needs a token: pass --token (or FUSOR_TOKEN); an admin creates one with "
                         "`fusor admin token create`");
   }
-  const std::string value(it->second.data(), it->second.size());
+  const std::string& value = *authorization;
   if (!absl::StartsWith(value, "Bearer ")) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization is not 'Bearer <token>'");
   }
-  auto token = db_->FindToken(TokenHash(value.substr(7)));
+  auto token = Find(TokenHash(value.substr(7)));
   if (!token.ok()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(token.status().message()));
-  if (!token->has_value() || (*token)->revoked_ms) {
+  if (!token->has_value()) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "unknown or revoked token");
   }
   const std::string& role = (*token)->role;
@@ -86,6 +92,32 @@ grpc::Status Authenticator::Check(const grpc::ServerContext& ctx, std::initializ
   for (Role r : roles) absl::StrAppend(&wanted, wanted.empty() ? "" : " or ", RoleName(r));
   return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                       absl::StrCat("token '", (*token)->name, "' has role ", role, "; this call needs ", wanted));
+}
+
+absl::StatusOr<std::optional<db::TokenRow>> Authenticator::Find(const std::string& hash) const {
+  const absl::Time now = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = remembered_.find(hash);
+    if (it != remembered_.end() && now < it->second.until) return it->second.row;
+  }
+  ASSIGN_OR_RETURN(std::optional<db::TokenRow> row, db_->FindToken(hash));
+  if (row && row->revoked_ms) row.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!row) {
+    remembered_.erase(hash);
+    return row;
+  }
+  // Only tokens found valid are remembered, so unknown ones cannot fill
+  // the map; it is emptied once it holds more than any team has tokens.
+  if (remembered_.size() >= 4096) remembered_.clear();
+  remembered_[hash] = {*row, now + kTokenRecheck};
+  return row;
+}
+
+void Authenticator::Forget() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  remembered_.clear();
 }
 
 }  // namespace fusor::server

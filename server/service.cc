@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/log.h"
+#include "proto/wire/channel.h"
 #include "proto/wire/grpc_status.h"
 
 namespace fusor::server {
@@ -70,23 +71,49 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
   }
 }
 
-grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req,
-                                       v1::CompileResponse* resp) {
+grpc::ServerUnaryReactor* SchedulerService::Compile(grpc::CallbackServerContext* ctx, const v1::CompileRequest* req,
+                                                    v1::CompileResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Caller caller;
-  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
+  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
   auto answer = core_->CachedAnswer(req->workload(), req->target());
-  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  if (!answer.ok()) {
+    reactor->Finish(ToGrpcStatus(answer.status()));
+    return reactor;
+  }
   core_->NoteCacheLookup((*answer)->result.ok());
   if ((*answer)->result.ok()) {
     const absl::StatusOr<v1::CompileResponse>& rendered = core_->CompileAnswer(**answer);
-    if (!rendered.ok()) return ToGrpcStatus(rendered.status());
-    *resp = *rendered;
-    return grpc::Status::OK;
+    if (rendered.ok()) *resp = *rendered;
+    reactor->Finish(rendered.ok() ? grpc::Status::OK : ToGrpcStatus(rendered.status()));
+    return reactor;
   }
-  if (req->cache_only()) return ToGrpcStatus((*answer)->result.status());
-  const PreparedRequest& prepared = *(*answer)->prepared;
+  if (req->cache_only()) {
+    reactor->Finish(ToGrpcStatus((*answer)->result.status()));
+    return reactor;
+  }
+  // A tune takes seconds to minutes: it is waited for on a thread of its
+  // own, never on one of gRPC's.
+  {
+    std::lock_guard<std::mutex> lock(tuning_mu_);
+    ++tuning_;
+  }
+  std::thread([this, ctx, reactor, resp, caller, options = req->options(), prepared = (*answer)->prepared] {
+    reactor->Finish(CompileByTuning(ctx, *prepared, options, caller, resp));
+    std::lock_guard<std::mutex> lock(tuning_mu_);
+    if (--tuning_ == 0) tuning_cv_.notify_all();
+  }).detach();
+  return reactor;
+}
+
+grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx, const PreparedRequest& prepared,
+                                               const v1::TuneOptions& options, const Caller& caller,
+                                               v1::CompileResponse* resp) {
   v1::TuneResult result;
-  auto start = core_->StartTune(prepared, req->options(), caller);
+  auto start = core_->StartTune(prepared, options, caller);
   if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
   if (start->cached) {
     result = *start->cached;
@@ -112,14 +139,30 @@ grpc::Status SchedulerService::Compile(grpc::ServerContext* ctx, const v1::Compi
   return grpc::Status::OK;
 }
 
-grpc::Status SchedulerService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) {
-  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
-  auto answer = core_->CachedAnswer(req->workload(), req->target());
-  if (!answer.ok()) return ToGrpcStatus(answer.status());
-  core_->NoteCacheLookup((*answer)->result.ok());
-  if (!(*answer)->result.ok()) return ToGrpcStatus((*answer)->result.status());
-  *resp->mutable_result() = *(*answer)->result;
-  return grpc::Status::OK;
+void SchedulerService::Drain() {
+  std::unique_lock<std::mutex> lock(tuning_mu_);
+  tuning_cv_.wait(lock, [this] { return tuning_ == 0; });
+}
+
+grpc::ServerUnaryReactor* SchedulerService::Lookup(grpc::CallbackServerContext* ctx, const v1::LookupRequest* req,
+                                                   v1::LookupResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status st = auth_->Check(*ctx, {Role::kClient});
+  if (st.ok()) {
+    auto answer = core_->CachedAnswer(req->workload(), req->target());
+    if (!answer.ok()) {
+      st = ToGrpcStatus(answer.status());
+    } else {
+      core_->NoteCacheLookup((*answer)->result.ok());
+      if ((*answer)->result.ok()) {
+        *resp->mutable_result() = *(*answer)->result;
+      } else {
+        st = ToGrpcStatus((*answer)->result.status());
+      }
+    }
+  }
+  reactor->Finish(st);
+  return reactor;
 }
 
 grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
@@ -267,6 +310,7 @@ grpc::Status AdminService::RevokeToken(grpc::ServerContext* ctx, const v1::Revok
   Caller caller;
   if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}, &caller); !st.ok()) return st;
   if (absl::Status st = core_->db().RevokeToken(req->id(), NowMs()); !st.ok()) return ToGrpcStatus(st);
+  auth_->Forget();
   Logger("admin")->info("{} revoked token {}", caller.name, req->id());
   return grpc::Status::OK;
 }
@@ -352,6 +396,7 @@ grpc::Status AdminService::Backup(grpc::ServerContext* ctx, const v1::BackupRequ
 absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
     const SchedulerOptions& options, const std::string& address,
     std::shared_ptr<grpc::ServerCredentials> credentials) {
+  wire::DisableMutexDeadlockDetection();
   std::unique_ptr<SchedulerServer> s(new SchedulerServer());
   auto core = Scheduler::Create(options);
   if (!core.ok()) return core.status();
@@ -390,6 +435,7 @@ std::shared_ptr<grpc::Channel> SchedulerServer::InProcessChannel() {
 void SchedulerServer::Shutdown() {
   if (server_ && server_->GetHealthCheckService()) server_->GetHealthCheckService()->SetServingStatus(false);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (scheduler_service_) scheduler_service_->Drain();
 }
 
 void SchedulerServer::Wait() {

@@ -4,6 +4,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
+#include <mutex>
+
 #include "fusor/v1/admin.grpc.pb.h"
 #include "fusor/v1/scheduler.grpc.pb.h"
 #include "fusor/v1/worker.grpc.pb.h"
@@ -13,25 +16,40 @@
 
 namespace fusor::server {
 
-class SchedulerService final : public v1::Scheduler::Service {
+// Compile and Lookup use gRPC's callback API: a cache hit is answered on
+// the thread that read the request, without a hand-off to a handler thread.
+class SchedulerService final
+    : public v1::Scheduler::WithCallbackMethod_Compile<v1::Scheduler::WithCallbackMethod_Lookup<v1::Scheduler::Service>> {
  public:
   SchedulerService(Scheduler* core, SweepRunner* sweeps, const Authenticator* auth)
       : core_(core), sweeps_(sweeps), auth_(auth) {}
   grpc::Status Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
                     grpc::ServerWriter<v1::TuneEvent>* writer) override;
-  grpc::Status Compile(grpc::ServerContext* ctx, const v1::CompileRequest* req, v1::CompileResponse* resp) override;
-  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) override;
+  grpc::ServerUnaryReactor* Compile(grpc::CallbackServerContext* ctx, const v1::CompileRequest* req,
+                                    v1::CompileResponse* resp) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* ctx, const v1::LookupRequest* req,
+                                   v1::LookupResponse* resp) override;
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
                            v1::ListWorkersResponse* resp) override;
   grpc::Status GetTask(grpc::ServerContext* ctx, const v1::GetTaskRequest* req, v1::TaskInfo* resp) override;
   grpc::Status Sweep(grpc::ServerContext* ctx, const v1::SweepRequest* req,
                      grpc::ServerWriter<v1::SweepEvent>* writer) override;
   grpc::Status GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::SweepReport* resp) override;
+  // Waits until no Compile is waiting for a tune (after the server's
+  // shutdown has cancelled their calls).
+  void Drain();
 
  private:
+  // A Compile that must tune first: runs on a thread of its own.
+  grpc::Status CompileByTuning(grpc::CallbackServerContext* ctx, const PreparedRequest& prepared,
+                               const v1::TuneOptions& options, const Caller& caller, v1::CompileResponse* resp);
+
   Scheduler* core_;
   SweepRunner* sweeps_;
   const Authenticator* auth_;
+  std::mutex tuning_mu_;
+  std::condition_variable tuning_cv_;
+  int tuning_ = 0;  // CompileByTuning threads running
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/util/files.h"
 #include "common/util/log.h"
 
@@ -55,8 +56,11 @@ bool IsLoopbackAddress(const std::string& address) {
   return host == "localhost" || absl::StartsWith(host, "127.") || host == "[::1]" || absl::StartsWith(address, "unix:");
 }
 
+void DisableMutexDeadlockDetection() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, const std::string& token,
                                                     const ClientTls& tls, grpc::ChannelArguments args) {
+  DisableMutexDeadlockDetection();
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls.on()) {
     grpc::SslCredentialsOptions options;

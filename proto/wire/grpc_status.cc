@@ -60,7 +60,7 @@ std::optional<absl::Duration> RetryAfter(const absl::Status& status) {
   return absl::Milliseconds(ms);
 }
 
-grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContext* ctx) {
+grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContextBase* ctx) {
   if (std::optional<absl::Duration> after = RetryAfter(status)) {
     ctx->AddTrailingMetadata(kRetryAfterMetadata, std::to_string(absl::ToInt64Milliseconds(*after)));
   }

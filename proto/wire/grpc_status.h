@@ -21,7 +21,7 @@ absl::Status WithRetryAfter(absl::Status status, absl::Duration after);
 std::optional<absl::Duration> RetryAfter(const absl::Status& status);
 
 // At the server boundary: the status, its retry hint as trailing metadata.
-grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContext* ctx);
+grpc::Status ToGrpcStatus(const absl::Status& status, grpc::ServerContextBase* ctx);
 // At the client: the status of a finished call, with the hint it carried.
 absl::Status FromGrpcStatus(const grpc::Status& status, const grpc::ClientContext& ctx);
 
