@@ -7,6 +7,8 @@
 # whether the rate holds, with the scheduler's peak RSS; then 64 clients
 # (Compile and Lookup) while 8 tunes of other chains run.
 # Usage: bench/cache_hit.sh [SECONDS] [WINDOWS]
+# FUSOR_BENCH_SCHEDULER=PATH runs another scheduler build (a side-by-side
+# comparison: alternate runs with and without it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/build"
@@ -40,7 +42,7 @@ setup() {
       ;;
   esac
   flags=("${tls[@]}" "${client_token[@]}")
-  "$bin/server/fusor-scheduler" --listen 127.0.0.1:0 --db "$dir/t.db" --log-level warn "${server_flags[@]}" \
+  "${FUSOR_BENCH_SCHEDULER:-$bin/server/fusor-scheduler}" --listen 127.0.0.1:0 --db "$dir/t.db" --log-level warn "${server_flags[@]}" \
     > "$dir/scheduler.log" 2>&1 &
   scheduler_pid=$!
   for _ in $(seq 100); do grep -q "listening on port" "$dir/scheduler.log" && break; sleep 0.1; done
