@@ -19,14 +19,19 @@
 #include <tuple>
 #include <variant>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/ir/parse.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
+#include "common/zoo/onnx_fold.h"
 
 namespace fusor::zoo {
 namespace {
+
+// Rounds of shape inference and folding at most (each round forks once).
+constexpr int kMaxFoldRounds = 8;
 
 // Why a candidate pattern does not make a chain ("" when it is no
 // candidate at all).
@@ -260,6 +265,11 @@ std::string DTypeOf(const Graph& g, const std::string& value) {
 }
 
 // Attention ending in Softmax `s`.
+bool IsZero(const Graph& g, const std::string& t) {
+  auto v = g.Scalar(t);
+  return std::holds_alternative<double>(v) && std::get<double>(v) == 0;
+}
+
 std::variant<Match, Reject> MatchAttention(
     const Graph& g, const onnx::NodeProto& s, int index) {
   std::vector<const onnx::NodeProto*> nodes = {&s};
@@ -303,8 +313,36 @@ std::variant<Match, Reject> MatchAttention(
   if (n == nullptr || n->op_type() != "MatMul") return Reject{"no MatMul produces the scores"};
   const onnx::NodeProto& qk = *n;
   nodes.push_back(&qk);
-  const onnx::NodeProto* pv = g.SoleConsumer(s.output(0));
-  if (pv == nullptr || pv->op_type() != "MatMul" || pv->input(0) != s.output(0)) {
+  // SDPA as exporters decompose it scales Q and K by sqrt(scale) each.
+  std::string q_value = qk.input(0), k_value = qk.input(1);
+  for (std::string* operand : {&q_value, &k_value}) {
+    const onnx::NodeProto* m = g.Producer(*operand);
+    if (m == nullptr || (m->op_type() != "Mul" && m->op_type() != "Div") || g.SoleConsumer(*operand) != &qk) continue;
+    const bool left = m->op_type() == "Mul" && std::holds_alternative<double>(g.Scalar(m->input(0)));
+    auto c = g.Scalar(m->input(left ? 0 : 1));
+    if (!std::holds_alternative<double>(c) || std::get<double>(c) == 0) continue;
+    scale *= m->op_type() == "Div" ? 1 / std::get<double>(c) : std::get<double>(c);
+    nodes.push_back(m);
+    *operand = m->input(left ? 1 : 0);
+  }
+  // The probabilities, possibly through the exporters' NaN guard
+  // Where(IsNaN(P), 0, P) (a row whose keys are all masked).
+  std::string probs = s.output(0), note;
+  const onnx::NodeProto* pv = g.SoleConsumer(probs);
+  if (const std::vector<const onnx::NodeProto*> readers = g.Consumers(probs); pv == nullptr && readers.size() == 2) {
+    const onnx::NodeProto* is_nan = readers[0]->op_type() == "IsNaN" ? readers[0] : readers[1];
+    const onnx::NodeProto* where = readers[0] == is_nan ? readers[1] : readers[0];
+    if (is_nan->op_type() == "IsNaN" && where->op_type() == "Where" && where->input_size() == 3 &&
+        where->input(0) == is_nan->output(0) && where->input(2) == probs && IsZero(g, where->input(1)) &&
+        g.SoleConsumer(is_nan->output(0)) == where) {
+      nodes.push_back(is_nan);
+      nodes.push_back(where);
+      probs = where->output(0);
+      pv = g.SoleConsumer(probs);
+      note = "the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept";
+    }
+  }
+  if (pv == nullptr || pv->op_type() != "MatMul" || pv->input(0) != probs) {
     return Reject{"the probabilities do not feed one MatMul as its left operand"};
   }
   nodes.push_back(pv);
@@ -316,9 +354,9 @@ std::variant<Match, Reject> MatchAttention(
     v.insert(v.end(), tail.begin(), tail.end());
     return v;
   };
-  auto q = View(g, qk.input(0), with({"m", "d"}), &nodes);
+  auto q = View(g, q_value, with({"m", "d"}), &nodes);
   if (Failed(q, &why)) return Reject{why};
-  auto k = View(g, qk.input(1), with({"d", "n"}), &nodes);
+  auto k = View(g, k_value, with({"d", "n"}), &nodes);
   if (Failed(k, &why)) return Reject{why};
   auto v = View(g, pv->input(1), with({"n", "e"}), &nodes);
   if (Failed(v, &why)) return Reject{why};
@@ -369,7 +407,7 @@ std::variant<Match, Reject> MatchAttention(
       "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", V), "\nout O\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return Match{std::move(*chain), nodes, ""};
+  return Match{std::move(*chain), nodes, note};
 }
 
 float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallback) {
@@ -564,6 +602,11 @@ std::string ErfGelu(const Graph& g, const std::string& x, std::vector<const onnx
                h != nullptr && h->op_type() == "Mul" && h->input(0) == x && g.IsScalar(h->input(1), 0.5)) {
       found.push_back(h);  // (x * 0.5) * (1 + erf)
       out = m->output(0);
+    } else if (const onnx::NodeProto* outer = g.SoleConsumer(m->output(0));
+               g.IsScalar(other, 0.5) && outer != nullptr && outer->op_type() == "Mul" &&
+               (outer->input(0) == x || outer->input(1) == x)) {
+      found.push_back(outer);  // x * (0.5 * (1 + erf)), as the dynamo exporter writes it
+      out = outer->output(0);
     } else {
       continue;
     }
@@ -767,6 +810,28 @@ std::variant<Match, Reject> MatchConvChain(const Graph& g, const onnx::NodeProto
   return Match{std::move(*chain), nodes, note};
 }
 
+// Binds the symbolic dims named in `dims` wherever the graph declares
+// shapes: its inputs, outputs and value_info. Dims the exporter named itself
+// in outputs and value_info ('unk__21', 's0*2') are cleared, for shape
+// inference to work out from the bound inputs.
+void BindDims(onnx::GraphProto& g, const std::map<std::string, int64_t>& dims) {
+  auto bind = [&](onnx::ValueInfoProto& v, bool clear_others) {
+    if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return;
+    for (auto& d : *v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
+      if (!d.has_dim_param()) continue;
+      auto it = dims.find(d.dim_param());
+      if (it != dims.end()) {
+        d.set_dim_value(it->second);
+      } else if (clear_others) {
+        d.clear_dim_param();
+      }
+    }
+  };
+  for (onnx::ValueInfoProto& v : *g.mutable_input()) bind(v, false);
+  for (onnx::ValueInfoProto& v : *g.mutable_output()) bind(v, true);
+  for (onnx::ValueInfoProto& v : *g.mutable_value_info()) bind(v, true);
+}
+
 // ONNX's shape inference, in a child process: libonnx 1.12 reads some
 // malformed graphs out of bounds (a convolution whose weight has the wrong
 // rank crashes it), and a damaged file must never take the caller down.
@@ -800,7 +865,8 @@ absl::Status InferShapesIsolated(onnx::ModelProto& model) {
     int code = 0;
     std::string bytes;
     try {
-      onnx::shape_inference::InferShapes(model);
+      onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
+                                         onnx::ShapeInferenceOptions(false, 0, /*data_prop=*/true));
       if (!model.SerializeToString(&bytes)) code = 3;
     } catch (const std::exception& e) {
       bytes = e.what();
@@ -858,17 +924,25 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
   if (!model.ParseFromString(bytes) || !model.has_graph()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not an ONNX model (the protobuf does not parse)"));
   }
-  // Bind symbolic dims of the graph's inputs, then infer shapes.
-  for (onnx::ValueInfoProto& v : *model.mutable_graph()->mutable_input()) {
-    if (!v.type().has_tensor_type()) continue;
-    for (auto& d : *v.mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim()) {
-      if (!d.has_dim_param()) continue;
-      auto it = dims.find(d.dim_param());
-      if (it != dims.end()) d.set_dim_value(it->second);
+  BindDims(*model.mutable_graph(), dims);
+  std::set<std::string> unbound;  // symbolic dims of the inputs --dim did not bind
+  for (const onnx::ValueInfoProto& v : model.graph().input()) {
+    for (const auto& d : v.type().tensor_type().shape().dim()) {
+      if (d.has_dim_param() && !d.dim_param().empty()) unbound.insert(d.dim_param());
     }
   }
-  if (absl::Status st = InferShapesIsolated(model); !st.ok()) {
-    return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+  int64_t opset = 0;
+  for (const onnx::OperatorSetIdProto& o : model.opset_import()) {
+    if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
+  }
+  // Shape inference and folding take turns: a folded shape computation
+  // gives inference a Reshape's target, whose output shape lets the next
+  // Shape fold.
+  for (int round = 0;; ++round) {
+    if (absl::Status st = InferShapesIsolated(model); !st.ok()) {
+      return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+    }
+    if (round == kMaxFoldRounds || FoldShapeComputations(*model.mutable_graph(), opset) == 0) break;
   }
   // Nodes the patterns read must have their operands: a malformed graph is
   // an error naming the node, never an out-of-range read.
@@ -921,6 +995,14 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       } else {
         keep(std::move(std::get<Match>(m)), role);
       }
+    }
+  }
+  // A shape left unknown by an unbound input dim says which.
+  for (std::string& r : out.rejected) {
+    if (!unbound.empty() && (absl::StrContains(r, "unknown after shape inference") ||
+                             absl::StrContains(r, "could not resolve"))) {
+      absl::StrAppend(&r, " (unbound input dims: ", absl::StrJoin(unbound, ", "), "; bind them with --dim ",
+                      *unbound.begin(), "=N)");
     }
   }
   return out;

@@ -4,11 +4,15 @@
 // external data files are absent imports all the same.
 //
 // Symbolic dims are bound by name (--dim batch=8) before ONNX's shape
-// inference runs. Recognized, each from the nodes exporters produce:
+// inference runs; inference and the folding of shape computations
+// (onnx_fold.h) then take turns. Recognized, each from the nodes exporters
+// produce:
 //  - attention: MatMul(Q, K') -> Div or Mul by a scalar -> optional Add of
 //    a mask (broadcast as ONNX broadcasts) -> Softmax over the last axis ->
 //    MatMul(., V); a Transpose producing Q, K' or V folds into the chain's
-//    indices (K' = Transpose(K) is read as K); also the single-node forms,
+//    indices (K' = Transpose(K) is read as K); SDPA decomposed (a scalar Mul
+//    on each of Q and K', Where(IsNaN(P), 0, P) after the softmax); also
+//    the single-node forms,
 //    ONNX's Attention (opset 23, grouped-query included) and onnxruntime's
 //    MultiHeadAttention;
 //  - GEMM chains: MatMul or Gemm -> optional bias Add -> Relu, Gelu or

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Exports small transformer models the way users export them, as test
+fixtures for fusor's ONNX importer (tests/common/zoo/onnx_exports_test.cc).
+
+Models are built from small configs with random weights (nothing is
+downloaded) and exported with PyTorch's TorchScript exporter (opset 17) and
+its dynamo exporter (opset 18), each with eager and with SDPA attention; the
+TorchScript BERT export also goes through onnxruntime's transformer
+optimizer. Only the graphs are kept: every tensor of 1 KiB or more is moved
+to external data, which is then deleted, so the files stay small and the
+importer sees what it sees when a model's weights are elsewhere.
+
+Needs torch, transformers, onnx, onnxscript and onnxruntime (PyPI); the test
+suite reads the committed .onnx files and needs none of them.
+
+    python3 tests/common/zoo/exports/make_exports.py [OUT_DIR]
+"""
+import os
+import sys
+import tempfile
+import warnings
+
+import onnx
+import torch
+import transformers
+
+LAYERS, HIDDEN, HEADS, FFN = 2, 64, 4, 256
+
+
+class Encoder(torch.nn.Module):
+    """model(input_ids, attention_mask).last_hidden_state, as a wrapper a
+    user writes for export."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def bert(attn):
+    config = transformers.BertConfig(vocab_size=128, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                                     num_attention_heads=HEADS, intermediate_size=FFN,
+                                     max_position_embeddings=512, attn_implementation=attn)
+    model = transformers.BertModel(config, add_pooling_layer=False).eval()
+    ids = torch.randint(0, 128, (2, 16))
+    return Encoder(model), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"], ["last_hidden_state"]
+
+
+MODELS = {"bert": bert}
+
+
+def graph_only(path, out_path):
+    """Saves the model at `path` to `out_path` with its large tensors'
+    external data removed and no per-node annotations."""
+    model = onnx.load(path)
+    # The dynamo exporter annotates every node with its stack trace.
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = os.path.join(tmp, os.path.basename(out_path))
+        onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=os.path.basename(out_path) + ".data", size_threshold=1024)
+        graph = onnx.load(staged, load_external_data=False)
+    onnx.save_model(graph, out_path)
+
+
+def export(name, make, attn, exporter, out_dir):
+    model, args, inputs, outputs = make(attn)
+    dynamic = {n: {0: "batch", 1: "seq"} for n in inputs}
+    dynamic.update({n: {0: "batch", 1: "seq"} for n in outputs})
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "model.onnx")
+        if exporter == "torchscript":
+            torch.onnx.export(model, args, raw, input_names=inputs, output_names=outputs, opset_version=17,
+                              dynamic_axes=dynamic, dynamo=False)
+        else:
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=512)
+            shapes = {n: {0: batch, 1: seq} for n in inputs}
+            program = torch.onnx.export(model, args, input_names=inputs, output_names=outputs, opset_version=18,
+                                        dynamic_shapes=shapes, dynamo=True)
+            program.save(raw)
+        out = os.path.join(out_dir, f"{name}_{exporter}_{attn}.onnx")
+        graph_only(raw, out)
+        print("wrote", out, os.path.getsize(out), "bytes")
+        if name == "bert" and exporter == "torchscript" and attn == "eager":
+            from onnxruntime.transformers import optimizer
+            optimized = optimizer.optimize_model(raw, model_type="bert", num_heads=HEADS, hidden_size=HIDDEN,
+                                                 opt_level=0)
+            staged = os.path.join(tmp, "optimized.onnx")
+            optimized.save_model_to_file(staged)
+            out = os.path.join(out_dir, f"{name}_ort_optimized.onnx")
+            graph_only(staged, out)
+            print("wrote", out, os.path.getsize(out), "bytes")
+
+
+def main():
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore")
+    print("torch", torch.__version__, "transformers", transformers.__version__, "onnx", onnx.__version__)
+    for name, make in MODELS.items():
+        for exporter in ("torchscript", "dynamo"):
+            for attn in ("eager", "sdpa"):
+                export(name, make, attn, exporter, out_dir)
+
+
+if __name__ == "__main__":
+    main()
