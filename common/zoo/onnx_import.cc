@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -283,19 +284,23 @@ std::variant<Match, Reject> MatchAttention(
   if (axis != -1 && axis != rank - 1) return Reject{"the softmax is not over the last axis"};
   // Backwards: optional mask Add, optional scale, the Q K' MatMul.
   std::string cur = s.input(0);
-  std::optional<std::string> mask;
+  std::vector<std::string> masks;  // additive terms: a mask, T5's position bias
   double scale = 1;
   const onnx::NodeProto* n = g.Producer(cur);
-  if (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == &s) {
-    // The scores come from the MatMul, directly or through the scale; the
-    // other operand is the mask (which may itself be computed by a Mul).
-    auto scores = [&](const std::string& t) {
-      const onnx::NodeProto* p = g.Producer(t);
-      if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
-      return p != nullptr && p->op_type() == "MatMul";
-    };
-    const bool first = scores(n->input(0));
-    mask = n->input(first ? 1 : 0);
+  // The scores come from the MatMul, directly, through the scale or
+  // through another Add; the other operand is a mask (which may itself be
+  // computed by a Mul).
+  std::function<bool(const std::string&, int)> scores = [&](const std::string& t, int depth) {
+    const onnx::NodeProto* p = g.Producer(t);
+    if (p != nullptr && p->op_type() == "Add" && depth > 0) {
+      return scores(p->input(0), depth - 1) || scores(p->input(1), depth - 1);
+    }
+    if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
+    return p != nullptr && p->op_type() == "MatMul";
+  };
+  while (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == (nodes.back()) && masks.size() < 2) {
+    const bool first = scores(n->input(0), 1);
+    masks.push_back(n->input(first ? 1 : 0));
     cur = n->input(first ? 0 : 1);
     nodes.push_back(n);
     n = g.Producer(cur);
@@ -326,9 +331,18 @@ std::variant<Match, Reject> MatchAttention(
     *operand = m->input(left ? 1 : 0);
   }
   // The probabilities, possibly through the exporters' NaN guard
-  // Where(IsNaN(P), 0, P) (a row whose keys are all masked).
+  // Where(IsNaN(P), 0, P) (a row whose keys are all masked) and Casts to
+  // the type they have (eager attention's softmax(x, dtype=f32).to(dtype)).
   std::string probs = s.output(0), note;
   const onnx::NodeProto* pv = g.SoleConsumer(probs);
+  auto skip_casts = [&] {
+    while (pv != nullptr && pv->op_type() == "Cast" && AttrInt(*pv, "to", -1) == ElemType(g, probs)) {
+      nodes.push_back(pv);
+      probs = pv->output(0);
+      pv = g.SoleConsumer(probs);
+    }
+  };
+  skip_casts();
   if (const std::vector<const onnx::NodeProto*> readers = g.Consumers(probs); pv == nullptr && readers.size() == 2) {
     const onnx::NodeProto* is_nan = readers[0]->op_type() == "IsNaN" ? readers[0] : readers[1];
     const onnx::NodeProto* where = readers[0] == is_nan ? readers[1] : readers[0];
@@ -340,6 +354,7 @@ std::variant<Match, Reject> MatchAttention(
       probs = where->output(0);
       pv = g.SoleConsumer(probs);
       note = "the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept";
+      skip_casts();
     }
   }
   if (pv == nullptr || pv->op_type() != "MatMul" || pv->input(0) != probs) {
@@ -374,27 +389,28 @@ std::variant<Match, Reject> MatchAttention(
   }
   std::string inputs = absl::StrCat(Decl("Q", Q), " ", Decl("K", K), " ", Decl("V", V));
   std::string add;
-  if (mask) {
-    auto mshape = g.Shape(*mask);
+  for (size_t i = 0; i < masks.size(); ++i) {
+    const std::string name = i == 0 ? "M" : "B";
+    auto mshape = g.Shape(masks[i]);
     if (Failed(mshape, &why)) return Reject{absl::StrCat("the mask: ", why)};
     const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(mshape);
     if (ms.size() > sshape.size()) return Reject{"the mask has more axes than the scores"};
     Operand M;
-    M.value = *mask;
+    M.value = masks[i];
     M.shape = ms;
     const std::vector<std::string> score_axes = with({"m", "n"});
-    for (size_t i = 0; i < ms.size(); ++i) {
-      const std::string& dim = score_axes[score_axes.size() - ms.size() + i];
-      if (ms[i] == extent[dim]) {
+    for (size_t a = 0; a < ms.size(); ++a) {
+      const std::string& dim = score_axes[score_axes.size() - ms.size() + a];
+      if (ms[a] == extent[dim]) {
         M.axes.push_back(dim);
-      } else if (ms[i] == 1) {
+      } else if (ms[a] == 1) {
         M.axes.push_back("0");
       } else {
-        return Reject{absl::StrCat("the mask's axis ", i, " (", ms[i], ") does not broadcast to the scores")};
+        return Reject{absl::StrCat("the mask's axis ", a, " (", ms[a], ") does not broadcast to the scores")};
       }
     }
-    inputs += " " + Decl("M", M);
-    add = " + " + Use("M", M);
+    inputs += " " + Decl(name, M);
+    add += " + " + Use(name, M);
   }
   std::string dims;
   for (const auto& [name, e] : extent) absl::StrAppend(&dims, " ", name, "=", e);

@@ -1,8 +1,9 @@
-// The ONNX importer on models as PyTorch's exporters write them: a 2-layer
-// BERT (hidden 64, 4 heads, FFN 256) exported by the TorchScript exporter
-// (opset 17) and the dynamo exporter (opset 18), each with eager and SDPA
-// attention, and onnxruntime's optimizer output. The fixtures are graphs
-// only, made by tests/common/zoo/exports/make_exports.py.
+// The ONNX importer on models as PyTorch's exporters write them: 2-layer
+// BERT, GPT-2, T5 (encoder) and ViT (hidden 64, 4 heads, FFN 256) exported
+// by the TorchScript exporter (opset 17) and the dynamo exporter (opset 18),
+// each with eager and SDPA attention, and onnxruntime's optimizer output
+// for BERT. The fixtures are graphs only, made by
+// tests/common/zoo/exports/make_exports.py.
 #include <string>
 
 #include <gmock/gmock.h>
@@ -102,6 +103,87 @@ O[b,h,m,e] = sum(n) P[b,h,m,n] * V[b,n,h,e]
 out O
 )"));
 }
+
+// GPT-2, T5's encoder and ViT, each exported four ways (T5's dynamo SDPA
+// export fails in PyTorch itself). Every layer's attention is found, with
+// the operands each exporter materializes; the FFNs are found except
+// GPT-2's, whose tanh GELU is not read yet.
+struct OtherModel {
+  const char* fixture;
+  const char* inputs;  // the attention chain's `in` line
+  const char* probs;   // and its softmax line
+  const char* ffn;     // the FFN chain's key text, or null
+};
+
+// T5: ReLU FFN without biases; ViT: GELU FFN over 17 tokens (16 patches and
+// the class token), hidden 64.
+const char kT5Ffn[] = R"(
+dim a=8 s=128 c=64 f=256 o=64
+in X[a,s,c] W1[c,f] W2[f,o]
+H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
+A[a,s,f] = relu(H[a,s,f])
+Y[a,s,o] = sum(f) A[a,s,f] * W2[f,o]
+out Y
+)";
+const char kVitFfn[] = R"(
+dim a=8 s=17 c=64 f=256 o=64
+in X[a,s,c] W1[c,f] W2[f,o] B1[f] B2[o]
+H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
+A[a,s,f] = gelu(H[a,s,f] + B1[f])
+Y[a,s,o] = sum(f) A[a,s,f] * W2[f,o]
+Z[a,s,o] = Y[a,s,o] + B2[o]
+out Z
+)";
+const char kHeads[] = "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,1,m,n]";
+const char kMasked[] = "P[b0,b1,m,n] = softmax(n) S[b0,b1,m,n] + M[b0,0,m,n]\n";
+
+class OtherModelsTest : public ::testing::TestWithParam<OtherModel> {};
+
+TEST_P(OtherModelsTest, EveryLayerFound) {
+  const OtherModel& want = GetParam();
+  auto out = Extract(want.fixture);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->rejected.empty()) << out->rejected[0];
+  ASSERT_EQ(out->chains.size(), want.ffn != nullptr ? 2u : 1u);
+  const ModelChain& a = out->chains[0];
+  EXPECT_EQ(a.role, "attention");
+  EXPECT_EQ(a.instances, 2);
+  const std::string text = ir::ChainToText(a.chain);
+  EXPECT_THAT(text, HasSubstr(std::string(want.inputs) + "\n"));
+  EXPECT_THAT(text, HasSubstr(want.probs));
+  if (want.ffn != nullptr) {
+    EXPECT_EQ(out->chains[1].instances, 2);
+    EXPECT_EQ(out->chains[1].key, Key(want.ffn)) << ir::ChainToText(out->chains[1].chain);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Exports, OtherModelsTest,
+    ::testing::Values(
+        // The causal and padding masks combined by the model into one additive mask.
+        OtherModel{"gpt2_torchscript_eager", "in Q[b0,m,b1,d] K[b0,b1,n,d] V[b0,b1,n,e] M[b0,1,m,n]", kMasked, nullptr},
+        OtherModel{"gpt2_torchscript_sdpa", "in Q[b0,m,b1,d] K[b0,b1,n,d] V[b0,b1,n,e] M[b0,1,m,n]", kMasked, nullptr},
+        OtherModel{"gpt2_dynamo_eager", kHeads, kMasked, nullptr},
+        OtherModel{"gpt2_dynamo_sdpa", "in Q[b0,m,b1,d] K[b0,b1,d,n] V[b0,n,b1,e] M[b0,1,m,n]", kMasked, nullptr},
+        // T5: unscaled, the mask and the relative position bias as two terms
+        // (SDPA receives their sum as one).
+        OtherModel{"t5_torchscript_eager", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,1,m,n] B[1,b1,m,n]",
+                   "S[b0,b1,m,n] = sum(d) Q[b0,m,b1,d] * K[b0,n,b1,d]\nP[b0,b1,m,n] = softmax(n) S[b0,b1,m,n] + "
+                   "M[b0,0,m,n] + B[0,b1,m,n]\n",
+                   kT5Ffn},
+        OtherModel{"t5_dynamo_eager", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,1,m,n] B[1,b1,m,n]",
+                   "+ M[b0,0,m,n] + B[0,b1,m,n]\n", kT5Ffn},
+        OtherModel{"t5_torchscript_sdpa", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,b1,m,n]",
+                   "softmax(n) S[b0,b1,m,n] + M[b0,b1,m,n]\n", kT5Ffn},
+        // ViT: no mask in the TorchScript exports; the dynamo exports keep
+        // the one transformers builds.
+        OtherModel{"vit_torchscript_eager", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e]",
+                   "P[b0,b1,m,n] = softmax(n) S[b0,b1,m,n]\n", kVitFfn},
+        OtherModel{"vit_torchscript_sdpa", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e]",
+                   "P[b0,b1,m,n] = softmax(n) S[b0,b1,m,n]\n", kVitFfn},
+        OtherModel{"vit_dynamo_eager", kHeads, kMasked, kVitFfn},
+        OtherModel{"vit_dynamo_sdpa", "in Q[b0,m,b1,d] K[b0,b1,d,n] V[b0,n,b1,e] M[b0,1,m,n]", kMasked, kVitFfn}),
+    [](const ::testing::TestParamInfo<OtherModel>& info) { return std::string(info.param.fixture); });
 
 TEST(OnnxExportsTest, OnnxruntimeOptimizedIsNotReadYet) {
   // com.microsoft Attention, SkipLayerNormalization and BiasGelu: named as
