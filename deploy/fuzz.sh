@@ -11,7 +11,7 @@
 #   FUSOR_FUZZ_TARGETS=.. which targets, in order (default: all three)
 # A long run turns off the entropic schedule, which halves the execution
 # rate on a corpus whose coverage has settled. ASan keeps no allocation
-# stacks and a small quarantine (twice the rate; ASAN_OPTIONS overrides):
+# stacks and a small quarantine (about 1.5x the rate; ASAN_OPTIONS overrides):
 # replay a crash's input for the full report.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

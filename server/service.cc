@@ -75,24 +75,10 @@ grpc::ServerUnaryReactor* SchedulerService::Compile(grpc::CallbackServerContext*
                                                     v1::CompileResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Caller caller;
-  if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) {
+  std::shared_ptr<const PreparedRequest> to_tune;
+  grpc::Status st = CompileFromCache(*ctx, *req, resp, &caller, &to_tune);
+  if (to_tune == nullptr) {
     reactor->Finish(st);
-    return reactor;
-  }
-  auto answer = core_->CachedAnswer(req->workload(), req->target());
-  if (!answer.ok()) {
-    reactor->Finish(ToGrpcStatus(answer.status()));
-    return reactor;
-  }
-  core_->NoteCacheLookup((*answer)->result.ok());
-  if ((*answer)->result.ok()) {
-    const absl::StatusOr<v1::CompileResponse>& rendered = core_->CompileAnswer(**answer);
-    if (rendered.ok()) *resp = *rendered;
-    reactor->Finish(rendered.ok() ? grpc::Status::OK : ToGrpcStatus(rendered.status()));
-    return reactor;
-  }
-  if (req->cache_only()) {
-    reactor->Finish(ToGrpcStatus((*answer)->result.status()));
     return reactor;
   }
   // A tune takes seconds to minutes: it is waited for on a thread of its
@@ -101,12 +87,30 @@ grpc::ServerUnaryReactor* SchedulerService::Compile(grpc::CallbackServerContext*
     std::lock_guard<std::mutex> lock(tuning_mu_);
     ++tuning_;
   }
-  std::thread([this, ctx, reactor, resp, caller, options = req->options(), prepared = (*answer)->prepared] {
+  std::thread([this, ctx, reactor, resp, caller, options = req->options(), prepared = std::move(to_tune)] {
     reactor->Finish(CompileByTuning(ctx, *prepared, options, caller, resp));
     std::lock_guard<std::mutex> lock(tuning_mu_);
     if (--tuning_ == 0) tuning_cv_.notify_all();
   }).detach();
   return reactor;
+}
+
+grpc::Status SchedulerService::CompileFromCache(const grpc::ServerContextBase& ctx, const v1::CompileRequest& req,
+                                                v1::CompileResponse* resp, Caller* caller,
+                                                std::shared_ptr<const PreparedRequest>* to_tune) {
+  if (grpc::Status st = auth_->Check(ctx, {Role::kClient}, caller); !st.ok()) return st;
+  auto answer = core_->CachedAnswer(req.workload(), req.target());
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  core_->NoteCacheLookup((*answer)->result.ok());
+  if ((*answer)->result.ok()) {
+    const absl::StatusOr<v1::CompileResponse>& rendered = core_->CompileAnswer(**answer);
+    if (!rendered.ok()) return ToGrpcStatus(rendered.status());
+    *resp = *rendered;
+    return grpc::Status::OK;
+  }
+  if (req.cache_only()) return ToGrpcStatus((*answer)->result.status());
+  *to_tune = (*answer)->prepared;
+  return grpc::Status::OK;
 }
 
 grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx, const PreparedRequest& prepared,
@@ -147,22 +151,19 @@ void SchedulerService::Drain() {
 grpc::ServerUnaryReactor* SchedulerService::Lookup(grpc::CallbackServerContext* ctx, const v1::LookupRequest* req,
                                                    v1::LookupResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  grpc::Status st = auth_->Check(*ctx, {Role::kClient});
-  if (st.ok()) {
-    auto answer = core_->CachedAnswer(req->workload(), req->target());
-    if (!answer.ok()) {
-      st = ToGrpcStatus(answer.status());
-    } else {
-      core_->NoteCacheLookup((*answer)->result.ok());
-      if ((*answer)->result.ok()) {
-        *resp->mutable_result() = *(*answer)->result;
-      } else {
-        st = ToGrpcStatus((*answer)->result.status());
-      }
-    }
-  }
-  reactor->Finish(st);
+  reactor->Finish(LookupInCache(*ctx, *req, resp));
   return reactor;
+}
+
+grpc::Status SchedulerService::LookupInCache(const grpc::ServerContextBase& ctx, const v1::LookupRequest& req,
+                                             v1::LookupResponse* resp) {
+  if (grpc::Status st = auth_->Check(ctx, {Role::kClient}); !st.ok()) return st;
+  auto answer = core_->CachedAnswer(req.workload(), req.target());
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  core_->NoteCacheLookup((*answer)->result.ok());
+  if (!(*answer)->result.ok()) return ToGrpcStatus((*answer)->result.status());
+  *resp->mutable_result() = *(*answer)->result;
+  return grpc::Status::OK;
 }
 
 grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,

@@ -40,6 +40,13 @@ class SchedulerService final
   void Drain();
 
  private:
+  // A Compile's answer from the cache, or its refusal; or, with *to_tune
+  // set, nothing yet: the workload must be tuned first.
+  grpc::Status CompileFromCache(const grpc::ServerContextBase& ctx, const v1::CompileRequest& req,
+                                v1::CompileResponse* resp, Caller* caller,
+                                std::shared_ptr<const PreparedRequest>* to_tune);
+  grpc::Status LookupInCache(const grpc::ServerContextBase& ctx, const v1::LookupRequest& req,
+                             v1::LookupResponse* resp);
   // A Compile that must tune first: runs on a thread of its own.
   grpc::Status CompileByTuning(grpc::CallbackServerContext* ctx, const PreparedRequest& prepared,
                                const v1::TuneOptions& options, const Caller& caller, v1::CompileResponse* resp);

@@ -129,27 +129,47 @@ std::optional<std::vector<int64_t>> Broadcast(const std::vector<const Value*>& i
   return out;
 }
 
-// The element of `x` read at output index `flat` of a broadcast to `dims`.
-double At(const Value& x, const std::vector<int64_t>& dims, int64_t flat) {
-  const std::vector<int64_t> out_strides = Strides(dims), strides = Strides(x.dims);
-  const size_t off = dims.size() - x.dims.size();
-  int64_t index = 0;
-  for (size_t i = 0; i < dims.size(); ++i) {
-    const int64_t coord = (flat / out_strides[i]) % dims[i];
-    if (i >= off && x.dims[i - off] != 1) index += coord * strides[i - off];
+// Reads `x` broadcast to `dims`: Index(flat) is the element of x at output
+// position `flat`.
+class BroadcastRead {
+ public:
+  BroadcastRead(const Value& x, const std::vector<int64_t>& dims)
+      : dims_(dims), out_strides_(Strides(dims)), strides_(dims.size(), 0) {
+    const std::vector<int64_t> own = Strides(x.dims);
+    const size_t off = dims.size() - x.dims.size();
+    for (size_t i = off; i < dims.size(); ++i) {
+      if (x.dims[i - off] != 1) strides_[i] = own[i - off];
+    }
   }
-  return x.v[index];
+  int64_t Index(int64_t flat) const {
+    int64_t index = 0;
+    for (size_t i = 0; i < dims_.size(); ++i) index += (flat / out_strides_[i]) % dims_[i] * strides_[i];
+    return index;
+  }
+
+ private:
+  std::vector<int64_t> dims_, out_strides_, strides_;
+};
+
+// Copies `x` through an index map: element i of the result is x.v[index(i)].
+Value Gathered(const Value& x, std::vector<int64_t> dims, const std::function<int64_t(int64_t)>& index) {
+  Value out{x.type, std::move(dims), {}};
+  const int64_t n = Count(out.dims);
+  for (int64_t i = 0; i < n; ++i) out.v.push_back(x.v[index(i)]);
+  return out;
 }
 
 std::optional<Value> Elementwise(const std::vector<const Value*>& in, int type,
                                  const std::function<double(const std::vector<double>&)>& f) {
   auto dims = Broadcast(in);
   if (!dims) return std::nullopt;
+  std::vector<BroadcastRead> reads;
+  for (const Value* x : in) reads.emplace_back(*x, *dims);
   Value out{type, *dims, {}};
   const int64_t n = Count(*dims);
   std::vector<double> args(in.size());
   for (int64_t i = 0; i < n; ++i) {
-    for (size_t k = 0; k < in.size(); ++k) args[k] = At(*in[k], *dims, i);
+    for (size_t k = 0; k < in.size(); ++k) args[k] = in[k]->v[reads[k].Index(i)];
     out.v.push_back(Typed(type, f(args)));
   }
   return out;
@@ -172,14 +192,6 @@ int64_t AttrInt(const onnx::NodeProto& n, const char* name, int64_t fallback) {
 std::vector<int64_t> Ints(const Value& v) {
   std::vector<int64_t> out;
   for (double x : v.v) out.push_back(ToInt(x));
-  return out;
-}
-
-// Copies `x` through an index map: element i of the result is x.v[index(i)].
-Value Gathered(const Value& x, std::vector<int64_t> dims, const std::function<int64_t(int64_t)>& index) {
-  Value out{x.type, std::move(dims), {}};
-  const int64_t n = Count(out.dims);
-  for (int64_t i = 0; i < n; ++i) out.v.push_back(x.v[index(i)]);
   return out;
 }
 
@@ -207,8 +219,11 @@ class Folder {
       if (n.output_size() != 1 || !n.domain().empty()) continue;
       std::optional<Value> v = n.op_type() == "Constant" ? ConstantValue(n) : Evaluate(n);
       if (!v || Count(v->dims) < 0 || static_cast<int64_t>(v->v.size()) != Count(v->dims)) continue;
+      const bool constant = n.op_type() == "Constant";
+      // A division by zero or the like is left to the runtime, not baked in.
+      if (!constant && !std::all_of(v->v.begin(), v->v.end(), [](double x) { return std::isfinite(x); })) continue;
       values_[n.output(0)] = *v;
-      if (n.op_type() == "Constant") continue;
+      if (constant) continue;
       const std::string output = n.output(0), name = n.name();
       n.Clear();
       n.set_op_type("Constant");
@@ -252,39 +267,53 @@ class Folder {
   // The node's value when every input it reads is known.
   std::optional<Value> Evaluate(const onnx::NodeProto& n) const {
     const std::string& op = n.op_type();
-    if (op == "Shape" || op == "Size") {
-      auto it = shapes_.find(n.input_size() > 0 ? n.input(0) : "");
-      if (it == shapes_.end()) return std::nullopt;
-      const std::vector<int64_t>& dims = it->second;
-      if (std::find(dims.begin(), dims.end(), -1) != dims.end()) return std::nullopt;
-      if (op == "Size") {
-        double n_elems = 1;
-        for (int64_t d : dims) n_elems *= static_cast<double>(d);
-        return Value{TensorProto::INT64, {}, {n_elems}};
-      }
-      const int64_t rank = static_cast<int64_t>(dims.size());
-      const int64_t start = std::clamp<int64_t>(Axis(AttrInt(n, "start", 0), rank), 0, rank);
-      const int64_t end = std::clamp<int64_t>(Axis(AttrInt(n, "end", rank), rank), 0, rank);
-      Value v{TensorProto::INT64, {std::max<int64_t>(0, end - start)}, {}};
-      for (int64_t i = start; i < end; ++i) v.v.push_back(static_cast<double>(dims[i]));
-      return v;
-    }
-    // Every other op needs its data inputs known.
+    if (op == "Shape" || op == "Size") return ShapeOf(n);
+    // Every other op needs its data inputs known; absent optional inputs
+    // are null.
     std::vector<const Value*> in;
     for (int i = 0; i < n.input_size(); ++i) {
-      if (n.input(i).empty()) {
-        in.push_back(nullptr);
-        continue;
-      }
       const Value* v = Input(n, i);
-      if (v == nullptr) return std::nullopt;
+      if (v == nullptr && !n.input(i).empty()) return std::nullopt;
       in.push_back(v);
     }
     if (in.empty() || in[0] == nullptr) return std::nullopt;
-    const Value& x = *in[0];
-    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    auto present = [&](size_t i) { return in.size() > i && in[i] != nullptr; };
+    if (op == "Identity") return *in[0];
+    if (op == "Unsqueeze" || op == "Squeeze") return Squeezed(n, in);
+    if (op == "Concat") return Concat(n, in);
+    if (op == "Gather" && present(1)) return Gather(n, *in[0], *in[1]);
+    if (op == "Slice" && opset_ >= 10 && present(1) && present(2)) return Slice(in);
+    if (op == "Range" && present(1) && present(2)) return Range(*in[0], *in[1], *in[2]);
+    if (op == "ConstantOfShape") return ConstantOfShape(n, *in[0]);
+    if (op == "Reshape" && present(1)) return Reshape(n, *in[0], Ints(*in[1]));
+    if (op == "Expand" && present(1)) return Expand(*in[0], Ints(*in[1]));
+    if (op == "Tile" && present(1)) return Tile(*in[0], Ints(*in[1]));
+    return Arithmetic(n, in);
+  }
+
+  std::optional<Value> ShapeOf(const onnx::NodeProto& n) const {
+    auto it = shapes_.find(n.input_size() > 0 ? n.input(0) : "");
+    if (it == shapes_.end()) return std::nullopt;
+    const std::vector<int64_t>& dims = it->second;
+    if (std::find(dims.begin(), dims.end(), -1) != dims.end()) return std::nullopt;
+    if (n.op_type() == "Size") {
+      double n_elems = 1;
+      for (int64_t d : dims) n_elems *= static_cast<double>(d);
+      return Value{TensorProto::INT64, {}, {n_elems}};
+    }
+    const int64_t rank = static_cast<int64_t>(dims.size());
+    const int64_t start = std::clamp<int64_t>(Axis(AttrInt(n, "start", 0), rank), 0, rank);
+    const int64_t end = std::clamp<int64_t>(Axis(AttrInt(n, "end", rank), rank), 0, rank);
+    Value v{TensorProto::INT64, {std::max<int64_t>(0, end - start)}, {}};
+    for (int64_t i = start; i < end; ++i) v.v.push_back(static_cast<double>(dims[i]));
+    return v;
+  }
+
+  // Cast and the elementwise ops, broadcast as numpy does.
+  static std::optional<Value> Arithmetic(const onnx::NodeProto& n, const std::vector<const Value*>& in) {
     using Args = const std::vector<double>&;
-    if (op == "Identity") return x;
+    const std::string& op = n.op_type();
+    const Value& x = *in[0];
     if (op == "Cast") {
       const int to = static_cast<int>(AttrInt(n, "to", 0));
       if (!Folds(to)) return std::nullopt;
@@ -294,7 +323,7 @@ class Folder {
         {"Add", std::plus<double>()},
         {"Sub", std::minus<double>()},
         {"Mul", std::multiplies<double>()},
-        {"Div", [](double a, double b) { return b == 0 ? NAN : a / b; }},
+        {"Div", std::divides<double>()},
         {"Pow", [](double a, double b) { return std::pow(a, b); }},
         {"Min", [](double a, double b) { return std::min(a, b); }},
         {"Max", [](double a, double b) { return std::max(a, b); }},
@@ -304,24 +333,20 @@ class Folder {
         {"Equal", std::equal_to<double>()},       {"Less", std::less<double>()},
         {"Greater", std::greater<double>()},      {"LessOrEqual", std::less_equal<double>()},
         {"GreaterOrEqual", std::greater_equal<double>()}};
-    if (auto it = kBinary.find(op); it != kBinary.end() && in.size() == 2 && in[1] != nullptr) {
-      if (op == "Div" && IsInt(x.type)) {
-        for (double d : in[1]->v) {
-          if (d == 0) return std::nullopt;
-        }
-      }
-      const auto& f = it->second;
-      return Elementwise({&x, in[1]}, x.type, [&f](Args a) { return f(a[0], a[1]); });
-    }
-    if (auto it = kCompare.find(op); it != kCompare.end() && in.size() == 2 && in[1] != nullptr) {
-      const auto& f = it->second;
-      return Elementwise({&x, in[1]}, TensorProto::BOOL, [&f](Args a) { return static_cast<double>(f(a[0], a[1])); });
-    }
     static const std::map<std::string, std::function<double(double)>> kUnary = {
         {"Neg", [](double a) { return -a; }},           {"Abs", [](double a) { return std::fabs(a); }},
         {"Sqrt", [](double a) { return std::sqrt(a); }}, {"Reciprocal", [](double a) { return 1 / a; }},
         {"Floor", [](double a) { return std::floor(a); }}, {"Ceil", [](double a) { return std::ceil(a); }},
         {"Not", [](double a) { return static_cast<double>(a == 0); }}};
+    const bool binary = in.size() == 2 && in[1] != nullptr;
+    if (auto it = kBinary.find(op); it != kBinary.end() && binary) {
+      const auto& f = it->second;
+      return Elementwise({&x, in[1]}, x.type, [&f](Args a) { return f(a[0], a[1]); });
+    }
+    if (auto it = kCompare.find(op); it != kCompare.end() && binary) {
+      const auto& f = it->second;
+      return Elementwise({&x, in[1]}, TensorProto::BOOL, [&f](Args a) { return static_cast<double>(f(a[0], a[1])); });
+    }
     if (auto it = kUnary.find(op); it != kUnary.end()) {
       const auto& f = it->second;
       return Elementwise({&x}, x.type, [&f](Args a) { return f(a[0]); });
@@ -329,188 +354,192 @@ class Folder {
     if (op == "Where" && in.size() == 3 && in[1] != nullptr && in[2] != nullptr) {
       return Elementwise({&x, in[1], in[2]}, in[1]->type, [](Args a) { return a[0] != 0 ? a[1] : a[2]; });
     }
-    if (op == "Unsqueeze" || op == "Squeeze") {
-      std::vector<int64_t> axes;
-      if (opset_ >= 13) {
-        if (in.size() > 1 && in[1] != nullptr) axes = Ints(*in[1]);
-      } else if (const onnx::AttributeProto* a = Attr(n, "axes")) {
-        axes.assign(a->ints().begin(), a->ints().end());
-      }
-      Value out = x;
-      if (op == "Squeeze") {
-        std::vector<int64_t> dims;
-        for (int64_t i = 0; i < rank; ++i) {
-          const bool listed = std::count_if(axes.begin(), axes.end(), [&](int64_t a) { return Axis(a, rank) == i; });
-          if (axes.empty() ? x.dims[i] != 1 : !listed) dims.push_back(x.dims[i]);
-        }
-        out.dims = dims;
-        return out;
-      }
-      const int64_t out_rank = rank + static_cast<int64_t>(axes.size());
-      for (int64_t& a : axes) a = Axis(a, out_rank);
-      std::sort(axes.begin(), axes.end());
-      for (int64_t a : axes) {
-        if (a < 0 || a > static_cast<int64_t>(out.dims.size())) return std::nullopt;
-        out.dims.insert(out.dims.begin() + a, 1);
-      }
-      return out;
-    }
-    if (op == "Concat") {
-      const int64_t axis = Axis(AttrInt(n, "axis", 0), rank);
-      if (axis < 0 || axis >= rank) return std::nullopt;
-      Value out{x.type, x.dims, {}};
-      out.dims[axis] = 0;
-      for (const Value* p : in) {
-        if (p == nullptr || p->dims.size() != x.dims.size()) return std::nullopt;
-        out.dims[axis] += p->dims[axis];
-      }
-      // Rows before the axis, then each input's block along it.
-      int64_t outer = 1;
-      for (int64_t i = 0; i < axis; ++i) outer *= x.dims[i];
-      for (int64_t o = 0; o < outer; ++o) {
-        for (const Value* p : in) {
-          const int64_t block = Count(p->dims) / std::max<int64_t>(1, outer);
-          out.v.insert(out.v.end(), p->v.begin() + o * block, p->v.begin() + (o + 1) * block);
-        }
-      }
-      return out;
-    }
-    if (op == "Gather" && in.size() == 2 && in[1] != nullptr) {
-      const int64_t axis = Axis(AttrInt(n, "axis", 0), rank);
-      if (axis < 0 || axis >= rank) return std::nullopt;
-      const Value& idx = *in[1];
-      std::vector<int64_t> dims(x.dims.begin(), x.dims.begin() + axis);
-      dims.insert(dims.end(), idx.dims.begin(), idx.dims.end());
-      dims.insert(dims.end(), x.dims.begin() + axis + 1, x.dims.end());
-      if (Count(dims) < 0) return std::nullopt;
-      int64_t inner = 1;
-      for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dims[i];
-      const int64_t n_idx = static_cast<int64_t>(idx.v.size());
-      for (double i : idx.v) {
-        if (i < -x.dims[axis] || i >= x.dims[axis]) return std::nullopt;
-      }
-      return Gathered(x, dims, [&](int64_t flat) {
-        const int64_t in_inner = flat % inner, rest = flat / inner;
-        const int64_t k = rest % n_idx, o = rest / n_idx;
-        int64_t i = static_cast<int64_t>(idx.v[k]);
-        if (i < 0) i += x.dims[axis];
-        return (o * x.dims[axis] + i) * inner + in_inner;
-      });
-    }
-    if (op == "Slice" && opset_ >= 10 && in.size() >= 3 && in[1] != nullptr && in[2] != nullptr) {
-      const std::vector<int64_t> starts = Ints(*in[1]), ends = Ints(*in[2]);
-      std::vector<int64_t> axes, steps;
-      if (in.size() > 3 && in[3] != nullptr) axes = Ints(*in[3]);
-      if (in.size() > 4 && in[4] != nullptr) steps = Ints(*in[4]);
-      if (axes.empty()) {
-        for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
-      }
-      if (steps.empty()) steps.assign(starts.size(), 1);
-      if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) {
-        return std::nullopt;
-      }
-      std::vector<int64_t> begin(rank, 0), step(rank, 1), dims = x.dims;
-      for (size_t k = 0; k < starts.size(); ++k) {
-        const int64_t a = Axis(axes[k], rank);
-        if (a < 0 || a >= rank || steps[k] == 0) return std::nullopt;
-        const int64_t d = x.dims[a];
-        auto clamp = [&](int64_t i, int64_t lo, int64_t hi) {
-          if (i < 0) i += d;
-          return std::clamp(i, lo, hi);
-        };
-        int64_t s, e;
-        if (steps[k] > 0) {
-          s = clamp(starts[k], 0, d);
-          e = clamp(ends[k], 0, d);
-          dims[a] = std::max<int64_t>(0, (e - s + steps[k] - 1) / steps[k]);
-        } else {
-          s = clamp(starts[k], -1, d - 1);
-          e = clamp(ends[k], -1, d - 1);
-          dims[a] = std::max<int64_t>(0, (s - e - steps[k] - 1) / -steps[k]);
-        }
-        begin[a] = s;
-        step[a] = steps[k];
-      }
-      const std::vector<int64_t> out_strides = Strides(dims), strides = Strides(x.dims);
-      return Gathered(x, dims, [&](int64_t flat) {
-        int64_t index = 0;
-        for (int64_t i = 0; i < rank; ++i) index += (begin[i] + (flat / out_strides[i]) % dims[i] * step[i]) * strides[i];
-        return index;
-      });
-    }
-    if (op == "Range" && in.size() == 3 && in[1] != nullptr && in[2] != nullptr) {
-      if (!x.v.size() || in[1]->v.empty() || in[2]->v.empty() || in[2]->v[0] == 0) return std::nullopt;
-      const double start = x.v[0], limit = in[1]->v[0], delta = in[2]->v[0];
-      const double count = std::max(0.0, std::ceil((limit - start) / delta));
-      if (count > kMaxFoldedElements) return std::nullopt;
-      Value out{x.type, {static_cast<int64_t>(count)}, {}};
-      for (int64_t i = 0; i < out.dims[0]; ++i) out.v.push_back(Typed(x.type, start + static_cast<double>(i) * delta));
-      return out;
-    }
-    if (op == "ConstantOfShape") {
-      Value fill{TensorProto::FLOAT, {}, {0.0}};
-      if (const onnx::AttributeProto* a = Attr(n, "value"); a != nullptr && a->has_t()) {
-        auto v = FromTensor(a->t());
-        if (!v || v->v.size() != 1) return std::nullopt;
-        fill = *v;
-      }
-      std::vector<int64_t> dims = Ints(x);
-      if (Count(dims) < 0) return std::nullopt;
-      return Value{fill.type, dims, std::vector<double>(static_cast<size_t>(Count(dims)), fill.v[0])};
-    }
-    if ((op == "Expand" || op == "Reshape" || op == "Tile") && in.size() == 2 && in[1] != nullptr) {
-      std::vector<int64_t> target = Ints(*in[1]);
-      if (op == "Reshape") {
-        int64_t known = 1, infer = -1;
-        const bool allowzero = AttrInt(n, "allowzero", 0) != 0;
-        for (size_t i = 0; i < target.size(); ++i) {
-          if (target[i] == 0 && !allowzero) {
-            if (i >= x.dims.size()) return std::nullopt;
-            target[i] = x.dims[i];
-          }
-          if (target[i] == -1) {
-            if (infer >= 0) return std::nullopt;
-            infer = static_cast<int64_t>(i);
-          } else {
-            known *= target[i];
-          }
-        }
-        const int64_t total = Count(x.dims);
-        if (infer >= 0) {
-          if (known <= 0 || total % known != 0) return std::nullopt;
-          target[infer] = total / known;
-        }
-        if (Count(target) != total) return std::nullopt;
-        Value out = x;
-        out.dims = target;
-        return out;
-      }
-      if (op == "Expand") {
-        Value shape{x.type, target, {}};
-        auto dims = Broadcast({&x, &shape});
-        if (!dims) return std::nullopt;
-        const std::vector<int64_t> out_strides = Strides(*dims), strides = Strides(x.dims);
-        const size_t off = dims->size() - x.dims.size();
-        return Gathered(x, *dims, [&](int64_t flat) {
-          int64_t index = 0;
-          for (size_t i = off; i < dims->size(); ++i) {
-            if (x.dims[i - off] != 1) index += (flat / out_strides[i]) % (*dims)[i] * strides[i - off];
-          }
-          return index;
-        });
-      }
-      if (static_cast<int64_t>(target.size()) != rank) return std::nullopt;  // Tile
-      std::vector<int64_t> dims = x.dims;
-      for (int64_t i = 0; i < rank; ++i) dims[i] *= target[i];
-      if (Count(dims) < 0) return std::nullopt;
-      const std::vector<int64_t> out_strides = Strides(dims), strides = Strides(x.dims);
-      return Gathered(x, dims, [&](int64_t flat) {
-        int64_t index = 0;
-        for (int64_t i = 0; i < rank; ++i) index += (flat / out_strides[i]) % dims[i] % x.dims[i] * strides[i];
-        return index;
-      });
-    }
     return std::nullopt;
+  }
+
+  // Unsqueeze and Squeeze: axes from the second input (opset 13) or the
+  // attribute.
+  std::optional<Value> Squeezed(const onnx::NodeProto& n, const std::vector<const Value*>& in) const {
+    const Value& x = *in[0];
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    std::vector<int64_t> axes;
+    if (opset_ >= 13) {
+      if (in.size() > 1 && in[1] != nullptr) axes = Ints(*in[1]);
+    } else if (const onnx::AttributeProto* a = Attr(n, "axes")) {
+      axes.assign(a->ints().begin(), a->ints().end());
+    }
+    Value out = x;
+    if (n.op_type() == "Squeeze") {
+      out.dims.clear();
+      for (int64_t i = 0; i < rank; ++i) {
+        const bool listed = std::any_of(axes.begin(), axes.end(), [&](int64_t a) { return Axis(a, rank) == i; });
+        if (axes.empty() ? x.dims[i] != 1 : !listed) out.dims.push_back(x.dims[i]);
+      }
+      return out;
+    }
+    const int64_t out_rank = rank + static_cast<int64_t>(axes.size());
+    for (int64_t& a : axes) a = Axis(a, out_rank);
+    std::sort(axes.begin(), axes.end());
+    for (int64_t a : axes) {
+      if (a < 0 || a > static_cast<int64_t>(out.dims.size())) return std::nullopt;
+      out.dims.insert(out.dims.begin() + a, 1);
+    }
+    return out;
+  }
+
+  static std::optional<Value> Concat(const onnx::NodeProto& n, const std::vector<const Value*>& in) {
+    const Value& x = *in[0];
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    const int64_t axis = Axis(AttrInt(n, "axis", 0), rank);
+    if (axis < 0 || axis >= rank) return std::nullopt;
+    Value out{x.type, x.dims, {}};
+    out.dims[axis] = 0;
+    for (const Value* p : in) {
+      if (p == nullptr || p->dims.size() != x.dims.size()) return std::nullopt;
+      out.dims[axis] += p->dims[axis];
+    }
+    // Rows before the axis, then each input's block along it.
+    int64_t outer = 1;
+    for (int64_t i = 0; i < axis; ++i) outer *= x.dims[i];
+    for (int64_t o = 0; o < outer; ++o) {
+      for (const Value* p : in) {
+        const int64_t block = Count(p->dims) / std::max<int64_t>(1, outer);
+        out.v.insert(out.v.end(), p->v.begin() + o * block, p->v.begin() + (o + 1) * block);
+      }
+    }
+    return out;
+  }
+
+  static std::optional<Value> Gather(const onnx::NodeProto& n, const Value& x, const Value& idx) {
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    const int64_t axis = Axis(AttrInt(n, "axis", 0), rank);
+    if (axis < 0 || axis >= rank) return std::nullopt;
+    std::vector<int64_t> dims(x.dims.begin(), x.dims.begin() + axis);
+    dims.insert(dims.end(), idx.dims.begin(), idx.dims.end());
+    dims.insert(dims.end(), x.dims.begin() + axis + 1, x.dims.end());
+    if (Count(dims) < 0) return std::nullopt;
+    for (double i : idx.v) {
+      if (i < -x.dims[axis] || i >= x.dims[axis]) return std::nullopt;
+    }
+    int64_t inner = 1;
+    for (int64_t i = axis + 1; i < rank; ++i) inner *= x.dims[i];
+    const int64_t n_idx = static_cast<int64_t>(idx.v.size());
+    return Gathered(x, dims, [&](int64_t flat) {
+      const int64_t in_inner = flat % inner, rest = flat / inner;
+      const int64_t k = rest % n_idx, o = rest / n_idx;
+      int64_t i = static_cast<int64_t>(idx.v[k]);
+      if (i < 0) i += x.dims[axis];
+      return (o * x.dims[axis] + i) * inner + in_inner;
+    });
+  }
+
+  // Slice (opset 10 on): starts, ends, optional axes and steps as inputs.
+  static std::optional<Value> Slice(const std::vector<const Value*>& in) {
+    const Value& x = *in[0];
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    const std::vector<int64_t> starts = Ints(*in[1]), ends = Ints(*in[2]);
+    std::vector<int64_t> axes, steps;
+    if (in.size() > 3 && in[3] != nullptr) axes = Ints(*in[3]);
+    if (in.size() > 4 && in[4] != nullptr) steps = Ints(*in[4]);
+    if (axes.empty()) {
+      for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    }
+    if (steps.empty()) steps.assign(starts.size(), 1);
+    if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) {
+      return std::nullopt;
+    }
+    std::vector<int64_t> begin(rank, 0), step(rank, 1), dims = x.dims;
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const int64_t a = Axis(axes[k], rank);
+      if (a < 0 || a >= rank || steps[k] == 0) return std::nullopt;
+      const int64_t d = x.dims[a];
+      auto clamp = [&](int64_t i, int64_t lo, int64_t hi) { return std::clamp(i < 0 ? i + d : i, lo, hi); };
+      if (steps[k] > 0) {
+        begin[a] = clamp(starts[k], 0, d);
+        dims[a] = std::max<int64_t>(0, (clamp(ends[k], 0, d) - begin[a] + steps[k] - 1) / steps[k]);
+      } else {
+        begin[a] = clamp(starts[k], -1, d - 1);
+        dims[a] = std::max<int64_t>(0, (begin[a] - clamp(ends[k], -1, d - 1) - steps[k] - 1) / -steps[k]);
+      }
+      step[a] = steps[k];
+    }
+    const std::vector<int64_t> out_strides = Strides(dims), strides = Strides(x.dims);
+    return Gathered(x, dims, [&](int64_t flat) {
+      int64_t index = 0;
+      for (int64_t i = 0; i < rank; ++i) index += (begin[i] + (flat / out_strides[i]) % dims[i] * step[i]) * strides[i];
+      return index;
+    });
+  }
+
+  static std::optional<Value> Range(const Value& start, const Value& limit, const Value& delta) {
+    if (start.v.empty() || limit.v.empty() || delta.v.empty() || delta.v[0] == 0) return std::nullopt;
+    const double count = std::max(0.0, std::ceil((limit.v[0] - start.v[0]) / delta.v[0]));
+    if (count > kMaxFoldedElements) return std::nullopt;
+    Value out{start.type, {static_cast<int64_t>(count)}, {}};
+    for (int64_t i = 0; i < out.dims[0]; ++i) {
+      out.v.push_back(Typed(start.type, start.v[0] + static_cast<double>(i) * delta.v[0]));
+    }
+    return out;
+  }
+
+  static std::optional<Value> ConstantOfShape(const onnx::NodeProto& n, const Value& shape) {
+    Value fill{TensorProto::FLOAT, {}, {0.0}};
+    if (const onnx::AttributeProto* a = Attr(n, "value"); a != nullptr && a->has_t()) {
+      auto v = FromTensor(a->t());
+      if (!v || v->v.size() != 1) return std::nullopt;
+      fill = *v;
+    }
+    const std::vector<int64_t> dims = Ints(shape);
+    if (Count(dims) < 0) return std::nullopt;
+    return Value{fill.type, dims, std::vector<double>(static_cast<size_t>(Count(dims)), fill.v[0])};
+  }
+
+  static std::optional<Value> Reshape(const onnx::NodeProto& n, const Value& x, std::vector<int64_t> target) {
+    int64_t known = 1, infer = -1;
+    const bool allowzero = AttrInt(n, "allowzero", 0) != 0;
+    for (size_t i = 0; i < target.size(); ++i) {
+      if (target[i] == 0 && !allowzero) {
+        if (i >= x.dims.size()) return std::nullopt;
+        target[i] = x.dims[i];
+      }
+      if (target[i] == -1) {
+        if (infer >= 0) return std::nullopt;
+        infer = static_cast<int64_t>(i);
+      } else {
+        known *= target[i];
+      }
+    }
+    const int64_t total = Count(x.dims);
+    if (infer >= 0) {
+      if (known <= 0 || total % known != 0) return std::nullopt;
+      target[infer] = total / known;
+    }
+    if (Count(target) != total) return std::nullopt;
+    Value out = x;
+    out.dims = target;
+    return out;
+  }
+
+  static std::optional<Value> Expand(const Value& x, const std::vector<int64_t>& target) {
+    const Value shape{x.type, target, {}};
+    auto dims = Broadcast({&x, &shape});
+    if (!dims) return std::nullopt;
+    const BroadcastRead read(x, *dims);
+    return Gathered(x, *dims, [&](int64_t flat) { return read.Index(flat); });
+  }
+
+  static std::optional<Value> Tile(const Value& x, const std::vector<int64_t>& repeats) {
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    if (static_cast<int64_t>(repeats.size()) != rank) return std::nullopt;
+    std::vector<int64_t> dims = x.dims;
+    for (int64_t i = 0; i < rank; ++i) dims[i] *= repeats[i];
+    if (Count(dims) < 0) return std::nullopt;
+    const std::vector<int64_t> out_strides = Strides(dims), strides = Strides(x.dims);
+    return Gathered(x, dims, [&](int64_t flat) {
+      int64_t index = 0;
+      for (int64_t i = 0; i < rank; ++i) index += (flat / out_strides[i]) % dims[i] % x.dims[i] * strides[i];
+      return index;
+    });
   }
 
   onnx::GraphProto& g_;

@@ -20,7 +20,6 @@
 #include <tuple>
 #include <variant>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/ir/parse.h"
@@ -79,6 +78,16 @@ class Graph {
     for (const auto& v : g.value_info()) add(v);
     for (const auto& v : g.output()) add(v);
     for (const auto& v : g.output()) outputs_.insert(v.name());
+    std::set<std::string> unbound;  // symbolic dims of the inputs --dim did not bind
+    for (const auto& v : g.input()) {
+      for (const auto& d : v.type().tensor_type().shape().dim()) {
+        if (d.has_dim_param() && !d.dim_param().empty()) unbound.insert(d.dim_param());
+      }
+    }
+    if (!unbound.empty()) {
+      unknown_hint_ = absl::StrCat(" (unbound input dims: ", absl::StrJoin(unbound, ", "), "; bind them with --dim ",
+                                   *unbound.begin(), "=N)");
+    }
   }
 
   const onnx::NodeProto* Producer(const std::string& t) const {
@@ -99,15 +108,18 @@ class Graph {
   // The known shape of `t`, or why not.
   std::variant<std::vector<int64_t>, Reject> Shape(const std::string& t) const {
     auto it = shape_.find(t);
-    if (it == shape_.end()) return Reject{absl::StrCat("the shape of '", t, "' is unknown after shape inference")};
+    if (it == shape_.end()) {
+      return Reject{absl::StrCat("the shape of '", t, "' is unknown after shape inference", unknown_hint_)};
+    }
     for (int64_t d : it->second) {
       if (d < 0) {
         auto s = symbolic_.find(t);
         return Reject{s != symbolic_.end()
                           ? absl::StrCat("'", t, "' has the symbolic dim '", s->second, "': bind it with --dim ",
                                          s->second, "=N")
-                          : absl::StrCat("'", t, "' has a dim shape inference could not resolve (bind the "
-                                         "model's symbolic dims with --dim)")};
+                          : absl::StrCat("'", t, "' has a dim shape inference could not resolve",
+                                         unknown_hint_.empty() ? " (bind the model's symbolic dims with --dim)"
+                                                               : unknown_hint_)};
       }
     }
     return it->second;
@@ -166,6 +178,7 @@ class Graph {
   std::map<std::string, std::vector<int64_t>> shape_;
   std::map<std::string, std::string> symbolic_;
   std::set<std::string> outputs_;
+  std::string unknown_hint_;  // why a shape may be unknown: the inputs' unbound dims
 };
 
 std::string Label(const onnx::NodeProto& n) {
@@ -298,7 +311,7 @@ std::variant<Match, Reject> MatchAttention(
     if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
     return p != nullptr && p->op_type() == "MatMul";
   };
-  while (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == (nodes.back()) && masks.size() < 2) {
+  while (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == nodes.back() && masks.size() < 2) {
     const bool first = scores(n->input(0), 1);
     masks.push_back(n->input(first ? 1 : 0));
     cur = n->input(first ? 0 : 1);
@@ -941,12 +954,6 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
     return absl::InvalidArgumentError(absl::StrCat(path, ": not an ONNX model (the protobuf does not parse)"));
   }
   BindDims(*model.mutable_graph(), dims);
-  std::set<std::string> unbound;  // symbolic dims of the inputs --dim did not bind
-  for (const onnx::ValueInfoProto& v : model.graph().input()) {
-    for (const auto& d : v.type().tensor_type().shape().dim()) {
-      if (d.has_dim_param() && !d.dim_param().empty()) unbound.insert(d.dim_param());
-    }
-  }
   int64_t opset = 0;
   for (const onnx::OperatorSetIdProto& o : model.opset_import()) {
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
@@ -1011,14 +1018,6 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       } else {
         keep(std::move(std::get<Match>(m)), role);
       }
-    }
-  }
-  // A shape left unknown by an unbound input dim says which.
-  for (std::string& r : out.rejected) {
-    if (!unbound.empty() && (absl::StrContains(r, "unknown after shape inference") ||
-                             absl::StrContains(r, "could not resolve"))) {
-      absl::StrAppend(&r, " (unbound input dims: ", absl::StrJoin(unbound, ", "), "; bind them with --dim ",
-                      *unbound.begin(), "=N)");
     }
   }
   return out;

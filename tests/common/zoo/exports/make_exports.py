@@ -14,6 +14,9 @@ Needs torch, transformers, onnx, onnxscript and onnxruntime (PyPI); the test
 suite reads the committed .onnx files and needs none of them.
 
     python3 tests/common/zoo/exports/make_exports.py [OUT_DIR] [MODEL...]
+
+MODEL: bert, gpt2, t5, vit (the fixtures, the default) or bert_base
+(BERT-base's sizes, to time `fusor extract` on; not a fixture).
 """
 import os
 import re
@@ -53,11 +56,17 @@ def text(model):
     return Text(model), (ids, torch.ones_like(ids)), {n: {0: "batch", 1: "seq"} for n in ("input_ids", "attention_mask")}
 
 
-def bert(attn):
-    config = transformers.BertConfig(vocab_size=128, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                                     num_attention_heads=HEADS, intermediate_size=FFN,
+def bert(attn, layers=LAYERS, hidden=HIDDEN, heads=HEADS, ffn=FFN):
+    config = transformers.BertConfig(vocab_size=128, hidden_size=hidden, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=ffn,
                                      max_position_embeddings=512, attn_implementation=attn)
     return text(transformers.BertModel(config, add_pooling_layer=False).eval())
+
+
+def bert_base(attn):
+    """BERT-base's sizes (12 layers, hidden 768): for timing `fusor extract`;
+    made only when named, never committed (200 KB of graph)."""
+    return bert(attn, layers=12, hidden=768, heads=12, ffn=3072)
 
 
 def gpt2(attn):
@@ -80,7 +89,8 @@ def vit(attn):
     return Vision(model), (torch.randn(2, 3, 32, 32),), {"pixel_values": {0: "batch"}}
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "t5": t5, "vit": vit}
+MODELS = {"bert": bert, "gpt2": gpt2, "t5": t5, "vit": vit, "bert_base": bert_base}
+FIXTURES = ["bert", "gpt2", "t5", "vit"]
 
 
 def graph_only(path, out_path):
@@ -134,7 +144,7 @@ def main():
     torch.manual_seed(0)
     warnings.filterwarnings("ignore")
     print("torch", torch.__version__, "transformers", transformers.__version__, "onnx", onnx.__version__)
-    names = sys.argv[2:] or list(MODELS)
+    names = sys.argv[2:] or FIXTURES
     for name in names:
         make = MODELS[name]
         for exporter in ("torchscript", "dynamo"):
