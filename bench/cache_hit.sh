@@ -2,7 +2,8 @@
 # Cache-hit Compile over loopback, plaintext against TLS + tokens: for each
 # setup, starts a scheduler and one worker on 127.0.0.1 with a fresh
 # database on disk, tunes one workload once, then runs
-# fusor-bench-cache-hit with 8 concurrent clients for SECONDS; then a
+# fusor-bench-cache-hit with 8 concurrent clients for SECONDS, first each
+# client a thread of blocking calls, then on gRPC's callback API; then a
 # sustained run (WINDOWS windows of SECONDS, mutual TLS + tokens) showing
 # whether the rate holds, with the scheduler's peak RSS; then 64 clients
 # (Compile and Lookup) while 8 tunes of other chains run.
@@ -70,6 +71,7 @@ for security in plaintext tls-tokens mtls-tokens; do
   setup "$security" "$security"
   bench --clients 8 --seconds "$seconds" --label "$security" $header
   header=""
+  bench --clients 8 --seconds "$seconds" --label "$security, callback clients" --callback
   kill "$worker_pid" "$scheduler_pid"
   wait "$worker_pid" "$scheduler_pid" || true
 done

@@ -1,11 +1,15 @@
 // Cache-hit latency over loopback: N concurrent clients, each with its own
 // channel (TLS and a token when given), send Compile(cache_only) (with
 // --mixed, every other client sends Lookup) for one tuned workload for a
-// fixed time; prints a markdown row: label, clients, requests per second,
-// p50, p99 and max latency, and the failed requests by status code.
+// fixed time, each waiting for its answer before sending the next; prints a
+// markdown row: label, clients, requests per second, p50, p99 and max
+// latency, and the failed requests by status code. A client is a thread
+// making blocking calls (fusor::client::Client), or with --callback a chain
+// of calls on gRPC's callback API, all clients sharing gRPC's threads.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -17,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "proto/wire/cli_flags.h"
+#include "proto/wire/grpc_status.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"fusor cache-hit Compile benchmark"};
@@ -32,8 +37,9 @@ int main(int argc, char** argv) {
   app.add_option("--token", token, "a client token");
   fusor::wire::ClientTls tls;
   fusor::wire::AddClientTlsFlags(app, tls);
-  bool header = false, mixed = false;
+  bool header = false, mixed = false, callback = false;
   app.add_flag("--mixed", mixed, "every other client sends Lookup instead of Compile");
+  app.add_flag("--callback", callback, "clients on gRPC's callback API instead of a thread each");
   app.add_flag("--header", header, "print the table's header first");
   CLI11_PARSE(app, argc, argv);
 
@@ -57,20 +63,73 @@ int main(int argc, char** argv) {
   const auto start = Clock::now();
   const auto begin_measure = start + std::chrono::duration<double>(warmup_s);
   const auto end = begin_measure + std::chrono::duration<double>(seconds);
-  std::vector<std::thread> threads;
+  // Records one answer; false when the client should stop.
+  auto record = [&](int c, Clock::time_point t0, const absl::StatusOr<fusor::v1::TuneResult>& result) {
+    auto t1 = Clock::now();
+    if (!result.ok() || !result->from_cache()) {
+      ++errors;
+      std::lock_guard<std::mutex> lock(codes_mu);
+      codes[result.ok() ? "not from cache" : absl::StatusCodeToString(result.status().code())]++;
+    } else if (t0 >= begin_measure) {
+      latencies[c].push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    return t1 < end;
+  };
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&, c] {
-      grpc::ChannelArguments args;
-      args.SetInt("fusor.bench.client", c);  // a distinct channel (connection) per client
-      args.SetMaxReceiveMessageSize(64 << 20);
-      auto channel = fusor::wire::Dial(server, token, tls, args);
-      if (!channel.ok()) {
-        std::cerr << channel.status() << "\n";
-        ++errors;
-        return;
+    grpc::ChannelArguments args;
+    args.SetInt("fusor.bench.client", c);  // a distinct channel (connection) per client
+    args.SetMaxReceiveMessageSize(64 << 20);
+    auto channel = fusor::wire::Dial(server, token, tls, args);
+    if (!channel.ok()) {
+      std::cerr << channel.status() << "\n";
+      return 1;
+    }
+    channels.push_back(*channel);
+  }
+  if (callback) {
+    // One call in flight per client: each answer's callback sends the next.
+    struct Call {
+      grpc::ClientContext ctx;
+      fusor::v1::CompileResponse compiled;
+      fusor::v1::LookupResponse looked_up;
+      Clock::time_point t0;
+    };
+    std::vector<std::unique_ptr<fusor::v1::Scheduler::Stub>> stubs;
+    for (auto& channel : channels) stubs.push_back(fusor::v1::Scheduler::NewStub(channel));
+    std::mutex done_mu;
+    std::condition_variable done_cv;
+    int running = clients;
+    std::function<void(int)> send = [&](int c) {
+      auto call = std::make_shared<Call>();
+      call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      call->t0 = Clock::now();
+      auto next = [&, c, call](const absl::StatusOr<fusor::v1::TuneResult>& result) {
+        if (record(c, call->t0, result)) return send(c);
+        std::lock_guard<std::mutex> lock(done_mu);
+        if (--running == 0) done_cv.notify_one();
+      };
+      if (mixed && c % 2 == 1) {
+        stubs[c]->async()->Lookup(&call->ctx, &lookup, &call->looked_up, [call, next](grpc::Status st) {
+          next(st.ok() ? absl::StatusOr<fusor::v1::TuneResult>(call->looked_up.result())
+                       : fusor::wire::FromGrpcStatus(st));
+        });
+      } else {
+        stubs[c]->async()->Compile(&call->ctx, &req, &call->compiled, [call, next](grpc::Status st) {
+          next(st.ok() ? absl::StatusOr<fusor::v1::TuneResult>(call->compiled.result())
+                       : fusor::wire::FromGrpcStatus(st));
+        });
       }
-      fusor::client::Client client(*channel);
-      while (Clock::now() < end) {
+    };
+    for (int c = 0; c < clients; ++c) send(c);
+    std::unique_lock<std::mutex> lock(done_mu);
+    done_cv.wait(lock, [&] { return running == 0; });
+  }
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients && !callback; ++c) {
+    threads.emplace_back([&, c] {
+      fusor::client::Client client(channels[c]);
+      for (bool more = true; more;) {
         auto t0 = Clock::now();
         absl::StatusOr<fusor::v1::TuneResult> result;
         if (mixed && c % 2 == 1) {
@@ -79,14 +138,7 @@ int main(int argc, char** argv) {
           auto resp = client.Compile(req, absl::Seconds(10));
           if (resp.ok()) result = resp->result(); else result = resp.status();
         }
-        auto t1 = Clock::now();
-        if (!result.ok() || !result->from_cache()) {
-          ++errors;
-          std::lock_guard<std::mutex> lock(codes_mu);
-          codes[result.ok() ? "not from cache" : absl::StatusCodeToString(result.status().code())]++;
-          continue;
-        }
-        if (t0 >= begin_measure) latencies[c].push_back(std::chrono::duration<double>(t1 - t0).count());
+        more = record(c, t0, result);
       }
     });
   }
