@@ -94,6 +94,7 @@ std::string CallFunc(ir::Func f, const std::string& arg) {
   switch (f) {
     case ir::Func::kRelu: return absl::StrCat("fusor_relu(", arg, ")");
     case ir::Func::kGelu: return absl::StrCat("fusor_gelu(", arg, ")");
+    case ir::Func::kGeluTanh: return absl::StrCat("fusor_gelu_tanh(", arg, ")");
     case ir::Func::kExp: return absl::StrCat("expf(", arg, ")");
     case ir::Func::kTanh: return absl::StrCat("tanhf(", arg, ")");
     case ir::Func::kSigmoid: return absl::StrCat("fusor_sigmoid(", arg, ")");

@@ -81,6 +81,7 @@ absl::string_view FuncName(Func func) {
   switch (func) {
     case Func::kRelu: return "relu";
     case Func::kGelu: return "gelu";
+    case Func::kGeluTanh: return "gelu_tanh";
     case Func::kExp: return "exp";
     case Func::kTanh: return "tanh";
     case Func::kSigmoid: return "sigmoid";

@@ -45,7 +45,7 @@ struct Access {
   std::vector<AffineExpr> index;
 };
 
-enum class Func { kRelu, kGelu, kExp, kTanh, kSigmoid };
+enum class Func { kRelu, kGelu, kGeluTanh, kExp, kTanh, kSigmoid };
 absl::string_view FuncName(Func func);
 
 struct Expr {

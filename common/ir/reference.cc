@@ -11,6 +11,7 @@ double ApplyFunc(Func func, double x) {
   switch (func) {
     case Func::kRelu: return x > 0 ? x : 0;
     case Func::kGelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Func::kGeluTanh: return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
     case Func::kExp: return std::exp(x);
     case Func::kTanh: return std::tanh(x);
     case Func::kSigmoid: return 1 / (1 + std::exp(-x));

@@ -39,7 +39,7 @@ absl::Status Error(const Where& where, absl::string_view message) {
 
 const std::set<std::string, std::less<>>& ReservedWords() {
   static const auto* words = new std::set<std::string, std::less<>>{
-      "sum", "softmax", "relu", "gelu", "exp", "tanh", "sigmoid",
+      "sum", "softmax", "relu", "gelu", "gelu_tanh", "exp", "tanh", "sigmoid",
       "chain", "dtype", "dim", "in", "out"};
   return *words;
 }
@@ -57,6 +57,7 @@ absl::Status CheckName(absl::string_view name, absl::string_view what, const Whe
 std::optional<Func> LookupFunc(absl::string_view name) {
   if (name == "relu") return Func::kRelu;
   if (name == "gelu") return Func::kGelu;
+  if (name == "gelu_tanh") return Func::kGeluTanh;
   if (name == "exp") return Func::kExp;
   if (name == "tanh") return Func::kTanh;
   if (name == "sigmoid") return Func::kSigmoid;

@@ -25,6 +25,7 @@
 #include "common/ir/parse.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
+#include "common/zoo/onnx_contrib.h"
 #include "common/zoo/onnx_fold.h"
 
 namespace fusor::zoo {
@@ -447,42 +448,70 @@ float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallbac
 }
 
 // The single-node attention ops: ONNX's Attention (opset 23; grouped-query
-// when kv_num_heads < q_num_heads) and onnxruntime's MultiHeadAttention
-// (com.microsoft). Q, K and V are 4-D [batch, heads, seq, head dim] or
-// 3-D [batch, seq, heads * head dim]; a grouped query head g * r_count + r
-// reads K/V head g. Masks: an additive float attn_mask or attention_bias
+// when kv_num_heads < q_num_heads), onnxruntime's MultiHeadAttention and
+// its Attention (com.microsoft). Q, K and V are 4-D [batch, heads, seq,
+// head dim] or 3-D [batch, seq, heads * head dim]; a grouped query head
+// g * r_count + r reads K/V head g. onnxruntime's Attention projects its
+// input by one packed weight into Q, K and V: the chain is the attention
+// after that projection, its Q, K and V the projection's parts (the source
+// line says so). Masks: an additive float attn_mask or attention_bias
 // broadcast to [batch, heads, queries, keys], MultiHeadAttention's 2-D
-// key_padding_mask (as the additive mask it becomes), and causal attention
-// (is_causal, unidirectional) as an additive [queries, keys] input.
+// key_padding_mask and Attention's mask_index (key lengths, or a 0/1 mask
+// over keys or over queries and keys), each as the additive mask it
+// becomes, and causal attention (is_causal, unidirectional) as an additive
+// [queries, keys] input.
 std::variant<Match, Reject> MatchAttentionOp(const Graph& g, const onnx::NodeProto& a, int index) {
   const bool mha = a.op_type() == "MultiHeadAttention";
+  const bool packed = a.op_type() == "Attention" && a.domain() == "com.microsoft";
   if (mha && a.domain() != "com.microsoft") return Reject{absl::StrCat(Label(a), " is not com.microsoft's")};
-  if (!mha && !a.domain().empty() && a.domain() != "ai.onnx") {
+  if (!mha && !packed && !a.domain().empty() && a.domain() != "ai.onnx") {
     return Reject{absl::StrCat(Label(a), " is from domain '", a.domain(), "'")};
   }
   auto input = [&](int i) { return a.input_size() > i ? a.input(i) : std::string(); };
-  if (input(1).empty() || input(2).empty()) return Reject{"packed Q/K/V (no separate key and value) is not read"};
+  if (!packed && (input(1).empty() || input(2).empty())) {
+    return Reject{"packed Q/K/V (no separate key and value) is not read"};
+  }
   for (int i = 1; i < a.output_size(); ++i) {
     if (!a.output(i).empty()) return Reject{"its present key/value or scores outputs are used"};
   }
-  const int past_from = mha ? 6 : 4;
-  for (int i = past_from; i < a.input_size(); ++i) {
-    if (!a.input(i).empty()) return Reject{"past key/value (a KV cache) is not read"};
+  const std::vector<int> past = packed ? std::vector<int>{4, 6} : std::vector<int>{mha ? 6 : 4, mha ? 7 : 5};
+  for (int i : past) {
+    if (!input(i).empty()) return Reject{"past key/value (a KV cache) is not read"};
   }
   if (mha && !input(3).empty()) return Reject{"its packed projection bias is not folded"};
-  if (!mha && AttrFloat(a, "softcap", 0) != 0) return Reject{"softcap is not supported"};
+  if (!mha && !packed && AttrFloat(a, "softcap", 0) != 0) return Reject{"softcap is not supported"};
+  if (packed && AttrInt(a, "do_rotary", 0) != 0) return Reject{"its rotary embedding is not read"};
   std::string why;
   std::vector<std::vector<int64_t>> shapes;
-  for (int i = 0; i < 3; ++i) {
-    auto sh = g.Shape(a.input(i));
-    if (Failed(sh, &why)) return Reject{why};
-    shapes.push_back(std::get<std::vector<int64_t>>(sh));
-    if (shapes.back().size() != 3 && shapes.back().size() != 4) {
-      return Reject{absl::StrCat("'", a.input(i), "' is neither 3-D nor 4-D")};
+  std::vector<std::string> notes;
+  if (packed) {  // [batch, seq, in] times [in, q + k + v]
+    auto xs = g.Shape(a.input(0));
+    if (Failed(xs, &why)) return Reject{why};
+    auto ws = g.Shape(input(1));
+    if (Failed(ws, &why)) return Reject{why};
+    const std::vector<int64_t> x = std::get<std::vector<int64_t>>(xs), w = std::get<std::vector<int64_t>>(ws);
+    if (x.size() != 3 || w.size() != 2 || w[0] != x[2]) return Reject{"the input and the packed weights do not agree"};
+    std::vector<int64_t> sizes = AttrInts(a, "qkv_hidden_sizes");
+    if (sizes.empty()) sizes.assign(3, w[1] / 3);
+    if (sizes.size() != 3 || sizes[0] + sizes[1] + sizes[2] != w[1] || sizes[0] != sizes[1]) {
+      return Reject{"the packed weights do not split into Q, K and V of one width"};
+    }
+    for (int64_t width : sizes) shapes.push_back({x[0], x[1], width});
+    notes.push_back(absl::StrCat("Q, K and V are the parts of '", a.input(0), "' projected by '", input(1), "'",
+                                 input(2).empty() ? "" : absl::StrCat(" plus '", input(2), "'"),
+                                 ", each [batch, seq, heads * head dim]"));
+  } else {
+    for (int i = 0; i < 3; ++i) {
+      auto sh = g.Shape(a.input(i));
+      if (Failed(sh, &why)) return Reject{why};
+      shapes.push_back(std::get<std::vector<int64_t>>(sh));
+      if (shapes.back().size() != 3 && shapes.back().size() != 4) {
+        return Reject{absl::StrCat("'", a.input(i), "' is neither 3-D nor 4-D")};
+      }
     }
   }
-  int64_t q_heads = mha ? AttrInt(a, "num_heads", 0) : AttrInt(a, "q_num_heads", 0);
-  int64_t kv_heads = mha ? q_heads : AttrInt(a, "kv_num_heads", 0);
+  int64_t q_heads = mha || packed ? AttrInt(a, "num_heads", 0) : AttrInt(a, "q_num_heads", 0);
+  int64_t kv_heads = mha || packed ? q_heads : AttrInt(a, "kv_num_heads", 0);
   if (shapes[0].size() == 4) q_heads = shapes[0][1];
   if (shapes[1].size() == 4) kv_heads = shapes[1][1];
   if (q_heads <= 0 || kv_heads <= 0) return Reject{"3-D inputs need the head counts (num_heads, q_num_heads, kv_num_heads)"};
@@ -547,7 +576,26 @@ std::variant<Match, Reject> MatchAttentionOp(const Graph& g, const onnx::NodePro
     absl::StrAppend(&add, " + ", name, "[", absl::StrJoin(use, ","), "]");
     return std::nullopt;
   };
-  std::vector<std::string> notes;
+  if (packed && !input(3).empty()) {
+    auto sh = g.Shape(input(3));
+    if (Failed(sh, &why)) return Reject{absl::StrCat("the mask index: ", why)};
+    const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(sh);
+    if (ms == std::vector<int64_t>{B} || ms == std::vector<int64_t>{B, L}) {
+      absl::StrAppend(&inputs, " M[b,n]");
+      absl::StrAppend(&add, " + M[b,n]");
+      notes.push_back(absl::StrCat("M is '", input(3), "' as an additive mask over keys (0 or mask_filter_value)",
+                                   ms.size() == 1 ? ", from each row's key length" : ""));
+    } else if (ms == std::vector<int64_t>{B, S, L}) {
+      absl::StrAppend(&inputs, " M[b,m,n]");
+      absl::StrAppend(&add, " + M[b,m,n]");
+      notes.push_back(absl::StrCat("M is '", input(3), "' as an additive mask (0 or mask_filter_value)"));
+    } else {
+      return Reject{"only a mask index of key lengths [batch] or a mask [batch, keys] or [batch, queries, keys] is read"};
+    }
+  }
+  if (packed && !input(5).empty()) {
+    if (auto r = mask(input(5), "A")) return *r;
+  }
   if (mha) {
     if (!input(4).empty()) {
       auto sh = g.Shape(input(4));
@@ -562,10 +610,10 @@ std::variant<Match, Reject> MatchAttentionOp(const Graph& g, const onnx::NodePro
     if (!input(5).empty()) {
       if (auto r = mask(input(5), "A")) return *r;
     }
-  } else if (!input(3).empty()) {
+  } else if (!packed && !input(3).empty()) {
     if (auto r = mask(input(3), "M")) return *r;
   }
-  if (AttrInt(a, mha ? "unidirectional" : "is_causal", 0) != 0) {
+  if (AttrInt(a, mha || packed ? "unidirectional" : "is_causal", 0) != 0) {
     absl::StrAppend(&inputs, " C[m,n]");
     absl::StrAppend(&add, " + C[m,n]");
     notes.push_back("C is the causal mask, additive (0 or -inf)");
@@ -603,134 +651,304 @@ const onnx::NodeProto* BiasAdd(const Graph& g, const std::string& t, int64_t wid
   return a;
 }
 
-// GELU written out with Erf from `x`: x * 0.5 * (1 + erf(x / sqrt 2)) in the
-// orders exporters emit; its output, or "".
-std::string ErfGelu(const Graph& g, const std::string& x, std::vector<const onnx::NodeProto*>* nodes) {
-  for (const onnx::NodeProto* scaled : g.Consumers(x)) {
-    const bool div = scaled->op_type() == "Div" && g.IsScalar(scaled->input(1), std::sqrt(2.0));
-    const bool mul = scaled->op_type() == "Mul" && g.IsScalar(scaled->input(1), 1 / std::sqrt(2.0));
-    if (!div && !mul) continue;
-    const onnx::NodeProto* erf = g.SoleConsumer(scaled->output(0));
-    if (erf == nullptr || erf->op_type() != "Erf") continue;
-    const onnx::NodeProto* one = g.SoleConsumer(erf->output(0));
-    if (one == nullptr || one->op_type() != "Add" ||
-        !g.IsScalar(one->input(0) == erf->output(0) ? one->input(1) : one->input(0), 1)) {
-      continue;
-    }
-    const onnx::NodeProto* m = g.SoleConsumer(one->output(0));
-    if (m == nullptr || m->op_type() != "Mul") continue;
-    const std::string other = m->input(0) == one->output(0) ? m->input(1) : m->input(0);
-    std::vector<const onnx::NodeProto*> found = {scaled, erf, one, m};
-    std::string out;
-    if (other == x) {  // x * (1 + erf) then * 0.5
-      const onnx::NodeProto* half = g.SoleConsumer(m->output(0));
-      if (half == nullptr || half->op_type() != "Mul" || !g.IsScalar(half->input(1), 0.5)) continue;
-      found.push_back(half);
-      out = half->output(0);
-    } else if (const onnx::NodeProto* h = g.Producer(other);
-               h != nullptr && h->op_type() == "Mul" && h->input(0) == x && g.IsScalar(h->input(1), 0.5)) {
-      found.push_back(h);  // (x * 0.5) * (1 + erf)
-      out = m->output(0);
-    } else if (const onnx::NodeProto* outer = g.SoleConsumer(m->output(0));
-               g.IsScalar(other, 0.5) && outer != nullptr && outer->op_type() == "Mul" &&
-               (outer->input(0) == x || outer->input(1) == x)) {
-      found.push_back(outer);  // x * (0.5 * (1 + erf)), as the dynamo exporter writes it
-      out = outer->output(0);
-    } else {
-      continue;
-    }
-    nodes->insert(nodes->end(), found.begin(), found.end());
-    return out;
+// The end of GELU written out from `x` once `one` (the Add of 1 to erf or
+// tanh) is found: times x and times 0.5, in the orders exporters emit; the
+// output, or "".
+std::string HalfXTimes(const Graph& g, const std::string& x, const onnx::NodeProto& one,
+                       std::vector<const onnx::NodeProto*>* found) {
+  const onnx::NodeProto* m = g.SoleConsumer(one.output(0));
+  if (m == nullptr || m->op_type() != "Mul") return "";
+  found->push_back(m);
+  const std::string other = m->input(0) == one.output(0) ? m->input(1) : m->input(0);
+  if (other == x) {  // x * (1 + f) then * 0.5
+    const onnx::NodeProto* half = g.SoleConsumer(m->output(0));
+    if (half == nullptr || half->op_type() != "Mul" || !g.IsScalar(half->input(1), 0.5)) return "";
+    found->push_back(half);
+    return half->output(0);
+  }
+  if (const onnx::NodeProto* h = g.Producer(other);
+      h != nullptr && h->op_type() == "Mul" && h->input(0) == x && g.IsScalar(h->input(1), 0.5)) {
+    found->push_back(h);  // (x * 0.5) * (1 + f)
+    return m->output(0);
+  }
+  if (const onnx::NodeProto* outer = g.SoleConsumer(m->output(0));
+      g.IsScalar(other, 0.5) && outer != nullptr && outer->op_type() == "Mul" &&
+      (outer->input(0) == x || outer->input(1) == x)) {
+    found->push_back(outer);  // x * (0.5 * (1 + f)), as the dynamo exporter writes it
+    return outer->output(0);
   }
   return "";
 }
 
-// GEMM -> [bias] -> activation -> GEMM -> [bias] starting at `first`.
-std::variant<Match, Reject> MatchGemmChain(
-    const Graph& g, const onnx::NodeProto& first, int index) {
-  std::vector<const onnx::NodeProto*> nodes = {&first};
-  std::string why;
-  {  // Only a GEMM an activation follows (past an Add) is a candidate.
-    std::string t = first.output(0);
-    if (const onnx::NodeProto* a = g.SoleConsumer(t); a != nullptr && a->op_type() == "Add") t = a->output(0);
-    const onnx::NodeProto* act = g.SoleConsumer(t);
-    std::vector<const onnx::NodeProto*> ignored;
-    if ((act == nullptr || (act->op_type() != "Relu" && act->op_type() != "Gelu")) && ErfGelu(g, t, &ignored).empty()) {
-      return Reject{};
+// The Add of 1 reading `t`, or null.
+const onnx::NodeProto* PlusOne(const Graph& g, const std::string& t) {
+  const onnx::NodeProto* one = g.SoleConsumer(t);
+  if (one == nullptr || one->op_type() != "Add" || !g.IsScalar(one->input(0) == t ? one->input(1) : one->input(0), 1)) {
+    return nullptr;
+  }
+  return one;
+}
+
+// GELU written out from `x`: with Erf, x * 0.5 * (1 + erf(x / sqrt 2)), or
+// with Tanh (GPT-2's approximation), x * 0.5 * (1 + tanh(sqrt(2 / pi) *
+// (x + 0.044715 * x^3))). Its function in the chain language ("gelu" or
+// "gelu_tanh") and its output; the nodes go to `nodes`. {"", ""} if none.
+std::pair<std::string, std::string> WrittenOutGelu(const Graph& g, const std::string& x,
+                                                   std::vector<const onnx::NodeProto*>* nodes) {
+  auto is = [&](const onnx::NodeProto* n, const char* op) { return n != nullptr && n->op_type() == op; };
+  for (const onnx::NodeProto* first : g.Consumers(x)) {
+    std::vector<const onnx::NodeProto*> found = {first};
+    const onnx::NodeProto* one = nullptr;
+    std::string func;
+    if ((is(first, "Div") && g.IsScalar(first->input(1), std::sqrt(2.0))) ||
+        (is(first, "Mul") && g.IsScalar(first->input(1), 1 / std::sqrt(2.0)))) {
+      const onnx::NodeProto* erf = g.SoleConsumer(first->output(0));
+      if (!is(erf, "Erf") || (one = PlusOne(g, erf->output(0))) == nullptr) continue;
+      found.insert(found.end(), {erf, one});
+      func = "gelu";
+    } else if (is(first, "Pow") && g.IsScalar(first->input(1), 3)) {
+      const onnx::NodeProto* cube = g.SoleConsumer(first->output(0));
+      if (!is(cube, "Mul") || !g.IsScalar(cube->input(0) == first->output(0) ? cube->input(1) : cube->input(0), 0.044715)) {
+        continue;
+      }
+      const onnx::NodeProto* sum = g.SoleConsumer(cube->output(0));
+      if (!is(sum, "Add") || (sum->input(0) != x && sum->input(1) != x)) continue;
+      const onnx::NodeProto* scaled = g.SoleConsumer(sum->output(0));
+      if (!is(scaled, "Mul") ||
+          !g.IsScalar(scaled->input(0) == sum->output(0) ? scaled->input(1) : scaled->input(0), 0.7978845608028654)) {
+        continue;
+      }
+      const onnx::NodeProto* tanh = g.SoleConsumer(scaled->output(0));
+      if (!is(tanh, "Tanh") || (one = PlusOne(g, tanh->output(0))) == nullptr) continue;
+      found.insert(found.end(), {cube, sum, scaled, tanh, one});
+      func = "gelu_tanh";
+    } else {
+      continue;
+    }
+    if (std::string out = HalfXTimes(g, x, *one, &found); !out.empty()) {
+      nodes->insert(nodes->end(), found.begin(), found.end());
+      return {func, out};
     }
   }
-  auto gemm_operands = [&](const onnx::NodeProto& n, const std::vector<std::string>& a_names,
-                           const std::string& k, const std::string& col) -> std::variant<std::pair<Operand, Operand>, Reject> {
-    std::vector<std::string> an = a_names;
-    an.push_back(k);
+  return {"", ""};
+}
+
+std::string AttrString(const onnx::NodeProto& n, const std::string& name, const std::string& fallback) {
+  for (const onnx::AttributeProto& a : n.attribute()) {
+    if (a.name() == name) return a.s();
+  }
+  return fallback;
+}
+
+// The activation applied to `t`: Relu; Gelu (ONNX's, approximate "none" or
+// "tanh", or onnxruntime's); onnxruntime's BiasGelu (erf) and FastGelu
+// (tanh), which may add a bias first; GELU written out.
+struct Activation {
+  std::string func;  // in the chain language
+  std::string out;
+  std::string bias;  // the bias BiasGelu or FastGelu adds, if any
+  std::vector<const onnx::NodeProto*> nodes;
+};
+
+std::optional<Activation> FindActivation(const Graph& g, const std::string& t) {
+  Activation a;
+  if (const onnx::NodeProto* n = g.SoleConsumer(t); n != nullptr && n->input(0) == t) {
+    const std::string& op = n->op_type();
+    const bool ms = n->domain() == "com.microsoft";
+    if (op == "Relu") a.func = "relu";
+    if (op == "Gelu") a.func = AttrString(*n, "approximate", "none") == "tanh" ? "gelu_tanh" : "gelu";
+    if (ms && op == "BiasGelu") a.func = "gelu";
+    if (ms && op == "FastGelu") a.func = "gelu_tanh";
+    if (!a.func.empty()) {
+      if ((op == "BiasGelu" || op == "FastGelu") && n->input_size() > 1) a.bias = n->input(1);
+      a.out = n->output(0);
+      a.nodes = {n};
+      return a;
+    }
+  }
+  std::tie(a.func, a.out) = WrittenOutGelu(g, t, &a.nodes);
+  if (a.func.empty()) return std::nullopt;
+  return a;
+}
+
+// A Reshape producing `t` [p, k] from [r0, .., k] (rows merged, as
+// GPT-2's Conv1D does around its Gemm): that node, or null.
+const onnx::NodeProto* MergingRows(const Graph& g, const std::string& t) {
+  const onnx::NodeProto* r = g.Producer(t);
+  if (r == nullptr || r->op_type() != "Reshape") return nullptr;
+  auto in = g.Shape(r->input(0));
+  auto out = g.Shape(t);
+  if (!std::holds_alternative<std::vector<int64_t>>(in) || !std::holds_alternative<std::vector<int64_t>>(out)) {
+    return nullptr;
+  }
+  const auto& from = std::get<std::vector<int64_t>>(in);
+  const auto& to = std::get<std::vector<int64_t>>(out);
+  if (from.size() < 3 || to.size() != 2 || from.back() != to.back()) return nullptr;
+  return r;
+}
+
+// The Reshape reading `t` [p, k] that splits its rows back to `rows` (p
+// their product): that node, or null.
+const onnx::NodeProto* SplittingRows(const Graph& g, const std::string& t, const std::vector<int64_t>& rows) {
+  const onnx::NodeProto* r = g.SoleConsumer(t);
+  if (r == nullptr || r->op_type() != "Reshape" || r->input(0) != t) return nullptr;
+  auto in = g.Shape(t);
+  auto out = g.Shape(r->output(0));
+  if (!std::holds_alternative<std::vector<int64_t>>(in) || !std::holds_alternative<std::vector<int64_t>>(out)) {
+    return nullptr;
+  }
+  std::vector<int64_t> want = rows;
+  want.push_back(std::get<std::vector<int64_t>>(in).back());
+  return std::get<std::vector<int64_t>>(out) == want ? r : nullptr;
+}
+
+// GEMM -> [bias] -> activation -> GEMM -> [bias] starting at `first`. A
+// Gemm's bias may be its C input; rows merged by a Reshape around each GEMM
+// (GPT-2's Conv1D) are read as the activation's rows.
+std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto& first, int index) {
+  {  // Only a GEMM an activation follows (past a bias Add and a row split) is a candidate.
+    bool any = false;
+    std::string t = first.output(0);
+    for (int step = 0; step < 3 && !any; ++step) {
+      any = FindActivation(g, t).has_value();
+      const onnx::NodeProto* n = g.SoleConsumer(t);
+      if (n == nullptr || (n->op_type() != "Add" && n->op_type() != "Reshape")) break;
+      t = n->output(0);
+    }
+    if (!any) return Reject{};
+  }
+  std::vector<const onnx::NodeProto*> nodes;
+  std::string why;
+  // B of `n` viewed as [k, col] (Gemm's transB read as the transpose), and
+  // its C input as a bias of `width` into `*bias`.
+  auto weight = [&](const onnx::NodeProto& n, const std::string& k,
+                    const std::string& col) -> std::variant<Operand, Reject> {
     std::vector<std::string> bn = {k, col};
     if (n.op_type() == "Gemm") {
       if (AttrInt(n, "transA", 0) != 0) return Reject{absl::StrCat(Label(n), " transposes A")};
+      if (AttrFloat(n, "alpha", 1) != 1) return Reject{absl::StrCat(Label(n), " scales A*B (alpha)")};
       if (AttrInt(n, "transB", 0) != 0) bn = {col, k};
-      if (n.input_size() > 2) return Reject{absl::StrCat(Label(n), " adds C inside the Gemm")};
     }
-    auto a = View(g, n.input(0), an, &nodes);
-    if (Failed(a, &why)) return Reject{why};
     auto shape = g.Shape(n.input(1));
     if (Failed(shape, &why)) return Reject{why};
     if (std::get<std::vector<int64_t>>(shape).size() != 2) return Reject{absl::StrCat(Label(n), ": B is not a matrix")};
-    Operand b{n.input(1), std::get<std::vector<int64_t>>(shape), bn};
-    return std::make_pair(std::get<Operand>(a), b);
+    return Operand{n.input(1), std::get<std::vector<int64_t>>(shape), bn};
   };
-  auto in_shape = g.Shape(first.input(0));
+  auto c_bias = [&](const onnx::NodeProto& n, int64_t width, std::string* bias) -> std::optional<Reject> {
+    if (n.op_type() != "Gemm" || n.input_size() < 3 || n.input(2).empty()) return std::nullopt;
+    auto shape = g.Shape(n.input(2));
+    if (Failed(shape, &why)) return Reject{why};
+    const auto& sh = std::get<std::vector<int64_t>>(shape);
+    if (AttrFloat(n, "beta", 1) != 1 || (sh != std::vector<int64_t>{width} && sh != std::vector<int64_t>{1, width})) {
+      return Reject{absl::StrCat(Label(n), " adds a C that is not a bias of its columns")};
+    }
+    *bias = n.input(2);
+    return std::nullopt;
+  };
+  // X: the first GEMM's A, or what a Reshape merged into its rows.
+  nodes.push_back(&first);
+  std::string x = first.input(0);
+  const onnx::NodeProto* merge = MergingRows(g, x);
+  if (merge != nullptr) {
+    nodes.push_back(merge);
+    x = merge->input(0);
+  }
+  auto in_shape = g.Shape(x);
   if (Failed(in_shape, &why)) return Reject{why};
-  const size_t rank = std::get<std::vector<int64_t>>(in_shape).size();
-  if (rank < 2) return Reject{"the input is not a matrix"};
+  const std::vector<int64_t> x_shape = std::get<std::vector<int64_t>>(in_shape);
+  if (x_shape.size() < 2) return Reject{"the input is not a matrix"};
+  const std::vector<int64_t> row_shape(x_shape.begin(), x_shape.end() - 1);
   std::vector<std::string> rows;
-  for (size_t i = 0; i + 1 < rank; ++i) rows.push_back(absl::StrCat("a", i));
-  auto first_ops = gemm_operands(first, rows, "c", "f");
-  if (Failed(first_ops, &why)) return Reject{why};
-  const auto& [X, W1] = std::get<std::pair<Operand, Operand>>(first_ops);
-  const int64_t f = W1.shape[W1.axes[0] == "f" ? 0 : 1];
-  std::string cur = first.output(0), bias1, bias2;
-  if (const onnx::NodeProto* a = BiasAdd(g, cur, f, &bias1)) {
-    nodes.push_back(a);
-    cur = a->output(0);
+  for (size_t i = 0; i + 1 < x_shape.size(); ++i) rows.push_back(absl::StrCat("a", i));
+  std::vector<std::string> x_names = rows;
+  x_names.push_back("c");
+  auto X = merge != nullptr ? std::variant<Operand, Reject>(Operand{x, x_shape, x_names}) : View(g, x, x_names, &nodes);
+  if (Failed(X, &why)) return Reject{why};
+  auto W1 = weight(first, "c", "f");
+  if (Failed(W1, &why)) return Reject{why};
+  const Operand& w1 = std::get<Operand>(W1);
+  const int64_t f = w1.shape[w1.axes[0] == "f" ? 0 : 1];
+  std::string bias1, bias2;
+  if (auto r = c_bias(first, f, &bias1)) return *r;
+  // Past the first GEMM: its bias and the rows split back, in either order.
+  std::string cur = first.output(0);
+  for (int step = 0; step < 2; ++step) {
+    if (const onnx::NodeProto* a = bias1.empty() ? BiasAdd(g, cur, f, &bias1) : nullptr) {
+      nodes.push_back(a);
+      cur = a->output(0);
+    }
+    if (const onnx::NodeProto* r = merge != nullptr ? SplittingRows(g, cur, row_shape) : nullptr) {
+      nodes.push_back(r);
+      cur = r->output(0);
+    }
   }
-  std::string act;
-  const onnx::NodeProto* n = g.SoleConsumer(cur);
-  if (n != nullptr && (n->op_type() == "Relu" || n->op_type() == "Gelu")) {
-    act = n->op_type() == "Relu" ? "relu" : "gelu";
-    nodes.push_back(n);
-    cur = n->output(0);
-  } else if (std::string out = ErfGelu(g, cur, &nodes); !out.empty()) {
-    act = "gelu";
-    cur = out;
-  } else {
-    return Reject{"the activation does not follow the GEMM's bias"};
+  if (merge != nullptr) {
+    auto sh = g.Shape(cur);
+    if (!std::holds_alternative<std::vector<int64_t>>(sh) || std::get<std::vector<int64_t>>(sh).size() != x_shape.size()) {
+      return Reject{"the first GEMM's rows are not split back before the activation"};
+    }
   }
+  auto act = FindActivation(g, cur);
+  if (!act) return Reject{"the activation does not follow the GEMM's bias"};
+  if (!act->bias.empty()) {
+    if (!bias1.empty()) return Reject{absl::StrCat(Label(*act->nodes[0]), " adds a second bias")};
+    auto shape = g.Shape(act->bias);
+    if (!std::holds_alternative<std::vector<int64_t>>(shape) ||
+        std::get<std::vector<int64_t>>(shape) != std::vector<int64_t>{f}) {
+      return Reject{absl::StrCat(Label(*act->nodes[0]), "'s bias is not a vector of ", f)};
+    }
+    bias1 = act->bias;
+  }
+  nodes.insert(nodes.end(), act->nodes.begin(), act->nodes.end());
+  cur = act->out;
   const onnx::NodeProto* second = g.SoleConsumer(cur);
+  if (merge != nullptr && second != nullptr && second->op_type() == "Reshape" && MergingRows(g, second->output(0))) {
+    nodes.push_back(second);
+    cur = second->output(0);
+    second = g.SoleConsumer(cur);
+  }
   if (!IsGemm(second) || second->input(0) != cur) return Reject{"the activation does not feed one MatMul or Gemm"};
   nodes.push_back(second);
-  auto second_ops = gemm_operands(*second, rows, "f", "o");
-  if (Failed(second_ops, &why)) return Reject{why};
-  const Operand& W2 = std::get<std::pair<Operand, Operand>>(second_ops).second;
-  const int64_t o = W2.shape[W2.axes[0] == "o" ? 0 : 1];
+  auto W2 = weight(*second, "f", "o");
+  if (Failed(W2, &why)) return Reject{why};
+  const Operand& w2 = std::get<Operand>(W2);
+  const int64_t o = w2.shape[w2.axes[0] == "o" ? 0 : 1];
+  if (auto r = c_bias(*second, o, &bias2)) return *r;
   std::string out = second->output(0);
-  if (const onnx::NodeProto* a = BiasAdd(g, out, o, &bias2)) nodes.push_back(a);
+  for (int step = 0; step < 2; ++step) {
+    if (const onnx::NodeProto* a = bias2.empty() ? BiasAdd(g, out, o, &bias2) : nullptr) {
+      nodes.push_back(a);
+      out = a->output(0);
+    }
+    if (const onnx::NodeProto* r = merge != nullptr ? SplittingRows(g, out, row_shape) : nullptr) {
+      nodes.push_back(r);
+      out = r->output(0);
+    }
+  }
+  std::string note;
+  if (const onnx::NodeProto* skip = g.SoleConsumer(out); bias2.empty() && skip != nullptr &&
+      skip->op_type() == "SkipLayerNormalization" && skip->input_size() > 4 && !skip->input(4).empty()) {
+    note = absl::StrCat("the second bias, '", skip->input(4), "', is added by ", Label(*skip), " after the chain");
+  }
+  const Operand& x_op = std::get<Operand>(X);
   std::map<std::string, int64_t> extent;
-  for (size_t i = 0; i < X.axes.size(); ++i) extent[X.axes[i]] = X.shape[i];
+  for (size_t i = 0; i < x_op.axes.size(); ++i) extent[x_op.axes[i]] = x_op.shape[i];
   extent["f"] = f;
   extent["o"] = o;
   std::string dims;
   for (const auto& [name, e] : extent) absl::StrAppend(&dims, " ", name, "=", e);
   const std::string r = absl::StrJoin(rows, ",");
-  std::string inputs = absl::StrCat(Decl("X", X), " ", Decl("W1", W1), " ", Decl("W2", W2));
+  std::string inputs = absl::StrCat(Decl("X", x_op), " ", Decl("W1", w1), " ", Decl("W2", w2));
   if (!bias1.empty()) inputs += " B1[f]";
   if (!bias2.empty()) inputs += " B2[o]";
   std::string text = absl::StrCat("chain gemm_chain_", index, "\ndtype ", DTypeOf(g, first.input(0)), "\ndim", dims,
-                                  "\nin ", inputs, "\n", "H[", r, ",f] = sum(c) ", Use("X", X), " * ", Use("W1", W1),
-                                  "\n", "A[", r, ",f] = ", act, "(H[", r, ",f]", bias1.empty() ? "" : " + B1[f]", ")\n",
-                                  "Y[", r, ",o] = sum(f) A[", r, ",f] * ", Use("W2", W2), "\n");
+                                  "\nin ", inputs, "\n", "H[", r, ",f] = sum(c) ", Use("X", x_op), " * ", Use("W1", w1),
+                                  "\n", "A[", r, ",f] = ", act->func, "(H[", r, ",f]", bias1.empty() ? "" : " + B1[f]",
+                                  ")\n", "Y[", r, ",o] = sum(f) A[", r, ",f] * ", Use("W2", w2), "\n");
   text += bias2.empty() ? "out Y\n" : absl::StrCat("Z[", r, ",o] = Y[", r, ",o] + B2[o]\nout Z\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return Match{std::move(*chain), nodes, ""};
+  return Match{std::move(*chain), nodes, note};
 }
 
 // Conv -> [Relu] -> 1x1 Conv starting at `first` (2-D convolutions, one
@@ -960,12 +1178,14 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
   }
   // Shape inference and folding take turns: a folded shape computation
   // gives inference a Reshape's target, whose output shape lets the next
-  // Shape fold.
+  // Shape fold. onnxruntime's contrib operators get their shapes here too.
   for (int round = 0;; ++round) {
     if (absl::Status st = InferShapesIsolated(model); !st.ok()) {
       return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
     }
-    if (round == kMaxFoldRounds || FoldShapeComputations(*model.mutable_graph(), opset) == 0) break;
+    if (round == kMaxFoldRounds) break;
+    const int changed = FoldShapeComputations(*model.mutable_graph(), opset) + InferContribShapes(*model.mutable_graph());
+    if (changed == 0) break;
   }
   // Nodes the patterns read must have their operands: a malformed graph is
   // an error naming the node, never an out-of-range read.

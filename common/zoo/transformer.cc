@@ -163,8 +163,8 @@ absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& text
     if (c.decoder_layers < 1) return Invalid(c.model, "an encoder-decoder needs decoder_layers");
     if (c.target_seq == 0) c.target_seq = c.seq;
   }
-  if (c.activation != "gelu" && c.activation != "relu" && c.activation != "swiglu") {
-    return Invalid(c.model, "activation must be gelu, relu or swiglu");
+  if (c.activation != "gelu" && c.activation != "gelu_tanh" && c.activation != "relu" && c.activation != "swiglu") {
+    return Invalid(c.model, "activation must be gelu, gelu_tanh, relu or swiglu");
   }
   if (c.mask != "none" && c.mask != "padding" && c.mask != "causal" && c.mask != "bias") {
     return Invalid(c.model, "mask must be none, padding, causal or bias");

@@ -14,7 +14,8 @@
 //    "activation": "gelu", "mask": "padding", "bias": true,
 //    "seq": 128, "batch": 1, "dtype": "f16", "source": "..."}
 // architecture: encoder | decoder | encoder-decoder (then also
-// "decoder_layers" and "target_seq"); activation: gelu | relu | swiglu;
+// "decoder_layers" and "target_seq"); activation: gelu (erf) | gelu_tanh
+// (GPT-2's tanh approximation) | relu | swiglu;
 // mask: none | padding (additive, per batch and key) | causal (additive,
 // per query and key) | bias (additive per head, query and key: T5's
 // relative position bias; a decoder's self-attention adds the causal mask

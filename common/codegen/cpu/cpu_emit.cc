@@ -71,6 +71,7 @@ std::string VectorFunc(ir::Func f) {
   switch (f) {
     case ir::Func::kRelu: return "fusor_vrelu";
     case ir::Func::kGelu: return "fusor_vgelu";
+    case ir::Func::kGeluTanh: return "fusor_vgelu_tanh";
     case ir::Func::kExp: return "fusor_vexp";
     case ir::Func::kTanh: return "fusor_vtanh";
     case ir::Func::kSigmoid: return "fusor_vsigmoid";

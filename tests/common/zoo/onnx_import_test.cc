@@ -253,6 +253,51 @@ Model MhaOps() {
   return m;
 }
 
+void Attr(onnx::NodeProto* n, const std::string& name, int64_t value) {
+  auto* a = n->add_attribute();
+  a->set_name(name);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(value);
+}
+
+// onnxruntime's contrib ops, whose shapes ONNX's inference does not know:
+// a packed-projection Attention (a [batch, queries, keys] mask, causal), an
+// FFN through FastGelu (which adds the first bias) into a
+// SkipLayerNormalization (which adds the second), and an FFN with ONNX's
+// tanh Gelu and a Gemm whose C is the bias.
+Model ContribOps() {
+  Model m("contrib");
+  m.Opset("com.microsoft", 1);
+  m.Opset("", 20);
+  m.Input("x", {2, 10, 32});
+  m.Input("mask", {2, 10, 10}, onnx::TensorProto::INT32);
+  for (const auto& [name, dims] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"qkv_w", {32, 96}}, {"qkv_b", {96}}, {"w1", {32, 64}}, {"b1", {64}}, {"w2", {64, 32}},
+           {"b2", {32}}, {"gamma", {32}}, {"beta", {32}}, {"w3", {48, 32}}, {"b3", {1, 48}},
+           {"w4", {32, 48}}, {"b4", {1, 32}}}) {
+    m.ExternalWeight(name, dims);
+  }
+  auto* att = m.Node("Attention", {"x", "qkv_w", "qkv_b", "mask"}, "att");
+  att->set_domain("com.microsoft");
+  Attr(att, "num_heads", 4);
+  Attr(att, "unidirectional", 1);
+  m.Node("MatMul", {"att", "w1"}, "h");
+  m.Node("FastGelu", {"h", "b1"}, "g")->set_domain("com.microsoft");
+  m.Node("MatMul", {"g", "w2"}, "y");
+  m.Node("SkipLayerNormalization", {"y", "att", "gamma", "beta", "b2"}, "n")->set_domain("com.microsoft");
+  Attr(m.Node("Gemm", {"x2", "w3", "b3"}, "h2"), "transB", 1);
+  m.Input("x2", {20, 32});
+  auto* gelu = m.Node("Gelu", {"h2"}, "g2");
+  auto* approximate = gelu->add_attribute();
+  approximate->set_name("approximate");
+  approximate->set_type(onnx::AttributeProto::STRING);
+  approximate->set_s("tanh");
+  Attr(m.Node("Gemm", {"g2", "w4", "b4"}, "y2"), "transB", 1);
+  m.Output("n");
+  m.Output("y2");
+  return m;
+}
+
 std::string Key(const std::string& text) {
   auto chain = ir::ParseChainText(text);
   EXPECT_TRUE(chain.ok()) << chain.status();
@@ -391,6 +436,41 @@ out O
 )")) << ir::ChainToText(out->chains[0].chain);
   ASSERT_EQ(out->rejected.size(), 1u);
   EXPECT_THAT(out->rejected[0], HasSubstr("'keep' is a boolean mask"));
+}
+
+TEST_F(OnnxImportTest, OnnxruntimeContribOps) {
+  auto out = ExtractOnnx(ContribOps().Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->rejected.empty()) << out->rejected[0];
+  ASSERT_EQ(out->chains.size(), 3u);
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim b=2 h=4 m=10 n=10 d=8 e=8
+in Q[b,m,h,d] K[b,n,h,d] V[b,n,h,e] M[b,m,n] C[m,n]
+S[b,h,m,n] = sum(d) Q[b,m,h,d] * K[b,n,h,d] * 0.353553
+P[b,h,m,n] = softmax(n) S[b,h,m,n] + M[b,m,n] + C[m,n]
+O[b,m,h,e] = sum(n) P[b,h,m,n] * V[b,n,h,e]
+out O
+)")) << ir::ChainToText(out->chains[0].chain);
+  EXPECT_THAT(out->chains[0].layers, HasSubstr("Q, K and V are the parts of 'x' projected by 'qkv_w' plus 'qkv_b'"));
+  EXPECT_EQ(ir::Canonicalize(out->chains[1].chain).key, Key(R"(
+dim a=2 s=10 c=32 f=64 o=32
+in X[a,s,c] W1[c,f] B1[f] W2[f,o]
+H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
+G[a,s,f] = gelu_tanh(H[a,s,f] + B1[f])
+Y[a,s,o] = sum(f) G[a,s,f] * W2[f,o]
+out Y
+)")) << ir::ChainToText(out->chains[1].chain);
+  EXPECT_THAT(out->chains[1].layers, HasSubstr("the second bias, 'b2', is added by 'n_node' (SkipLayerNormalization)"));
+  // Gemm's transB: W is [out, in]; its C [1, out] is the bias.
+  EXPECT_EQ(ir::Canonicalize(out->chains[2].chain).key, Key(R"(
+dim a=20 c=32 f=48 o=32
+in X[a,c] W1[f,c] B1[f] W2[o,f] B2[o]
+H[a,f] = sum(c) X[a,c] * W1[f,c]
+G[a,f] = gelu_tanh(H[a,f] + B1[f])
+Y[a,o] = sum(f) G[a,f] * W2[o,f]
+Z[a,o] = Y[a,o] + B2[o]
+out Z
+)")) << ir::ChainToText(out->chains[2].chain);
 }
 
 TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {

@@ -44,6 +44,9 @@ FUSOR_INLINE fusor_u32 fusor_bits(float f) { return __float_as_uint(f); }
 /* ---------------------------------------------------------- functions --- */
 FUSOR_INLINE float fusor_relu(float x) { return x > 0.0f ? x : 0.0f; }
 FUSOR_INLINE float fusor_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+FUSOR_INLINE float fusor_gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
 FUSOR_INLINE float fusor_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* ------------------------------------------------------------ threads --- */

@@ -24,7 +24,7 @@ constexpr char kChecks[] = R"(
 #include <math.h>
 static double rel(double got, double want) { return fabs(got - want) / (fabs(want) > 1e-30 ? fabs(want) : 1e-30); }
 extern "C" int fusor_simd_check(double* out) {
-  double exp_rel = 0, exp_twin = 0, erf_abs = 0, gelu_abs = 0, tanh_rel = 0, sigmoid_rel = 0;
+  double exp_rel = 0, exp_twin = 0, erf_abs = 0, gelu_abs = 0, tanh_rel = 0, sigmoid_rel = 0, gelu_tanh_abs = 0;
   for (double xd = -87.0; xd < 88.0; xd += 0.00731) {
     const float x = (float)xd;
     const float v = fusor_vexp(fusor_vsplat(x))[FUSOR_VL - 1];
@@ -38,6 +38,9 @@ extern "C" int fusor_simd_check(double* out) {
     gelu_abs = fmax(gelu_abs, fabs(fusor_vgelu(v)[0] - 0.5 * x * (1 + erf(x / sqrt(2.0)))));
     tanh_rel = fmax(tanh_rel, rel(fusor_vtanh(v)[0], tanh((double)x)));
     sigmoid_rel = fmax(sigmoid_rel, rel(fusor_vsigmoid(v)[0], 1 / (1 + exp(-(double)x))));
+    const double inner = 0.7978845608028654 * (x + 0.044715 * (double)x * x * x);
+    gelu_tanh_abs = fmax(gelu_tanh_abs, fabs(fusor_vgelu_tanh(v)[0] - 0.5 * x * (1 + tanh(inner))));
+    gelu_tanh_abs = fmax(gelu_tanh_abs, fabs(fusor_gelu_tanh(x) - 0.5 * x * (1 + tanh(inner))));
   }
   out[0] = exp_rel;
   out[1] = exp_twin;
@@ -90,12 +93,13 @@ extern "C" int fusor_simd_check(double* out) {
   }
   out[10] = wrong;
   out[11] = FUSOR_VL;
+  out[12] = gelu_tanh_abs;
   return 0;
 }
 )";
 
 struct Figures {
-  double v[12] = {};
+  double v[13] = {};
 };
 
 Figures Run(const std::string& march) {
@@ -127,6 +131,7 @@ void ExpectAccurate(const std::string& march, int lanes) {
   EXPECT_LT(f.v[3], 2e-6) << "gelu, absolute";
   EXPECT_LT(f.v[4], 2e-6) << "tanh, relative";
   EXPECT_LT(f.v[5], 5e-7) << "sigmoid, relative";
+  EXPECT_LT(f.v[12], 2e-5) << "gelu_tanh (vector and scalar), absolute";
   EXPECT_EQ(f.v[6], 1) << "exp of -1e30, -inf and 1000";
   EXPECT_EQ(f.v[7], 0) << "f16/bf16 conversions differ from the prelude's";
   EXPECT_LT(f.v[8], 1e-5) << "softmax row max and sum";

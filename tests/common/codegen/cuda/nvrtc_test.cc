@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(32, 1) probe(float* out, const fuso
   fusor_mma_m16n8k8_tf32(c, x, b);
   float v = fusor_shfl_xor(c[0] + c[1] + c[2] + c[3], 1);
   v += fusor_f16_to_f32(fusor_f32_to_f16(v)) + fusor_bf16_to_f32(fusor_f32_to_bf16(v));
-  out[threadIdx.x] = fusor_gelu(v) + fusor_relu(v) + fusor_sigmoid(v) + (v < -FUSOR_INFINITY ? 1.0f : 0.0f);
+  out[threadIdx.x] = fusor_gelu(v) + fusor_gelu_tanh(v) + fusor_relu(v) + fusor_sigmoid(v) + (v < -FUSOR_INFINITY ? 1.0f : 0.0f);
 }
 )";
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90"}) {

@@ -1,0 +1,18 @@
+// Output shapes of the onnxruntime contrib operators (domain
+// com.microsoft) that its transformer optimizer writes. ONNX's shape
+// inference does not know them, so without these rules everything after
+// the first fused node of an optimized model has an unknown shape.
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+namespace fusor::zoo {
+
+// Adds a value_info entry for each output of a known contrib node whose
+// shape follows from its inputs' (all dims known) and that the graph does
+// not declare yet: Attention, MultiHeadAttention, EmbedLayerNormalization,
+// SkipLayerNormalization and SkipSimplifiedLayerNormalization, BiasGelu,
+// FastGelu, Gelu, QuickGelu and BiasAdd. Returns how many it added.
+int InferContribShapes(onnx::GraphProto& graph);
+
+}  // namespace fusor::zoo
