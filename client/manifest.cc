@@ -169,7 +169,9 @@ absl::StatusOr<std::vector<SweepModel>> ExtractManifest(const Manifest& manifest
                                          ": ", extraction.status().message()));
       }
       SweepModel sm;
-      sm.name = model.name.empty() ? extraction->model : model.name;
+      sm.name = !model.name.empty() ? model.name
+                : model.onnx      ? std::filesystem::path(model.path).stem().string()
+                                  : extraction->model;
       if (!shown.empty()) absl::StrAppend(&sm.name, " (", absl::StrJoin(shown, ", "), ")");
       if (!names.insert(sm.name).second) {
         return absl::InvalidArgumentError(absl::StrCat(manifest.path, ": model '", sm.name,

@@ -29,7 +29,9 @@
 namespace fusor::client {
 
 struct ManifestModel {
-  std::string name;  // empty: the model's own name
+  // Empty: a description's model name, or an ONNX file's name without its
+  // extension (exporters name every graph alike: "main_graph").
+  std::string name;
   std::string path;  // resolved against the manifest's directory
   bool onnx = false;
   std::vector<std::pair<std::string, std::vector<int64_t>>> dims;  // in the order given

@@ -756,6 +756,29 @@ TEST_F(SweepE2eTest, EmbeddedSweepResumesAfterAKillAndThenComesFromTheCache) {
   EXPECT_THAT(CsvResults(out), ::testing::Each("cache"));
 }
 
+// A manifest of ONNX exports (tests/common/zoo/exports): BERT from the
+// TorchScript and the dynamo exporter, whose chains have the same keys, so
+// each distinct chain is tuned once; the models are named by their files.
+TEST_F(SweepE2eTest, EmbeddedSweepOverOnnxExports) {
+  db_path_ = (dir_ / "embedded.db").string();
+  const std::string exports = std::string(FUSOR_SOURCE_DIR) + "/tests/common/zoo/exports/";
+  const std::string zoo = WriteFile("exports.yaml", "name: bert-exports\nbudget: 1\nmodels:\n"
+                                                    "  - onnx: " + exports + "bert_torchscript_eager.onnx\n"
+                                                    "    dims: {batch: 1, seq: 16}\n"
+                                                    "  - onnx: " + exports + "bert_dynamo_eager.onnx\n"
+                                                    "    dims: {batch: 1, seq: 16}\n");
+  const std::string out = (dir_ / "report").string();
+  auto [rc, log] = Cli({"--db", db_path_, "--calibration-seconds", "0.05", "--max-spread", "1000", "sweep", zoo, "-o",
+                        out},
+                       std::chrono::seconds(300));
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_THAT(log, HasSubstr("sweep bert-exports: 2 models, 4 chains, 2 distinct"));
+  EXPECT_THAT(log, HasSubstr("bert_torchscript_eager (batch=1, seq=16)"));
+  EXPECT_THAT(log, HasSubstr("bert_dynamo_eager (batch=1, seq=16)"));
+  EXPECT_EQ(Query("SELECT COUNT(*) FROM tasks WHERE state = 'done'"), 2);
+  EXPECT_THAT(CsvResults(out), ::testing::ElementsAre("tuned", "tuned", "tuned", "tuned"));
+}
+
 // Against a remote scheduler: the sweep goes on without its client; the
 // scheduler is then killed (-9) and restarted, and the same command
 // resumes the sweep and completes it.
