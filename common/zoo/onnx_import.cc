@@ -279,6 +279,37 @@ std::string DTypeOf(const Graph& g, const std::string& value) {
   }
 }
 
+// K or V repeated for each query head of its group, as transformers'
+// repeat_kv writes it: Reshape(Expand(Unsqueeze(x, 2))) from x [B, G, N, D]
+// through [B, G, R, N, D] to [B, G * R, N, D].
+struct Repeat {
+  std::string source;  // x
+  std::vector<int64_t> shape;
+  int64_t groups = 0, reps = 0;
+  std::vector<const onnx::NodeProto*> nodes;
+};
+
+std::optional<Repeat> RepeatedKv(const Graph& g, const std::string& value) {
+  const onnx::NodeProto* reshape = g.Producer(value);
+  if (reshape == nullptr || reshape->op_type() != "Reshape") return std::nullopt;
+  const onnx::NodeProto* expand = g.Producer(reshape->input(0));
+  if (expand == nullptr || expand->op_type() != "Expand") return std::nullopt;
+  const onnx::NodeProto* unsqueeze = g.Producer(expand->input(0));
+  if (unsqueeze == nullptr || unsqueeze->op_type() != "Unsqueeze") return std::nullopt;
+  auto known = [&](const std::string& t) {
+    auto s = g.Shape(t);
+    return std::holds_alternative<std::vector<int64_t>>(s) ? std::get<std::vector<int64_t>>(s) : std::vector<int64_t>{};
+  };
+  const std::vector<int64_t> x = known(unsqueeze->input(0)), one = known(unsqueeze->output(0)),
+                             wide = known(reshape->input(0)), out = known(value);
+  if (x.size() != 4 || one != std::vector<int64_t>{x[0], x[1], 1, x[2], x[3]} || wide.size() != 5 ||
+      wide != std::vector<int64_t>{x[0], x[1], wide[2], x[2], x[3]} ||
+      out != std::vector<int64_t>{x[0], x[1] * wide[2], x[2], x[3]}) {
+    return std::nullopt;
+  }
+  return Repeat{unsqueeze->input(0), x, x[1], wide[2], {reshape, expand, unsqueeze}};
+}
+
 // Attention ending in Softmax `s`.
 bool IsZero(const Graph& g, const std::string& t) {
   auto v = g.Scalar(t);
@@ -389,9 +420,7 @@ std::variant<Match, Reject> MatchAttention(
   if (Failed(k, &why)) return Reject{why};
   auto v = View(g, pv->input(1), with({"n", "e"}), &nodes);
   if (Failed(v, &why)) return Reject{why};
-  const Operand& Q = std::get<Operand>(q);
-  const Operand& K = std::get<Operand>(k);
-  const Operand& V = std::get<Operand>(v);
+  Operand Q = std::get<Operand>(q), K = std::get<Operand>(k), V = std::get<Operand>(v);
   std::map<std::string, int64_t> extent;
   for (const Operand* o : {&Q, &K, &V}) {
     for (size_t i = 0; i < o->axes.size(); ++i) {
@@ -401,6 +430,27 @@ std::variant<Match, Reject> MatchAttention(
       }
     }
   }
+  // Grouped-query attention written out: K and V repeated for each query
+  // head (repeat_kv). Read as grouped-query attention, as the LLaMA
+  // description's chain is: the head axis b1 splits into g (K/V head) and r
+  // (query head within its group), and K and V are read unrepeated, by g.
+  const std::optional<Repeat> rk = rank == 4 ? RepeatedKv(g, K.value) : std::nullopt;
+  const std::optional<Repeat> rv = rank == 4 ? RepeatedKv(g, V.value) : std::nullopt;
+  const int64_t heads = extent.count("b1") > 0 ? extent["b1"] : 0;
+  if (rk && rv && rk->groups == rv->groups && rk->reps == rv->reps && K.axes[1] == "b1" && V.axes[1] == "b1") {
+    for (auto [o, r] : {std::pair{&K, &*rk}, std::pair{&V, &*rv}}) {
+      o->value = r->source;
+      o->shape = r->shape;
+      o->axes[1] = "g";
+      nodes.insert(nodes.end(), r->nodes.begin(), r->nodes.end());
+    }
+    std::replace(Q.axes.begin(), Q.axes.end(), std::string("b1"), std::string("g,r"));
+    batch[1] = "g,r";
+    extent.erase("b1");
+    extent["g"] = rk->groups;
+    extent["r"] = rk->reps;
+  }
+  auto extent_of = [&](const std::string& dim) { return dim == "g,r" ? heads : extent[dim]; };
   std::string inputs = absl::StrCat(Decl("Q", Q), " ", Decl("K", K), " ", Decl("V", V));
   std::string add;
   for (size_t i = 0; i < masks.size(); ++i) {
@@ -415,7 +465,7 @@ std::variant<Match, Reject> MatchAttention(
     const std::vector<std::string> score_axes = with({"m", "n"});
     for (size_t a = 0; a < ms.size(); ++a) {
       const std::string& dim = score_axes[score_axes.size() - ms.size() + a];
-      if (ms[a] == extent[dim]) {
+      if (ms[a] == extent_of(dim)) {
         M.axes.push_back(dim);
       } else if (ms[a] == 1) {
         M.axes.push_back("0");
@@ -951,6 +1001,65 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   return Match{std::move(*chain), nodes, note};
 }
 
+// A gated FFN (SwiGLU, as LLaMA's MLP): MatMul(X, WG) -> SiLU written as
+// G * Sigmoid(G) -> times MatMul(X, WU) -> MatMul(., WD), from the gate's
+// MatMul `gate`.
+std::variant<Match, Reject> MatchGatedFfn(const Graph& g, const onnx::NodeProto& gate, int index) {
+  const std::string gated = gate.output(0);
+  const std::vector<const onnx::NodeProto*> readers = g.Consumers(gated);
+  if (gate.op_type() != "MatMul" || readers.size() != 2) return Reject{};
+  const onnx::NodeProto* sigmoid = readers[0]->op_type() == "Sigmoid" ? readers[0] : readers[1];
+  const onnx::NodeProto* silu = readers[0] == sigmoid ? readers[1] : readers[0];
+  if (sigmoid->op_type() != "Sigmoid" || silu->op_type() != "Mul" ||
+      !((silu->input(0) == gated && silu->input(1) == sigmoid->output(0)) ||
+        (silu->input(1) == gated && silu->input(0) == sigmoid->output(0)))) {
+    return Reject{};
+  }
+  const onnx::NodeProto* times = g.SoleConsumer(silu->output(0));
+  if (times == nullptr || times->op_type() != "Mul") return Reject{"the SiLU is not multiplied by an up projection"};
+  const std::string up_value = times->input(0) == silu->output(0) ? times->input(1) : times->input(0);
+  const onnx::NodeProto* up = g.Producer(up_value);
+  if (up == nullptr || up->op_type() != "MatMul" || up->input(0) != gate.input(0) || g.SoleConsumer(up_value) != times) {
+    return Reject{"the SiLU is not multiplied by a MatMul of the gate's input"};
+  }
+  const onnx::NodeProto* down = g.SoleConsumer(times->output(0));
+  if (down == nullptr || down->op_type() != "MatMul" || down->input(0) != times->output(0)) {
+    return Reject{"the gated product does not feed one MatMul"};
+  }
+  std::string why;
+  std::vector<const onnx::NodeProto*> nodes = {&gate, sigmoid, silu, up, times, down};
+  auto xs = g.Shape(gate.input(0));
+  if (Failed(xs, &why)) return Reject{why};
+  const std::vector<int64_t> x = std::get<std::vector<int64_t>>(xs);
+  if (x.size() < 2) return Reject{"the input is not a matrix"};
+  std::vector<int64_t> w[3];
+  const onnx::NodeProto* gemms[3] = {&gate, up, down};
+  for (int i = 0; i < 3; ++i) {
+    auto ws = g.Shape(gemms[i]->input(1));
+    if (Failed(ws, &why)) return Reject{why};
+    w[i] = std::get<std::vector<int64_t>>(ws);
+    if (w[i].size() != 2) return Reject{absl::StrCat(Label(*gemms[i]), ": B is not a matrix")};
+  }
+  if (w[0][0] != x.back() || w[1] != w[0] || w[2][0] != w[0][1]) return Reject{"the projections' shapes disagree"};
+  std::vector<std::string> rows;
+  std::string dims;
+  for (size_t i = 0; i + 1 < x.size(); ++i) {
+    rows.push_back(absl::StrCat("a", i));
+    absl::StrAppend(&dims, " a", i, "=", x[i]);
+  }
+  const std::string r = absl::StrJoin(rows, ",");
+  const std::string text = absl::StrCat(
+      "chain gemm_chain_", index, "\ndtype ", DTypeOf(g, gate.input(0)), "\ndim", dims, " c=", x.back(), " f=", w[0][1],
+      " o=", w[2][1], "\nin X[", r, ",c] WG[c,f] WU[c,f] WD[f,o]\n",
+      "G[", r, ",f] = sum(c) X[", r, ",c] * WG[c,f]\n",
+      "U[", r, ",f] = sum(c) X[", r, ",c] * WU[c,f]\n",
+      "A[", r, ",f] = G[", r, ",f] * sigmoid(G[", r, ",f]) * U[", r, ",f]\n",
+      "Y[", r, ",o] = sum(f) A[", r, ",f] * WD[f,o]\nout Y\n");
+  auto chain = ir::ParseChainText(text);
+  if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  return Match{std::move(*chain), nodes, ""};
+}
+
 // Conv -> [Relu] -> 1x1 Conv starting at `first` (2-D convolutions, one
 // group). The chain's indices cannot express a padded border, so a padded
 // first convolution reads its input zero-padded ahead of the kernel (the
@@ -1228,6 +1337,7 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       {"attention", MatchAttentionOp,
        [](const onnx::NodeProto& n) { return n.op_type() == "Attention" || n.op_type() == "MultiHeadAttention"; }},
       {"gemm chain", MatchGemmChain, [](const onnx::NodeProto& n) { return IsGemm(&n); }},
+      {"gemm chain", MatchGatedFfn, [](const onnx::NodeProto& n) { return n.op_type() == "MatMul"; }},
       {"conv chain", MatchConvChain, [](const onnx::NodeProto& n) { return n.op_type() == "Conv"; }}};
   for (const auto& [role, match, starts] : patterns) {
     for (const onnx::NodeProto& n : model.graph().node()) {

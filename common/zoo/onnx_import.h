@@ -11,12 +11,18 @@
 //    a mask (broadcast as ONNX broadcasts) -> Softmax over the last axis ->
 //    MatMul(., V); a Transpose producing Q, K' or V folds into the chain's
 //    indices (K' = Transpose(K) is read as K); SDPA decomposed (a scalar Mul
-//    on each of Q and K', Where(IsNaN(P), 0, P) after the softmax); also
-//    the single-node forms,
-//    ONNX's Attention (opset 23, grouped-query included) and onnxruntime's
-//    MultiHeadAttention;
-//  - GEMM chains: MatMul or Gemm -> optional bias Add -> Relu, Gelu or
-//    GELU written out with Erf -> MatMul or Gemm -> optional bias Add;
+//    on each of Q and K', Where(IsNaN(P), 0, P) after the softmax); K and
+//    V repeated per query head (repeat_kv: Reshape(Expand(Unsqueeze))) read
+//    as grouped-query attention; also the single-node forms, ONNX's
+//    Attention (opset 23, grouped-query included) and onnxruntime's
+//    MultiHeadAttention and packed-projection Attention (whose shapes, with
+//    the other contrib ops', come from onnx_contrib.h);
+//  - GEMM chains: MatMul or Gemm -> optional bias (an Add, or Gemm's C)
+//    -> Relu, Gelu (erf or tanh), onnxruntime's BiasGelu or FastGelu, or
+//    GELU written out with Erf or Tanh -> MatMul or Gemm -> optional bias,
+//    looking through the Reshapes that merge rows around a 2-D Gemm
+//    (GPT-2's Conv1D); and SwiGLU: SiLU (x * Sigmoid(x)) of a gate MatMul
+//    times an up MatMul of the same input -> MatMul;
 //  - convolution chains: Conv (one group; a padded one reads its input
 //    zero-padded ahead, as the chain's source says) -> optional Relu ->
 //    unpadded 1x1 Conv.

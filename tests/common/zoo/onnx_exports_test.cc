@@ -1,5 +1,6 @@
 // The ONNX importer on models as PyTorch's exporters write them: 2-layer
-// BERT, GPT-2, T5 (encoder) and ViT (hidden 64, 4 heads, FFN 256) exported
+// BERT, GPT-2, T5 (encoder), ViT and LLaMA (hidden 64, 4 heads, LLaMA's
+// over 2 K/V heads, FFN 256) exported
 // by the TorchScript exporter (opset 17) and the dynamo exporter (opset 18),
 // each with eager and SDPA attention, and onnxruntime's optimizer output
 // for BERT. The fixtures are graphs only, made by
@@ -98,7 +99,7 @@ TEST(OnnxExportsTest, DynamoSdpa) {
   ExpectBertChains("bert_dynamo_sdpa", Key(BertAttention("K[b,h,d,n]")));
 }
 
-// GPT-2, T5's encoder and ViT, each exported four ways (T5's dynamo SDPA
+// GPT-2, T5's encoder, ViT and LLaMA, each exported four ways (T5's dynamo SDPA
 // export fails in PyTorch itself). Every layer's attention is found, with
 // the operands each exporter materializes, and every FFN.
 struct OtherModel {
@@ -127,8 +128,23 @@ std::string Gpt2Ffn(bool biases) {
                       biases ? " + B1[f]" : "", ")\nY[a,s,o] = sum(f) A[a,s,f] * W2[f,o]\n",
                       biases ? "Z[a,s,o] = Y[a,s,o] + B2[o]\nout Z\n" : "out Y\n");
 }
+// LLaMA: SwiGLU, no biases.
+const char kLlamaFfn[] = R"(
+dim a=8 s=128 c=64 f=256 o=64
+in X[a,s,c] WG[c,f] WU[c,f] WD[f,o]
+G[a,s,f] = sum(c) X[a,s,c] * WG[c,f]
+U[a,s,f] = sum(c) X[a,s,c] * WU[c,f]
+A[a,s,f] = G[a,s,f] * sigmoid(G[a,s,f]) * U[a,s,f]
+Y[a,s,o] = sum(f) A[a,s,f] * WD[f,o]
+out Y
+)";
 const char kHeads[] = "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,1,m,n]";
 const char kMasked[] = "P[b0,b1,m,n] = softmax(n) S[b0,b1,m,n] + M[b0,0,m,n]\n";
+const char kGrouped[] = "in Q[b0,g,r,m,d] K[b0,g,n,d] V[b0,g,n,e] M[b0,1,m,n]";
+const char kGroupedMasked[] =
+    "S[b0,g,r,m,n] = sum(d) Q[b0,g,r,m,d] * K[b0,g,n,d] * 0.25\n"
+    "P[b0,g,r,m,n] = softmax(n) S[b0,g,r,m,n] + M[b0,0,m,n]\n"
+    "O[b0,g,r,m,e] = sum(n) P[b0,g,r,m,n] * V[b0,g,n,e]\n";
 
 class OtherModelsTest : public ::testing::TestWithParam<OtherModel> {};
 
@@ -176,7 +192,17 @@ INSTANTIATE_TEST_SUITE_P(
         OtherModel{"vit_torchscript_sdpa", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e]",
                    "P[b0,b1,m,n] = softmax(n) S[b0,b1,m,n]\n", GeluFfn(17)},
         OtherModel{"vit_dynamo_eager", kHeads, kMasked, GeluFfn(17)},
-        OtherModel{"vit_dynamo_sdpa", "in Q[b0,m,b1,d] K[b0,b1,d,n] V[b0,n,b1,e] M[b0,1,m,n]", kMasked, GeluFfn(17)}),
+        OtherModel{"vit_dynamo_sdpa", "in Q[b0,m,b1,d] K[b0,b1,d,n] V[b0,n,b1,e] M[b0,1,m,n]", kMasked, GeluFfn(17)},
+        // LLaMA: 4 query heads over 2 K/V heads, K and V repeated
+        // (repeat_kv) before the attention: read as grouped-query attention
+        // (g: K/V head, r: query head in its group), K and V unrepeated;
+        // the model's causal and padding masks combined into one. The
+        // dynamo SDPA export materializes the repeated K transposed
+        // (Reshape -> Transpose -> Reshape), which is not looked through.
+        OtherModel{"llama_torchscript_eager", kGrouped, kGroupedMasked, kLlamaFfn},
+        OtherModel{"llama_torchscript_sdpa", kGrouped, kGroupedMasked, kLlamaFfn},
+        OtherModel{"llama_dynamo_eager", kGrouped, kGroupedMasked, kLlamaFfn},
+        OtherModel{"llama_dynamo_sdpa", "in Q[b0,b1,m,d] K[b0,b1,d,n] V[b0,b1,n,e] M[b0,1,m,n]", kMasked, kLlamaFfn}),
     [](const ::testing::TestParamInfo<OtherModel>& info) { return std::string(info.param.fixture); });
 
 TEST(OnnxExportsTest, OnnxruntimeOptimized) {

@@ -15,7 +15,7 @@ suite reads the committed .onnx files and needs none of them.
 
     python3 tests/common/zoo/exports/make_exports.py [OUT_DIR] [MODEL...]
 
-MODEL: bert, gpt2, t5, vit (the fixtures, the default) or bert_base
+MODEL: bert, gpt2, t5, vit, llama (the fixtures, the default) or bert_base
 (BERT-base's sizes, to time `fusor extract` on; not a fixture).
 """
 import os
@@ -89,8 +89,17 @@ def vit(attn):
     return Vision(model), (torch.randn(2, 3, 32, 32),), {"pixel_values": {0: "batch"}}
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "t5": t5, "vit": vit, "bert_base": bert_base}
-FIXTURES = ["bert", "gpt2", "t5", "vit"]
+def llama(attn):
+    """LLaMA with grouped-query attention: 4 query heads over 2 K/V heads,
+    which transformers repeats (repeat_kv) before the attention."""
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                                      num_attention_heads=HEADS, num_key_value_heads=HEADS // 2,
+                                      intermediate_size=FFN, max_position_embeddings=512, attn_implementation=attn)
+    return text(transformers.LlamaModel(config).eval())
+
+
+MODELS = {"bert": bert, "gpt2": gpt2, "t5": t5, "vit": vit, "llama": llama, "bert_base": bert_base}
+FIXTURES = ["bert", "gpt2", "t5", "vit", "llama"]
 
 
 def graph_only(path, out_path):
