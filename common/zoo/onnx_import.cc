@@ -217,30 +217,94 @@ struct Operand {
   std::vector<std::string> axes;  // per axis of `value`: a dim name or a constant index ("0")
 };
 
+// The permutation a node producing `value` applies to its input, and that
+// input: a Transpose; a Concat of one tensor with empty ones (the
+// identity); or Reshape(Transpose(Reshape(x))) where the inner
+// Reshape merges x's leading axes into one, the Transpose keeps that axis
+// first and the outer Reshape splits it back (the dynamo exporter's SDPA
+// writes K' so) — a Transpose of x. Out axis j is input axis perm[j].
+struct Permuted {
+  std::string input;
+  std::vector<int64_t> perm;
+  std::vector<const onnx::NodeProto*> nodes;
+};
+
+std::optional<Permuted> PermutedFrom(const Graph& g, const std::string& value) {
+  const onnx::NodeProto* n = g.Producer(value);
+  if (n == nullptr) return std::nullopt;
+  auto known = [&](const std::string& t) {
+    auto s = g.Shape(t);
+    return std::holds_alternative<std::vector<int64_t>>(s) ? std::get<std::vector<int64_t>>(s) : std::vector<int64_t>{};
+  };
+  auto valid = [](std::vector<int64_t> perm, size_t rank) {
+    if (perm.size() != rank) return false;
+    std::sort(perm.begin(), perm.end());
+    for (size_t i = 0; i < perm.size(); ++i) {
+      if (perm[i] != static_cast<int64_t>(i)) return false;
+    }
+    return true;
+  };
+  if (n->op_type() == "Transpose") {
+    std::vector<int64_t> perm = AttrInts(*n, "perm");
+    const size_t rank = known(value).size();
+    if (perm.empty()) {
+      for (int64_t i = static_cast<int64_t>(rank) - 1; i >= 0; --i) perm.push_back(i);
+    }
+    if (!valid(perm, rank)) return std::nullopt;
+    return Permuted{n->input(0), perm, {n}};
+  }
+  if (n->op_type() == "Concat") {  // of one tensor and empty ones (GPT-2's empty KV cache): the identity
+    std::string only;
+    for (const std::string& in : n->input()) {
+      const std::vector<int64_t> sh = known(in);
+      if (sh.empty()) return std::nullopt;
+      if (std::find(sh.begin(), sh.end(), 0) != sh.end()) continue;
+      if (!only.empty()) return std::nullopt;
+      only = in;
+    }
+    const std::vector<int64_t> out = known(value);
+    if (only.empty() || known(only) != out) return std::nullopt;
+    std::vector<int64_t> identity(out.size());
+    for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int64_t>(i);
+    return Permuted{only, identity, {n}};
+  }
+  if (n->op_type() != "Reshape") return std::nullopt;
+  const onnx::NodeProto* t = g.Producer(n->input(0));
+  if (t == nullptr || t->op_type() != "Transpose") return std::nullopt;
+  const onnx::NodeProto* merge = g.Producer(t->input(0));
+  if (merge == nullptr || merge->op_type() != "Reshape") return std::nullopt;
+  const std::vector<int64_t> x = known(merge->input(0)), merged = known(merge->output(0)), out = known(value);
+  const std::vector<int64_t> p = AttrInts(*t, "perm");
+  if (merged.size() < 2 || x.size() <= merged.size() || !valid(p, merged.size()) || p[0] != 0) return std::nullopt;
+  const size_t lead = x.size() - merged.size() + 1;  // x's axes merged into merged's first
+  int64_t product = 1;
+  for (size_t i = 0; i < lead; ++i) product *= x[i];
+  if (merged[0] != product || !std::equal(merged.begin() + 1, merged.end(), x.begin() + lead)) return std::nullopt;
+  std::vector<int64_t> perm, want(x.begin(), x.begin() + lead);
+  for (size_t i = 0; i < lead; ++i) perm.push_back(static_cast<int64_t>(i));
+  for (size_t j = 1; j < p.size(); ++j) {
+    perm.push_back(static_cast<int64_t>(lead) - 1 + p[j]);
+    want.push_back(merged[p[j]]);
+  }
+  if (out != want) return std::nullopt;
+  return Permuted{merge->input(0), perm, {n, t, merge}};
+}
+
 // `value` viewed with dims `names` (one per axis of the view), looking
-// through a Transpose that produces it.
+// through the Transposes (PermutedFrom) that produce it.
 std::variant<Operand, Reject> View(const Graph& g, const std::string& value, const std::vector<std::string>& names,
                                    std::vector<const onnx::NodeProto*>* nodes) {
   Operand op;
   op.value = value;
   std::vector<std::string> axes = names;
-  if (const onnx::NodeProto* t = g.Producer(value); t != nullptr && t->op_type() == "Transpose") {
-    std::vector<int64_t> perm = AttrInts(*t, "perm");
-    if (perm.empty()) {
-      for (int i = static_cast<int>(names.size()) - 1; i >= 0; --i) perm.push_back(i);
-    }
-    std::vector<int64_t> sorted = perm;
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i) {
-      if (sorted[i] != static_cast<int64_t>(i)) return Reject{absl::StrCat(Label(*t), " has no valid perm")};
-    }
-    if (perm.size() == names.size()) {
-      // out axis j is in axis perm[j]
-      axes.assign(names.size(), "");
-      for (size_t j = 0; j < perm.size(); ++j) axes[perm[j]] = names[j];
-      op.value = t->input(0);
-      nodes->push_back(t);
-    }
+  for (int hops = 0; hops < 4; ++hops) {
+    std::optional<Permuted> p = PermutedFrom(g, op.value);
+    if (!p || p->perm.size() != axes.size()) break;
+    std::vector<std::string> in(axes.size());
+    for (size_t j = 0; j < p->perm.size(); ++j) in[p->perm[j]] = axes[j];
+    axes = in;
+    op.value = p->input;
+    nodes->insert(nodes->end(), p->nodes.begin(), p->nodes.end());
   }
   auto shape = g.Shape(op.value);
   std::string why;
