@@ -393,24 +393,51 @@ std::variant<Match, Reject> MatchAttention(
   if (axis != -1 && axis != rank - 1) return Reject{"the softmax is not over the last axis"};
   // Backwards: optional mask Add, optional scale, the Q K' MatMul.
   std::string cur = s.input(0);
-  std::vector<std::string> masks;  // additive terms: a mask, T5's position bias
+  // Additive terms: a mask, T5's position bias, and a boolean mask applied
+  // by Where(cond, scores, fill) (older GPT-2 exports' causal mask): with a
+  // fill of -1e4 or below it is the additive mask of 0 and fill, the same
+  // after the softmax (exp underflows either way).
+  struct Term {
+    std::string value, name;
+  };
+  std::vector<Term> masks;
+  std::vector<std::string> notes;
   double scale = 1;
   const onnx::NodeProto* n = g.Producer(cur);
   // The scores come from the MatMul, directly, through the scale or
-  // through another Add; the other operand is a mask (which may itself be
-  // computed by a Mul).
+  // through another Add or Where; the other operand is a mask (which may
+  // itself be computed by a Mul).
   std::function<bool(const std::string&, int)> scores = [&](const std::string& t, int depth) {
     const onnx::NodeProto* p = g.Producer(t);
     if (p != nullptr && p->op_type() == "Add" && depth > 0) {
       return scores(p->input(0), depth - 1) || scores(p->input(1), depth - 1);
     }
+    if (p != nullptr && p->op_type() == "Where" && p->input_size() == 3 && depth > 0) {
+      return scores(p->input(1), depth - 1) || scores(p->input(2), depth - 1);
+    }
     if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
     return p != nullptr && p->op_type() == "MatMul";
   };
-  while (n != nullptr && n->op_type() == "Add" && g.SoleConsumer(cur) == nodes.back() && masks.size() < 2) {
-    const bool first = scores(n->input(0), 1);
-    masks.push_back(n->input(first ? 1 : 0));
-    cur = n->input(first ? 0 : 1);
+  while (n != nullptr && (n->op_type() == "Add" || (n->op_type() == "Where" && n->input_size() == 3)) &&
+         g.SoleConsumer(cur) == nodes.back() && masks.size() < 3) {
+    if (n->op_type() == "Add") {
+      const bool first = scores(n->input(0), 2);
+      masks.push_back({n->input(first ? 1 : 0), masks.empty() ? "M" : "B"});
+      cur = n->input(first ? 0 : 1);
+    } else {
+      const bool kept_if_true = scores(n->input(1), 2);
+      const std::string fill = n->input(kept_if_true ? 2 : 1);
+      auto f = g.Scalar(fill);
+      if (!std::holds_alternative<double>(f) || std::get<double>(f) > -1e4) {
+        return Reject{absl::StrCat(Label(*n), " sets masked scores to '", fill,
+                                   "', which is not a scalar of -1e4 or below (not an additive mask)")};
+      }
+      masks.push_back({n->input(0), "C"});
+      notes.push_back(absl::StrCat("C is '", n->input(0), "' as an additive mask: 0 where it is ",
+                                   kept_if_true ? "true" : "false", ", ", std::get<double>(f), " where it is ",
+                                   kept_if_true ? "false" : "true"));
+      cur = n->input(kept_if_true ? 1 : 2);
+    }
     nodes.push_back(n);
     n = g.Producer(cur);
   }
@@ -442,7 +469,7 @@ std::variant<Match, Reject> MatchAttention(
   // The probabilities, possibly through the exporters' NaN guard
   // Where(IsNaN(P), 0, P) (a row whose keys are all masked) and Casts to
   // the type they have (eager attention's softmax(x, dtype=f32).to(dtype)).
-  std::string probs = s.output(0), note;
+  std::string probs = s.output(0);
   const onnx::NodeProto* pv = g.SoleConsumer(probs);
   auto skip_casts = [&] {
     while (pv != nullptr && pv->op_type() == "Cast" && AttrInt(*pv, "to", -1) == ElemType(g, probs)) {
@@ -462,7 +489,7 @@ std::variant<Match, Reject> MatchAttention(
       nodes.push_back(where);
       probs = where->output(0);
       pv = g.SoleConsumer(probs);
-      note = "the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept";
+      notes.push_back("the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept");
       skip_casts();
     }
   }
@@ -517,14 +544,13 @@ std::variant<Match, Reject> MatchAttention(
   auto extent_of = [&](const std::string& dim) { return dim == "g,r" ? heads : extent[dim]; };
   std::string inputs = absl::StrCat(Decl("Q", Q), " ", Decl("K", K), " ", Decl("V", V));
   std::string add;
-  for (size_t i = 0; i < masks.size(); ++i) {
-    const std::string name = i == 0 ? "M" : "B";
-    auto mshape = g.Shape(masks[i]);
+  for (const auto& [value, name] : masks) {
+    auto mshape = g.Shape(value);
     if (Failed(mshape, &why)) return Reject{absl::StrCat("the mask: ", why)};
     const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(mshape);
     if (ms.size() > sshape.size()) return Reject{"the mask has more axes than the scores"};
     Operand M;
-    M.value = masks[i];
+    M.value = value;
     M.shape = ms;
     const std::vector<std::string> score_axes = with({"m", "n"});
     for (size_t a = 0; a < ms.size(); ++a) {
@@ -551,7 +577,7 @@ std::variant<Match, Reject> MatchAttention(
       "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", V), "\nout O\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return Match{std::move(*chain), nodes, note};
+  return Match{std::move(*chain), nodes, absl::StrJoin(notes, "; ")};
 }
 
 float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallback) {

@@ -8,7 +8,8 @@
 // (onnx_fold.h) then take turns. Recognized, each from the nodes exporters
 // produce:
 //  - attention: MatMul(Q, K') -> Div or Mul by a scalar -> optional Add of
-//    a mask (broadcast as ONNX broadcasts) -> Softmax over the last axis ->
+//    a mask (broadcast as ONNX broadcasts) or Where(cond, scores, fill of
+//    -1e4 or below), read as an additive mask -> Softmax over the last axis ->
 //    MatMul(., V); a Transpose producing Q, K' or V folds into the chain's
 //    indices (K' = Transpose(K) is read as K); SDPA decomposed (a scalar Mul
 //    on each of Q and K', Where(IsNaN(P), 0, P) after the softmax); K and

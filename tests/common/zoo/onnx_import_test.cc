@@ -127,6 +127,34 @@ Model BertAttention(int layers) {
   return m;
 }
 
+// Older GPT-2 exports: the causal mask applied to the scaled scores by
+// Where(causal, scores, -1e4) before the padding mask is added; and the
+// same with a fill that is not a mask (-1).
+Model CausalWhere() {
+  Model m("causal_where");
+  m.Input("q", {2, 4, 10, 8});
+  m.Input("kt", {2, 4, 8, 10});  // K transposed
+  m.Input("v", {2, 4, 10, 8});
+  m.Input("causal", {1, 1, 10, 10}, onnx::TensorProto::BOOL);
+  m.Input("pad", {2, 1, 1, 10});
+  m.Scalar("sqrt_d", 2.8284271f);
+  m.Scalar("masked_bias", -10000);
+  m.Scalar("minus_one", -1);
+  m.Node("MatMul", {"q", "kt"}, "s");
+  m.Node("Div", {"s", "sqrt_d"}, "scaled");
+  m.Node("Where", {"causal", "scaled", "masked_bias"}, "kept");
+  m.Node("Add", {"kept", "pad"}, "masked");
+  m.Node("Softmax", {"masked"}, "p");
+  m.Node("MatMul", {"p", "v"}, "o");
+  m.Output("o");
+  m.Node("MatMul", {"q", "kt"}, "s2");
+  m.Node("Where", {"causal", "s2", "minus_one"}, "kept2");
+  m.Node("Softmax", {"kept2"}, "p2");
+  m.Node("MatMul", {"p2", "v"}, "o2");
+  m.Output("o2");
+  return m;
+}
+
 // A GELU MLP as exporters write it, Erf form, its weights in external data
 // that is not there.
 Model GeluMlp() {
@@ -471,6 +499,25 @@ Y[a,o] = sum(f) G[a,f] * W2[o,f]
 Z[a,o] = Y[a,o] + B2[o]
 out Z
 )")) << ir::ChainToText(out->chains[2].chain);
+}
+
+TEST_F(OnnxImportTest, CausalMaskByWhere) {
+  auto out = ExtractOnnx(CausalWhere().Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim b=2 h=4 m=10 n=10 d=8 e=8
+in Q[b,h,m,d] K[b,h,d,n] V[b,h,n,e] M[b,1,1,n] C[1,1,m,n]
+S[b,h,m,n] = sum(d) Q[b,h,m,d] * K[b,h,d,n] * 0.353553
+P[b,h,m,n] = softmax(n) S[b,h,m,n] + M[b,0,0,n] + C[0,0,m,n]
+O[b,h,m,e] = sum(n) P[b,h,m,n] * V[b,h,n,e]
+out O
+)")) << ir::ChainToText(out->chains[0].chain);
+  EXPECT_THAT(out->chains[0].layers, HasSubstr("C is 'causal' as an additive mask: 0 where it is true, -10000 where "
+                                               "it is false"));
+  ASSERT_EQ(out->rejected.size(), 1u);
+  EXPECT_THAT(out->rejected[0], HasSubstr("'kept2_node' (Where) sets masked scores to 'minus_one', which is not a "
+                                          "scalar of -1e4 or below"));
 }
 
 TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {
