@@ -396,7 +396,8 @@ std::variant<Match, Reject> MatchAttention(
   // Additive terms: a mask, T5's position bias, and a boolean mask applied
   // by Where(cond, scores, fill) (older GPT-2 exports' causal mask): with a
   // fill of -1e4 or below it is the additive mask of 0 and fill, the same
-  // after the softmax (exp underflows either way).
+  // after the softmax in every row that keeps a key (exp underflows either
+  // way); a row that keeps none differs, and the source says so.
   struct Term {
     std::string value, name;
   };
@@ -435,7 +436,8 @@ std::variant<Match, Reject> MatchAttention(
       masks.push_back({n->input(0), "C"});
       notes.push_back(absl::StrCat("C is '", n->input(0), "' as an additive mask: 0 where it is ",
                                    kept_if_true ? "true" : "false", ", ", std::get<double>(f), " where it is ",
-                                   kept_if_true ? "false" : "true"));
+                                   kept_if_true ? "false" : "true",
+                                   " (the same after the softmax unless a row keeps no key)"));
       cur = n->input(kept_if_true ? 1 : 2);
     }
     nodes.push_back(n);
