@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <variant>
 
 #include "common/ir/canonical.h"
@@ -74,6 +75,13 @@ class Model {
     t->set_name(name);
     t->set_data_type(onnx::TensorProto::FLOAT);
     t->add_float_data(value);
+  }
+  void Int64s(const std::string& name, const std::vector<int64_t>& values) {
+    auto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) t->add_int64_data(v);
   }
   onnx::NodeProto* Node(const std::string& op, const std::vector<std::string>& in, const std::string& out) {
     auto* n = m_.mutable_graph()->add_node();
@@ -152,6 +160,36 @@ Model CausalWhere() {
   m.Node("Softmax", {"kept2"}, "p2");
   m.Node("MatMul", {"p2", "v"}, "o2");
   m.Output("o2");
+  return m;
+}
+
+// Grouped-query attention as transformers writes it for LLaMA: 8 query
+// heads over 2 K/V heads, K and V repeated per query head (repeat_kv:
+// Unsqueeze -> Expand -> Reshape), the causal mask by Where.
+Model RepeatKv() {
+  Model m("repeat_kv");
+  m.Opset("", 13);
+  m.Input("q", {1, 8, 24, 16}, onnx::TensorProto::FLOAT16);
+  m.Input("k", {1, 2, 24, 16}, onnx::TensorProto::FLOAT16);
+  m.Input("v", {1, 2, 24, 16}, onnx::TensorProto::FLOAT16);
+  m.Input("causal", {24, 24}, onnx::TensorProto::BOOL);
+  m.Int64s("axis2", {2});
+  m.Int64s("wide", {1, 2, 4, 24, 16});
+  m.Int64s("heads", {1, 8, 24, 16});
+  m.Scalar("scale", 0.25f);
+  m.Scalar("minus_inf", -std::numeric_limits<float>::infinity());
+  for (const std::string x : {"k", "v"}) {
+    m.Node("Unsqueeze", {x, "axis2"}, x + "1");
+    m.Node("Expand", {x + "1", "wide"}, x + "2");
+    m.Node("Reshape", {x + "2", "heads"}, x + "r");
+  }
+  m.Perm(m.Node("Transpose", {"kr"}, "kt"), {0, 1, 3, 2});
+  m.Node("MatMul", {"q", "kt"}, "s");
+  m.Node("Mul", {"s", "scale"}, "scaled");
+  m.Node("Where", {"causal", "scaled", "minus_inf"}, "masked");
+  m.Node("Softmax", {"masked"}, "p");
+  m.Node("MatMul", {"p", "vr"}, "o");
+  m.Output("o");
   return m;
 }
 
@@ -446,6 +484,22 @@ out O
   auto described = ExpandTransformer(*config);
   ASSERT_TRUE(described.ok()) << described.status();
   EXPECT_EQ((*described)[0].key, ir::Canonicalize(out->chains[0].chain).key);
+}
+
+TEST_F(OnnxImportTest, RepeatedKvIsGroupedQueryAttention) {
+  auto out = ExtractOnnx(RepeatKv().Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  EXPECT_THAT(out->chains[0].layers, HasSubstr("kr_node, k2_node, k1_node"));
+  // Key for key the LLaMA-style description's self-attention.
+  auto config = ParseTransformerConfig(R"({"model": "tiny-llama", "architecture": "decoder", "hidden": 128,
+    "heads": 8, "kv_heads": 2, "ffn": 256, "layers": 1, "activation": "swiglu", "mask": "causal", "bias": false,
+    "seq": 24, "batch": 1, "dtype": "f16"})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto described = ExpandTransformer(*config);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ((*described)[0].key, ir::Canonicalize(out->chains[0].chain).key)
+      << ir::ChainToText(out->chains[0].chain) << "\n" << ir::ChainToText((*described)[0].chain);
 }
 
 TEST_F(OnnxImportTest, MultiHeadAttentionWithPaddingMaskAndBias) {
