@@ -99,9 +99,18 @@ int main(int argc, char** argv) {
     for (auto& channel : channels) stubs.push_back(fusor::v1::Scheduler::NewStub(channel));
     std::mutex done_mu;
     std::condition_variable done_cv;
-    int running = clients;
+    int running = clients, live = 0;  // clients still sending; calls not yet destroyed
     std::function<void(int)> send = [&](int c) {
-      auto call = std::make_shared<Call>();
+      {
+        std::lock_guard<std::mutex> lock(done_mu);
+        ++live;
+      }
+      // Destroyed on a gRPC thread after the last callback: waited for too.
+      std::shared_ptr<Call> call(new Call, [&](Call* done) {
+        delete done;
+        std::lock_guard<std::mutex> lock(done_mu);
+        if (--live == 0) done_cv.notify_one();
+      });
       call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
       call->t0 = Clock::now();
       auto next = [&, c, call](const absl::StatusOr<fusor::v1::TuneResult>& result) {
@@ -123,7 +132,7 @@ int main(int argc, char** argv) {
     };
     for (int c = 0; c < clients; ++c) send(c);
     std::unique_lock<std::mutex> lock(done_mu);
-    done_cv.wait(lock, [&] { return running == 0; });
+    done_cv.wait(lock, [&] { return running == 0 && live == 0; });
   }
   std::vector<std::thread> threads;
   for (int c = 0; c < clients && !callback; ++c) {

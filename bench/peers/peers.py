@@ -334,11 +334,12 @@ def aligned(lib, chain, env, access, dims):
 
 def apply_func(lib, name, x):
     if lib == "torch":
-        return {"relu": torch.relu, "gelu": F.gelu, "exp": torch.exp, "tanh": torch.tanh,
-                "sigmoid": torch.sigmoid}[name](x)
+        return {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+                "exp": torch.exp, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[name](x)
     if name == "gelu":
         raise NotImplementedError("numpy has no erf (exact GELU)")
     return {"relu": lambda v: np.maximum(v, 0), "exp": np.exp, "tanh": np.tanh,
+            "gelu_tanh": lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3))),
             "sigmoid": lambda v: 1 / (1 + np.exp(-v))}[name](x)
 
 
@@ -524,6 +525,8 @@ def onnx_program(chain, dtype):
             x = expr(e.args[0], dims)
             if e.func == "gelu":
                 return node("Gelu", [x], domain="com.microsoft")
+            if e.func == "gelu_tanh":
+                return node("FastGelu", [x], domain="com.microsoft")
             return node({"relu": "Relu", "exp": "Exp", "tanh": "Tanh", "sigmoid": "Sigmoid"}[e.func], [x])
         a, b = expr(e.args[0], dims), expr(e.args[1], dims)
         return node({"+": "Add", "-": "Sub", "*": "Mul", "/": "Div"}[e.kind], [a, b])

@@ -51,11 +51,12 @@ class ContribShapes {
         // [batch, seq, hidden] times the packed [hidden, 3 * hidden]
         // weights (or qkv_hidden_sizes): [batch, seq, V's hidden].
         const Known* w = In(n, 1);
-        if (x->dims.size() != 3 || w == nullptr || w->dims.size() != 2 || w->dims[1] % 3 != 0) continue;
-        int64_t v_hidden = w->dims[1] / 3;
+        if (x->dims.size() != 3 || w == nullptr || w->dims.size() != 2) continue;
+        int64_t v_hidden = w->dims[1] % 3 == 0 ? w->dims[1] / 3 : 0;
         for (const onnx::AttributeProto& a : n.attribute()) {
           if (a.name() == "qkv_hidden_sizes" && a.ints_size() == 3) v_hidden = a.ints(2);
         }
+        if (v_hidden <= 0) continue;
         added += Set(n, 0, Known{x->type, {x->dims[0], x->dims[1], v_hidden}});
       } else if (op == "MultiHeadAttention") {
         // Query [batch, seq, hidden]; value [batch, keys, V's hidden] or

@@ -8,9 +8,9 @@
 
 namespace fusor::zoo {
 
-// Adds a value_info entry for each output of a known contrib node whose
-// shape follows from its inputs' (all dims known) and that the graph does
-// not declare yet: Attention, MultiHeadAttention, EmbedLayerNormalization,
+// Declares (in value_info, or in place of a partial declaration) each
+// output of a known contrib node whose shape follows from its inputs' (all
+// dims known) and that the graph does not declare in full: Attention, MultiHeadAttention, EmbedLayerNormalization,
 // SkipLayerNormalization and SkipSimplifiedLayerNormalization, BiasGelu,
 // FastGelu, Gelu, QuickGelu and BiasAdd. Returns how many it added.
 int InferContribShapes(onnx::GraphProto& graph);

@@ -423,7 +423,8 @@ std::variant<Match, Reject> MatchAttention(
          g.SoleConsumer(cur) == nodes.back() && masks.size() < 3) {
     if (n->op_type() == "Add") {
       const bool first = scores(n->input(0), 2);
-      masks.push_back({n->input(first ? 1 : 0), masks.empty() ? "M" : "B"});
+      const int adds = static_cast<int>(std::count_if(masks.begin(), masks.end(), [](const Term& t) { return t.name[0] != 'C'; }));
+      masks.push_back({n->input(first ? 1 : 0), adds == 0 ? "M" : adds == 1 ? "B" : "B2"});
       cur = n->input(first ? 0 : 1);
     } else {
       const bool kept_if_true = scores(n->input(1), 2);
@@ -433,7 +434,8 @@ std::variant<Match, Reject> MatchAttention(
         return Reject{absl::StrCat(Label(*n), " sets masked scores to '", fill,
                                    "', which is not a scalar of -1e4 or below (not an additive mask)")};
       }
-      masks.push_back({n->input(0), "C"});
+      const bool second = std::any_of(masks.begin(), masks.end(), [](const Term& t) { return t.name[0] == 'C'; });
+      masks.push_back({n->input(0), second ? "C2" : "C"});
       notes.push_back(absl::StrCat("C is '", n->input(0), "' as an additive mask: 0 where it is ",
                                    kept_if_true ? "true" : "false", ", ", std::get<double>(f), " where it is ",
                                    kept_if_true ? "false" : "true",
@@ -947,7 +949,11 @@ const onnx::NodeProto* SplittingRows(const Graph& g, const std::string& t, const
 // GEMM -> [bias] -> activation -> GEMM -> [bias] starting at `first`. A
 // Gemm's bias may be its C input; rows merged by a Reshape around each GEMM
 // (GPT-2's Conv1D) are read as the activation's rows.
-std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto& first, int index) {
+// `split_rows`: look through a Reshape merging the rows before the first
+// GEMM; without a Reshape splitting them back, the chain is read on the
+// merged 2-D rows instead.
+std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto& first, int index,
+                                           bool split_rows = true) {
   {  // Only a GEMM an activation follows (past a bias Add and a row split) is a candidate.
     bool any = false;
     std::string t = first.output(0);
@@ -990,7 +996,7 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   // X: the first GEMM's A, or what a Reshape merged into its rows.
   nodes.push_back(&first);
   std::string x = first.input(0);
-  const onnx::NodeProto* merge = MergingRows(g, x);
+  const onnx::NodeProto* merge = split_rows ? MergingRows(g, x) : nullptr;
   if (merge != nullptr) {
     nodes.push_back(merge);
     x = merge->input(0);
@@ -1027,7 +1033,7 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   if (merge != nullptr) {
     auto sh = g.Shape(cur);
     if (!std::holds_alternative<std::vector<int64_t>>(sh) || std::get<std::vector<int64_t>>(sh).size() != x_shape.size()) {
-      return Reject{"the first GEMM's rows are not split back before the activation"};
+      return MatchGemmChain(g, first, index, false);
     }
   }
   auto act = FindActivation(g, cur);
@@ -1393,16 +1399,22 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
   static const std::map<std::string, int> kInputs = {{"MatMul", 2}, {"Gemm", 2}, {"Conv", 2},    {"Add", 2},
                                                      {"Mul", 2},    {"Div", 2},  {"Softmax", 1}, {"Transpose", 1},
                                                      {"Erf", 1},    {"Relu", 1}, {"Gelu", 1},
-                                                     {"Attention", 3}, {"MultiHeadAttention", 1}};
+                                                     {"Pow", 2},    {"Reshape", 1}, {"Expand", 1},
+                                                     {"Unsqueeze", 1}, {"Concat", 1}, {"Tanh", 1},
+                                                     {"Sigmoid", 1}, {"Attention", 3}, {"MultiHeadAttention", 1}};
   for (const onnx::NodeProto& n : model.graph().node()) {
     auto need = kInputs.find(n.op_type());
+    // onnxruntime's Attention has an optional bias: input, weights.
+    const int needed = need == kInputs.end() ? 0
+                       : n.op_type() == "Attention" && n.domain() == "com.microsoft" ? 2
+                                                                                       : need->second;
     if (n.output_size() < 1 || n.output(0).empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": node '", n.name(), "' (", n.op_type(), ") has no output"));
     }
-    if (need != kInputs.end() && n.input_size() < need->second) {
+    if (n.input_size() < needed) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": node ", Label(n), " has ", n.input_size(),
-                                                     " inputs, needs ", need->second));
+                                                     " inputs, needs ", needed));
     }
   }
   const Graph g(model.graph());
@@ -1428,7 +1440,8 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
       {"attention", MatchAttention, [](const onnx::NodeProto& n) { return n.op_type() == "Softmax"; }},
       {"attention", MatchAttentionOp,
        [](const onnx::NodeProto& n) { return n.op_type() == "Attention" || n.op_type() == "MultiHeadAttention"; }},
-      {"gemm chain", MatchGemmChain, [](const onnx::NodeProto& n) { return IsGemm(&n); }},
+      {"gemm chain", [](const Graph& g, const onnx::NodeProto& n, int index) { return MatchGemmChain(g, n, index); },
+       [](const onnx::NodeProto& n) { return IsGemm(&n); }},
       {"gemm chain", MatchGatedFfn, [](const onnx::NodeProto& n) { return n.op_type() == "MatMul"; }},
       {"conv chain", MatchConvChain, [](const onnx::NodeProto& n) { return n.op_type() == "Conv"; }}};
   for (const auto& [role, match, starts] : patterns) {

@@ -632,6 +632,31 @@ TEST_F(OnnxImportTest, CorruptAndMissingFilesAreClearErrors) {
 // Damaged models: a node without its operands is an error naming it; and
 // no corruption of a real model's bytes crashes the import (each either
 // fails to parse, fails cleanly, or imports).
+// Rows merged by a Reshape and never split back: the FFN on the 2-D rows.
+TEST_F(OnnxImportTest, FfnOnFlattenedRows) {
+  Model m("flat_ffn");
+  m.Input("x", {2, 8, 32});
+  m.Int64s("rows", {16, 32});
+  m.ExternalWeight("w1", {32, 64});
+  m.ExternalWeight("w2", {64, 32});
+  m.Node("Reshape", {"x", "rows"}, "flat");
+  m.Node("MatMul", {"flat", "w1"}, "h");
+  m.Node("Relu", {"h"}, "a");
+  m.Node("MatMul", {"a", "w2"}, "y");
+  m.Output("y");
+  auto out = ExtractOnnx(m.Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
+dim a=16 c=32 f=64 o=32
+in X[a,c] W1[c,f] W2[f,o]
+H[a,f] = sum(c) X[a,c] * W1[c,f]
+A[a,f] = relu(H[a,f])
+Y[a,o] = sum(f) A[a,f] * W2[f,o]
+out Y
+)")) << ir::ChainToText(out->chains[0].chain);
+}
+
 TEST_F(OnnxImportTest, DamagedModelsNeverCrash) {
   Model m("one_input_matmul");
   m.Input("x", {4, 4});
@@ -640,13 +665,35 @@ TEST_F(OnnxImportTest, DamagedModelsNeverCrash) {
   auto bad = ExtractOnnx(m.Write(dir_->path()), {});
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'y_node' (MatMul) has 1 inputs, needs 2"));
+  // Nodes the patterns walk through, short of inputs: a Pow after a GEMM
+  // (read by the GELU matcher) and a Reshape of a domain without a schema
+  // (shape inference lets both through).
+  Model pow("short_pow");
+  pow.Input("x", {4, 4});
+  pow.Input("w", {4, 4});
+  pow.Node("MatMul", {"x", "w"}, "h");
+  pow.Node("Pow", {"h"}, "p");
+  pow.Output("p");
+  bad = ExtractOnnx(pow.Write(dir_->path()), {});
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'p_node' (Pow) has 1 inputs, needs 2"));
+  Model reshape("short_reshape");
+  reshape.Opset("custom", 1);
+  reshape.Input("q", {1, 2, 4, 8});
+  reshape.Node("Reshape", {}, "kt")->set_domain("custom");
+  reshape.Node("MatMul", {"q", "kt"}, "s");
+  reshape.Node("Softmax", {"s"}, "p");
+  reshape.Node("MatMul", {"p", "q"}, "o");
+  reshape.Output("o");
+  bad = ExtractOnnx(reshape.Write(dir_->path()), {});
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("'kt_node' (Reshape) has 0 inputs, needs 1"));
 
   uint64_t state = 12345;
   auto next = [&] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return state >> 33;
   };
-  for (const Model& model : {BertAttention(1), GeluMlp(), Convs(), Bottleneck(), GqaAttentionOp(), MhaOps()}) {
+  for (const Model& model : {BertAttention(1), GeluMlp(), Convs(), Bottleneck(), GqaAttentionOp(), MhaOps(),
+                             ContribOps(), CausalWhere(), RepeatKv()}) {
     const std::string whole = model.Write(dir_->path());
     std::ifstream in(whole, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
