@@ -106,6 +106,11 @@ class Graph {
     auto it = consumers_.find(t);
     return it == consumers_.end() ? std::vector<const onnx::NodeProto*>() : it->second;
   }
+  // The shape of `t` when every dim is known, else empty.
+  std::vector<int64_t> KnownShape(const std::string& t) const {
+    auto s = Shape(t);
+    return std::holds_alternative<std::vector<int64_t>>(s) ? std::get<std::vector<int64_t>>(s) : std::vector<int64_t>{};
+  }
   // The known shape of `t`, or why not.
   std::variant<std::vector<int64_t>, Reject> Shape(const std::string& t) const {
     auto it = shape_.find(t);
@@ -232,10 +237,6 @@ struct Permuted {
 std::optional<Permuted> PermutedFrom(const Graph& g, const std::string& value) {
   const onnx::NodeProto* n = g.Producer(value);
   if (n == nullptr) return std::nullopt;
-  auto known = [&](const std::string& t) {
-    auto s = g.Shape(t);
-    return std::holds_alternative<std::vector<int64_t>>(s) ? std::get<std::vector<int64_t>>(s) : std::vector<int64_t>{};
-  };
   auto valid = [](std::vector<int64_t> perm, size_t rank) {
     if (perm.size() != rank) return false;
     std::sort(perm.begin(), perm.end());
@@ -246,7 +247,7 @@ std::optional<Permuted> PermutedFrom(const Graph& g, const std::string& value) {
   };
   if (n->op_type() == "Transpose") {
     std::vector<int64_t> perm = AttrInts(*n, "perm");
-    const size_t rank = known(value).size();
+    const size_t rank = g.KnownShape(value).size();
     if (perm.empty()) {
       for (int64_t i = static_cast<int64_t>(rank) - 1; i >= 0; --i) perm.push_back(i);
     }
@@ -256,14 +257,14 @@ std::optional<Permuted> PermutedFrom(const Graph& g, const std::string& value) {
   if (n->op_type() == "Concat") {  // of one tensor and empty ones (GPT-2's empty KV cache): the identity
     std::string only;
     for (const std::string& in : n->input()) {
-      const std::vector<int64_t> sh = known(in);
+      const std::vector<int64_t> sh = g.KnownShape(in);
       if (sh.empty()) return std::nullopt;
       if (std::find(sh.begin(), sh.end(), 0) != sh.end()) continue;
       if (!only.empty()) return std::nullopt;
       only = in;
     }
-    const std::vector<int64_t> out = known(value);
-    if (only.empty() || known(only) != out) return std::nullopt;
+    const std::vector<int64_t> out = g.KnownShape(value);
+    if (only.empty() || g.KnownShape(only) != out) return std::nullopt;
     std::vector<int64_t> identity(out.size());
     for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int64_t>(i);
     return Permuted{only, identity, {n}};
@@ -273,7 +274,8 @@ std::optional<Permuted> PermutedFrom(const Graph& g, const std::string& value) {
   if (t == nullptr || t->op_type() != "Transpose") return std::nullopt;
   const onnx::NodeProto* merge = g.Producer(t->input(0));
   if (merge == nullptr || merge->op_type() != "Reshape") return std::nullopt;
-  const std::vector<int64_t> x = known(merge->input(0)), merged = known(merge->output(0)), out = known(value);
+  const std::vector<int64_t> x = g.KnownShape(merge->input(0)), merged = g.KnownShape(merge->output(0)),
+                             out = g.KnownShape(value);
   const std::vector<int64_t> p = AttrInts(*t, "perm");
   if (merged.size() < 2 || x.size() <= merged.size() || !valid(p, merged.size()) || p[0] != 0) return std::nullopt;
   const size_t lead = x.size() - merged.size() + 1;  // x's axes merged into merged's first
@@ -360,12 +362,8 @@ std::optional<Repeat> RepeatedKv(const Graph& g, const std::string& value) {
   if (expand == nullptr || expand->op_type() != "Expand") return std::nullopt;
   const onnx::NodeProto* unsqueeze = g.Producer(expand->input(0));
   if (unsqueeze == nullptr || unsqueeze->op_type() != "Unsqueeze") return std::nullopt;
-  auto known = [&](const std::string& t) {
-    auto s = g.Shape(t);
-    return std::holds_alternative<std::vector<int64_t>>(s) ? std::get<std::vector<int64_t>>(s) : std::vector<int64_t>{};
-  };
-  const std::vector<int64_t> x = known(unsqueeze->input(0)), one = known(unsqueeze->output(0)),
-                             wide = known(reshape->input(0)), out = known(value);
+  const std::vector<int64_t> x = g.KnownShape(unsqueeze->input(0)), one = g.KnownShape(unsqueeze->output(0)),
+                             wide = g.KnownShape(reshape->input(0)), out = g.KnownShape(value);
   if (x.size() != 4 || one != std::vector<int64_t>{x[0], x[1], 1, x[2], x[3]} || wide.size() != 5 ||
       wide != std::vector<int64_t>{x[0], x[1], wide[2], x[2], x[3]} ||
       out != std::vector<int64_t>{x[0], x[1] * wide[2], x[2], x[3]}) {
@@ -396,8 +394,9 @@ std::variant<Match, Reject> MatchAttention(
   // Additive terms: a mask, T5's position bias, and a boolean mask applied
   // by Where(cond, scores, fill) (older GPT-2 exports' causal mask): with a
   // fill of -1e4 or below it is the additive mask of 0 and fill, the same
-  // after the softmax in every row that keeps a key (exp underflows either
-  // way); a row that keeps none differs, and the source says so.
+  // after the softmax in every row that keeps a key, while the scores are
+  // far smaller than the fill's magnitude (exp underflows either way); a
+  // row that keeps none differs, and the source says so.
   struct Term {
     std::string value, name;
   };
@@ -920,13 +919,7 @@ std::optional<Activation> FindActivation(const Graph& g, const std::string& t) {
 const onnx::NodeProto* MergingRows(const Graph& g, const std::string& t) {
   const onnx::NodeProto* r = g.Producer(t);
   if (r == nullptr || r->op_type() != "Reshape") return nullptr;
-  auto in = g.Shape(r->input(0));
-  auto out = g.Shape(t);
-  if (!std::holds_alternative<std::vector<int64_t>>(in) || !std::holds_alternative<std::vector<int64_t>>(out)) {
-    return nullptr;
-  }
-  const auto& from = std::get<std::vector<int64_t>>(in);
-  const auto& to = std::get<std::vector<int64_t>>(out);
+  const std::vector<int64_t> from = g.KnownShape(r->input(0)), to = g.KnownShape(t);
   if (from.size() < 3 || to.size() != 2 || from.back() != to.back()) return nullptr;
   return r;
 }
@@ -936,14 +929,11 @@ const onnx::NodeProto* MergingRows(const Graph& g, const std::string& t) {
 const onnx::NodeProto* SplittingRows(const Graph& g, const std::string& t, const std::vector<int64_t>& rows) {
   const onnx::NodeProto* r = g.SoleConsumer(t);
   if (r == nullptr || r->op_type() != "Reshape" || r->input(0) != t) return nullptr;
-  auto in = g.Shape(t);
-  auto out = g.Shape(r->output(0));
-  if (!std::holds_alternative<std::vector<int64_t>>(in) || !std::holds_alternative<std::vector<int64_t>>(out)) {
-    return nullptr;
-  }
+  const std::vector<int64_t> in = g.KnownShape(t);
+  if (in.empty()) return nullptr;
   std::vector<int64_t> want = rows;
-  want.push_back(std::get<std::vector<int64_t>>(in).back());
-  return std::get<std::vector<int64_t>>(out) == want ? r : nullptr;
+  want.push_back(in.back());
+  return g.KnownShape(r->output(0)) == want ? r : nullptr;
 }
 
 // GEMM -> [bias] -> activation -> GEMM -> [bias] starting at `first`. A
@@ -967,8 +957,8 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   }
   std::vector<const onnx::NodeProto*> nodes;
   std::string why;
-  // B of `n` viewed as [k, col] (Gemm's transB read as the transpose), and
-  // its C input as a bias of `width` into `*bias`.
+  // B of `n` viewed as [k, col] (Gemm's transB read as the transpose);
+  // c_bias: its C input as a bias of `width` into `*bias`.
   auto weight = [&](const onnx::NodeProto& n, const std::string& k,
                     const std::string& col) -> std::variant<Operand, Reject> {
     std::vector<std::string> bn = {k, col};
@@ -1016,33 +1006,30 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   if (Failed(W1, &why)) return Reject{why};
   const Operand& w1 = std::get<Operand>(W1);
   const int64_t f = w1.shape[w1.axes[0] == "f" ? 0 : 1];
+  // Past a GEMM's output `t`: its bias Add (unless `*bias` is set) and the
+  // rows split back, in either order.
+  auto past_gemm = [&](std::string t, int64_t width, std::string* bias) {
+    for (int step = 0; step < 2; ++step) {
+      if (const onnx::NodeProto* a = bias->empty() ? BiasAdd(g, t, width, bias) : nullptr) {
+        nodes.push_back(a);
+        t = a->output(0);
+      }
+      if (const onnx::NodeProto* r = merge != nullptr ? SplittingRows(g, t, row_shape) : nullptr) {
+        nodes.push_back(r);
+        t = r->output(0);
+      }
+    }
+    return t;
+  };
   std::string bias1, bias2;
   if (auto r = c_bias(first, f, &bias1)) return *r;
-  // Past the first GEMM: its bias and the rows split back, in either order.
-  std::string cur = first.output(0);
-  for (int step = 0; step < 2; ++step) {
-    if (const onnx::NodeProto* a = bias1.empty() ? BiasAdd(g, cur, f, &bias1) : nullptr) {
-      nodes.push_back(a);
-      cur = a->output(0);
-    }
-    if (const onnx::NodeProto* r = merge != nullptr ? SplittingRows(g, cur, row_shape) : nullptr) {
-      nodes.push_back(r);
-      cur = r->output(0);
-    }
-  }
-  if (merge != nullptr) {
-    auto sh = g.Shape(cur);
-    if (!std::holds_alternative<std::vector<int64_t>>(sh) || std::get<std::vector<int64_t>>(sh).size() != x_shape.size()) {
-      return MatchGemmChain(g, first, index, false);
-    }
-  }
+  std::string cur = past_gemm(first.output(0), f, &bias1);
+  if (merge != nullptr && g.KnownShape(cur).size() != x_shape.size()) return MatchGemmChain(g, first, index, false);
   auto act = FindActivation(g, cur);
   if (!act) return Reject{"the activation does not follow the GEMM's bias"};
   if (!act->bias.empty()) {
     if (!bias1.empty()) return Reject{absl::StrCat(Label(*act->nodes[0]), " adds a second bias")};
-    auto shape = g.Shape(act->bias);
-    if (!std::holds_alternative<std::vector<int64_t>>(shape) ||
-        std::get<std::vector<int64_t>>(shape) != std::vector<int64_t>{f}) {
+    if (g.KnownShape(act->bias) != std::vector<int64_t>{f}) {
       return Reject{absl::StrCat(Label(*act->nodes[0]), "'s bias is not a vector of ", f)};
     }
     bias1 = act->bias;
@@ -1062,17 +1049,7 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   const Operand& w2 = std::get<Operand>(W2);
   const int64_t o = w2.shape[w2.axes[0] == "o" ? 0 : 1];
   if (auto r = c_bias(*second, o, &bias2)) return *r;
-  std::string out = second->output(0);
-  for (int step = 0; step < 2; ++step) {
-    if (const onnx::NodeProto* a = bias2.empty() ? BiasAdd(g, out, o, &bias2) : nullptr) {
-      nodes.push_back(a);
-      out = a->output(0);
-    }
-    if (const onnx::NodeProto* r = merge != nullptr ? SplittingRows(g, out, row_shape) : nullptr) {
-      nodes.push_back(r);
-      out = r->output(0);
-    }
-  }
+  const std::string out = past_gemm(second->output(0), o, &bias2);
   std::string note;
   if (const onnx::NodeProto* skip = g.SoleConsumer(out); bias2.empty() && skip != nullptr &&
       skip->op_type() == "SkipLayerNormalization" && skip->input_size() > 4 && !skip->input(4).empty()) {

@@ -169,9 +169,9 @@ Model CausalWhere() {
 Model RepeatKv() {
   Model m("repeat_kv");
   m.Opset("", 13);
-  m.Input("q", {1, 8, 24, 16}, onnx::TensorProto::FLOAT16);
-  m.Input("k", {1, 2, 24, 16}, onnx::TensorProto::FLOAT16);
-  m.Input("v", {1, 2, 24, 16}, onnx::TensorProto::FLOAT16);
+  m.Input("q", {1, 8, 24, 16});
+  m.Input("k", {1, 2, 24, 16});
+  m.Input("v", {1, 2, 24, 16});
   m.Input("causal", {24, 24}, onnx::TensorProto::BOOL);
   m.Int64s("axis2", {2});
   m.Int64s("wide", {1, 2, 4, 24, 16});
@@ -494,7 +494,7 @@ TEST_F(OnnxImportTest, RepeatedKvIsGroupedQueryAttention) {
   // Key for key the LLaMA-style description's self-attention.
   auto config = ParseTransformerConfig(R"({"model": "tiny-llama", "architecture": "decoder", "hidden": 128,
     "heads": 8, "kv_heads": 2, "ffn": 256, "layers": 1, "activation": "swiglu", "mask": "causal", "bias": false,
-    "seq": 24, "batch": 1, "dtype": "f16"})");
+    "seq": 24, "batch": 1, "dtype": "f32"})");
   ASSERT_TRUE(config.ok()) << config.status();
   auto described = ExpandTransformer(*config);
   ASSERT_TRUE(described.ok()) << described.status();
