@@ -67,4 +67,17 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, co
   return pred;
 }
 
+const CostModel& AnalyticalModel() {
+  class Analytical final : public CostModel {
+   public:
+    const char* name() const override { return "analytical"; }
+    Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target,
+                       const ir::Chain& chain) const override {
+      return model::Predict(nest, target, chain);
+    }
+  };
+  static const Analytical analytical;
+  return analytical;
+}
+
 }  // namespace fusor::model

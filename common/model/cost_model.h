@@ -28,4 +28,18 @@ struct Prediction {
 // regrouped nest carries its own).
 Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, const ir::Chain& chain);
 
+// What ranks a space: a nest's predicted time on a target. The search
+// strategy receives one (search/search_strategy.h), as TVM's SearchStrategy
+// receives its CostModel; the analytical model above is the first.
+class CostModel {
+ public:
+  virtual ~CostModel() = default;
+  virtual const char* name() const = 0;
+  virtual Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target,
+                             const ir::Chain& chain) const = 0;
+};
+
+// The analytical model (Predict above), named "analytical".
+const CostModel& AnalyticalModel();
+
 }  // namespace fusor::model

@@ -17,7 +17,9 @@ namespace {
 
 class McfuserSearch : public SearchStrategy {
  public:
-  explicit McfuserSearch(const McfuserSearchOptions& options) : options_(options), rng_(options.seed) {}
+  explicit McfuserSearch(const McfuserSearchOptions& options) : options_(options), rng_(options.seed) {
+    options_.space.model = options_.cost_model.get();
+  }
 
   absl::Status Initialize(const SearchTask& task) override {
     task_ = task;

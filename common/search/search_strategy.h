@@ -52,9 +52,10 @@ class SearchStrategy {
   virtual space::SpaceStats Stats() const = 0;
 };
 
-// MCFuser's exploration: the pruned space is ranked by the analytical
-// model. A space of at most `exhaustive_limit` schedules is proposed in
-// model order; a larger one by an evolutionary search around what was
+// MCFuser's exploration: the pruned space is ranked by the cost model
+// (the analytical one unless another is given). A space of at most
+// `exhaustive_limit` schedules is proposed in model order; a larger one
+// by an evolutionary search around what was
 // measured best (mutating tile sizes, loop placements and own-loop order,
 // crossing good parents), selecting by the model's prediction corrected by
 // measurements: each tiling expression's predictions are scaled by how far
@@ -62,7 +63,9 @@ class SearchStrategy {
 // model over-rated sink. Stops at the budget, when the space is exhausted,
 // or after `patience` rounds without a better measurement.
 struct McfuserSearchOptions {
-  space::SpaceOptions space;
+  // What ranks the space and selects children; null: the analytical model.
+  std::shared_ptr<const model::CostModel> cost_model;
+  space::SpaceOptions space;  // its `model` is set from cost_model
   int exhaustive_limit = 64;
   int patience = 4;
   int population = 64;

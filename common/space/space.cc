@@ -12,6 +12,10 @@
 namespace fusor::space {
 namespace {
 
+const model::CostModel& RankingModel(const SpaceOptions& options) {
+  return options.model != nullptr ? *options.model : model::AnalyticalModel();
+}
+
 bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
 const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_padding);
@@ -66,7 +70,8 @@ void AddMappingAlternatives(const std::vector<Variant>& variants, const hw::Targ
           auto nest = BuildLoopNest(chain, s, target, &v.context);
           if (!nest.ok() || *Pruned(*nest, options, budget, v.min_padding)) continue;
           nest->schedule.regroup = v.regroup;
-          added.push_back({nest->schedule, model::Predict(*nest, target, chain), DescribeMappings(chain, *nest)});
+          added.push_back(
+              {nest->schedule, RankingModel(options).Predict(*nest, target, chain), DescribeMappings(chain, *nest)});
         }
       }
     }
@@ -168,7 +173,8 @@ absl::StatusOr<RankedSchedule> EvaluateSchedule(const ir::Chain& chain, const hw
   const char* why =
       Pruned(nest, options, hw::ScratchBudget(target), MinimalPaddingRatio(NestChain(chain, nest), target));
   if (*why) return absl::FailedPreconditionError(absl::StrCat("pruned by the ", why, " rule"));
-  return RankedSchedule{nest.schedule, model::Predict(nest, target, chain), DescribeMappings(chain, nest)};
+  return RankedSchedule{nest.schedule, RankingModel(options).Predict(nest, target, chain),
+                        DescribeMappings(chain, nest)};
 }
 
 namespace {
@@ -253,7 +259,8 @@ void EnumerateVariant(const Variant& variant, const hw::TargetDesc& target, cons
           if (why.empty()) {
             counts.after_scratch += copies;
             nest->schedule.regroup = variant.regroup;
-            RankedSchedule r{nest->schedule, model::Predict(*nest, target, chain), DescribeMappings(chain, *nest)};
+            RankedSchedule r{nest->schedule, RankingModel(options).Predict(*nest, target, chain),
+                             DescribeMappings(chain, *nest)};
             for (int64_t c = 0; c < copies; ++c) space.ranked.push_back(r);
           }
         }

@@ -50,6 +50,9 @@ struct SpaceOptions {
   double intermediate_fraction = 0.5;
   double max_padding = 0.25;
   double scratch_margin = 1.1;
+  // What ranks the space; null: model::AnalyticalModel(). Must outlive
+  // the calls it is passed to.
+  const model::CostModel* model = nullptr;
 };
 
 struct SpaceStage {

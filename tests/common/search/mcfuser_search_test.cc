@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <set>
 #include <tuple>
 
@@ -186,6 +187,45 @@ TEST(McfuserSearchTest, TriesOtherLaunchesOfTheBestOnAGpu) {
   for (const std::string& text : Drive(*cpu, 4, [](const CandidateSpec& c) { return c.prediction.t_estm_s; })) {
     EXPECT_THAT(text, ::testing::Not(HasSubstr("cuda")));
   }
+}
+
+// The analytical model inverted: what it rates fastest is slowest here.
+class InvertedModel final : public model::CostModel {
+ public:
+  const char* name() const override { return "inverted"; }
+  model::Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target,
+                            const ir::Chain& chain) const override {
+    model::Prediction p = model::AnalyticalModel().Predict(nest, target, chain);
+    p.t_estm_s = 1 / p.t_estm_s;
+    ++calls;
+    return p;
+  }
+  mutable int calls = 0;
+};
+
+TEST(McfuserSearchTest, RanksWithTheCostModelItIsGiven) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto inverted = std::make_shared<InvertedModel>();
+  McfuserSearchOptions options;
+  options.cost_model = inverted;
+  auto given = MakeMcfuserSearch(options);
+  auto analytical = MakeMcfuserSearch();
+  ASSERT_TRUE(given->Initialize({&*chain, Cpu(), 8}).ok());
+  ASSERT_TRUE(analytical->Initialize({&*chain, Cpu(), 8}).ok());
+  EXPECT_GT(inverted->calls, 0);
+  const std::vector<CandidateSpec> a = analytical->NextBatch(1), g = given->NextBatch(1);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(g.size(), 1u);
+  // The given model's first pick is what it rates fastest, by its own
+  // prediction, and not the analytical model's pick.
+  EXPECT_NE(g[0].schedule_text, a[0].schedule_text);
+  EXPECT_LT(g[0].prediction.t_estm_s, 1 / a[0].prediction.t_estm_s);
+  space::SpaceOptions ranked_by;
+  ranked_by.model = inverted.get();
+  const auto space = space::BuildSpace(*chain, Cpu(), ranked_by);
+  ASSERT_TRUE(space.ok());
+  EXPECT_DOUBLE_EQ(g[0].prediction.t_estm_s, space->ranked.front().prediction.t_estm_s);
+  for (const space::RankedSchedule& r : space->ranked) EXPECT_GE(r.prediction.t_estm_s, g[0].prediction.t_estm_s);
 }
 
 }  // namespace
