@@ -24,7 +24,7 @@
 #include "common/space/space.h"
 #include "worker/cpu/cpu_target.h"
 #include "worker/job.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace {
 
@@ -188,8 +188,8 @@ int main(int argc, char** argv) {
   auto chain = fusor::ir::ParseChain(text.str());
   if (!chain.ok()) return std::cerr << chain.status() << "\n", 1;
   b.chain = *chain;
-  b.self = fusor::worker::CurrentExecutable("fusor-bench-search");
-  auto dir = fusor::worker::TempDir::Create("/tmp", "fusor-bench-");
+  b.self = fusor::CurrentExecutable("fusor-bench-search");
+  auto dir = fusor::TempDir::Create("/tmp", "fusor-bench-");
   auto target = fusor::worker::DescribeCpu("c++", dir->path());
   if (!target.ok()) return std::cerr << target.status() << "\n", 1;
   b.target = *target;

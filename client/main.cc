@@ -42,7 +42,7 @@
 #include "server/db/tuning_db.h"
 #include "worker/cpu/cpu_target.h"
 #include "worker/job.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace {
 
@@ -162,8 +162,9 @@ int Compile(Client& client, const GlobalOptions& g, const std::string& file, con
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return Fail(absl::PermissionDeniedError(absl::StrCat("cannot create ", out_dir, ": ", ec.message())));
   const std::string name = WorkloadName(file);
-  const std::string src = out_dir + "/" + name + ".cc";
+  const std::string src = out_dir + "/" + name + (resp->language() == "cuda" ? ".cu" : ".cc");
   const std::string meta = out_dir + "/" + name + ".json";
+  const std::string binary = out_dir + "/" + name + "." + resp->binary_format();
   nlohmann::json j = nlohmann::json::parse(resp->metadata_json());
   j["workload_key"] = resp->result().workload_key();
   j["target_fingerprint"] = resp->result().target().fingerprint();
@@ -174,8 +175,11 @@ int Compile(Client& client, const GlobalOptions& g, const std::string& file, con
   j["from_cache"] = resp->result().from_cache();
   std::ofstream(src) << resp->kernel_source();
   std::ofstream(meta) << j.dump(2) << "\n";
+  if (!resp->binary().empty()) std::ofstream(binary, std::ios::binary) << resp->binary();
   std::cout << fusor::client::FormatResult(name, resp->result());
-  std::cout << "wrote      " << src << "\n           " << meta << std::endl;
+  std::cout << "wrote      " << src << "\n           " << meta;
+  if (!resp->binary().empty()) std::cout << "\n           " << binary;
+  std::cout << std::endl;
   return 0;
 }
 
@@ -206,7 +210,7 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
   if (auto device = fusor::hw::LookupDevice(g.target_fp)) return *device;
   if (g.target_fp.empty() || g.target_fp == "local") {
     const std::string scratch = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
-    auto dir = fusor::worker::TempDir::Create(scratch, "fusor-explain-");
+    auto dir = fusor::TempDir::Create(scratch, "fusor-explain-");
     if (!dir.ok()) return dir.status();
     auto target = fusor::worker::DescribeCpu("c++", dir->path());
     if (!target.ok()) return target.status();
@@ -215,7 +219,7 @@ absl::StatusOr<fusor::hw::TargetDesc> ExplainTarget(const GlobalOptions& g) {
     spec.target = *target;
     spec.timing.time_budget_s = std::min(g.calibration_s, 0.1);
     fusor::worker::JobOutcome out =
-        fusor::worker::RunJobIsolated(spec, fusor::worker::CurrentExecutable("fusor"), scratch);
+        fusor::worker::RunJobIsolated(spec, fusor::CurrentExecutable("fusor"), scratch);
     if (out.status == fusor::worker::OutcomeStatus::kOk) {
       target->bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
       target->peak_flops = out.peak_flops;
@@ -836,7 +840,7 @@ int main(int argc, char** argv) {
       worker.emplace();
       worker->name = "embedded";
       worker->backend = g.backend;
-      worker->self_exe = fusor::worker::CurrentExecutable("fusor");
+      worker->self_exe = fusor::CurrentExecutable("fusor");
       worker->scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
       worker->calibration_s = g.calibration_s;
       worker->blas_dir = FUSOR_OPENBLAS_DIR;

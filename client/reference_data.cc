@@ -10,7 +10,7 @@
 #include "common/ir/regroup.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
-#include "worker/cpu/measure.h"
+#include "worker/validate.h"
 
 namespace fusor::client {
 

@@ -13,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/codegen/cpu/cpu_codegen.h"
 #include "common/ir/parse.h"
 #include "common/mapping/mapping.h"
 #include "common/space/loop_nest.h"
@@ -24,6 +23,7 @@
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
+#include "worker/backend.h"
 
 namespace fusor::server {
 
@@ -182,6 +182,9 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
                                                    const v1::TargetSelector& selector) {
   ASSIGN_OR_RETURN(ir::Chain chain, wire::ChainFromWorkload(workload));
 
+  // A fingerprint names one target, whatever its backend; without one the
+  // backend defaults to the CPU.
+  const bool any_backend = selector.backend() == v1::BACKEND_UNSPECIFIED && !selector.fingerprint().empty();
   const std::string backend =
       selector.backend() == v1::BACKEND_UNSPECIFIED ? "cpu" : wire::BackendName(selector.backend());
   ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, db_->ListTargets());
@@ -190,7 +193,7 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
   const db::TargetRow* chosen = nullptr;
   for (bool want_alive : {true, false}) {
     for (const db::TargetRow& t : targets) {
-      if (t.backend != backend) continue;
+      if (!any_backend && t.backend != backend) continue;
       if (!selector.fingerprint().empty() && t.fingerprint != selector.fingerprint()) continue;
       if (want_alive && !alive.count(t.fingerprint)) continue;
       if (!selector.arch().empty()) {
@@ -208,6 +211,7 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
   if (chosen == nullptr) {
     std::string what = selector.fingerprint().empty() ? absl::StrCat("a ", backend, " target")
                                                       : absl::StrCat("target ", selector.fingerprint());
+    if (!selector.fingerprint().empty() && !any_backend) absl::StrAppend(&what, " for backend ", backend);
     if (!selector.arch().empty()) absl::StrAppend(&what, " with arch ", selector.arch());
     return absl::FailedPreconditionError(
         absl::StrCat("no worker has registered ", what, "; start fusor-worker pointed at this scheduler"));
@@ -386,14 +390,17 @@ absl::StatusOr<v1::CompileResponse> Scheduler::BuildCompileResponse(const Prepar
   const std::string& text = result.best().schedule().text();
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
   ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(request.chain, schedule, request.target));
-  ASSIGN_OR_RETURN(codegen::KernelSource kernel,
-                   codegen::EmitCpuFusedKernel(request.chain, nest, text, result.best().mapping().text()));
+  ASSIGN_OR_RETURN(worker::KernelAnswer kernel,
+                   worker::BackendFor(request.target.backend)
+                       .Answer(request.chain, nest, text, result.best().mapping().text(), request.target));
   v1::CompileResponse resp;
   *resp.mutable_result() = result;
-  resp.set_language("c++");
+  resp.set_language(kernel.language);
   resp.set_kernel_source(kernel.source);
   resp.set_entry_point(kernel.entry_point);
   resp.set_metadata_json(kernel.metadata_json);
+  resp.set_binary(kernel.binary);
+  resp.set_binary_format(kernel.binary_format);
   return resp;
 }
 
@@ -473,6 +480,8 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->row.budget = budget;
   task->row.batch_size = options_.batch_size;
   task->row.created_ms = NowMs();
+  task->row.bandwidth_bytes_per_s = request.target.bandwidth_bytes_per_s;
+  task->row.peak_flops = request.target.peak_flops;
   task->chain = request.canonical.chain;
   task->target = request.target;
   task->strategy = search::MakeMcfuserSearch();
@@ -1032,6 +1041,11 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   ASSIGN_OR_RETURN(task->chain, ir::ParseChainJson(w.chain_json));
   ASSIGN_OR_RETURN(v1::Target target, TargetProto(row.target_fp));
   task->target = wire::TargetFromProto(target);
+  // The W and P the task started with, not the target's latest calibration.
+  if (row.bandwidth_bytes_per_s > 0 && row.peak_flops > 0) {
+    task->target.bandwidth_bytes_per_s = row.bandwidth_bytes_per_s;
+    task->target.peak_flops = row.peak_flops;
+  }
   task->strategy = search::MakeMcfuserSearch();
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));

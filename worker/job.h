@@ -18,7 +18,7 @@
 
 #include "common/hw/target.h"
 #include "common/util/timing.h"
-#include "worker/cpu/measure.h"
+#include "worker/validate.h"
 
 namespace fusor::worker {
 

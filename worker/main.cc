@@ -12,7 +12,7 @@
 #include "common/util/log.h"
 #include "proto/wire/cli_flags.h"
 #include "worker/job.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 #include "worker/worker.h"
 
 namespace {
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   fusor::worker::WorkerOptions options;
   options.name = std::string(host) + ":" + std::to_string(getpid());
   options.scratch_dir = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
-  options.self_exe = fusor::worker::CurrentExecutable("fusor-worker");
+  options.self_exe = fusor::CurrentExecutable("fusor-worker");
   app.add_option("--scheduler", scheduler, "scheduler address (host:port)")->capture_default_str();
   app.add_option("--name", options.name, "name shown by `fusor workers`")->capture_default_str();
   options.backend = "auto";

@@ -9,9 +9,8 @@
 #include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
-#include "worker/cpu/cpu_target.h"
-#include "worker/cuda/gpu_job.h"
-#include "worker/process.h"
+#include "worker/backend.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 namespace {
@@ -49,35 +48,29 @@ void Worker::Stop() {
 }
 
 absl::Status Worker::Prepare() {
+  MachineOptions machine;
+  machine.compiler = options_.compiler;
+  machine.scratch_dir = options_.scratch_dir;
+  machine.device = options_.gpu;
+  const Backend* backend = nullptr;
   if (options_.backend != "cpu") {
-    auto gpu = DescribeGpuTarget(options_.gpu);
+    auto gpu = CudaBackend().Describe(machine);
     if (gpu.ok()) {
+      backend = &CudaBackend();
       target_ = *gpu;
-      if (options_.compile_ahead < 0) options_.compile_ahead = 2;
-      RETURN_IF_ERROR(Calibrate());
-      Log()->info("CUDA backend: {} ({}, {} SMs, L2 {} MiB, {} KiB shared memory per block); W = {:.1f} GB/s, "
-                  "P = {:.1f} TFLOP/s; compiler: {}; compiling {} job(s) ahead of the measurement",
-                  target_.device_name, target_.arch, target_.compute_units, target_.l2_bytes >> 20,
-                  target_.shared_mem_per_block >> 10, target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e12,
-                  target_.compiler, options_.compile_ahead);
-      return absl::OkStatus();
+    } else if (options_.backend == "cuda") {
+      return gpu.status();
+    } else {
+      Log()->info("no usable GPU ({}); serving the CPU backend", std::string(gpu.status().message()));
     }
-    if (options_.backend == "cuda") return gpu.status();
-    Log()->info("no usable GPU ({}); serving the CPU backend", std::string(gpu.status().message()));
   }
-  auto dir = TempDir::Create(options_.scratch_dir, "fusor-probe-");
-  if (!dir.ok()) return dir.status();
-  auto target = DescribeCpu(options_.compiler, dir->path());
-  if (!target.ok()) return target.status();
-  target_ = *target;
-  if (options_.compile_ahead < 0) options_.compile_ahead = 0;
+  if (backend == nullptr) {
+    backend = &CpuBackend();
+    ASSIGN_OR_RETURN(target_, backend->Describe(machine));
+  }
+  if (options_.compile_ahead < 0) options_.compile_ahead = backend->DefaultCompileAhead();
   RETURN_IF_ERROR(Calibrate());
-  Log()->info("CPU backend: {} ({}, {} cores, {}-lane f32 SIMD, L1d {} KiB, L2 {} KiB, L3 {} KiB); W = {:.1f} GB/s, "
-              "P = {:.1f} GFLOP/s; compiler: {}; compiling {} job(s) ahead of the measurement",
-              target_.device_name, target_.arch, target_.compute_units, target_.vector_lanes_f32,
-              target_.l1d_bytes / 1024, target_.l2_bytes / 1024, target_.l3_bytes / 1024,
-              target_.bandwidth_bytes_per_s / 1e9, target_.peak_flops / 1e9, target_.compiler,
-              options_.compile_ahead);
+  Log()->info("{}; compiling {} job(s) ahead of the measurement", backend->Summary(target_), options_.compile_ahead);
   return absl::OkStatus();
 }
 

@@ -23,7 +23,7 @@
 #include "fusor/v1/worker.grpc.pb.h"
 #include "proto/wire/retry.h"
 #include "worker/job.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 

@@ -1,8 +1,10 @@
-#include "worker/process.h"
+#include "common/util/process.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +18,7 @@
 
 extern char** environ;
 
-namespace fusor::worker {
+namespace fusor {
 
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          const std::string& log_path, double timeout_s) {
@@ -82,6 +84,68 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
   return result;
 }
 
+absl::StatusOr<ForkedResult> RunForked(const std::function<int(std::string* output)>& body, double timeout_s) {
+  const int out_fd = memfd_create("fusor-forked-output", MFD_CLOEXEC);
+  if (out_fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", strerror(errno)));
+  // The child holds the pipe's write end until it exits: the parent waits
+  // for its hang-up with a deadline instead of polling waitpid.
+  int done_pipe[2];
+  if (pipe2(done_pipe, O_CLOEXEC) != 0) {
+    close(out_fd);
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(out_fd);
+    close(done_pipe[0]);
+    close(done_pipe[1]);
+    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
+    std::string output;
+    const int code = body(&output);
+    for (size_t done = 0; done < output.size();) {
+      const ssize_t n = write(out_fd, output.data() + done, output.size() - done);
+      if (n <= 0) _exit(125);
+      done += static_cast<size_t>(n);
+    }
+    _exit(code);
+  }
+  close(done_pipe[1]);
+  // A child forked meanwhile by another thread may also hold the write end,
+  // so waitpid is asked too, at least every 100 ms.
+  const auto deadline = start + std::chrono::duration<double>(timeout_s);
+  ForkedResult result;
+  int status = 0;
+  pid_t ended = 0;
+  while ((ended = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    pollfd hangup{done_pipe[0], POLLIN, 0};
+    if (poll(&hangup, 1, 100) > 0) {
+      ended = waitpid(pid, &status, 0);
+      break;
+    }
+  }
+  close(done_pipe[0]);
+  if (ended == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    result.process.timed_out = true;
+  } else if (WIFSIGNALED(status)) {
+    result.process.signaled = true;
+    result.process.signal = WTERMSIG(status);
+  } else if (WIFEXITED(status)) {
+    result.process.exit_code = WEXITSTATUS(status);
+  }
+  result.process.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  lseek(out_fd, 0, SEEK_SET);
+  char buf[1 << 16];
+  for (ssize_t n; (n = read(out_fd, buf, sizeof(buf))) > 0;) result.output.append(buf, static_cast<size_t>(n));
+  close(out_fd);
+  return result;
+}
+
 std::string CurrentExecutable(const std::string& fallback) {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -100,7 +164,13 @@ std::string ReadTail(const std::string& path, size_t max_bytes) {
 }
 
 absl::StatusOr<TempDir> TempDir::Create(const std::string& base_dir, const std::string& prefix) {
-  std::string pattern = absl::StrCat(base_dir.empty() ? "/tmp" : base_dir, "/", prefix, "XXXXXX");
+  std::string base = base_dir;
+  if (base.empty()) {
+    std::error_code ec;
+    base = std::filesystem::temp_directory_path(ec).string();
+    if (ec || base.empty()) base = "/tmp";
+  }
+  std::string pattern = absl::StrCat(base, "/", prefix, "XXXXXX");
   if (mkdtemp(pattern.data()) == nullptr) {
     return absl::InternalError(absl::StrCat("cannot create a temporary directory: ", strerror(errno)));
   }
@@ -115,4 +185,4 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-}  // namespace fusor::worker
+}  // namespace fusor

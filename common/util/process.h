@@ -1,13 +1,15 @@
 // Child processes with a time limit: the isolation unit for compiling and
-// running candidates. A child that crashes or hangs ends alone.
+// running candidates, and for third-party code that may crash on bad input
+// (ONNX's shape inference). A child that crashes or hangs ends alone.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 
-namespace fusor::worker {
+namespace fusor {
 
 struct ProcessResult {
   int exit_code = -1;    // valid when !signaled && !timed_out
@@ -24,13 +26,26 @@ struct ProcessResult {
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          const std::string& log_path, double timeout_s);
 
+// Runs `body` in a forked child of this process (no exec), killed after
+// `timeout_s`. The child's exit code is what `body` returns; what it puts
+// in its argument comes back as `output` (through an anonymous memory
+// file, whatever its size). In the child the crash signals are reset to
+// their defaults, so a crash ends it by the signal even under a
+// sanitizer's or fuzzer's handlers. Fails only if the child could not be
+// started.
+struct ForkedResult {
+  ProcessResult process;
+  std::string output;
+};
+absl::StatusOr<ForkedResult> RunForked(const std::function<int(std::string* output)>& body, double timeout_s);
+
 // The path of the running executable (from /proc/self/exe), or `fallback`.
 std::string CurrentExecutable(const std::string& fallback);
 
 // The last `max_bytes` of a file, for error messages; empty if unreadable.
 std::string ReadTail(const std::string& path, size_t max_bytes);
 
-// A fresh directory under `base_dir`, removed with its contents on
+// A fresh directory under `base_dir` (empty: $TMPDIR, else /tmp), removed with its contents on
 // destruction.
 class TempDir {
  public:
@@ -46,4 +61,4 @@ class TempDir {
   std::string path_;
 };
 
-}  // namespace fusor::worker
+}  // namespace fusor

@@ -13,6 +13,7 @@
 // Half the median separates the two with room on both sides.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -55,5 +56,19 @@ absl::StatusOr<TrustedTiming> MeasureTrusted(const std::function<absl::StatusOr<
 absl::StatusOr<std::vector<TrustedTiming>> MeasureTrustedTogether(
     const std::function<absl::StatusOr<std::vector<std::vector<double>>>()>& take_sets,
     const std::vector<std::vector<int>>& groups = {}, int max_sets = kSampleSets, double max_spread = kMaxSpread);
+
+// How a worker times a kernel (the protocol above, with these bounds).
+struct TimingOptions {
+  int warmup = 2;
+  int min_repeats = 5;
+  int max_repeats = 200;
+  double time_budget_s = 0.5;
+  int num_threads = 1;
+  uint64_t seed = 1;
+  // Input sets are rotated until together they exceed this many bytes (the
+  // last-level cache), so repeats do not read inputs the last one cached.
+  int64_t rotate_bytes = 0;
+  double max_spread = kMaxSpread;  // the timing protocol's bound
+};
 
 }  // namespace fusor

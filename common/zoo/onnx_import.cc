@@ -3,14 +3,8 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -24,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "common/ir/parse.h"
 #include "common/util/files.h"
+#include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "common/zoo/onnx_contrib.h"
 #include "common/zoo/onnx_fold.h"
@@ -1271,77 +1266,28 @@ absl::Status InferShapesIsolated(onnx::ModelProto& model) {
   // in every child.
   static const bool schemas_registered = onnx::OpSchemaRegistry::Schema("Add", 1) != nullptr;
   (void)schemas_registered;
-  char name[] = "/tmp/fusor-onnx-shapes-XXXXXX";
-  const int fd = mkstemp(name);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create a temporary file: ", strerror(errno)));
-  unlink(name);
-  // The child holds the pipe's write end until it exits: the parent waits
-  // for its hang-up with a deadline instead of polling waitpid.
-  int done_pipe[2];
-  if (pipe2(done_pipe, O_CLOEXEC) != 0) {
-    close(fd);
-    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-  }
-  const pid_t pid = fork();
-  if (pid < 0) {
-    close(fd);
-    close(done_pipe[0]);
-    close(done_pipe[1]);
-    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  }
-  if (pid == 0) {
-    // A crash here is the answer, not an event for the parent's handlers
-    // (a sanitizer's or a fuzzer's, inherited): die of the signal.
-    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
-    int code = 0;
-    std::string bytes;
-    try {
-      onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(),
-                                         onnx::ShapeInferenceOptions(false, 0, /*data_prop=*/true));
-      if (!model.SerializeToString(&bytes)) code = 3;
-    } catch (const std::exception& e) {
-      bytes = e.what();
-      code = 2;
-    }
-    for (size_t done = 0; done < bytes.size();) {
-      const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
-      if (n <= 0) _exit(4);
-      done += static_cast<size_t>(n);
-    }
-    _exit(code);
-  }
-  close(done_pipe[1]);
-  // A child forked meanwhile by another thread may also hold the write end,
-  // so waitpid is asked too, at least every 100 ms.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  int status = 0;
-  pid_t ended = 0;
-  while ((ended = waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
-    pollfd hangup{done_pipe[0], POLLIN, 0};
-    if (poll(&hangup, 1, 100) > 0) {
-      ended = waitpid(pid, &status, 0);
-      break;
-    }
-  }
-  close(done_pipe[0]);
-  if (ended == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, &status, 0);
-    close(fd);
-    return absl::DeadlineExceededError("ONNX shape inference did not finish in 120 s");
-  }
-  std::string bytes;
-  lseek(fd, 0, SEEK_SET);
-  char buf[1 << 16];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) bytes.append(buf, static_cast<size_t>(n));
-  close(fd);
-  if (WIFSIGNALED(status)) {
-    return absl::InvalidArgumentError(absl::StrCat("ONNX shape inference crashed (signal ", WTERMSIG(status),
+  constexpr int kFailed = 2, kUnserializable = 3;
+  ASSIGN_OR_RETURN(ForkedResult run, RunForked(
+                                         [&](std::string* bytes) {
+                                           try {
+                                             onnx::shape_inference::InferShapes(
+                                                 model, onnx::OpSchemaRegistry::Instance(),
+                                                 onnx::ShapeInferenceOptions(false, 0, /*data_prop=*/true));
+                                             return model.SerializeToString(bytes) ? 0 : kUnserializable;
+                                           } catch (const std::exception& e) {
+                                             *bytes = e.what();
+                                             return kFailed;
+                                           }
+                                         },
+                                         120));
+  if (run.process.timed_out) return absl::DeadlineExceededError("ONNX shape inference did not finish in 120 s");
+  if (run.process.signaled) {
+    return absl::InvalidArgumentError(absl::StrCat("ONNX shape inference crashed (signal ", run.process.signal,
                                                    "): the model is malformed"));
   }
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (code == 2) return absl::InvalidArgumentError(absl::StrCat("shape inference failed: ", bytes));
-  if (code != 0 || !model.ParseFromString(bytes)) {
+  const int code = run.process.exit_code;
+  if (code == kFailed) return absl::InvalidArgumentError(absl::StrCat("shape inference failed: ", run.output));
+  if (code != 0 || !model.ParseFromString(run.output)) {
     return absl::InternalError(absl::StrCat("shape inference ended with code ", code));
   }
   return absl::OkStatus();

@@ -189,6 +189,13 @@ const std::vector<Migration>& SchemaMigrations() {
       // (its workers register without a secret and cannot be bound).
       {7, 1, "workers.secret_hash: the hashed per-registration secret that binds a worker's leases and reports to it",
        [](Database& db) { return db.Exec("ALTER TABLE workers ADD COLUMN secret_hash TEXT NOT NULL DEFAULT '';"); }},
+      // Columns with defaults: older fusor goes on reading and writing (its
+      // tasks rank with the target's current W and P).
+      {8, 1, "tasks.bandwidth_bytes_per_s, tasks.peak_flops: W and P frozen when a task starts",
+       [](Database& db) {
+         return db.Exec("ALTER TABLE tasks ADD COLUMN bandwidth_bytes_per_s REAL NOT NULL DEFAULT 0;"
+                        "ALTER TABLE tasks ADD COLUMN peak_flops REAL NOT NULL DEFAULT 0;");
+       }},
   };
   return *migrations;
 }

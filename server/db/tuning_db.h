@@ -60,6 +60,11 @@ struct TaskRow {
   int64_t created_ms = 0;
   std::optional<int64_t> finished_ms;
   std::string client;  // who started it (server/auth Caller id); quotas and fair sharing count by it
+  // The target's W and P when the task started: the model ranks with these
+  // for the task's whole life, so a resumed task replays the same ranking
+  // after its target was calibrated again. 0 in tasks of older fusor.
+  double bandwidth_bytes_per_s = 0;
+  double peak_flops = 0;
 };
 
 struct CandidateRow {

@@ -9,7 +9,7 @@
 
 #include "common/util/files.h"
 #include "common/codegen/cuda/program.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor {
 namespace {
@@ -17,14 +17,14 @@ namespace {
 std::string Read(const std::string& path) { return ReadFile(path).value_or(""); }
 
 TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
-  auto dir = worker::TempDir::Create("/tmp", "fusor-gpu-check-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-gpu-check-test-");
   ASSERT_TRUE(dir.ok());
   const std::string src = FUSOR_SOURCE_DIR, prep = dir->path() + "/prep", log = dir->path() + "/log";
-  auto run = worker::RunProcess({std::string(FUSOR_BINARY_DIR) + "/bench/fusor-bench-gpu-prep", prep, "h200", "2",
+  auto run = RunProcess({std::string(FUSOR_BINARY_DIR) + "/bench/fusor-bench-gpu-prep", prep, "h200", "2",
                                  src + "/examples/conv1x1_chain.fusor"},
                                 log, 300);
   ASSERT_TRUE(run.ok());
-  ASSERT_EQ(run->exit_code, 0) << worker::ReadTail(log, 4000);
+  ASSERT_EQ(run->exit_code, 0) << ReadTail(log, 4000);
   const std::string chain = prep + "/conv1x1_relu_conv1x1";
   EXPECT_NE(Read(chain + "/manifest.txt").find("dtype f32"), std::string::npos);
   // 1 x 64 x 28 x 28 f32 outputs.
@@ -37,14 +37,14 @@ TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
 
   if (std::filesystem::exists("/usr/local/cuda/include/cuda.h")) {
     const std::string runner = dir->path() + "/fusor-gpu-check";
-    run = worker::RunProcess({"c++", "-O1", "-std=c++17", "-I" + src, "-I/usr/local/cuda/include",
+    run = RunProcess({"c++", "-O1", "-std=c++17", "-I" + src, "-I/usr/local/cuda/include",
                               src + "/bench/gpu/runner.cc", src + "/worker/cuda/gpu_runtime.cc",
                               src + "/common/codegen/cuda/nvrtc.cc", src + "/common/codegen/cuda/program.cc", "-ldl",
                               "-o", runner},
                              log, 300);
     ASSERT_TRUE(run.ok());
-    ASSERT_EQ(run->exit_code, 0) << worker::ReadTail(log, 4000);
-    run = worker::RunProcess({runner, prep, src + "/common/codegen/cuda/device/fusor_device.h", "0.05"}, log, 600);
+    ASSERT_EQ(run->exit_code, 0) << ReadTail(log, 4000);
+    run = RunProcess({runner, prep, src + "/common/codegen/cuda/device/fusor_device.h", "0.05"}, log, 600);
     ASSERT_TRUE(run.ok());
     if (run->exit_code == 3) {
       EXPECT_NE(Read(log).find("no GPU"), std::string::npos) << Read(log);
@@ -59,7 +59,7 @@ TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
                       << "RESULT chain=c fused_us=10.000 baseline_us=25.000 flops=1e9 min_bytes=2e7 copy_Bps=4e12 "
                          "mma_flops=6e14 best=candidate_0\n"
                       << "TORCH chain=c matmul_us=30.000 sdpa_us=-1.000 torch=2.5\n";
-  run = worker::RunProcess({"python3", src + "/bench/gpu/table.py", fake}, log, 60);
+  run = RunProcess({"python3", src + "/bench/gpu/table.py", fake}, log, 60);
   ASSERT_TRUE(run.ok());
   ASSERT_EQ(run->exit_code, 0) << Read(log);
   // 2e7 bytes in 10 us is 2 TB/s, half the copy bandwidth; 1e9 FLOP is 100 TFLOP/s.

@@ -10,7 +10,7 @@
 #include "common/util/files.h"
 #include "common/codegen/cuda/nvrtc.h"
 #include "common/ir/parse.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::client {
 namespace {
@@ -32,7 +32,7 @@ TEST(ModelOnlyTest, WritesTheTopCandidateUnmeasured) {
     SCOPED_TRACE(example);
     auto chain = ir::ParseChainText(Read(std::string(FUSOR_SOURCE_DIR) + "/examples/" + example + ".fusor"));
     ASSERT_TRUE(chain.ok()) << chain.status();
-    auto dir = worker::TempDir::Create("/tmp", "fusor-model-only-test-");
+    auto dir = TempDir::Create("/tmp", "fusor-model-only-test-");
     ASSERT_TRUE(dir.ok());
     auto out = CompileModelOnly(*chain, *GpuTarget("h100"), example, dir->path());
     if (!have_nvrtc) {
@@ -63,7 +63,7 @@ TEST(ModelOnlyTest, CpuTargetsWriteCppSource) {
   cpu.compute_units = 4;
   cpu.vector_lanes_f32 = 8;
   cpu.isa_features = {"avx2", "fma"};
-  auto dir = worker::TempDir::Create("/tmp", "fusor-model-only-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-model-only-test-");
   ASSERT_TRUE(dir.ok());
   auto out = CompileModelOnly(*chain, cpu, "gemm_chain", dir->path());
   ASSERT_TRUE(out.ok()) << out.status();

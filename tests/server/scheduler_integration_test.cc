@@ -23,7 +23,7 @@
 #include "proto/wire/grpc_status.h"
 #include "server/metrics.h"
 #include "server/service.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 #include "worker/worker.h"
 
 namespace fusor {
@@ -85,7 +85,7 @@ class IntegrationTest : public ::testing::Test {
     worker::WorkerOptions w;
     w.compile_ahead = compile_ahead;
     w.name = "in-process";
-    w.self_exe = worker::CurrentExecutable("");
+    w.self_exe = CurrentExecutable("");
     w.calibration_s = 0.05;
     w.blas_dir = FUSOR_OPENBLAS_DIR;
     w.lease_wait = absl::Milliseconds(200);

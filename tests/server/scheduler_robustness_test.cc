@@ -7,7 +7,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
 
+#include <nlohmann/json.hpp>
+
+#include "common/codegen/cuda/nvrtc.h"
+#include "common/hw/devices.h"
 #include "proto/wire/convert.h"
 #include "server/scheduler.h"
 #include "tests/test_chains.h"
@@ -40,11 +47,15 @@ class SchedulerRobustnessTest : public ::testing::Test {
     scheduler_ = std::move(*s);
   }
 
-  v1::RegisterResponse RegisterWorker(const std::string& name) {
+  static hw::TargetDesc CpuTarget() {
     hw::TargetDesc t;
     t.compute_units = 2;
     t.isa_features = {"avx2", "fma"};
     t.vector_lanes_f32 = 8;
+    return t;
+  }
+
+  v1::RegisterResponse RegisterWorker(const std::string& name, const hw::TargetDesc& t = CpuTarget()) {
     v1::RegisterRequest reg;
     reg.set_name(name);
     *reg.mutable_target() = wire::TargetToProto(t);
@@ -53,13 +64,13 @@ class SchedulerRobustnessTest : public ::testing::Test {
     return r.value_or(v1::RegisterResponse());
   }
 
-  std::string StartTask(bool force = false) {
+  std::string StartTask(bool force = false, const v1::TargetSelector& target = {}, int budget = 4) {
     v1::Workload w;
     w.set_text(testing::kGemmChain);
-    auto req = scheduler_->Prepare(w, {});
+    auto req = scheduler_->Prepare(w, target);
     EXPECT_TRUE(req.ok()) << req.status();
     v1::TuneOptions options;
-    options.set_budget(4);
+    options.set_budget(budget);
     options.set_force(force);
     auto start = scheduler_->StartTune(*req, options, {"test", "test"});
     EXPECT_TRUE(start.ok()) << start.status();
@@ -104,6 +115,43 @@ class SchedulerRobustnessTest : public ::testing::Test {
   }
 
   int64_t Measurements() { return scheduler_->db().CountMeasurements().value_or(-1); }
+
+  // A fresh database and scheduler.
+  void Reset() {
+    scheduler_.reset();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    Open();
+  }
+
+  // The schedules a task of budget 12 proposes, in the order proposed
+  // (of the candidates' ids), each measured as a time that depends on its
+  // schedule. With `recalibrated`, after the first batch the worker
+  // registers again with those W and P, as a worker restarted and
+  // calibrated anew would, and the scheduler restarts.
+  std::vector<std::string> Proposed(const hw::TargetDesc& target, const hw::TargetDesc* recalibrated) {
+    v1::RegisterResponse w = RegisterWorker("w", target);
+    const std::string task = StartTask(false, {}, 12);
+    std::map<int64_t, std::string> proposed;
+    for (int round = 0; round < 20; ++round) {
+      for (const v1::Job& job : Lease(w)) {
+        const std::string& schedule = job.candidate().schedule().text();
+        if (job.kind() == v1::JOB_KIND_CANDIDATE) proposed[job.candidate().id()] = schedule;
+        const double median_s = 1e-3 * (1 + static_cast<double>(std::hash<std::string>()(schedule) % 97) / 97);
+        EXPECT_TRUE(scheduler_->Report(Report(w.worker_id(), w.worker_secret(), job, median_s)).ok());
+      }
+      if (round == 0 && recalibrated != nullptr) {
+        RegisterWorker("w", *recalibrated);
+        Open();
+        w = RegisterWorker("w", *recalibrated);
+      }
+      auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
+      if (snap.ok() && snap->state != "running") break;
+    }
+    std::vector<std::string> in_order;
+    for (const auto& [id, schedule] : proposed) in_order.push_back(schedule);
+    return in_order;
+  }
 
   std::filesystem::path dir_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -192,6 +240,19 @@ TEST_F(SchedulerRobustnessTest, WorkersKeepWorkingAcrossASchedulerRestart) {
   Lease(again);
 }
 
+TEST_F(SchedulerRobustnessTest, AResumedTaskRanksWithTheWAndPItStartedWith) {
+  hw::TargetDesc t = CpuTarget();
+  t.bandwidth_bytes_per_s = 20e9;
+  t.peak_flops = 100e9;
+  hw::TargetDesc other = t;  // compute now looks 100x cheaper against memory
+  other.peak_flops = 10e12;
+  other.bandwidth_bytes_per_s = 2e9;
+  const std::vector<std::string> straight = Proposed(t, nullptr);
+  ASSERT_GE(straight.size(), 8u);
+  Reset();
+  EXPECT_EQ(Proposed(t, &other), straight);
+}
+
 TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetried) {
   const v1::RegisterResponse w = RegisterWorker("w");
   StartTask();
@@ -245,6 +306,51 @@ TEST_F(SchedulerRobustnessTest, CacheAnswersAreKeptUntilABetterRecordLands) {
   EXPECT_NE(second->get(), first->get());
   ASSERT_TRUE((*second)->result.ok());
   EXPECT_DOUBLE_EQ((*second)->result->best_measurement().median_s(), 1e-3);
+}
+
+TEST_F(SchedulerRobustnessTest, CompileAnswersInTheLanguageOfTheTargetsBackend) {
+  const v1::RegisterResponse cpu = RegisterWorker("cpu");
+  const std::optional<hw::TargetDesc> h100 = hw::LookupDevice("h100");
+  ASSERT_TRUE(h100.has_value());
+  const v1::RegisterResponse gpu = RegisterWorker("gpu", *h100);
+  v1::TargetSelector cuda;
+  cuda.set_fingerprint(gpu.target_fingerprint());
+  v1::TargetSelector host;
+  host.set_fingerprint(cpu.target_fingerprint());
+  Finish(StartTask(false, host), cpu, 2e-3);
+  Finish(StartTask(false, cuda), gpu, 1e-4);
+  v1::Workload workload;
+  workload.set_text(testing::kGemmChain);
+
+  auto on_cpu = scheduler_->CachedAnswer(workload, host);
+  ASSERT_TRUE(on_cpu.ok() && (*on_cpu)->result.ok());
+  const auto& cpu_answer = scheduler_->CompileAnswer(**on_cpu);
+  ASSERT_TRUE(cpu_answer.ok()) << cpu_answer.status();
+  EXPECT_EQ(cpu_answer->language(), "c++");
+  EXPECT_EQ(cpu_answer->entry_point(), "fusor_run");
+  EXPECT_THAT(cpu_answer->kernel_source(), HasSubstr("extern \"C\" int fusor_run"));
+  EXPECT_TRUE(cpu_answer->binary().empty());
+
+  auto on_gpu = scheduler_->CachedAnswer(workload, cuda);
+  ASSERT_TRUE(on_gpu.ok() && (*on_gpu)->result.ok());
+  const auto& gpu_answer = scheduler_->CompileAnswer(**on_gpu);
+  ASSERT_TRUE(gpu_answer.ok()) << gpu_answer.status();
+  EXPECT_EQ(gpu_answer->language(), "cuda");
+  EXPECT_EQ(gpu_answer->entry_point(), "fusor_fused");
+  EXPECT_THAT(gpu_answer->kernel_source(), HasSubstr("__global__"));
+  EXPECT_THAT(gpu_answer->kernel_source(), HasSubstr("mma.sync"));  // the device header, inlined
+  EXPECT_THAT(gpu_answer->kernel_source(), ::testing::Not(HasSubstr("#include \"fusor_device.h\"")));
+  const nlohmann::json meta = nlohmann::json::parse(gpu_answer->metadata_json());
+  EXPECT_GE(meta.at("launch").at("grid").at(0).get<int64_t>(), 1);
+  EXPECT_EQ(meta.at("launch").at("block").at(0).get<int>(), meta.at("threads").get<int>());
+  if (codegen::Nvrtc::Get() != nullptr) {
+    EXPECT_EQ(gpu_answer->binary_format(), "cubin");
+    EXPECT_EQ(gpu_answer->binary().substr(0, 4), "\x7f" "ELF");
+    EXPECT_EQ(meta.at("binary").at("arch").get<std::string>(), h100->arch);
+  } else {
+    EXPECT_TRUE(gpu_answer->binary().empty());
+    EXPECT_THAT(meta.at("binary").at("missing").get<std::string>(), HasSubstr("NVRTC"));
+  }
 }
 
 TEST(SchedulerStartTest, AnUnusableDatabaseDirectoryIsNamedAsSuch) {

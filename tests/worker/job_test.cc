@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ir/parse.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 namespace {
@@ -62,7 +62,7 @@ std::string FakeRunner(const std::string& dir, const std::string& body) {
 }
 
 TEST(RunJobIsolatedTest, MeasuresARealCandidate) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / S(n=32)"), worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / S(n=32)"), CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_GE(out.samples_s.size(), 3u);
   EXPECT_GT(out.median_s, 0);
@@ -77,13 +77,13 @@ TEST(RunJobIsolatedTest, CompilesAndMeasuresInTwoChildren) {
   JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / S(n=32)");
   spec.phase = JobPhase::kCompile;
   spec.artifact_dir = artifacts->path();
-  JobOutcome compiled = RunJobIsolated(spec, worker::CurrentExecutable(""), "/tmp");
+  JobOutcome compiled = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
   ASSERT_EQ(compiled.status, OutcomeStatus::kOk) << compiled.error;
   EXPECT_GT(compiled.code_bytes, 0);
   EXPECT_TRUE(compiled.samples_s.empty());  // nothing ran
 
   spec.phase = JobPhase::kMeasure;
-  JobOutcome out = RunJobIsolated(spec, worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_GE(out.samples_s.size(), 3u);
   EXPECT_LT(out.max_rel_error, 1e-4);
@@ -97,13 +97,13 @@ TEST(RunJobIsolatedTest, MeasuringWhatWasNeverCompiledIsAnError) {
   JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / S(n=32)");
   spec.phase = JobPhase::kMeasure;
   spec.artifact_dir = artifacts->path();
-  JobOutcome out = RunJobIsolated(spec, worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kRuntimeError);
   EXPECT_THAT(out.error, HasSubstr("compiled.json"));
 }
 
 TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kBaseline, ""), worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kBaseline, ""), CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_THAT(out.compile_flags, HasSubstr("-lopenblas"));
   // Both BLAS were validated and timed; the faster one is the baseline.
@@ -118,7 +118,7 @@ TEST(RunJobIsolatedTest, MeasuresTheBaseline) {
 }
 
 TEST(RunJobIsolatedTest, AConfirmationTimesTheBaselineBesideTheCandidate) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kConfirm, "m=8 / - / -"), worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kConfirm, "m=8 / - / -"), CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_GE(out.samples_s.size(), 10u);
   // The candidate's own compile record, not a BLAS one.
@@ -135,7 +135,7 @@ TEST(RunJobIsolatedTest, AConfirmationTimesTheBaselineBesideTheCandidate) {
 }
 
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {
-  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "k=8 / - / -"), worker::CurrentExecutable(""), "/tmp");
+  JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "k=8 / - / -"), CurrentExecutable(""), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCompileError);
   EXPECT_THAT(out.error, HasSubstr("cannot be a block loop"));
 }

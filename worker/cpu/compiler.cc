@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 

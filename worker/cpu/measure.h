@@ -1,4 +1,5 @@
-// Validation and timing of a compiled CPU kernel, inside a runner process.
+// Validation and timing of a compiled CPU kernel, inside a runner process
+// (the checks themselves are backend-neutral: worker/validate.h).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/ir/chain.h"
 #include "common/util/timing.h"
+#include "worker/validate.h"
 
 namespace fusor::worker {
 
@@ -31,17 +33,6 @@ class LoadedKernel {
   EntryFn entry_ = nullptr;
 };
 
-// Relative tolerance per dtype: an element passes when
-// |out - ref| <= rtol * (|ref| + rms(ref)).
-double Tolerance(ir::DType dtype);
-
-struct Validation {
-  bool ok = false;
-  double max_abs_error = 0;
-  double max_rel_error = 0;  // |out - ref| / (|ref| + rms(ref))
-  std::string detail;        // the first failing element, when !ok
-};
-
 // Runs the kernel once on fresh random inputs (uniform in [-1, 1], rounded
 // to the chain's dtype) with its outputs poisoned with NaN, and checks every
 // output element against the float64 reference, within `rtol` (0: the
@@ -55,41 +46,6 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& inputs, int num_threads,
                                             double rtol = 0);
-
-// The check itself, for any way of running a kernel: `run` gets the
-// inputs and the (NaN-poisoned) output buffers in host memory, dense in
-// the chain's dtype, and returns 0 on success.
-using RunFn = std::function<int(const void* const* inputs, void* const* outputs)>;
-// `reference` computes the expected outputs from the inputs as rounded to
-// the chain's dtype (default: the float64 interpreter, ir/reference.h).
-using Outputs = std::vector<std::vector<double>>;
-using ReferenceFn = std::function<absl::StatusOr<Outputs>(const std::vector<std::vector<double>>& inputs)>;
-absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
-                                       const std::vector<std::vector<double>>& inputs, double rtol = 0,
-                                       const ReferenceFn& reference = nullptr);
-
-// `values` as the chain's dtype stores them (rounded to f16 or bf16; f32
-// rounds to float).
-std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values);
-
-// Fresh random inputs, uniform in [-1, 1], one buffer per chain input; the
-// last input a sum of 1024 or more terms reduces over is scaled by
-// 1 / sqrt(terms), so that chains of long sums stay in the f16 range.
-std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed);
-
-struct TimingOptions {
-  int warmup = 2;
-  int min_repeats = 5;
-  int max_repeats = 200;
-  double time_budget_s = 0.5;
-  int num_threads = 1;
-  uint64_t seed = 1;
-  // Input sets are rotated until together they exceed this many bytes (the
-  // last-level cache), so repeats do not read inputs the last one cached.
-  int64_t rotate_bytes = 0;
-  double max_spread = kMaxSpread;  // the timing protocol's bound (common/util/timing.h)
-};
-
 
 // Times kernels of the chain together, on the same inputs, with a
 // monotonic clock after warm-up, repeating to the time budget (within

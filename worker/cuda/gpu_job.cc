@@ -13,7 +13,7 @@
 #include "common/space/schedule.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
-#include "worker/cpu/measure.h"
+#include "worker/validate.h"
 #include "worker/cuda/gpu_runtime.h"
 
 namespace fusor::worker {

@@ -11,7 +11,7 @@
 #include "common/search/search_strategy.h"
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::search {
 namespace {
@@ -48,7 +48,7 @@ TEST_P(ExplorationTest, EveryProposedScheduleCompilesAndValidates) {
       ASSERT_TRUE(nest.ok()) << nest.status();
       auto kernel = codegen::EmitCpuFusedKernel(*chain, *nest, c.schedule_text, c.mapping);
       ASSERT_TRUE(kernel.ok());
-      auto dir = worker::TempDir::Create("/tmp", "fusor-explore-");
+      auto dir = TempDir::Create("/tmp", "fusor-explore-");
       worker::CompileOutcome compiled = worker::CompileKernel(*kernel, dir->path(), "c++", 300);
       ASSERT_TRUE(compiled.ok) << compiled.error;
       auto loaded = worker::LoadedKernel::Open(compiled.so_path, kernel->entry_point);

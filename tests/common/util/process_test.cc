@@ -1,10 +1,13 @@
-#include "worker/process.h"
+#include "common/util/process.h"
 
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <gtest/gtest.h>
 
-namespace fusor::worker {
+namespace fusor {
 namespace {
 
 TEST(ProcessTest, KillsAHangingChildAndItsGroupAtTheTimeout) {
@@ -25,6 +28,39 @@ TEST(ProcessTest, ReportsSignalsAndExitCodes) {
   EXPECT_FALSE(missing.ok());
 }
 
+TEST(ProcessTest, RunForkedReturnsTheChildsOutputAndCode) {
+  // Larger than a pipe's buffer: the output does not go through one.
+  auto r = RunForked([](std::string* out) { *out = std::string(1 << 20, 'x') + "end"; return 5; }, 30);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->process.signaled);
+  EXPECT_EQ(r->process.exit_code, 5);
+  EXPECT_EQ(r->output.size(), (1u << 20) + 3);
+  EXPECT_EQ(r->output.substr(r->output.size() - 3), "end");
+}
+
+TEST(ProcessTest, RunForkedSurvivesACrashAndAHang) {
+  auto crash = RunForked([](std::string*) { raise(SIGSEGV); return 0; }, 30);
+  ASSERT_TRUE(crash.ok());
+  EXPECT_TRUE(crash->process.signaled);
+  EXPECT_EQ(crash->process.signal, SIGSEGV);
+  auto hang = RunForked([](std::string*) { pause(); return 0; }, 0.3);
+  ASSERT_TRUE(hang.ok());
+  EXPECT_TRUE(hang->process.timed_out);
+  EXPECT_LT(hang->process.seconds, 10);
+}
+
+TEST(TempDirTest, DefaultsToTmpdir) {
+  auto base = TempDir::Create("", "fusor-tmpdir-base-");
+  ASSERT_TRUE(base.ok());
+  const char* old = getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("TMPDIR", base->path().c_str(), 1);
+  auto dir = TempDir::Create("", "fusor-tempdir-");
+  if (old != nullptr) setenv("TMPDIR", saved.c_str(), 1); else unsetenv("TMPDIR");
+  ASSERT_TRUE(dir.ok());
+  EXPECT_EQ(dir->path().rfind(base->path() + "/fusor-tempdir-", 0), 0u) << dir->path();
+}
+
 TEST(TempDirTest, RemovesItsContents) {
   std::string path;
   {
@@ -39,4 +75,4 @@ TEST(TempDirTest, RemovesItsContents) {
 }
 
 }  // namespace
-}  // namespace fusor::worker
+}  // namespace fusor

@@ -17,7 +17,7 @@
 
 #include "common/ir/canonical.h"
 #include "common/ir/parse.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::zoo {
 namespace {
@@ -373,11 +373,11 @@ std::string Key(const std::string& text) {
 class OnnxImportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = worker::TempDir::Create("/tmp", "fusor-onnx-test-");
+    auto dir = TempDir::Create("/tmp", "fusor-onnx-test-");
     ASSERT_TRUE(dir.ok());
     dir_.emplace(std::move(*dir));
   }
-  std::optional<worker::TempDir> dir_;
+  std::optional<TempDir> dir_;
 };
 
 TEST_F(OnnxImportTest, BertStyleAttentionWithMaskAndHeadTransposes) {

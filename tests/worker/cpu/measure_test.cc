@@ -10,7 +10,7 @@
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
 #include "worker/cpu/compiler.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 namespace {

@@ -16,7 +16,7 @@
 #include "common/util/files.h"
 #include "tests/test_chains.h"
 #include "worker/cuda/gpu_job.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 namespace {

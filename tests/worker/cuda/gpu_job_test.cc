@@ -10,7 +10,7 @@
 #include "common/ir/parse.h"
 #include "common/space/space.h"
 #include "tests/test_chains.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::worker {
 namespace {

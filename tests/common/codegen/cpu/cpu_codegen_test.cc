@@ -16,7 +16,7 @@
 #include "tests/test_chains.h"
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::codegen {
 namespace {
@@ -33,7 +33,7 @@ hw::TargetDesc TestTarget() {
 // and validates it on `chain`; returns the validation.
 worker::Validation CompileAndValidate(const ir::Chain& chain, const KernelSource& kernel,
                                       const std::string& march = "") {
-  auto dir = worker::TempDir::Create("/tmp", "fusor-codegen-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-codegen-test-");
   EXPECT_TRUE(dir.ok());
   KernelSource k = kernel;
   if (!march.empty()) std::replace(k.compile_flags.begin(), k.compile_flags.end(), std::string("-march=native"), march);
@@ -252,7 +252,7 @@ out O
     auto nest = space::BuildLoopNest(*chain, *s, TestTarget());
     ASSERT_TRUE(nest.ok()) << nest.status();
     auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
-    auto dir = worker::TempDir::Create("/tmp", "fusor-softmax-");
+    auto dir = TempDir::Create("/tmp", "fusor-softmax-");
     worker::CompileOutcome c = worker::CompileKernel(*kernel, dir->path(), "c++", 120);
     ASSERT_TRUE(c.ok) << c.error;
     auto loaded = worker::LoadedKernel::Open(c.so_path, kernel->entry_point);

@@ -14,7 +14,7 @@
 #include "common/codegen/cpu/cpu_emit.h"
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::codegen {
 namespace {
@@ -107,7 +107,7 @@ Figures Run(const std::string& march) {
   k.source = cpu::Preamble("// fusor SIMD helper check\n") + kChecks;
   k.entry_point = "fusor_simd_check";
   for (std::string flag : cpu::CompileFlags()) k.compile_flags.push_back(flag == "-march=native" ? march : flag);
-  auto dir = worker::TempDir::Create("/tmp", "fusor-simd-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-simd-test-");
   EXPECT_TRUE(dir.ok());
   worker::CompileOutcome compiled = worker::CompileKernel(k, dir->path(), "c++", 120);
   EXPECT_TRUE(compiled.ok) << compiled.error;

@@ -21,7 +21,7 @@
 #include "tests/test_chains.h"
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
-#include "worker/process.h"
+#include "common/util/process.h"
 
 namespace fusor::codegen {
 namespace {
@@ -52,7 +52,7 @@ std::string CompileWithNvrtc(const KernelStep& kernel) {
 // Emits, compiles for the emulation and validates; returns "" or what failed.
 // Compiles `kernel` for the emulation and validates it; "" or what failed.
 std::string RunKernelEmulated(const ir::Chain& chain, const CudaKernel& kernel) {
-  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   if (!dir.ok()) return dir.status().ToString();
   worker::CompileOutcome compiled = worker::CompileKernel(ProgramEmulationHarness(FusedProgram(chain, kernel)), dir->path(), "c++", 120);
   if (!compiled.ok) return absl::StrCat("compile failed: ", compiled.error, "\n", kernel.source);
@@ -86,7 +86,7 @@ std::string RunEmulated(const ir::Chain& chain, const space::Schedule& schedule,
 
 // Compiles a hand-written kernel source (with its fusor_run entry) against
 // the emulation header.
-absl::StatusOr<std::unique_ptr<worker::LoadedKernel>> BuildEmulated(const std::string& source, worker::TempDir& dir) {
+absl::StatusOr<std::unique_ptr<worker::LoadedKernel>> BuildEmulated(const std::string& source, TempDir& dir) {
   KernelSource k;
   k.source = source;
   k.extra_files = {{"fusor_device.h", std::string(CudaEmulationHeader())},
@@ -106,7 +106,7 @@ std::string RunBaselineEmulated(const ir::Chain& chain, const Program& program) 
     if (step.is_gemm) continue;
     if (std::string nvrtc = CompileWithNvrtc(step.kernel); !nvrtc.empty()) return step.what + ": " + nvrtc;
   }
-  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   if (!dir.ok()) return dir.status().ToString();
   worker::CompileOutcome compiled = worker::CompileKernel(ProgramEmulationHarness(program), dir->path(), "c++", 120);
   if (!compiled.ok) return "compile failed: " + compiled.error;
@@ -249,7 +249,7 @@ extern "C" int fusor_run(const void* const* in, void* const* out, int kind) {
   return fusor_emu::Launch(probe, dim3{1, 1, 1}, dim3{32, 1, 1}, 4096, args, 1);
 }
 )";
-  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   ASSERT_TRUE(dir.ok());
   auto kernel = BuildEmulated(source, *dir);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -304,7 +304,7 @@ extern "C" int fusor_run(const void* const* in, void* const* out, int mode) {
   return fusor_emu::Launch(probe, dim3{2, 1, 1}, dim3{64, 1, 1}, 1024, args, 1);
 }
 )";
-  auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-emu-test-");
+  auto dir = TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   ASSERT_TRUE(dir.ok());
   auto kernel = BuildEmulated(source, *dir);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
@@ -477,7 +477,7 @@ TEST(CudaEmulationTest, ValidationReferenceProgram) {
     for (const ProgramStep& step : reference.steps) {
       if (!step.is_gemm) EXPECT_EQ(CompileWithNvrtc(step.kernel), "") << step.what;
     }
-    auto dir = worker::TempDir::Create("/tmp", "fusor-cuda-ref-test-");
+    auto dir = TempDir::Create("/tmp", "fusor-cuda-ref-test-");
     ASSERT_TRUE(dir.ok());
     worker::CompileOutcome compiled = worker::CompileKernel(ProgramEmulationHarness(reference), dir->path(), "c++", 120);
     ASSERT_TRUE(compiled.ok) << compiled.error;

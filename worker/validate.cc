@@ -1,0 +1,168 @@
+#include "worker/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/codegen/cpu/prelude.h"
+#include "common/ir/reference.h"
+#include "common/util/status_macros.h"
+
+namespace fusor::worker {
+namespace {
+
+namespace rt = codegen::rt;
+
+int64_t Elements(const ir::Chain& chain, int t) { return chain.tensors[t].NumElements(); }
+
+double ToDouble(ir::DType dtype, const unsigned char* p, int64_t i) {
+  switch (dtype) {
+    case ir::DType::kF32: return reinterpret_cast<const float*>(p)[i];
+    case ir::DType::kF16: return rt::fusor_f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    case ir::DType::kBF16: return rt::fusor_bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+std::vector<const void*> Pointers(std::vector<HostTensor>& ts) {
+  std::vector<const void*> p;
+  for (HostTensor& t : ts) p.push_back(t.data());
+  return p;
+}
+
+}  // namespace
+
+std::vector<double> StoreInDType(ir::DType dtype, const std::vector<double>& values, HostTensor& t) {
+  const int bytes = ir::DTypeBytes(dtype);
+  t.bytes.assign(values.size() * bytes, 0);
+  std::vector<double> stored(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    float v = static_cast<float>(values[i]);
+    if (dtype == ir::DType::kF32) {
+      reinterpret_cast<float*>(t.data())[i] = v;
+    } else {
+      uint16_t h = dtype == ir::DType::kF16 ? rt::fusor_f32_to_f16(v) : rt::fusor_f32_to_bf16(v);
+      reinterpret_cast<uint16_t*>(t.data())[i] = h;
+    }
+    stored[i] = ToDouble(dtype, t.bytes.data(), static_cast<int64_t>(i));
+  }
+  return stored;
+}
+
+void Poison(ir::DType dtype, int64_t n, HostTensor& t) {
+  const int bytes = ir::DTypeBytes(dtype);
+  t.bytes.assign(static_cast<size_t>(n) * bytes, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == ir::DType::kF32) {
+      reinterpret_cast<float*>(t.data())[i] = std::nanf("");
+    } else {
+      reinterpret_cast<uint16_t*>(t.data())[i] = dtype == ir::DType::kF16 ? 0x7e00 : 0x7fc0;
+    }
+  }
+}
+
+double Tolerance(ir::DType dtype) {
+  switch (dtype) {
+    case ir::DType::kF32: return 1e-4;
+    case ir::DType::kF16: return 2e-3;
+    case ir::DType::kBF16: return 1e-2;
+  }
+  return 1e-4;
+}
+
+std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values) {
+  HostTensor scratch;
+  return StoreInDType(dtype, values, scratch);
+}
+
+std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed) {
+  // A long sum of unit-sized products grows like the square root of its
+  // length, and a chain of them (LLaMA's FFN: 4096, then 11008) leaves the
+  // f16 range. As initialized weights are, the last input that a long
+  // (>= 1024) sum reduces over is scaled by 1 / sqrt(length).
+  std::vector<double> scale(chain.tensors.size(), 1.0);
+  for (const ir::Op& op : chain.ops) {
+    if (op.kind != ir::OpKind::kSum) continue;
+    double length = 1;
+    for (int d : op.reduce) length *= static_cast<double>(chain.dims[d].extent);
+    if (length < 1024) continue;
+    int last = -1;
+    ir::ForEachAccess(op.body, [&](const ir::Access& a) {
+      if (chain.tensors[a.tensor].producer >= 0) return;
+      for (const ir::AffineExpr& e : a.index) {
+        for (int d : op.reduce) {
+          if (e.DependsOn(d)) last = a.tensor;
+        }
+      }
+    });
+    if (last >= 0) scale[last] = std::min(scale[last], 1 / std::sqrt(length));
+  }
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<std::vector<double>> inputs;
+  for (int t : chain.inputs) {
+    std::vector<double> values(Elements(chain, t));
+    for (double& v : values) v = dist(rng) * scale[t];
+    inputs.push_back(std::move(values));
+  }
+  return inputs;
+}
+
+absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
+                                       const std::vector<std::vector<double>>& values, double tolerance,
+                                       const ReferenceFn& reference) {
+  if (values.size() != chain.inputs.size()) return absl::InvalidArgumentError("wrong number of inputs");
+  std::vector<HostTensor> inputs(chain.inputs.size()), outputs(chain.outputs.size());
+  std::vector<std::vector<double>> ref_inputs;
+  for (size_t i = 0; i < chain.inputs.size(); ++i) {
+    if (static_cast<int64_t>(values[i].size()) != Elements(chain, chain.inputs[i])) {
+      return absl::InvalidArgumentError("wrong input size");
+    }
+    ref_inputs.push_back(StoreInDType(chain.dtype, values[i], inputs[i]));
+  }
+  for (size_t i = 0; i < chain.outputs.size(); ++i) {
+    Poison(chain.dtype, Elements(chain, chain.outputs[i]), outputs[i]);
+  }
+  std::vector<const void*> in_ptrs = Pointers(inputs);
+  std::vector<void*> out_ptrs;
+  for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
+  int rc = run(in_ptrs.data(), out_ptrs.data());
+  if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
+
+  ASSIGN_OR_RETURN(Outputs ref, reference ? reference(ref_inputs) : ir::EvaluateReference(chain, ref_inputs));
+  if (ref.size() != chain.outputs.size()) return absl::InternalError("the reference has the wrong number of outputs");
+  for (size_t o = 0; o < ref.size(); ++o) {
+    if (static_cast<int64_t>(ref[o].size()) != Elements(chain, chain.outputs[o])) {
+      return absl::InternalError("the reference has an output of the wrong size");
+    }
+  }
+  const double rtol = tolerance > 0 ? tolerance : Tolerance(chain.dtype);
+  Validation v;
+  v.ok = true;
+  for (size_t o = 0; o < chain.outputs.size(); ++o) {
+    const std::vector<double>& r = ref[o];
+    double sq = 0;
+    for (double x : r) sq += x * x;
+    const double rms = r.empty() ? 0 : std::sqrt(sq / static_cast<double>(r.size()));
+    for (size_t i = 0; i < r.size(); ++i) {
+      double got = ToDouble(chain.dtype, outputs[o].bytes.data(), static_cast<int64_t>(i));
+      double err = std::fabs(got - r[i]);
+      double scale = std::fabs(r[i]) + rms;
+      double rel = scale > 0 ? err / scale : err;
+      bool bad = !std::isfinite(got) || !(rel <= rtol);
+      if (std::isfinite(err)) {
+        v.max_abs_error = std::max(v.max_abs_error, err);
+        v.max_rel_error = std::max(v.max_rel_error, rel);
+      }
+      if (bad && v.ok) {
+        v.ok = false;
+        v.detail = absl::StrCat("output '", chain.tensors[chain.outputs[o]].name, "' element ", i, ": got ", got,
+                                ", expected ", r[i], " (relative error ", rel, " > tolerance ", rtol, ")");
+      }
+    }
+  }
+  return v;
+}
+
+}  // namespace fusor::worker
