@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/space/loop_nest_phases.h"
+#include "common/util/status_macros.h"
 
 namespace fusor::space {
 namespace {
@@ -270,22 +272,212 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
   return c;
 }
 
-absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target,
-                                       const NestContext* context) {
-  if (!input.regroup.empty()) {
-    absl::StatusOr<ir::Chain> c = ir::ApplyRegroup(chain, input.regroup);
-    if (!c.ok()) return c.status();
-    auto regrouped = std::make_shared<const ir::Chain>(std::move(*c));
-    Schedule rest = input;
-    rest.regroup = {};
-    absl::StatusOr<LoopNest> nest = BuildLoopNest(*regrouped, rest, target, context);
-    if (!nest.ok()) return nest.status();
-    nest->schedule.regroup = input.regroup;
-    nest->regrouped = std::move(regrouped);
-    return nest;
+namespace phases {
+namespace {
+
+// The range an op sees of each dim inside all its loops.
+std::vector<int64_t> RangeOf(const ir::Chain& chain, const LoopNest& nest, int o) {
+  const Schedule& s = nest.schedule;
+  std::vector<int64_t> range(chain.dims.size());
+  for (int d = 0; d < static_cast<int>(chain.dims.size()); ++d) {
+    bool tiled = Contains(s.block, d) || (d == nest.stream_dim && nest.ops[o].region == Region::kStream) ||
+                 Contains(s.own[o], d);
+    range[d] = tiled ? s.tile[d] : chain.dims[d].extent;
   }
-  std::optional<NestContext> own_context;
-  if (context == nullptr) context = &own_context.emplace(MakeNestContext(chain, target));
+  return range;
+}
+
+// The points an op's tile spans over `dims`.
+double PointsOf(const std::vector<int>& dims, const std::vector<int64_t>& range) {
+  double points = 1;
+  for (int d : dims) points *= static_cast<double>(range[d]);
+  return points;
+}
+
+// Appends a statement of `op` (a load or store of `tensor`, or with -1 its
+// compute), run once per iteration of `loops`.
+void AddStatement(const ir::Chain& chain, LoopNest& nest, StmtKind kind, int op, int tensor, double bytes,
+                  double flops, std::vector<int> loops) {
+  Statement st;
+  st.kind = kind;
+  st.op = op;
+  st.tensor = tensor;
+  const char* prefix = kind == StmtKind::kLoad ? "L(" : kind == StmtKind::kCompute ? "C(" : "S(";
+  st.label = absl::StrCat(prefix, chain.tensors[tensor >= 0 ? tensor : chain.ops[op].output].name, ")");
+  st.bytes = bytes;
+  st.flops = flops;
+  st.executions = 1;
+  for (int d : loops) st.executions *= static_cast<double>(nest.trips[d]);
+  st.loops = std::move(loops);
+  nest.statements.push_back(std::move(st));
+}
+
+// A load of each chain input among `reads`.
+void AddLoads(const ir::Chain& chain, LoopNest& nest, int op, const std::vector<ir::Access>& reads,
+              const std::vector<int64_t>& range, const std::vector<int>& loops) {
+  for (const ir::Access& a : reads) {
+    if (chain.tensors[a.tensor].role != ir::TensorRole::kInput) continue;
+    AddStatement(chain, nest, StmtKind::kLoad, op, a.tensor, Footprint(a, chain, range), 0, loops);
+  }
+}
+
+// Every access in the op's body, in order.
+std::vector<ir::Access> AccessesOf(const ir::Op& op) {
+  std::vector<ir::Access> reads;
+  ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
+  return reads;
+}
+
+// `outer` then the first `own_depth` of the op's own loops.
+std::vector<int> LoopsTo(const std::vector<int>& outer, const OpNest& on, int own_depth) {
+  std::vector<int> loops = outer;
+  loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + own_depth);
+  return loops;
+}
+
+struct PackPlacement {
+  int depth = 0;
+  bool hoisted = false;
+  bool per_point = false;
+};
+
+// A pack covers batch x (rows or cols) x mapped reduced dims and sits just
+// inside the innermost loop over one of them; a side that depends on an
+// unmapped reduced dim is packed per point of those.
+PackPlacement PlacePack(const OpNest& on, int sd, const std::vector<int>& own_side,
+                        const std::vector<ir::Access>& side) {
+  const GemmForm& g = on.gemm;
+  const bool in_stream = on.region == Region::kStream;
+  int d_own = 0;
+  for (int i = 0; i < static_cast<int>(on.loops.size()); ++i) {
+    int d = on.loops[i];
+    if (Contains(g.batch, d) || Contains(own_side, d) || Contains(g.kdims, d)) d_own = i + 1;
+  }
+  PackPlacement p;
+  for (int d : g.outer_reduce) p.per_point = p.per_point || SideDependsOn(side, d);
+  if (p.per_point) d_own = static_cast<int>(on.loops.size());
+  bool needs_stream = in_stream && (Contains(g.batch, sd) || Contains(own_side, sd) || Contains(g.kdims, sd) ||
+                                    (p.per_point && Contains(g.outer_reduce, sd)));
+  p.depth = d_own;
+  p.hoisted = in_stream && d_own == 0 && !needs_stream && !p.per_point;
+  return p;
+}
+
+struct SumFlops {
+  double padded = 0;
+  double useful = 0;
+};
+
+// A sum mapped onto its intrinsic: the GEMM view of its tile, its scratch,
+// where its packs sit and their loads; its compute per execution.
+SumFlops PlaceGemm(const ir::Chain& chain, LoopNest& nest, int o, const std::vector<int64_t>& range,
+                   const std::vector<int>& outer) {
+  OpNest& on = nest.ops[o];
+  const GemmForm& g = on.gemm;
+  const hw::Intrinsic& x = *on.mapping.intrinsic;
+  for (int d : g.batch) on.batch_tile *= range[d];
+  for (int d : g.rows) on.rows_tile *= range[d];
+  for (int d : g.cols) on.cols_tile *= range[d];
+  for (int d : g.kdims) on.k_tile *= range[d];
+  int64_t outer_points = 1;
+  for (int d : g.outer_reduce) outer_points *= range[d];
+  on.rows_pad = RoundUp(on.rows_tile, x.Extent(0));
+  on.cols_pad = RoundUp(on.cols_tile, x.Extent(1));
+  on.acc_floats = on.batch_tile * on.rows_pad * on.cols_pad;
+  on.pack_a_floats = on.batch_tile * on.k_tile * on.rows_pad;
+  on.pack_b_floats = on.batch_tile * on.k_tile * on.cols_pad;
+  const PackPlacement a = PlacePack(on, nest.stream_dim, g.rows, g.a_side);
+  const PackPlacement b = PlacePack(on, nest.stream_dim, g.cols, g.b_side);
+  on.a_depth = a.depth;
+  on.a_hoisted = a.hoisted;
+  on.a_per_point = a.per_point;
+  on.b_depth = b.depth;
+  on.b_hoisted = b.hoisted;
+  on.b_per_point = b.per_point;
+  auto pack_loops = [&](int depth, bool hoisted) {
+    std::vector<int> loops = LoopsTo(outer, on, depth);
+    if (hoisted) loops.pop_back();  // the stream dim, last of `outer`
+    return loops;
+  };
+  AddLoads(chain, nest, on.op, g.a_side, range, pack_loops(on.a_depth, on.a_hoisted));
+  AddLoads(chain, nest, on.op, g.b_side, range, pack_loops(on.b_depth, on.b_hoisted));
+  SumFlops f;
+  f.padded = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(RoundUp(on.k_tile, x.Extent(2))) *
+             static_cast<double>(outer_points);
+  f.useful = 2.0 * static_cast<double>(on.batch_tile * on.rows_tile * on.cols_tile * on.k_tile) *
+             static_cast<double>(outer_points);
+  return f;
+}
+
+// A sum op's statements: its loads, its compute (with the rescaling of an
+// online softmax's consumer) and, for a chain output, its store.
+void PlaceSum(const ir::Chain& chain, LoopNest& nest, int o, const std::vector<int>& outer) {
+  const Schedule& s = nest.schedule;
+  const ir::Op& op = chain.ops[o];
+  OpNest& on = nest.ops[o];
+  const std::vector<int64_t> range = RangeOf(chain, nest, o);
+  std::vector<int> all = outer;
+  all.insert(all.end(), on.loops.begin(), on.loops.end());
+  SumFlops f;
+  if (on.gemm.ok) {
+    f = PlaceGemm(chain, nest, o, range, outer);
+  } else {
+    AddLoads(chain, nest, on.op, AccessesOf(op), range, all);
+    on.acc_floats = static_cast<int64_t>(PointsOf(op.index, range));
+    f.padded = 2.0 * PointsOf(op.index, range) * PointsOf(op.reduce, range);
+    f.useful = f.padded;
+  }
+  AddStatement(chain, nest, StmtKind::kCompute, on.op, -1, 0, f.padded, all);
+  nest.statements.back().rate = on.rate;
+  nest.padded_flops += f.padded * nest.statements.back().executions;
+  nest.useful_flops += f.useful * nest.statements.back().executions;
+  if (on.online_softmax >= 0) {
+    // Rescaling the accumulator at every stream step, dividing once after.
+    const double elems = static_cast<double>(nest.local[op.output].floats);
+    AddStatement(chain, nest, StmtKind::kCompute, on.op, -1, 0, 2 * elems, outer);
+    AddStatement(chain, nest, StmtKind::kCompute, on.op, -1, 0, elems, s.block);
+  }
+  if (chain.tensors[op.output].role == ir::TensorRole::kOutput) {
+    const double bytes = PointsOf(op.index, range) * ir::DTypeBytes(chain.dtype);
+    AddStatement(chain, nest, StmtKind::kStore, on.op, op.output, bytes, 0,
+                 on.accumulates ? s.block : LoopsTo(outer, on, on.num_out_loops));
+  }
+}
+
+// An elementwise or softmax op's statements (loads, compute and, for a
+// chain output, store, all at the op's outer loops) and its row scratch.
+void PlaceMap(const ir::Chain& chain, LoopNest& nest, int o, const std::vector<int>& outer) {
+  const ir::Op& op = chain.ops[o];
+  OpNest& on = nest.ops[o];
+  const std::vector<int64_t> range = RangeOf(chain, nest, o);
+  AddLoads(chain, nest, on.op, AccessesOf(op), range, outer);
+  const double points = PointsOf(op.index, range);
+  int nodes = 0;
+  std::vector<const ir::Expr*> stack = {&op.body};
+  while (!stack.empty()) {
+    const ir::Expr* e = stack.back();
+    stack.pop_back();
+    if (e->kind != ir::Expr::Kind::kAccess && e->kind != ir::Expr::Kind::kConst) ++nodes;
+    for (const ir::Expr& arg : e->args) stack.push_back(&arg);
+  }
+  const double per_point = std::max(nodes, 1) + (op.kind == ir::OpKind::kSoftmax ? 4 : 0);
+  AddStatement(chain, nest, StmtKind::kCompute, on.op, -1, 0, points * per_point, outer);
+  if (chain.tensors[op.output].role == ir::TensorRole::kOutput) {
+    AddStatement(chain, nest, StmtKind::kStore, on.op, op.output, points * ir::DTypeBytes(chain.dtype), 0, outer);
+  }
+  if (op.kind == ir::OpKind::kSoftmax) {
+    on.row_floats = range[op.axis];
+    if (on.online) {
+      int64_t rows = 1;
+      for (int d : op.index) rows *= d == op.axis ? 1 : range[d];
+      on.state_floats = 3 * rows;  // running max, running sum, rescale
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<LoopNest> StartNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target) {
   const int num_dims = static_cast<int>(chain.dims.size());
   if (static_cast<int>(input.tile.size()) != num_dims) return Illegal(chain, "wrong number of tile sizes");
   for (int d = 0; d < num_dims; ++d) {
@@ -302,25 +494,25 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   nest.schedule = s;
   nest.trips.resize(num_dims);
   for (int d = 0; d < num_dims; ++d) nest.trips[d] = (chain.dims[d].extent + s.tile[d] - 1) / s.tile[d];
+  return nest;
+}
 
+absl::Status PlaceLoops(const ir::Chain& chain, const NestContext& context, LoopNest& nest) {
+  const Schedule& s = nest.schedule;
   // Block loops.
-  const std::vector<int>& eligible = context->block_eligible;
   for (int d : s.block) {
-    if (!Contains(eligible, d)) {
+    if (!Contains(context.block_eligible, d)) {
       return Illegal(chain, absl::StrCat("'", chain.dims[d].name,
                                          "' cannot be a block loop: an output lacks it, an op reduces or normalizes "
                                          "along it, or a result is read across it"));
     }
     nest.num_blocks *= nest.trips[d];
   }
-  auto is_block = [&](int d) { return Contains(s.block, d); };
-
   // The stream loop.
   if (s.stream.size() > 1) return Illegal(chain, "at most one stream loop");
   const int sd = s.stream.empty() ? -1 : s.stream[0];
   nest.stream_dim = sd;
-  if (sd >= 0 && is_block(sd)) return Illegal(chain, "a dim cannot be both a block and a stream loop");
-
+  if (sd >= 0 && Contains(s.block, sd)) return Illegal(chain, "a dim cannot be both a block and a stream loop");
   // Own loops.
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];
@@ -335,7 +527,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
         return Illegal(chain, absl::StrCat("'", chain.dims[d].name, "' is not a loop of '",
                                            chain.tensors[op.output].name, "'"));
       }
-      if (is_block(d) || d == sd) {
+      if (Contains(s.block, d) || d == sd) {
         return Illegal(chain, absl::StrCat("'", chain.dims[d].name, "' is already a block or stream loop"));
       }
       if (out && seen_reduce) {
@@ -345,8 +537,11 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
       seen_reduce = seen_reduce || red;
     }
   }
+  return absl::OkStatus();
+}
 
-  // Regions, by the dependencies between ops.
+absl::Status PlaceRegions(const ir::Chain& chain, LoopNest& nest) {
+  const int sd = nest.stream_dim;
   nest.ops.resize(chain.ops.size());
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];
@@ -379,18 +574,23 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     on.accumulates = on.region == Region::kStream && Contains(op.reduce, sd);
     on.online = on.region == Region::kStream && op.kind == ir::OpKind::kSoftmax && op.axis == sd;
   }
-  // Mappings: the schedule's, validated, or the default onto the target's
+  return absl::OkStatus();
+}
+
+absl::Status ResolveMappings(const ir::Chain& chain, const NestContext& context, LoopNest& nest) {
+  const Schedule& s = nest.schedule;
+  // The schedule's mapping, validated, or the default onto the target's
   // best intrinsic; a sum that maps onto nothing runs as scalar code.
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     OpNest& on = nest.ops[o];
-    on.rate = context->scalar_rate;
+    on.rate = context.scalar_rate;
     if (chain.ops[o].kind != ir::OpKind::kSum) continue;
     const std::string& name = chain.tensors[chain.ops[o].output].name;
-    const std::optional<mapping::SoftwareOp>& sw = context->views[o];
+    const std::optional<mapping::SoftwareOp>& sw = context.views[o];
     std::optional<mapping::Mapping> m;
     if (s.maps[o].intrinsic != nullptr) {
       if (!sw) return Illegal(chain, absl::StrCat("'", name, "' cannot be mapped: it is not a product of tensors"));
-      if (std::find(context->usable.begin(), context->usable.end(), s.maps[o].intrinsic) == context->usable.end()) {
+      if (std::find(context.usable.begin(), context.usable.end(), s.maps[o].intrinsic) == context.usable.end()) {
         return Illegal(chain, absl::StrCat("the target cannot use ", s.maps[o].intrinsic->name, " for ",
                                            ir::DTypeName(chain.dtype)));
       }
@@ -398,25 +598,32 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
       if (!v.valid) return Illegal(chain, absl::StrCat("mapping of '", name, "' is invalid: ", v.reason));
       m = s.maps[o];
     } else {
-      m = context->defaults[o];
+      m = context.defaults[o];
     }
     if (!m) continue;
     on.mapping = *m;
     on.kernel = hw::KernelOf(*m->intrinsic);
     on.rate = m->intrinsic->backend == hw::Backend::kCuda
                   ? m->intrinsic->rate
-                  : m->intrinsic->rate * m->intrinsic->lanes / context->widest_lanes;
+                  : m->intrinsic->rate * m->intrinsic->lanes / context.widest_lanes;
     on.gemm = FormOf(chain, *sw, *m);
   }
+  return absl::OkStatus();
+}
 
+absl::Status CheckStreamLoopFuses(const ir::Chain& chain, const LoopNest& nest) {
   // A stream loop must fuse something: ops that only loop over it alone.
-  if (sd >= 0) {
-    int in_stream = 0;
-    for (const OpNest& on : nest.ops) in_stream += on.region == Region::kStream;
-    if (in_stream < 2) {
-      return Illegal(chain, absl::StrCat("the '", chain.dims[sd].name, "' stream loop encloses fewer than two ops"));
-    }
+  if (nest.stream_dim < 0) return absl::OkStatus();
+  int in_stream = 0;
+  for (const OpNest& on : nest.ops) in_stream += on.region == Region::kStream;
+  if (in_stream < 2) {
+    const std::string& name = chain.dims[nest.stream_dim].name;
+    return Illegal(chain, absl::StrCat("the '", name, "' stream loop encloses fewer than two ops"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LinkOnlineSoftmax(const ir::Chain& chain, LoopNest& nest) {
   // An online softmax feeds exactly one sum that accumulates along its axis
   // with the softmax as a factor, and whose output holds the softmax rows.
   for (size_t o = 0; o < chain.ops.size(); ++o) {
@@ -447,22 +654,15 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     }
     if (!ok) {
       return Illegal(chain, absl::StrCat("softmax '", name, "' along the stream loop must feed exactly one sum over '",
-                                         chain.dims[sd].name, "' as a factor"));
+                                         chain.dims[nest.stream_dim].name, "' as a factor"));
     }
     nest.ops[consumer].online_softmax = static_cast<int>(o);
   }
+  return absl::OkStatus();
+}
 
-  // The range an op sees of each dim inside all its loops.
-  auto range_of = [&](int o) {
-    std::vector<int64_t> range(num_dims);
-    for (int d = 0; d < num_dims; ++d) {
-      bool tiled = is_block(d) || (d == sd && nest.ops[o].region == Region::kStream) || Contains(s.own[o], d);
-      range[d] = tiled ? s.tile[d] : chain.dims[d].extent;
-    }
-    return range;
-  };
-
-  // Block-local buffers.
+void LayOutBuffers(const ir::Chain& chain, LoopNest& nest) {
+  const Schedule& s = nest.schedule;
   nest.local.resize(chain.tensors.size());
   std::vector<bool> read(chain.tensors.size(), false);
   for (const ir::Op& op : chain.ops) {
@@ -470,164 +670,37 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   }
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];
-    if (!read[op.output] && !nest.ops[o].accumulates) continue;
+    const OpNest& on = nest.ops[o];
+    if (!read[op.output] && !on.accumulates) continue;
     LocalBuffer& b = nest.local[op.output];
     b.floats = 1;
     for (int d : op.index) {
-      bool tile_axis = is_block(d) || (d == sd && nest.ops[o].region == Region::kStream && !nest.ops[o].accumulates);
+      bool tile_axis =
+          Contains(s.block, d) || (d == nest.stream_dim && on.region == Region::kStream && !on.accumulates);
       b.shape.push_back(tile_axis ? s.tile[d] : chain.dims[d].extent);
       b.relative.push_back(tile_axis);
       b.floats *= b.shape.back();
     }
     nest.intermediate_bytes += b.floats * static_cast<int64_t>(sizeof(float));
   }
+}
 
-  // Statements and per-op scratch.
-  auto add_statement = [&](StmtKind kind, int op, int tensor, double bytes, double flops, std::vector<int> loops) {
-    Statement st;
-    st.kind = kind;
-    st.op = op;
-    st.tensor = tensor;
-    const char* prefix = kind == StmtKind::kLoad ? "L(" : kind == StmtKind::kCompute ? "C(" : "S(";
-    st.label = absl::StrCat(prefix, chain.tensors[tensor >= 0 ? tensor : chain.ops[op].output].name, ")");
-    st.bytes = bytes;
-    st.flops = flops;
-    st.executions = 1;
-    for (int d : loops) st.executions *= static_cast<double>(nest.trips[d]);
-    st.loops = std::move(loops);
-    nest.statements.push_back(std::move(st));
-  };
-  auto add_loads = [&](int op, const std::vector<ir::Access>& reads, const std::vector<int64_t>& range,
-                       const std::vector<int>& loops) {
-    for (const ir::Access& a : reads) {
-      if (chain.tensors[a.tensor].role != ir::TensorRole::kInput) continue;
-      add_statement(StmtKind::kLoad, op, a.tensor, Footprint(a, chain, range), 0, loops);
-    }
-  };
-  auto points_of = [](const std::vector<int>& dims, const std::vector<int64_t>& range) {
-    double points = 1;
-    for (int d : dims) points *= static_cast<double>(range[d]);
-    return points;
-  };
-
+void PlaceStatements(const ir::Chain& chain, LoopNest& nest) {
+  const Schedule& s = nest.schedule;
   int64_t stream_temps = 0, shared_temps = 0;
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];
     OpNest& on = nest.ops[o];
     const bool in_stream = on.region == Region::kStream;
-    const bool global_out = chain.tensors[op.output].role == ir::TensorRole::kOutput;
-    const std::vector<int64_t> range = range_of(static_cast<int>(o));
     // The loops around this op's work: block, then stream, then own.
     std::vector<int> outer = s.block;
-    if (in_stream) outer.push_back(sd);
+    if (in_stream) outer.push_back(nest.stream_dim);
     on.loops = s.own[o];
     for (int d : on.loops) on.num_out_loops += Contains(op.index, d);
-    std::vector<int> all = outer;
-    all.insert(all.end(), on.loops.begin(), on.loops.end());
-
     if (op.kind == ir::OpKind::kSum) {
-      auto loops_to = [&](int own_depth) {
-        std::vector<int> loops = outer;
-        loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + own_depth);
-        return loops;
-      };
-      double flops, useful;
-      if (on.gemm.ok) {
-        const GemmForm& g = on.gemm;
-        const hw::Intrinsic& x = *on.mapping.intrinsic;
-        for (int d : g.batch) on.batch_tile *= range[d];
-        for (int d : g.rows) on.rows_tile *= range[d];
-        for (int d : g.cols) on.cols_tile *= range[d];
-        for (int d : g.kdims) on.k_tile *= range[d];
-        int64_t outer_points = 1;
-        for (int d : g.outer_reduce) outer_points *= range[d];
-        on.rows_pad = RoundUp(on.rows_tile, x.Extent(0));
-        on.cols_pad = RoundUp(on.cols_tile, x.Extent(1));
-        on.acc_floats = on.batch_tile * on.rows_pad * on.cols_pad;
-        on.pack_a_floats = on.batch_tile * on.k_tile * on.rows_pad;
-        on.pack_b_floats = on.batch_tile * on.k_tile * on.cols_pad;
-        // A pack covers batch x (rows or cols) x mapped reduced dims and
-        // sits just inside the innermost loop over one of them; a side that
-        // depends on an unmapped reduced dim is packed per point of those.
-        auto place = [&](const std::vector<int>& own_side, const std::vector<ir::Access>& side, int& depth,
-                         bool& hoisted, bool& per_point) {
-          int d_own = 0;
-          for (int i = 0; i < static_cast<int>(on.loops.size()); ++i) {
-            int d = on.loops[i];
-            if (Contains(g.batch, d) || Contains(own_side, d) || Contains(g.kdims, d)) d_own = i + 1;
-          }
-          per_point = false;
-          for (int d : g.outer_reduce) per_point = per_point || SideDependsOn(side, d);
-          if (per_point) d_own = static_cast<int>(on.loops.size());
-          bool needs_stream = in_stream && (Contains(g.batch, sd) || Contains(own_side, sd) || Contains(g.kdims, sd) ||
-                                            (per_point && Contains(g.outer_reduce, sd)));
-          depth = d_own;
-          hoisted = in_stream && d_own == 0 && !needs_stream && !per_point;
-        };
-        place(g.rows, g.a_side, on.a_depth, on.a_hoisted, on.a_per_point);
-        place(g.cols, g.b_side, on.b_depth, on.b_hoisted, on.b_per_point);
-        auto pack_loops = [&](int depth, bool hoisted) {
-          std::vector<int> loops = loops_to(depth);
-          if (hoisted) loops.pop_back();  // the stream dim, last of `outer`
-          return loops;
-        };
-        add_loads(on.op, g.a_side, range, pack_loops(on.a_depth, on.a_hoisted));
-        add_loads(on.op, g.b_side, range, pack_loops(on.b_depth, on.b_hoisted));
-        flops = 2.0 * static_cast<double>(on.acc_floats) * static_cast<double>(RoundUp(on.k_tile, x.Extent(2))) *
-                static_cast<double>(outer_points);
-        useful = 2.0 * static_cast<double>(on.batch_tile * on.rows_tile * on.cols_tile * on.k_tile) *
-                 static_cast<double>(outer_points);
-      } else {
-        std::vector<ir::Access> reads;
-        ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
-        add_loads(on.op, reads, range, all);
-        on.acc_floats = static_cast<int64_t>(points_of(op.index, range));
-        flops = 2.0 * points_of(op.index, range) * points_of(op.reduce, range);
-        useful = flops;
-      }
-      add_statement(StmtKind::kCompute, on.op, -1, 0, flops, all);
-      nest.statements.back().rate = on.rate;
-      nest.padded_flops += flops * nest.statements.back().executions;
-      nest.useful_flops += useful * nest.statements.back().executions;
-      if (on.online_softmax >= 0) {
-        // Rescaling the accumulator at every stream step, dividing once after.
-        const double elems = static_cast<double>(nest.local[op.output].floats);
-        add_statement(StmtKind::kCompute, on.op, -1, 0, 2 * elems, outer);
-        add_statement(StmtKind::kCompute, on.op, -1, 0, elems, s.block);
-      }
-      if (global_out) {
-        if (on.accumulates) {
-          add_statement(StmtKind::kStore, on.op, op.output, points_of(op.index, range) * ir::DTypeBytes(chain.dtype),
-                        0, s.block);
-        } else {
-          add_statement(StmtKind::kStore, on.op, op.output, points_of(op.index, range) * ir::DTypeBytes(chain.dtype),
-                        0, loops_to(on.num_out_loops));
-        }
-      }
+      PlaceSum(chain, nest, static_cast<int>(o), outer);
     } else {
-      std::vector<ir::Access> reads;
-      ir::ForEachAccess(op.body, [&](const ir::Access& a) { reads.push_back(a); });
-      add_loads(on.op, reads, range, outer);
-      const double points = points_of(op.index, range);
-      int nodes = 0;
-      std::vector<const ir::Expr*> stack = {&op.body};
-      while (!stack.empty()) {
-        const ir::Expr* e = stack.back();
-        stack.pop_back();
-        if (e->kind != ir::Expr::Kind::kAccess && e->kind != ir::Expr::Kind::kConst) ++nodes;
-        for (const ir::Expr& arg : e->args) stack.push_back(&arg);
-      }
-      const double per_point = std::max(nodes, 1) + (op.kind == ir::OpKind::kSoftmax ? 4 : 0);
-      add_statement(StmtKind::kCompute, on.op, -1, 0, points * per_point, outer);
-      if (global_out) add_statement(StmtKind::kStore, on.op, op.output, points * ir::DTypeBytes(chain.dtype), 0, outer);
-      if (op.kind == ir::OpKind::kSoftmax) {
-        on.row_floats = range[op.axis];
-        if (on.online) {
-          int64_t rows = 1;
-          for (int d : op.index) rows *= d == op.axis ? 1 : range[d];
-          on.state_floats = 3 * rows;  // running max, running sum, rescale
-        }
-      }
+      PlaceMap(chain, nest, static_cast<int>(o), outer);
     }
     const int64_t temps = on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats + on.state_floats;
     if (in_stream) {
@@ -637,30 +710,68 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
     }
   }
   nest.scratch_bytes = nest.intermediate_bytes + (stream_temps + shared_temps) * static_cast<int64_t>(sizeof(float));
-  if (s.split > 1) {
-    const std::string why = SplitProblem(chain, target, nest);
-    if (!why.empty()) return Illegal(chain, absl::StrCat("the stream loop cannot be split: ", why));
-    nest.split = s.split;
-    nest.num_blocks *= s.split;
-    // What runs outside the stream loop runs once per part.
-    for (Statement& st : nest.statements) {
-      if (!Contains(st.loops, sd)) st.executions *= s.split;
-    }
-    // Then the partial sums of each accumulated output are added up.
-    for (const OpNest& on : nest.ops) {
-      if (!on.accumulates) continue;
-      const ir::Tensor& out = chain.tensors[chain.ops[on.op].output];
-      const double elements = static_cast<double>(out.NumElements());
-      add_statement(StmtKind::kLoad, on.op, chain.ops[on.op].output, elements * 4 * s.split, 0, {});
-      nest.statements.back().label = absl::StrCat("L(", out.name, " partials)");
-      add_statement(StmtKind::kStore, on.op, chain.ops[on.op].output, elements * ir::DTypeBytes(chain.dtype), 0, {});
-    }
+}
+
+absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& target, LoopNest& nest) {
+  const int split = nest.schedule.split;
+  if (split <= 1) return absl::OkStatus();
+  const std::string why = SplitProblem(chain, target, nest);
+  if (!why.empty()) return Illegal(chain, absl::StrCat("the stream loop cannot be split: ", why));
+  nest.split = split;
+  nest.num_blocks *= split;
+  // What runs outside the stream loop runs once per part.
+  for (Statement& st : nest.statements) {
+    if (!Contains(st.loops, nest.stream_dim)) st.executions *= split;
   }
-  if (s.registers) {
-    if (std::string why = RegisterResidentProblem(chain, nest); !why.empty()) {
-      return Illegal(chain, absl::StrCat("intermediates cannot live in registers: ", why));
-    }
+  // Then the partial sums of each accumulated output are added up.
+  for (const OpNest& on : nest.ops) {
+    if (!on.accumulates) continue;
+    const int output = chain.ops[on.op].output;
+    const ir::Tensor& out = chain.tensors[output];
+    const double elements = static_cast<double>(out.NumElements());
+    AddStatement(chain, nest, StmtKind::kLoad, on.op, output, elements * 4 * split, 0, {});
+    nest.statements.back().label = absl::StrCat("L(", out.name, " partials)");
+    AddStatement(chain, nest, StmtKind::kStore, on.op, output, elements * ir::DTypeBytes(chain.dtype), 0, {});
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRegisters(const ir::Chain& chain, const LoopNest& nest) {
+  if (!nest.schedule.registers) return absl::OkStatus();
+  if (std::string why = RegisterResidentProblem(chain, nest); !why.empty()) {
+    return Illegal(chain, absl::StrCat("intermediates cannot live in registers: ", why));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace phases
+
+absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target,
+                                       const NestContext* context) {
+  if (!input.regroup.empty()) {
+    absl::StatusOr<ir::Chain> c = ir::ApplyRegroup(chain, input.regroup);
+    if (!c.ok()) return c.status();
+    auto regrouped = std::make_shared<const ir::Chain>(std::move(*c));
+    Schedule rest = input;
+    rest.regroup = {};
+    absl::StatusOr<LoopNest> nest = BuildLoopNest(*regrouped, rest, target, context);
+    if (!nest.ok()) return nest.status();
+    nest->schedule.regroup = input.regroup;
+    nest->regrouped = std::move(regrouped);
+    return nest;
+  }
+  std::optional<NestContext> own_context;
+  if (context == nullptr) context = &own_context.emplace(MakeNestContext(chain, target));
+  ASSIGN_OR_RETURN(LoopNest nest, phases::StartNest(chain, input, target));
+  RETURN_IF_ERROR(phases::PlaceLoops(chain, *context, nest));
+  RETURN_IF_ERROR(phases::PlaceRegions(chain, nest));
+  RETURN_IF_ERROR(phases::ResolveMappings(chain, *context, nest));
+  RETURN_IF_ERROR(phases::CheckStreamLoopFuses(chain, nest));
+  RETURN_IF_ERROR(phases::LinkOnlineSoftmax(chain, nest));
+  phases::LayOutBuffers(chain, nest);
+  phases::PlaceStatements(chain, nest);
+  RETURN_IF_ERROR(phases::SplitStreamLoop(chain, target, nest));
+  RETURN_IF_ERROR(phases::CheckRegisters(chain, nest));
   return nest;
 }
 

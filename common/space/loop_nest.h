@@ -160,6 +160,7 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
 // invalid mapping or one onto an intrinsic the target lacks, ...).
 // `context`, when given, must come from MakeNestContext of the chain the
 // schedule runs (ScheduledChain(chain, schedule)) and the target.
+// Runs the phases of loop_nest_phases.h in order.
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
                                        const hw::TargetDesc& target, const NestContext* context = nullptr);
 
