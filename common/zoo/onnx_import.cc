@@ -367,61 +367,96 @@ std::optional<Repeat> RepeatedKv(const Graph& g, const std::string& value) {
   return Repeat{unsqueeze->input(0), x, x[1], wide[2], {reshape, expand, unsqueeze}};
 }
 
-// Attention ending in Softmax `s`.
+// Whether `t` is the scalar constant 0.
 bool IsZero(const Graph& g, const std::string& t) {
   auto v = g.Scalar(t);
   return std::holds_alternative<double>(v) && std::get<double>(v) == 0;
 }
 
-std::variant<Match, Reject> MatchAttention(
-    const Graph& g, const onnx::NodeProto& s, int index) {
-  std::vector<const onnx::NodeProto*> nodes = {&s};
-  std::string why;
-  auto scores_shape = g.Shape(s.input(0));
-  if (Failed(scores_shape, &why)) return Reject{why};
-  const std::vector<int64_t> sshape = std::get<std::vector<int64_t>>(scores_shape);
-  const int rank = static_cast<int>(sshape.size());
-  if (rank < 2) return Reject{"the scores have fewer than 2 axes"};
-  const int64_t axis = AttrInt(s, "axis", -1);
-  if (axis != -1 && axis != rank - 1) return Reject{"the softmax is not over the last axis"};
-  // Backwards: optional mask Add, optional scale, the Q K' MatMul.
-  std::string cur = s.input(0);
-  // Additive terms: a mask, T5's position bias, and a boolean mask applied
-  // by Where(cond, scores, fill) (older GPT-2 exports' causal mask): with a
-  // fill of -1e4 or below it is the additive mask of 0 and fill, the same
-  // after the softmax in every row that keeps a key, while the scores are
-  // far smaller than the fill's magnitude (exp underflows either way); a
-  // row that keeps none differs, and the source says so.
-  struct Term {
-    std::string value, name;
-  };
+// The result of a parsed chain text made from `nodes`, or why it does not
+// parse.
+std::variant<Match, Reject> ChainMatch(const std::string& text, std::vector<const onnx::NodeProto*> nodes,
+                                       const std::vector<std::string>& notes) {
+  auto chain = ir::ParseChainText(text);
+  if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  return Match{std::move(*chain), std::move(nodes), absl::StrJoin(notes, "; ")};
+}
+
+// The axes of a mask of shape `mask` broadcast to scores of dims `dims`
+// with extents `extents`, aligned at the last axis (the mask has no more
+// axes than the scores): each axis is the dim whose extent it has, or "0"
+// where it is 1. nullopt when an axis is neither; `*bad` says which.
+std::optional<std::vector<std::string>> BroadcastAxes(const std::vector<int64_t>& mask,
+                                                      const std::vector<std::string>& dims,
+                                                      const std::vector<int64_t>& extents, size_t* bad) {
+  std::vector<std::string> axes;
+  for (size_t a = 0; a < mask.size(); ++a) {
+    const size_t j = dims.size() - mask.size() + a;
+    if (mask[a] == extents[j]) {
+      axes.push_back(dims[j]);
+    } else if (mask[a] == 1) {
+      axes.push_back("0");
+    } else {
+      *bad = a;
+      return std::nullopt;
+    }
+  }
+  return axes;
+}
+
+// An additive term of written-out attention's scores: the graph value
+// and its name in the chain.
+struct Term {
+  std::string value, name;
+};
+
+// Written-out attention from its Softmax back to the Q K' MatMul: the
+// additive terms met on the way, the scale, and the MatMul's operands
+// past the scales on them.
+struct ScorePath {
   std::vector<Term> masks;
-  std::vector<std::string> notes;
   double scale = 1;
-  const onnx::NodeProto* n = g.Producer(cur);
-  // The scores come from the MatMul, directly, through the scale or
-  // through another Add or Where; the other operand is a mask (which may
-  // itself be computed by a Mul).
-  std::function<bool(const std::string&, int)> scores = [&](const std::string& t, int depth) {
-    const onnx::NodeProto* p = g.Producer(t);
-    if (p != nullptr && p->op_type() == "Add" && depth > 0) {
-      return scores(p->input(0), depth - 1) || scores(p->input(1), depth - 1);
-    }
-    if (p != nullptr && p->op_type() == "Where" && p->input_size() == 3 && depth > 0) {
-      return scores(p->input(1), depth - 1) || scores(p->input(2), depth - 1);
-    }
-    if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
-    return p != nullptr && p->op_type() == "MatMul";
-  };
+  const onnx::NodeProto* qk = nullptr;
+  std::string q_value, k_value;
+};
+
+// Whether `t` is the scores: the MatMul's output, directly, through the
+// scale or through up to `depth` more Adds or Wheres.
+bool IsScores(const Graph& g, const std::string& t, int depth) {
+  const onnx::NodeProto* p = g.Producer(t);
+  if (p != nullptr && p->op_type() == "Add" && depth > 0) {
+    return IsScores(g, p->input(0), depth - 1) || IsScores(g, p->input(1), depth - 1);
+  }
+  if (p != nullptr && p->op_type() == "Where" && p->input_size() == 3 && depth > 0) {
+    return IsScores(g, p->input(1), depth - 1) || IsScores(g, p->input(2), depth - 1);
+  }
+  if (p != nullptr && (p->op_type() == "Div" || p->op_type() == "Mul")) p = g.Producer(p->input(0));
+  return p != nullptr && p->op_type() == "MatMul";
+}
+
+// Walks back from the scores `*cur` over the additive terms into `path`:
+// a mask, T5's position bias, and a boolean mask applied by Where(cond,
+// scores, fill) (older GPT-2 exports' causal mask): with a fill of -1e4 or
+// below it is the additive mask of 0 and fill, the same after the softmax
+// in every row that keeps a key, while the scores are far smaller than the
+// fill's magnitude (exp underflows either way); a row that keeps none
+// differs, and the source says so. The scores come from the MatMul,
+// directly, through the scale or through another Add or Where; the other
+// operand is a mask (which may itself be computed by a Mul).
+std::optional<Reject> ReadAdditiveTerms(const Graph& g, std::string* cur, ScorePath* path,
+                                        std::vector<std::string>* notes,
+                                        std::vector<const onnx::NodeProto*>* nodes) {
+  std::vector<Term>& masks = path->masks;
+  const onnx::NodeProto* n = g.Producer(*cur);
   while (n != nullptr && (n->op_type() == "Add" || (n->op_type() == "Where" && n->input_size() == 3)) &&
-         g.SoleConsumer(cur) == nodes.back() && masks.size() < 3) {
+         g.SoleConsumer(*cur) == nodes->back() && masks.size() < 3) {
     if (n->op_type() == "Add") {
-      const bool first = scores(n->input(0), 2);
+      const bool first = IsScores(g, n->input(0), 2);
       const int adds = static_cast<int>(std::count_if(masks.begin(), masks.end(), [](const Term& t) { return t.name[0] != 'C'; }));
       masks.push_back({n->input(first ? 1 : 0), adds == 0 ? "M" : adds == 1 ? "B" : "B2"});
-      cur = n->input(first ? 0 : 1);
+      *cur = n->input(first ? 0 : 1);
     } else {
-      const bool kept_if_true = scores(n->input(1), 2);
+      const bool kept_if_true = IsScores(g, n->input(1), 2);
       const std::string fill = n->input(kept_if_true ? 2 : 1);
       auto f = g.Scalar(fill);
       if (!std::holds_alternative<double>(f) || std::get<double>(f) > -1e4) {
@@ -430,48 +465,76 @@ std::variant<Match, Reject> MatchAttention(
       }
       const bool second = std::any_of(masks.begin(), masks.end(), [](const Term& t) { return t.name[0] == 'C'; });
       masks.push_back({n->input(0), second ? "C2" : "C"});
-      notes.push_back(absl::StrCat("C is '", n->input(0), "' as an additive mask: 0 where it is ",
-                                   kept_if_true ? "true" : "false", ", ", std::get<double>(f), " where it is ",
-                                   kept_if_true ? "false" : "true",
-                                   " (the same after the softmax unless a row keeps no key)"));
-      cur = n->input(kept_if_true ? 1 : 2);
+      notes->push_back(absl::StrCat("C is '", n->input(0), "' as an additive mask: 0 where it is ",
+                                    kept_if_true ? "true" : "false", ", ", std::get<double>(f), " where it is ",
+                                    kept_if_true ? "false" : "true",
+                                    " (the same after the softmax unless a row keeps no key)"));
+      *cur = n->input(kept_if_true ? 1 : 2);
     }
-    nodes.push_back(n);
-    n = g.Producer(cur);
+    nodes->push_back(n);
+    n = g.Producer(*cur);
   }
-  if (n != nullptr && (n->op_type() == "Div" || n->op_type() == "Mul")) {
-    auto c = g.Scalar(n->input(1));
-    if (Failed(c, &why)) return Reject{absl::StrCat("the scale ", Label(*n), ": ", why)};
-    const double v = std::get<double>(c);
-    if (n->op_type() == "Div" && v == 0) return Reject{"the scale divides by zero"};
-    scale = n->op_type() == "Div" ? 1 / v : v;
-    nodes.push_back(n);
-    cur = n->input(0);
-    n = g.Producer(cur);
-  }
+  return std::nullopt;
+}
+
+// The scale (a Div or Mul by a constant) producing `*cur`, if one does,
+// into `path`; `*cur` moves to its input.
+std::optional<Reject> ReadScoreScale(const Graph& g, std::string* cur, ScorePath* path,
+                                     std::vector<const onnx::NodeProto*>* nodes) {
+  const onnx::NodeProto* n = g.Producer(*cur);
+  if (n == nullptr || (n->op_type() != "Div" && n->op_type() != "Mul")) return std::nullopt;
+  auto c = g.Scalar(n->input(1));
+  std::string why;
+  if (Failed(c, &why)) return Reject{absl::StrCat("the scale ", Label(*n), ": ", why)};
+  const double v = std::get<double>(c);
+  if (n->op_type() == "Div" && v == 0) return Reject{"the scale divides by zero"};
+  path->scale = n->op_type() == "Div" ? 1 / v : v;
+  nodes->push_back(n);
+  *cur = n->input(0);
+  return std::nullopt;
+}
+
+// Written-out attention's path from Softmax `s` back to the Q K' MatMul:
+// optional additive terms, an optional scale, the MatMul.
+std::variant<ScorePath, Reject> FindScorePath(const Graph& g, const onnx::NodeProto& s,
+                                              std::vector<std::string>* notes,
+                                              std::vector<const onnx::NodeProto*>* nodes) {
+  ScorePath path;
+  std::string cur = s.input(0);
+  if (auto r = ReadAdditiveTerms(g, &cur, &path, notes, nodes)) return *r;
+  if (auto r = ReadScoreScale(g, &cur, &path, nodes)) return *r;
+  const onnx::NodeProto* n = g.Producer(cur);
   if (n == nullptr || n->op_type() != "MatMul") return Reject{"no MatMul produces the scores"};
-  const onnx::NodeProto& qk = *n;
-  nodes.push_back(&qk);
+  path.qk = n;
+  nodes->push_back(n);
   // SDPA as exporters decompose it scales Q and K by sqrt(scale) each.
-  std::string q_value = qk.input(0), k_value = qk.input(1);
-  for (std::string* operand : {&q_value, &k_value}) {
+  path.q_value = n->input(0);
+  path.k_value = n->input(1);
+  for (std::string* operand : {&path.q_value, &path.k_value}) {
     const onnx::NodeProto* m = g.Producer(*operand);
-    if (m == nullptr || (m->op_type() != "Mul" && m->op_type() != "Div") || g.SoleConsumer(*operand) != &qk) continue;
+    if (m == nullptr || (m->op_type() != "Mul" && m->op_type() != "Div") || g.SoleConsumer(*operand) != n) continue;
     const bool left = m->op_type() == "Mul" && std::holds_alternative<double>(g.Scalar(m->input(0)));
     auto c = g.Scalar(m->input(left ? 0 : 1));
     if (!std::holds_alternative<double>(c) || std::get<double>(c) == 0) continue;
-    scale *= m->op_type() == "Div" ? 1 / std::get<double>(c) : std::get<double>(c);
-    nodes.push_back(m);
+    path.scale *= m->op_type() == "Div" ? 1 / std::get<double>(c) : std::get<double>(c);
+    nodes->push_back(m);
     *operand = m->input(left ? 1 : 0);
   }
-  // The probabilities, possibly through the exporters' NaN guard
-  // Where(IsNaN(P), 0, P) (a row whose keys are all masked) and Casts to
-  // the type they have (eager attention's softmax(x, dtype=f32).to(dtype)).
+  return path;
+}
+
+// The MatMul the probabilities (Softmax `s`'s output) feed as its left
+// operand, possibly through the exporters' NaN guard Where(IsNaN(P), 0, P)
+// (a row whose keys are all masked) and Casts to the type they have (eager
+// attention's softmax(x, dtype=f32).to(dtype)).
+std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& g, const onnx::NodeProto& s,
+                                                                   std::vector<std::string>* notes,
+                                                                   std::vector<const onnx::NodeProto*>* nodes) {
   std::string probs = s.output(0);
   const onnx::NodeProto* pv = g.SoleConsumer(probs);
   auto skip_casts = [&] {
     while (pv != nullptr && pv->op_type() == "Cast" && AttrInt(*pv, "to", -1) == ElemType(g, probs)) {
-      nodes.push_back(pv);
+      nodes->push_back(pv);
       probs = pv->output(0);
       pv = g.SoleConsumer(probs);
     }
@@ -483,99 +546,148 @@ std::variant<Match, Reject> MatchAttention(
     if (is_nan->op_type() == "IsNaN" && where->op_type() == "Where" && where->input_size() == 3 &&
         where->input(0) == is_nan->output(0) && where->input(2) == probs && IsZero(g, where->input(1)) &&
         g.SoleConsumer(is_nan->output(0)) == where) {
-      nodes.push_back(is_nan);
-      nodes.push_back(where);
+      nodes->push_back(is_nan);
+      nodes->push_back(where);
       probs = where->output(0);
       pv = g.SoleConsumer(probs);
-      notes.push_back("the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept");
+      notes->push_back("the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept");
       skip_casts();
     }
   }
   if (pv == nullptr || pv->op_type() != "MatMul" || pv->input(0) != probs) {
     return Reject{"the probabilities do not feed one MatMul as its left operand"};
   }
-  nodes.push_back(pv);
-  // Dims: batch axes b0.., then m, n; head dims d (Q K') and e (V).
-  std::vector<std::string> batch;
-  for (int i = 0; i + 2 < rank; ++i) batch.push_back(absl::StrCat("b", i));
-  auto with = [&](std::vector<std::string> tail) {
-    std::vector<std::string> v = batch;
-    v.insert(v.end(), tail.begin(), tail.end());
-    return v;
-  };
-  auto q = View(g, q_value, with({"m", "d"}), &nodes);
-  if (Failed(q, &why)) return Reject{why};
-  auto k = View(g, k_value, with({"d", "n"}), &nodes);
-  if (Failed(k, &why)) return Reject{why};
-  auto v = View(g, pv->input(1), with({"n", "e"}), &nodes);
-  if (Failed(v, &why)) return Reject{why};
-  Operand Q = std::get<Operand>(q), K = std::get<Operand>(k), V = std::get<Operand>(v);
+  nodes->push_back(pv);
+  return pv;
+}
+
+// `batch` followed by `tail`.
+std::vector<std::string> WithBatch(const std::vector<std::string>& batch, const std::vector<std::string>& tail) {
+  std::vector<std::string> v = batch;
+  v.insert(v.end(), tail.begin(), tail.end());
+  return v;
+}
+
+// Written-out attention's Q, K and V viewed with the chain's dims, and
+// each dim's extent.
+struct QkvViews {
+  Operand q, k, v;
   std::map<std::string, int64_t> extent;
-  for (const Operand* o : {&Q, &K, &V}) {
+};
+
+// Dims: batch axes `batch`, then m, n; head dims d (Q K') and e (V).
+std::variant<QkvViews, Reject> ViewQkv(const Graph& g, const ScorePath& path, const onnx::NodeProto& pv,
+                                       const std::vector<std::string>& batch,
+                                       std::vector<const onnx::NodeProto*>* nodes) {
+  std::string why;
+  auto q = View(g, path.q_value, WithBatch(batch, {"m", "d"}), nodes);
+  if (Failed(q, &why)) return Reject{why};
+  auto k = View(g, path.k_value, WithBatch(batch, {"d", "n"}), nodes);
+  if (Failed(k, &why)) return Reject{why};
+  auto v = View(g, pv.input(1), WithBatch(batch, {"n", "e"}), nodes);
+  if (Failed(v, &why)) return Reject{why};
+  QkvViews qkv{std::get<Operand>(q), std::get<Operand>(k), std::get<Operand>(v), {}};
+  for (const Operand* o : {&qkv.q, &qkv.k, &qkv.v}) {
     for (size_t i = 0; i < o->axes.size(); ++i) {
-      auto [it, fresh] = extent.emplace(o->axes[i], o->shape[i]);
+      auto [it, fresh] = qkv.extent.emplace(o->axes[i], o->shape[i]);
       if (!fresh && it->second != o->shape[i]) {
         return Reject{absl::StrCat("Q, K and V disagree on dim ", o->axes[i], " (broadcasting is not folded)")};
       }
     }
   }
-  // Grouped-query attention written out: K and V repeated for each query
-  // head (repeat_kv). Read as grouped-query attention, as the LLaMA
-  // description's chain is: the head axis b1 splits into g (K/V head) and r
-  // (query head within its group), and K and V are read unrepeated, by g.
-  const std::optional<Repeat> rk = rank == 4 ? RepeatedKv(g, K.value) : std::nullopt;
-  const std::optional<Repeat> rv = rank == 4 ? RepeatedKv(g, V.value) : std::nullopt;
-  const int64_t heads = extent.count("b1") > 0 ? extent["b1"] : 0;
-  if (rk && rv && rk->groups == rv->groups && rk->reps == rv->reps && K.axes[1] == "b1" && V.axes[1] == "b1") {
-    for (auto [o, r] : {std::pair{&K, &*rk}, std::pair{&V, &*rv}}) {
-      o->value = r->source;
-      o->shape = r->shape;
-      o->axes[1] = "g";
-      nodes.insert(nodes.end(), r->nodes.begin(), r->nodes.end());
-    }
-    std::replace(Q.axes.begin(), Q.axes.end(), std::string("b1"), std::string("g,r"));
-    batch[1] = "g,r";
-    extent.erase("b1");
-    extent["g"] = rk->groups;
-    extent["r"] = rk->reps;
+  return qkv;
+}
+
+// Grouped-query attention written out: K and V repeated for each query
+// head (repeat_kv). Read as grouped-query attention, as the LLaMA
+// description's chain is: the head axis b1 splits into g (K/V head) and r
+// (query head within its group), and K and V are read unrepeated, by g.
+void ReadRepeatedKv(const Graph& g, int rank, QkvViews* qkv, std::vector<std::string>* batch,
+                    std::vector<const onnx::NodeProto*>* nodes) {
+  const std::optional<Repeat> rk = rank == 4 ? RepeatedKv(g, qkv->k.value) : std::nullopt;
+  const std::optional<Repeat> rv = rank == 4 ? RepeatedKv(g, qkv->v.value) : std::nullopt;
+  if (!rk || !rv || rk->groups != rv->groups || rk->reps != rv->reps || qkv->k.axes[1] != "b1" ||
+      qkv->v.axes[1] != "b1") {
+    return;
   }
-  auto extent_of = [&](const std::string& dim) { return dim == "g,r" ? heads : extent[dim]; };
-  std::string inputs = absl::StrCat(Decl("Q", Q), " ", Decl("K", K), " ", Decl("V", V));
-  std::string add;
+  for (auto [o, r] : {std::pair{&qkv->k, &*rk}, std::pair{&qkv->v, &*rv}}) {
+    o->value = r->source;
+    o->shape = r->shape;
+    o->axes[1] = "g";
+    nodes->insert(nodes->end(), r->nodes.begin(), r->nodes.end());
+  }
+  std::replace(qkv->q.axes.begin(), qkv->q.axes.end(), std::string("b1"), std::string("g,r"));
+  (*batch)[1] = "g,r";
+  qkv->extent.erase("b1");
+  qkv->extent["g"] = rk->groups;
+  qkv->extent["r"] = rk->reps;
+}
+
+// Declares each additive term, broadcast to the scores (dims `score_axes`
+// of extents `score_extents`), as an input and adds it to the scores.
+std::optional<Reject> AddScoreTerms(const Graph& g, const std::vector<Term>& masks,
+                                    const std::vector<std::string>& score_axes,
+                                    const std::vector<int64_t>& score_extents, std::string* inputs,
+                                    std::string* add) {
+  std::string why;
   for (const auto& [value, name] : masks) {
     auto mshape = g.Shape(value);
     if (Failed(mshape, &why)) return Reject{absl::StrCat("the mask: ", why)};
     const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(mshape);
-    if (ms.size() > sshape.size()) return Reject{"the mask has more axes than the scores"};
-    Operand M;
-    M.value = value;
-    M.shape = ms;
-    const std::vector<std::string> score_axes = with({"m", "n"});
-    for (size_t a = 0; a < ms.size(); ++a) {
-      const std::string& dim = score_axes[score_axes.size() - ms.size() + a];
-      if (ms[a] == extent_of(dim)) {
-        M.axes.push_back(dim);
-      } else if (ms[a] == 1) {
-        M.axes.push_back("0");
-      } else {
-        return Reject{absl::StrCat("the mask's axis ", a, " (", ms[a], ") does not broadcast to the scores")};
-      }
+    if (ms.size() > score_axes.size()) return Reject{"the mask has more axes than the scores"};
+    size_t bad = 0;
+    std::optional<std::vector<std::string>> axes = BroadcastAxes(ms, score_axes, score_extents, &bad);
+    if (!axes) {
+      return Reject{absl::StrCat("the mask's axis ", bad, " (", ms[bad], ") does not broadcast to the scores")};
     }
-    inputs += " " + Decl(name, M);
-    add += " + " + Use(name, M);
+    const Operand m{value, ms, *axes};
+    *inputs += " " + Decl(name, m);
+    *add += " + " + Use(name, m);
   }
+  return std::nullopt;
+}
+
+// Attention written out, ending in Softmax `s`: Q K' (scaled), plus
+// additive terms, softmax over the last axis, times V.
+std::variant<Match, Reject> MatchAttention(
+    const Graph& g, const onnx::NodeProto& s, int index) {
+  std::vector<const onnx::NodeProto*> nodes = {&s};
+  std::string why;
+  auto scores_shape = g.Shape(s.input(0));
+  if (Failed(scores_shape, &why)) return Reject{why};
+  const int rank = static_cast<int>(std::get<std::vector<int64_t>>(scores_shape).size());
+  if (rank < 2) return Reject{"the scores have fewer than 2 axes"};
+  const int64_t axis = AttrInt(s, "axis", -1);
+  if (axis != -1 && axis != rank - 1) return Reject{"the softmax is not over the last axis"};
+  std::vector<std::string> notes;
+  auto found = FindScorePath(g, s, &notes, &nodes);
+  if (Failed(found, &why)) return Reject{why};
+  const ScorePath path = std::get<ScorePath>(found);
+  auto pv = FindProbabilityMatMul(g, s, &notes, &nodes);
+  if (Failed(pv, &why)) return Reject{why};
+  std::vector<std::string> batch;
+  for (int i = 0; i + 2 < rank; ++i) batch.push_back(absl::StrCat("b", i));
+  auto views = ViewQkv(g, path, *std::get<const onnx::NodeProto*>(pv), batch, &nodes);
+  if (Failed(views, &why)) return Reject{why};
+  QkvViews qkv = std::get<QkvViews>(views);
+  const int64_t heads = qkv.extent.count("b1") > 0 ? qkv.extent["b1"] : 0;
+  ReadRepeatedKv(g, rank, &qkv, &batch, &nodes);
+  std::string inputs = absl::StrCat(Decl("Q", qkv.q), " ", Decl("K", qkv.k), " ", Decl("V", qkv.v));
+  std::string add;
+  const std::vector<std::string> score_axes = WithBatch(batch, {"m", "n"});
+  std::vector<int64_t> score_extents;
+  for (const std::string& dim : score_axes) score_extents.push_back(dim == "g,r" ? heads : qkv.extent.at(dim));
+  if (auto r = AddScoreTerms(g, path.masks, score_axes, score_extents, &inputs, &add)) return *r;
   std::string dims;
-  for (const auto& [name, e] : extent) absl::StrAppend(&dims, " ", name, "=", e);
-  const std::vector<std::string> point = with({"m"});
-  const std::string p = absl::StrJoin(point, ",");
+  for (const auto& [name, e] : qkv.extent) absl::StrAppend(&dims, " ", name, "=", e);
+  const std::string p = absl::StrJoin(WithBatch(batch, {"m"}), ",");
   const std::string text = absl::StrCat(
-      "chain attention_", index, "\ndtype ", DTypeOf(g, qk.input(0)), "\ndim", dims, "\nin ", inputs, "\n",
-      "S[", p, ",n] = sum(d) ", Use("Q", Q), " * ", Use("K", K), scale == 1 ? "" : absl::StrCat(" * ", scale), "\n",
+      "chain attention_", index, "\ndtype ", DTypeOf(g, path.qk->input(0)), "\ndim", dims, "\nin ", inputs, "\n",
+      "S[", p, ",n] = sum(d) ", Use("Q", qkv.q), " * ", Use("K", qkv.k),
+      path.scale == 1 ? "" : absl::StrCat(" * ", path.scale), "\n",
       "P[", p, ",n] = softmax(n) S[", p, ",n]", add, "\n",
-      "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", V), "\nout O\n");
-  auto chain = ir::ParseChainText(text);
-  if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return Match{std::move(*chain), nodes, absl::StrJoin(notes, "; ")};
+      "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", qkv.v), "\nout O\n");
+  return ChainMatch(text, nodes, notes);
 }
 
 float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallback) {
@@ -583,6 +695,229 @@ float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallbac
     if (a.name() == name) return a.f();
   }
   return fallback;
+}
+
+// A single-node attention op as MatchAttentionOp reads it.
+struct AttentionOp {
+  const onnx::NodeProto* node;
+  bool mha;     // com.microsoft's MultiHeadAttention
+  bool packed;  // com.microsoft's Attention: Q, K and V projected from one input
+
+  // Input `i`, or "" when the node has fewer.
+  std::string Input(int i) const { return node->input_size() > i ? node->input(i) : std::string(); }
+};
+
+// Why the chain cannot express what `op` asks for, if it cannot.
+std::optional<Reject> UnsupportedAttentionOp(const AttentionOp& op) {
+  const onnx::NodeProto& a = *op.node;
+  if (op.mha && a.domain() != "com.microsoft") return Reject{absl::StrCat(Label(a), " is not com.microsoft's")};
+  if (!op.mha && !op.packed && !a.domain().empty() && a.domain() != "ai.onnx") {
+    return Reject{absl::StrCat(Label(a), " is from domain '", a.domain(), "'")};
+  }
+  if (!op.packed && (op.Input(1).empty() || op.Input(2).empty())) {
+    return Reject{"packed Q/K/V (no separate key and value) is not read"};
+  }
+  for (int i = 1; i < a.output_size(); ++i) {
+    if (!a.output(i).empty()) return Reject{"its present key/value or scores outputs are used"};
+  }
+  const std::vector<int> past =
+      op.packed ? std::vector<int>{4, 6} : std::vector<int>{op.mha ? 6 : 4, op.mha ? 7 : 5};
+  for (int i : past) {
+    if (!op.Input(i).empty()) return Reject{"past key/value (a KV cache) is not read"};
+  }
+  if (op.mha && !op.Input(3).empty()) return Reject{"its packed projection bias is not folded"};
+  if (!op.mha && !op.packed && AttrFloat(a, "softcap", 0) != 0) return Reject{"softcap is not supported"};
+  if (op.packed && AttrInt(a, "do_rotary", 0) != 0) return Reject{"its rotary embedding is not read"};
+  return std::nullopt;
+}
+
+// The shapes of Q, K and V: the inputs', or the parts of the packed
+// projection of onnxruntime's Attention ([batch, seq, in] times [in, q +
+// k + v]), which `notes` then mentions.
+std::variant<std::vector<std::vector<int64_t>>, Reject> QkvShapes(const Graph& g, const AttentionOp& op,
+                                                                  std::vector<std::string>* notes) {
+  const onnx::NodeProto& a = *op.node;
+  std::string why;
+  std::vector<std::vector<int64_t>> shapes;
+  if (!op.packed) {
+    for (int i = 0; i < 3; ++i) {
+      auto sh = g.Shape(a.input(i));
+      if (Failed(sh, &why)) return Reject{why};
+      shapes.push_back(std::get<std::vector<int64_t>>(sh));
+      if (shapes.back().size() != 3 && shapes.back().size() != 4) {
+        return Reject{absl::StrCat("'", a.input(i), "' is neither 3-D nor 4-D")};
+      }
+    }
+    return shapes;
+  }
+  auto xs = g.Shape(a.input(0));
+  if (Failed(xs, &why)) return Reject{why};
+  auto ws = g.Shape(op.Input(1));
+  if (Failed(ws, &why)) return Reject{why};
+  const std::vector<int64_t> x = std::get<std::vector<int64_t>>(xs), w = std::get<std::vector<int64_t>>(ws);
+  if (x.size() != 3 || w.size() != 2 || w[0] != x[2]) return Reject{"the input and the packed weights do not agree"};
+  std::vector<int64_t> sizes = AttrInts(a, "qkv_hidden_sizes");
+  if (sizes.empty()) sizes.assign(3, w[1] / 3);
+  if (sizes.size() != 3 || sizes[0] + sizes[1] + sizes[2] != w[1] || sizes[0] != sizes[1]) {
+    return Reject{"the packed weights do not split into Q, K and V of one width"};
+  }
+  for (int64_t width : sizes) shapes.push_back({x[0], x[1], width});
+  notes->push_back(absl::StrCat("Q, K and V are the parts of '", a.input(0), "' projected by '", op.Input(1), "'",
+                                op.Input(2).empty() ? "" : absl::StrCat(" plus '", op.Input(2), "'"),
+                                ", each [batch, seq, heads * head dim]"));
+  return shapes;
+}
+
+// The extents of single-node attention: batch B, query heads and K/V
+// heads, queries S, keys L, the head dim D of Q and K and Dv of V.
+struct AttentionExtents {
+  int64_t B = 0, q_heads = 0, kv_heads = 0, S = 0, L = 0, D = 0, Dv = 0;
+};
+
+// The head counts (attributes, or the head axis of 4-D inputs) and the
+// extents Q, K and V of shapes `shapes` split into with them.
+std::variant<AttentionExtents, Reject> ReadHeads(const AttentionOp& op,
+                                                 const std::vector<std::vector<int64_t>>& shapes) {
+  const onnx::NodeProto& a = *op.node;
+  AttentionExtents x;
+  x.q_heads = op.mha || op.packed ? AttrInt(a, "num_heads", 0) : AttrInt(a, "q_num_heads", 0);
+  x.kv_heads = op.mha || op.packed ? x.q_heads : AttrInt(a, "kv_num_heads", 0);
+  if (shapes[0].size() == 4) x.q_heads = shapes[0][1];
+  if (shapes[1].size() == 4) x.kv_heads = shapes[1][1];
+  if (x.q_heads <= 0 || x.kv_heads <= 0) {
+    return Reject{"3-D inputs need the head counts (num_heads, q_num_heads, kv_num_heads)"};
+  }
+  if (x.q_heads % x.kv_heads != 0) {
+    return Reject{absl::StrCat(x.q_heads, " query heads are not a multiple of ", x.kv_heads, " K/V heads")};
+  }
+  auto split = [&](const std::vector<int64_t>& sh, int64_t heads, int64_t* seq, int64_t* dim) -> bool {
+    *seq = sh.size() == 4 ? sh[2] : sh[1];
+    if (sh.size() == 4) {
+      *dim = sh[3];
+      return sh[1] == heads;
+    }
+    *dim = sh[2] / heads;
+    return sh[2] % heads == 0;
+  };
+  int64_t Dk = 0, Lv = 0;
+  if (!split(shapes[0], x.q_heads, &x.S, &x.D) || !split(shapes[1], x.kv_heads, &x.L, &Dk) ||
+      !split(shapes[2], x.kv_heads, &Lv, &x.Dv)) {
+    return Reject{"Q, K and V do not split into their heads"};
+  }
+  x.B = shapes[0][0];
+  if (shapes[1][0] != x.B || shapes[2][0] != x.B || x.L != Lv || x.D != Dk) {
+    return Reject{"Q, K and V disagree on batch, keys or head dim"};
+  }
+  return x;
+}
+
+// Tensor `name` over dims b, `heads`, `pos` and `d`: [b, heads, pos, d]
+// when it is 4-D (`shape`), else [b, pos, heads, d] (the bytes of [batch,
+// seq, heads * head dim]).
+std::string HeadView(const char* name, const std::vector<int64_t>& shape, const std::string& heads, const char* pos,
+                     const char* d) {
+  return shape.size() == 4 ? absl::StrCat(name, "[b,", heads, ",", pos, ",", d, "]")
+                           : absl::StrCat(name, "[b,", pos, ",", heads, ",", d, "]");
+}
+
+// The pieces of single-node attention's chain text: the inputs'
+// declarations, the terms added to the scores, and notes on what the
+// chain assumes of its inputs.
+struct ChainPieces {
+  std::string inputs, add;
+  std::vector<std::string> notes;
+};
+
+// Declares `value`, an additive mask broadcast to [b, query head `qh`, m,
+// n], as input `name` and adds it to the scores.
+std::optional<Reject> AddBroadcastMask(const Graph& g, const std::string& value, const char* name,
+                                       const AttentionExtents& x, const std::string& qh, ChainPieces* pieces) {
+  std::string why;
+  auto sh = g.Shape(value);
+  if (Failed(sh, &why)) return Reject{absl::StrCat("the mask: ", why)};
+  const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(sh);
+  if (ElemType(g, value) == onnx::TensorProto::BOOL) {
+    return Reject{absl::StrCat("'", value, "' is a boolean mask; only additive ones are read")};
+  }
+  if (ms.size() > 4) return Reject{absl::StrCat("'", value, "' has more than 4 axes")};
+  size_t bad = 0;
+  std::optional<std::vector<std::string>> axes =
+      BroadcastAxes(ms, {"b", qh, "m", "n"}, {x.B, x.q_heads, x.S, x.L}, &bad);
+  if (!axes) {
+    return Reject{absl::StrCat("'", value, "' axis ", bad, " (", ms[bad], ") does not broadcast to the scores")};
+  }
+  const Operand m{value, ms, *axes};
+  absl::StrAppend(&pieces->inputs, " ", Decl(name, m));
+  absl::StrAppend(&pieces->add, " + ", Use(name, m));
+  return std::nullopt;
+}
+
+// Declares onnxruntime Attention's mask_index `value` (key lengths, or a
+// 0/1 mask over keys or over queries and keys) as the additive mask M it
+// becomes and adds it to the scores.
+std::optional<Reject> AddMaskIndex(const Graph& g, const std::string& value, const AttentionExtents& x,
+                                   ChainPieces* pieces) {
+  std::string why;
+  auto sh = g.Shape(value);
+  if (Failed(sh, &why)) return Reject{absl::StrCat("the mask index: ", why)};
+  const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(sh);
+  if (ms == std::vector<int64_t>{x.B} || ms == std::vector<int64_t>{x.B, x.L}) {
+    absl::StrAppend(&pieces->inputs, " M[b,n]");
+    absl::StrAppend(&pieces->add, " + M[b,n]");
+    pieces->notes.push_back(absl::StrCat("M is '", value, "' as an additive mask over keys (0 or mask_filter_value)",
+                                         ms.size() == 1 ? ", from each row's key length" : ""));
+  } else if (ms == std::vector<int64_t>{x.B, x.S, x.L}) {
+    absl::StrAppend(&pieces->inputs, " M[b,m,n]");
+    absl::StrAppend(&pieces->add, " + M[b,m,n]");
+    pieces->notes.push_back(absl::StrCat("M is '", value, "' as an additive mask (0 or mask_filter_value)"));
+  } else {
+    return Reject{"only a mask index of key lengths [batch] or a mask [batch, keys] or [batch, queries, keys] is read"};
+  }
+  return std::nullopt;
+}
+
+// Declares MultiHeadAttention's key_padding_mask `value` as the additive
+// mask M over [batch, keys] it becomes and adds it to the scores.
+std::optional<Reject> AddKeyPaddingMask(const Graph& g, const std::string& value, const AttentionExtents& x,
+                                        ChainPieces* pieces) {
+  std::string why;
+  auto sh = g.Shape(value);
+  if (Failed(sh, &why)) return Reject{absl::StrCat("the key padding mask: ", why)};
+  if (std::get<std::vector<int64_t>>(sh) != std::vector<int64_t>{x.B, x.L}) {
+    return Reject{"only a 2-D [batch, keys] key_padding_mask is read"};
+  }
+  absl::StrAppend(&pieces->inputs, " M[b,n]");
+  absl::StrAppend(&pieces->add, " + M[b,n]");
+  pieces->notes.push_back(absl::StrCat("M is '", value, "' as an additive mask (0 or mask_filter_value)"));
+  return std::nullopt;
+}
+
+// Every mask `op` applies, as additive inputs of the chain (query heads
+// `qh`), and causal attention as the additive input C[m, n].
+std::optional<Reject> AddAttentionOpMasks(const Graph& g, const AttentionOp& op, const AttentionExtents& x,
+                                          const std::string& qh, ChainPieces* pieces) {
+  if (op.packed && !op.Input(3).empty()) {
+    if (auto r = AddMaskIndex(g, op.Input(3), x, pieces)) return *r;
+  }
+  if (op.packed && !op.Input(5).empty()) {
+    if (auto r = AddBroadcastMask(g, op.Input(5), "A", x, qh, pieces)) return *r;
+  }
+  if (op.mha) {
+    if (!op.Input(4).empty()) {
+      if (auto r = AddKeyPaddingMask(g, op.Input(4), x, pieces)) return *r;
+    }
+    if (!op.Input(5).empty()) {
+      if (auto r = AddBroadcastMask(g, op.Input(5), "A", x, qh, pieces)) return *r;
+    }
+  } else if (!op.packed && !op.Input(3).empty()) {
+    if (auto r = AddBroadcastMask(g, op.Input(3), "M", x, qh, pieces)) return *r;
+  }
+  if (AttrInt(*op.node, op.mha || op.packed ? "unidirectional" : "is_causal", 0) != 0) {
+    absl::StrAppend(&pieces->inputs, " C[m,n]");
+    absl::StrAppend(&pieces->add, " + C[m,n]");
+    pieces->notes.push_back("C is the causal mask, additive (0 or -inf)");
+  }
+  return std::nullopt;
 }
 
 // The single-node attention ops: ONNX's Attention (opset 23; grouped-query
@@ -599,178 +934,40 @@ float AttrFloat(const onnx::NodeProto& n, const std::string& name, float fallbac
 // becomes, and causal attention (is_causal, unidirectional) as an additive
 // [queries, keys] input.
 std::variant<Match, Reject> MatchAttentionOp(const Graph& g, const onnx::NodeProto& a, int index) {
-  const bool mha = a.op_type() == "MultiHeadAttention";
-  const bool packed = a.op_type() == "Attention" && a.domain() == "com.microsoft";
-  if (mha && a.domain() != "com.microsoft") return Reject{absl::StrCat(Label(a), " is not com.microsoft's")};
-  if (!mha && !packed && !a.domain().empty() && a.domain() != "ai.onnx") {
-    return Reject{absl::StrCat(Label(a), " is from domain '", a.domain(), "'")};
-  }
-  auto input = [&](int i) { return a.input_size() > i ? a.input(i) : std::string(); };
-  if (!packed && (input(1).empty() || input(2).empty())) {
-    return Reject{"packed Q/K/V (no separate key and value) is not read"};
-  }
-  for (int i = 1; i < a.output_size(); ++i) {
-    if (!a.output(i).empty()) return Reject{"its present key/value or scores outputs are used"};
-  }
-  const std::vector<int> past = packed ? std::vector<int>{4, 6} : std::vector<int>{mha ? 6 : 4, mha ? 7 : 5};
-  for (int i : past) {
-    if (!input(i).empty()) return Reject{"past key/value (a KV cache) is not read"};
-  }
-  if (mha && !input(3).empty()) return Reject{"its packed projection bias is not folded"};
-  if (!mha && !packed && AttrFloat(a, "softcap", 0) != 0) return Reject{"softcap is not supported"};
-  if (packed && AttrInt(a, "do_rotary", 0) != 0) return Reject{"its rotary embedding is not read"};
+  const AttentionOp op{&a, a.op_type() == "MultiHeadAttention",
+                       a.op_type() == "Attention" && a.domain() == "com.microsoft"};
+  if (auto r = UnsupportedAttentionOp(op)) return *r;
   std::string why;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<std::string> notes;
-  if (packed) {  // [batch, seq, in] times [in, q + k + v]
-    auto xs = g.Shape(a.input(0));
-    if (Failed(xs, &why)) return Reject{why};
-    auto ws = g.Shape(input(1));
-    if (Failed(ws, &why)) return Reject{why};
-    const std::vector<int64_t> x = std::get<std::vector<int64_t>>(xs), w = std::get<std::vector<int64_t>>(ws);
-    if (x.size() != 3 || w.size() != 2 || w[0] != x[2]) return Reject{"the input and the packed weights do not agree"};
-    std::vector<int64_t> sizes = AttrInts(a, "qkv_hidden_sizes");
-    if (sizes.empty()) sizes.assign(3, w[1] / 3);
-    if (sizes.size() != 3 || sizes[0] + sizes[1] + sizes[2] != w[1] || sizes[0] != sizes[1]) {
-      return Reject{"the packed weights do not split into Q, K and V of one width"};
-    }
-    for (int64_t width : sizes) shapes.push_back({x[0], x[1], width});
-    notes.push_back(absl::StrCat("Q, K and V are the parts of '", a.input(0), "' projected by '", input(1), "'",
-                                 input(2).empty() ? "" : absl::StrCat(" plus '", input(2), "'"),
-                                 ", each [batch, seq, heads * head dim]"));
-  } else {
-    for (int i = 0; i < 3; ++i) {
-      auto sh = g.Shape(a.input(i));
-      if (Failed(sh, &why)) return Reject{why};
-      shapes.push_back(std::get<std::vector<int64_t>>(sh));
-      if (shapes.back().size() != 3 && shapes.back().size() != 4) {
-        return Reject{absl::StrCat("'", a.input(i), "' is neither 3-D nor 4-D")};
-      }
-    }
-  }
-  int64_t q_heads = mha || packed ? AttrInt(a, "num_heads", 0) : AttrInt(a, "q_num_heads", 0);
-  int64_t kv_heads = mha || packed ? q_heads : AttrInt(a, "kv_num_heads", 0);
-  if (shapes[0].size() == 4) q_heads = shapes[0][1];
-  if (shapes[1].size() == 4) kv_heads = shapes[1][1];
-  if (q_heads <= 0 || kv_heads <= 0) return Reject{"3-D inputs need the head counts (num_heads, q_num_heads, kv_num_heads)"};
-  if (q_heads % kv_heads != 0) return Reject{absl::StrCat(q_heads, " query heads are not a multiple of ", kv_heads, " K/V heads")};
-  auto split = [&](const std::vector<int64_t>& sh, int64_t heads, int64_t* seq, int64_t* dim) -> bool {
-    *seq = sh.size() == 4 ? sh[2] : sh[1];
-    if (sh.size() == 4) {
-      *dim = sh[3];
-      return sh[1] == heads;
-    }
-    *dim = sh[2] / heads;
-    return sh[2] % heads == 0;
-  };
-  int64_t S = 0, D = 0, L = 0, Dk = 0, Lv = 0, Dv = 0;
-  if (!split(shapes[0], q_heads, &S, &D) || !split(shapes[1], kv_heads, &L, &Dk) ||
-      !split(shapes[2], kv_heads, &Lv, &Dv)) {
-    return Reject{"Q, K and V do not split into their heads"};
-  }
-  const int64_t B = shapes[0][0];
-  if (shapes[1][0] != B || shapes[2][0] != B || L != Lv || D != Dk) {
-    return Reject{"Q, K and V disagree on batch, keys or head dim"};
-  }
-  const bool grouped = kv_heads != q_heads;
+  ChainPieces pieces;
+  auto qkv = QkvShapes(g, op, &pieces.notes);
+  if (Failed(qkv, &why)) return Reject{why};
+  const std::vector<std::vector<int64_t>> shapes = std::get<std::vector<std::vector<int64_t>>>(qkv);
+  auto extents = ReadHeads(op, shapes);
+  if (Failed(extents, &why)) return Reject{why};
+  const AttentionExtents x = std::get<AttentionExtents>(extents);
+  const bool grouped = x.kv_heads != x.q_heads;
   // Heads split as g (K/V head) and r (query head within its group) when
   // grouped: [batch, seq, heads * dim] is viewed as [b, m, g, r, d], the
   // same bytes.
   const std::string qh = grouped ? "g,r" : "h", kvh = grouped ? "g" : "h";
-  auto view = [](const char* name, const std::vector<int64_t>& sh, const std::string& heads, const char* pos,
-                 const char* d) {
-    return sh.size() == 4 ? absl::StrCat(name, "[b,", heads, ",", pos, ",", d, "]")
-                          : absl::StrCat(name, "[b,", pos, ",", heads, ",", d, "]");
-  };
   const std::string point = absl::StrCat("b,", qh, ",m");
-  std::string inputs = absl::StrCat(view("Q", shapes[0], qh, "m", "d"), " ", view("K", shapes[1], kvh, "n", "d"), " ",
-                                    view("V", shapes[2], kvh, "n", "e"));
-  std::string add;
-  // Additive masks broadcast to [b, query head, m, n].
-  auto mask = [&](const std::string& value, const char* name) -> std::optional<Reject> {
-    auto sh = g.Shape(value);
-    if (Failed(sh, &why)) return Reject{absl::StrCat("the mask: ", why)};
-    const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(sh);
-    if (ElemType(g, value) == onnx::TensorProto::BOOL) {
-      return Reject{absl::StrCat("'", value, "' is a boolean mask; only additive ones are read")};
-    }
-    if (ms.size() > 4) return Reject{absl::StrCat("'", value, "' has more than 4 axes")};
-    const std::vector<int64_t> full = {B, q_heads, S, L};
-    const std::vector<std::string> dims = {"b", qh, "m", "n"};
-    std::vector<std::string> decl, use;
-    for (size_t i = 0; i < ms.size(); ++i) {
-      const size_t j = 4 - ms.size() + i;
-      if (ms[i] == full[j]) {
-        decl.push_back(dims[j]);
-        use.push_back(dims[j]);
-      } else if (ms[i] == 1) {
-        decl.push_back("1");
-        use.push_back("0");
-      } else {
-        return Reject{absl::StrCat("'", value, "' axis ", i, " (", ms[i], ") does not broadcast to the scores")};
-      }
-    }
-    absl::StrAppend(&inputs, " ", name, "[", absl::StrJoin(decl, ","), "]");
-    absl::StrAppend(&add, " + ", name, "[", absl::StrJoin(use, ","), "]");
-    return std::nullopt;
-  };
-  if (packed && !input(3).empty()) {
-    auto sh = g.Shape(input(3));
-    if (Failed(sh, &why)) return Reject{absl::StrCat("the mask index: ", why)};
-    const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(sh);
-    if (ms == std::vector<int64_t>{B} || ms == std::vector<int64_t>{B, L}) {
-      absl::StrAppend(&inputs, " M[b,n]");
-      absl::StrAppend(&add, " + M[b,n]");
-      notes.push_back(absl::StrCat("M is '", input(3), "' as an additive mask over keys (0 or mask_filter_value)",
-                                   ms.size() == 1 ? ", from each row's key length" : ""));
-    } else if (ms == std::vector<int64_t>{B, S, L}) {
-      absl::StrAppend(&inputs, " M[b,m,n]");
-      absl::StrAppend(&add, " + M[b,m,n]");
-      notes.push_back(absl::StrCat("M is '", input(3), "' as an additive mask (0 or mask_filter_value)"));
-    } else {
-      return Reject{"only a mask index of key lengths [batch] or a mask [batch, keys] or [batch, queries, keys] is read"};
-    }
-  }
-  if (packed && !input(5).empty()) {
-    if (auto r = mask(input(5), "A")) return *r;
-  }
-  if (mha) {
-    if (!input(4).empty()) {
-      auto sh = g.Shape(input(4));
-      if (Failed(sh, &why)) return Reject{absl::StrCat("the key padding mask: ", why)};
-      if (std::get<std::vector<int64_t>>(sh) != std::vector<int64_t>{B, L}) {
-        return Reject{"only a 2-D [batch, keys] key_padding_mask is read"};
-      }
-      absl::StrAppend(&inputs, " M[b,n]");
-      absl::StrAppend(&add, " + M[b,n]");
-      notes.push_back(absl::StrCat("M is '", input(4), "' as an additive mask (0 or mask_filter_value)"));
-    }
-    if (!input(5).empty()) {
-      if (auto r = mask(input(5), "A")) return *r;
-    }
-  } else if (!packed && !input(3).empty()) {
-    if (auto r = mask(input(3), "M")) return *r;
-  }
-  if (AttrInt(a, mha || packed ? "unidirectional" : "is_causal", 0) != 0) {
-    absl::StrAppend(&inputs, " C[m,n]");
-    absl::StrAppend(&add, " + C[m,n]");
-    notes.push_back("C is the causal mask, additive (0 or -inf)");
-  }
-  const double scale = AttrFloat(a, "scale", 0) != 0 ? AttrFloat(a, "scale", 0) : 1 / std::sqrt(static_cast<double>(D));
+  pieces.inputs = absl::StrCat(HeadView("Q", shapes[0], qh, "m", "d"), " ", HeadView("K", shapes[1], kvh, "n", "d"),
+                               " ", HeadView("V", shapes[2], kvh, "n", "e"));
+  if (auto r = AddAttentionOpMasks(g, op, x, qh, &pieces)) return *r;
+  const double scale =
+      AttrFloat(a, "scale", 0) != 0 ? AttrFloat(a, "scale", 0) : 1 / std::sqrt(static_cast<double>(x.D));
   // The output: [b, heads, m, e] when Q is 4-D, else [b, m, heads, e] (the
   // bytes of [batch, seq, heads * head dim]).
   const std::string out = shapes[0].size() == 4 ? absl::StrCat(point, ",e") : absl::StrCat("b,m,", qh, ",e");
   const std::string text = absl::StrCat(
-      "chain attention_", index, "\ndtype ", DTypeOf(g, a.input(0)), "\ndim b=", B,
-      grouped ? absl::StrCat(" g=", kv_heads, " r=", q_heads / kv_heads) : absl::StrCat(" h=", q_heads), " m=", S,
-      " n=", L, " d=", D, " e=", Dv, "\nin ", inputs, "\n",
-      "S[", point, ",n] = sum(d) ", view("Q", shapes[0], qh, "m", "d"), " * ", view("K", shapes[1], kvh, "n", "d"),
-      " * ", scale, "\n",
-      "P[", point, ",n] = softmax(n) S[", point, ",n]", add, "\n",
-      "O[", out, "] = sum(n) P[", point, ",n] * ", view("V", shapes[2], kvh, "n", "e"), "\nout O\n");
-  auto chain = ir::ParseChainText(text);
-  if (!chain.ok()) return Reject{std::string(chain.status().message())};
-  return Match{std::move(*chain), {&a}, absl::StrJoin(notes, "; ")};
+      "chain attention_", index, "\ndtype ", DTypeOf(g, a.input(0)), "\ndim b=", x.B,
+      grouped ? absl::StrCat(" g=", x.kv_heads, " r=", x.q_heads / x.kv_heads) : absl::StrCat(" h=", x.q_heads),
+      " m=", x.S, " n=", x.L, " d=", x.D, " e=", x.Dv, "\nin ", pieces.inputs, "\n",
+      "S[", point, ",n] = sum(d) ", HeadView("Q", shapes[0], qh, "m", "d"), " * ",
+      HeadView("K", shapes[1], kvh, "n", "d"), " * ", scale, "\n",
+      "P[", point, ",n] = softmax(n) S[", point, ",n]", pieces.add, "\n",
+      "O[", out, "] = sum(n) P[", point, ",n] * ", HeadView("V", shapes[2], kvh, "n", "e"), "\nout O\n");
+  return ChainMatch(text, {&a}, pieces.notes);
 }
 
 bool IsGemm(const onnx::NodeProto* n) { return n != nullptr && (n->op_type() == "MatMul" || n->op_type() == "Gemm"); }

@@ -290,8 +290,8 @@ class FusedEmitter {
       w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": packs hoisted out of the stream loop"));
       w_.Open("");
       x_.DefineFullRanges(w_, on);
-      if (pack_a) Pack(op, on, true);
-      if (on.b_hoisted) Pack(op, on, false);
+      if (pack_a) Pack(on, true);
+      if (on.b_hoisted) Pack(on, false);
       w_.Close();
     }
     if (nest_.split > 1) {
@@ -494,168 +494,214 @@ class FusedEmitter {
     return w.Take();
   }
 
+  // One side of a GEMM-shaped sum as Pack writes it for the current tile.
+  struct PackSide {
+    bool a_side = false;
+    std::vector<int> own;         // the panel's dims: A's rows or B's columns
+    std::vector<Access> factors;  // whose product is packed
+    double scale = 1;
+    int width = 0;      // of a panel: mr or nr
+    std::string buf;    // the packed buffer
+    std::string value;  // the C expression of one element
+  };
+
   // Packs one side of a GEMM-shaped sum for the current tile:
   // [batch][panel][k][mr or nr]. Columns past the tile in B's last panel
   // are zero; rows past it in A's are never read.
-  void Pack(const Op& op, const space::OpNest& on, bool a_side) {
+  void Pack(const space::OpNest& on, bool a_side) {
     const space::GemmForm& g = on.gemm;
     const GemmNames names = Gemm(on);
-    const std::vector<int>& own = a_side ? g.rows : g.cols;
-    const std::vector<Access>& factors = a_side ? g.a_side : g.b_side;
+    PackSide side;
+    side.a_side = a_side;
+    side.own = a_side ? g.rows : g.cols;
+    side.factors = a_side ? g.a_side : g.b_side;
     // The scale goes with A unless A is read in place.
-    const double scale = a_side != a_[on.op].direct ? g.scale : 1;
-    const int width = a_side ? on.kernel.mr : on.kernel.nr;
-    const std::string buf = (a_side ? "pa" : "pb") + Sfx(on.op);
+    side.scale = a_side != a_[on.op].direct ? g.scale : 1;
+    side.width = a_side ? on.kernel.mr : on.kernel.nr;
+    side.buf = (a_side ? "pa" : "pb") + Sfx(on.op);
     auto load = [this](const Access& a) { return x_.Load(a); };
     w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
     w_.Open("");
     w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ",
                          a_side ? names.rows_pad : names.cols_pad, ", kc = ", names.kc, ";"));
-    int opened = OpenPointLoops(w_, g.batch, n_);
+    const int opened = OpenPointLoops(w_, g.batch, n_);
     w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
-    const std::string value = ProductToC(factors, scale, load);
-    if (own.size() == 1) {
-      const int d = own[0];
-      // Along the panel's columns when they are adjacent in memory (a
-      // vector copy); along k when k is (a transposition).
-      bool own_adjacent = false, k_adjacent = g.kdims.size() == 1;
-      for (const Access& a : factors) {
-        own_adjacent = own_adjacent || Stride(a, d) == 1;
-        if (g.kdims.size() == 1) k_adjacent = k_adjacent && Stride(a, g.kdims[0]) == 1;
-      }
-      const bool by_k = k_adjacent && !own_adjacent;
-      const bool may_pad = !a_side && (!ConstRange(d, on) || *ConstRange(d, on) % width != 0);
-      const std::string define_own =
-          absl::StrCat("const long ", n_.I(d), " = c0 + j, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";");
-      auto open_panel = [&]() {
-        w_.Open(absl::StrCat("for (long c0 = 0; c0 < own; c0 += ", width, "L)"));
-        w_.Line(absl::StrCat("const long cn = own - c0 < ", width, "L ? own - c0 : ", width, "L;"));
-        w_.Line(absl::StrCat("float* const panel = ", buf, " + (bi * (own_pad / ", width, "L) + c0 / ", width,
-                             "L) * kc * ", width, "L;"));
-      };
-      auto pad_columns = [&]() {
-        if (!may_pad) return;
-        w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
-                             width, "L + j] = 0.0f;"));
-      };
-      if (by_k && factors.size() == 1) {
-        // One factor, k adjacent: transposed in registers (converted from
-        // f16 or bf16 on the way).
-        const int k = g.kdims[0];
-        const Lanes src = AccessLanes(factors[0], d);
-        const char* fn = src.dtype == ir::DType::kF16    ? "fusor_pack_transposed_f16"
-                         : src.dtype == ir::DType::kBF16 ? "fusor_pack_transposed_bf16"
-                                                         : "fusor_pack_transposed";
-        open_panel();
-        w_.Open("");
-        w_.Line(absl::StrCat("const long ", n_.I(d), " = c0, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
-        w_.Line(absl::StrCat("const long ", n_.V(k), " = ", n_.O(k), ";"));
-        w_.Line(absl::StrCat(fn, "(", src.ptr, ", ", src.stride, "L, panel, ", width, "L, cn, kc, ",
-                             emit::FloatLit(scale), ");"));
-        w_.Close();
-        pad_columns();
-        w_.Close();
-      } else if (by_k) {
-        open_panel();
-        w_.Open("for (long j = 0; j < cn; ++j)");
-        w_.Line(define_own);
-        int inner = OpenPointLoops(w_, g.kdims, n_);
-        w_.Line(absl::StrCat("panel[(", FlatIndex(g.kdims, n_), ") * ", width, "L + j] = ", value, ";"));
-        CloseScopes(w_, inner);
-        w_.Close();
-        pad_columns();
-        w_.Close();
-      } else {
-        // Columns adjacent: each step of k copies its row of the tile front
-        // to back, a piece into every panel (rows read in one sweep).
-        int inner = OpenPointLoops(w_, g.kdims, n_);
-        w_.Line(absl::StrCat("const long p = ", FlatIndex(g.kdims, n_), ";"));
-        if (g.kdims.size() == 1) {
-          // Rows of the source are apart (a weight matrix's rows, say): the
-          // hardware prefetcher does not cross into the next row's page, so
-          // the rows a few steps ahead are asked for now.
-          for (const Access& a : factors) {
-            const int64_t row = Stride(a, g.kdims[0]);
-            if (row * (HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype)) < 4096) continue;
-            w_.Open("");
-            w_.Line(absl::StrCat("const long ", n_.I(d), " = 0, ", n_.V(d), " = ", n_.O(d), ";"));
-            w_.Line(absl::StrCat("const char* const ahead = (const char*)(", AccessLanes(a, d).ptr, " + ",
-                                 4 * row, "L);"));
-            w_.Line(absl::StrCat("for (long b = 0; b < own * ", HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype),
-                                 "L; b += 64) __builtin_prefetch(ahead + b, 0, 1);"));
-            w_.Close();
-          }
-        }
-        open_panel();
-        w_.Line(absl::StrCat("float* const dst = panel + p * ", width, "L;"));
-        VectorLoop(w_, "j", "cn", define_own, [&](bool vector) {
-          if (vector) {
-            std::vector<std::string> parts;
-            for (const Access& a : factors) parts.push_back(VectorLoad(AccessLanes(a, d)));
-            std::string v = absl::StrJoin(parts, " * ");
-            if (scale != 1) absl::StrAppend(&v, " * ", emit::FloatLit(scale));
-            w_.Line(absl::StrCat("fusor_vstore(dst + j, ", v, ");"));
-          } else {
-            w_.Line(absl::StrCat("dst[j] = ", value, ";"));
-          }
-        });
-        if (may_pad) w_.Line(absl::StrCat("for (long j = cn; j < ", width, "L; ++j) dst[j] = 0.0f;"));
-        w_.Close();
-        CloseScopes(w_, inner);
-      }
+    side.value = ProductToC(side.factors, side.scale, load);
+    if (side.own.size() == 1) {
+      PackPanels(on, side);
     } else {
-      opened += OpenPointLoops(w_, g.kdims, n_);
-      w_.Line(absl::StrCat("float* const dst = ", buf, " + (bi * (own_pad / ", width, "L) * kc + (",
-                           FlatIndex(g.kdims, n_), ")) * ", width, "L;"));
-      // Several dims on the panel's axis (a convolution's p.q): a run of the
-      // last one is adjacent in the panel unless it crosses into the next,
-      // and copies as vectors where the source is adjacent too.
-      if (own.empty()) {  // a degenerate axis (a GEMV's): one row of one element
-        w_.Line(absl::StrCat("dst[0] = ", value, ";"));
-        if (!a_side) w_.Line(absl::StrCat("for (long x = 1; x < ", width, "L; ++x) dst[x] = 0.0f;"));
-        CloseScopes(w_, opened);
-        w_.Close();
-        return;
-      }
-      const int last = own.back();
-      bool run_adjacent = false;
-      for (const Access& a : factors) run_adjacent = run_adjacent || Stride(a, last) == 1;
-      const std::vector<int> outer_own(own.begin(), own.end() - 1);
-      int inner = OpenPointLoops(w_, outer_own, n_);
-      w_.Line(absl::StrCat("const long x0 = (", FlatIndex(outer_own, n_), ") * ", n_.N(last), ";"));
-      w_.Line(absl::StrCat("float* const run = dst + (x0 / ", width, "L) * kc * ", width, "L + x0 % ", width, "L;"));
-      const std::string define_last =
-          absl::StrCat("const long ", n_.V(last), " = ", n_.O(last), " + ", n_.I(last), ";");
-      if (run_adjacent) {
-        w_.Open(absl::StrCat("if (x0 % ", width, "L + ", n_.N(last), " <= ", width, "L)"));
-        VectorLoop(w_, n_.I(last), n_.N(last), define_last, [&](bool vector) {
-          if (vector) {
-            std::vector<std::string> parts;
-            for (const Access& a : factors) parts.push_back(VectorLoad(AccessLanes(a, last)));
-            std::string v = absl::StrJoin(parts, " * ");
-            if (scale != 1) absl::StrAppend(&v, " * ", emit::FloatLit(scale));
-            w_.Line(absl::StrCat("fusor_vstore(run + ", n_.I(last), ", ", v, ");"));
-          } else {
-            w_.Line(absl::StrCat("run[", n_.I(last), "] = ", value, ";"));
-          }
-        });
-        w_.Close();
-        w_.Open("else");
-      }
-      w_.Open(absl::StrCat("for (long ", n_.I(last), " = 0; ", n_.I(last), " < ", n_.N(last), "; ++", n_.I(last), ")"));
-      w_.Line(define_last);
-      w_.Line(absl::StrCat("const long x = x0 + ", n_.I(last), ";"));
-      w_.Line(absl::StrCat("dst[(x / ", width, "L) * kc * ", width, "L + x % ", width, "L] = ", value, ";"));
-      w_.Close();
-      if (run_adjacent) w_.Close();
-      CloseScopes(w_, inner);
-      if (!a_side) {
-        w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, "L) * kc * ", width,
-                             "L + x % ", width, "L] = 0.0f;"));
-      }
+      PackSeveralDims(on, side);
     }
     CloseScopes(w_, opened);
     w_.Close();
+  }
+
+  // The product of the side's factors (scaled) at the lanes along dim d,
+  // a fusor_vf.
+  std::string VectorProduct(const PackSide& side, int d) {
+    std::vector<std::string> parts;
+    for (const Access& a : side.factors) parts.push_back(VectorLoad(AccessLanes(a, d)));
+    std::string v = absl::StrJoin(parts, " * ");
+    if (side.scale != 1) absl::StrAppend(&v, " * ", emit::FloatLit(side.scale));
+    return v;
+  }
+
+  // Opens the loop over the tile's panels of `own` (one dim, d) and defines
+  // the current one's columns (cn) and start (panel).
+  void OpenPanel(const PackSide& side) {
+    w_.Open(absl::StrCat("for (long c0 = 0; c0 < own; c0 += ", side.width, "L)"));
+    w_.Line(absl::StrCat("const long cn = own - c0 < ", side.width, "L ? own - c0 : ", side.width, "L;"));
+    w_.Line(absl::StrCat("float* const panel = ", side.buf, " + (bi * (own_pad / ", side.width, "L) + c0 / ",
+                         side.width, "L) * kc * ", side.width, "L;"));
+  }
+
+  // Zeroes the columns of the current panel past the tile.
+  void PadColumns(const PackSide& side) {
+    w_.Line(absl::StrCat("for (long j = cn; j < ", side.width, "L; ++j) for (long p = 0; p < kc; ++p) panel[p * ",
+                         side.width, "L + j] = 0.0f;"));
+  }
+
+  // Defines dim d's indices at column j of the current panel.
+  std::string DefineOwn(int d) const {
+    return absl::StrCat("const long ", n_.I(d), " = c0 + j, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";");
+  }
+
+  // Packs a side whose panel axis is one dim: along the panel's columns
+  // when they are adjacent in memory (a vector copy); along k when k is (a
+  // transposition).
+  void PackPanels(const space::OpNest& on, const PackSide& side) {
+    const space::GemmForm& g = on.gemm;
+    const int d = side.own[0];
+    bool own_adjacent = false, k_adjacent = g.kdims.size() == 1;
+    for (const Access& a : side.factors) {
+      own_adjacent = own_adjacent || Stride(a, d) == 1;
+      if (g.kdims.size() == 1) k_adjacent = k_adjacent && Stride(a, g.kdims[0]) == 1;
+    }
+    const bool by_k = k_adjacent && !own_adjacent;
+    const bool may_pad = !side.a_side && (!ConstRange(d, on) || *ConstRange(d, on) % side.width != 0);
+    if (by_k && side.factors.size() == 1) {
+      PackTransposed(on, side, may_pad);
+    } else if (by_k) {
+      OpenPanel(side);
+      w_.Open("for (long j = 0; j < cn; ++j)");
+      w_.Line(DefineOwn(d));
+      int inner = OpenPointLoops(w_, g.kdims, n_);
+      w_.Line(absl::StrCat("panel[(", FlatIndex(g.kdims, n_), ") * ", side.width, "L + j] = ", side.value, ";"));
+      CloseScopes(w_, inner);
+      w_.Close();
+      if (may_pad) PadColumns(side);
+      w_.Close();
+    } else {
+      PackRowByRow(on, side, may_pad);
+    }
+  }
+
+  // One factor, k adjacent: transposed in registers (converted from f16 or
+  // bf16 on the way).
+  void PackTransposed(const space::OpNest& on, const PackSide& side, bool may_pad) {
+    const int d = side.own[0], k = on.gemm.kdims[0];
+    const Lanes src = AccessLanes(side.factors[0], d);
+    const char* fn = src.dtype == ir::DType::kF16    ? "fusor_pack_transposed_f16"
+                     : src.dtype == ir::DType::kBF16 ? "fusor_pack_transposed_bf16"
+                                                     : "fusor_pack_transposed";
+    OpenPanel(side);
+    w_.Open("");
+    w_.Line(absl::StrCat("const long ", n_.I(d), " = c0, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
+    w_.Line(absl::StrCat("const long ", n_.V(k), " = ", n_.O(k), ";"));
+    w_.Line(absl::StrCat(fn, "(", src.ptr, ", ", src.stride, "L, panel, ", side.width, "L, cn, kc, ",
+                         emit::FloatLit(side.scale), ");"));
+    w_.Close();
+    if (may_pad) PadColumns(side);
+    w_.Close();
+  }
+
+  // Columns adjacent: each step of k copies its row of the tile front to
+  // back, a piece into every panel (rows read in one sweep).
+  void PackRowByRow(const space::OpNest& on, const PackSide& side, bool may_pad) {
+    const space::GemmForm& g = on.gemm;
+    const int d = side.own[0];
+    int inner = OpenPointLoops(w_, g.kdims, n_);
+    w_.Line(absl::StrCat("const long p = ", FlatIndex(g.kdims, n_), ";"));
+    if (g.kdims.size() == 1) PrefetchRowsAhead(side, d, g.kdims[0]);
+    OpenPanel(side);
+    w_.Line(absl::StrCat("float* const dst = panel + p * ", side.width, "L;"));
+    VectorLoop(w_, "j", "cn", DefineOwn(d), [&](bool vector) {
+      if (vector) {
+        w_.Line(absl::StrCat("fusor_vstore(dst + j, ", VectorProduct(side, d), ");"));
+      } else {
+        w_.Line(absl::StrCat("dst[j] = ", side.value, ";"));
+      }
+    });
+    if (may_pad) w_.Line(absl::StrCat("for (long j = cn; j < ", side.width, "L; ++j) dst[j] = 0.0f;"));
+    w_.Close();
+    CloseScopes(w_, inner);
+  }
+
+  // Rows of the source are apart (a weight matrix's rows, say): the
+  // hardware prefetcher does not cross into the next row's page, so the
+  // rows a few steps of k ahead are asked for now.
+  void PrefetchRowsAhead(const PackSide& side, int d, int k) {
+    for (const Access& a : side.factors) {
+      const int64_t row = Stride(a, k);
+      if (row * (HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype)) < 4096) continue;
+      w_.Open("");
+      w_.Line(absl::StrCat("const long ", n_.I(d), " = 0, ", n_.V(d), " = ", n_.O(d), ";"));
+      w_.Line(absl::StrCat("const char* const ahead = (const char*)(", AccessLanes(a, d).ptr, " + ", 4 * row,
+                           "L);"));
+      w_.Line(absl::StrCat("for (long b = 0; b < own * ", HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype),
+                           "L; b += 64) __builtin_prefetch(ahead + b, 0, 1);"));
+      w_.Close();
+    }
+  }
+
+  // Several dims on the panel's axis (a convolution's p.q): a run of the
+  // last one is adjacent in the panel unless it crosses into the next, and
+  // copies as vectors where the source is adjacent too. No dim (a GEMV's
+  // degenerate axis): one row of one element.
+  void PackSeveralDims(const space::OpNest& on, const PackSide& side) {
+    const space::GemmForm& g = on.gemm;
+    const int width = side.width;
+    const int k_loops = OpenPointLoops(w_, g.kdims, n_);
+    w_.Line(absl::StrCat("float* const dst = ", side.buf, " + (bi * (own_pad / ", width, "L) * kc + (",
+                         FlatIndex(g.kdims, n_), ")) * ", width, "L;"));
+    if (side.own.empty()) {
+      w_.Line(absl::StrCat("dst[0] = ", side.value, ";"));
+      if (!side.a_side) w_.Line(absl::StrCat("for (long x = 1; x < ", width, "L; ++x) dst[x] = 0.0f;"));
+      CloseScopes(w_, k_loops);
+      return;
+    }
+    const int last = side.own.back();
+    bool run_adjacent = false;
+    for (const Access& a : side.factors) run_adjacent = run_adjacent || Stride(a, last) == 1;
+    const std::vector<int> outer_own(side.own.begin(), side.own.end() - 1);
+    int inner = OpenPointLoops(w_, outer_own, n_);
+    w_.Line(absl::StrCat("const long x0 = (", FlatIndex(outer_own, n_), ") * ", n_.N(last), ";"));
+    w_.Line(absl::StrCat("float* const run = dst + (x0 / ", width, "L) * kc * ", width, "L + x0 % ", width, "L;"));
+    const std::string define_last = absl::StrCat("const long ", n_.V(last), " = ", n_.O(last), " + ", n_.I(last), ";");
+    if (run_adjacent) {
+      w_.Open(absl::StrCat("if (x0 % ", width, "L + ", n_.N(last), " <= ", width, "L)"));
+      VectorLoop(w_, n_.I(last), n_.N(last), define_last, [&](bool vector) {
+        if (vector) {
+          w_.Line(absl::StrCat("fusor_vstore(run + ", n_.I(last), ", ", VectorProduct(side, last), ");"));
+        } else {
+          w_.Line(absl::StrCat("run[", n_.I(last), "] = ", side.value, ";"));
+        }
+      });
+      w_.Close();
+      w_.Open("else");
+    }
+    w_.Open(absl::StrCat("for (long ", n_.I(last), " = 0; ", n_.I(last), " < ", n_.N(last), "; ++", n_.I(last), ")"));
+    w_.Line(define_last);
+    w_.Line(absl::StrCat("const long x = x0 + ", n_.I(last), ";"));
+    w_.Line(absl::StrCat("dst[(x / ", width, "L) * kc * ", width, "L + x % ", width, "L] = ", side.value, ";"));
+    w_.Close();
+    if (run_adjacent) w_.Close();
+    CloseScopes(w_, inner);
+    if (!side.a_side) {
+      w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, "L) * kc * ", width,
+                           "L + x % ", width, "L] = 0.0f;"));
+    }
+    CloseScopes(w_, k_loops);
   }
 
   // The micro-kernel over the whole tile: every batch point, row strip and
@@ -740,8 +786,8 @@ class FusedEmitter {
     const std::string o = Sfx(on.op);
     const int num_loops = static_cast<int>(on.loops.size());
     for (int level = 0; level <= num_loops; ++level) {
-      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point && !direct_a) Pack(op, on, true);
-      if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) Pack(op, on, false);
+      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point && !direct_a) Pack(on, true);
+      if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) Pack(on, false);
       if (level < num_loops) x_.OpenTileLoop(w_, on.loops[level]);
     }
     // Innermost: the micro-kernels over the whole tile, once per point of
@@ -749,8 +795,8 @@ class FusedEmitter {
     // them). The first partial sum of a tile is stored, later ones added.
     w_.Open("");
     const int outer = OpenPointLoops(w_, g.outer_reduce, n_);
-    if (on.a_per_point && !direct_a) Pack(op, on, true);
-    if (on.b_per_point) Pack(op, on, false);
+    if (on.a_per_point && !direct_a) Pack(on, true);
+    if (on.b_per_point) Pack(on, false);
     std::vector<std::string> firsts;
     for (int i = on.num_out_loops; i < num_loops; ++i) firsts.push_back(absl::StrCat(n_.O(on.loops[i]), " == 0"));
     for (int d : g.outer_reduce) firsts.push_back(absl::StrCat(n_.I(d), " == 0"));

@@ -888,28 +888,78 @@ class CudaEmitter {
            }) + ")";
   }
 
+  // The register-resident kernel's fragments per warp: S's accumulator
+  // (nfs fragments of 8 columns) and its mma's k steps (ks); O's
+  // accumulator (nfo) and its mma's k steps (kp).
+  struct RegisterFragments {
+    int64_t nfs = 0, ks = 0, nfo = 0, kp = 0;
+  };
+
   void EmitRegisterResident() {
     const int last = LastOp(), sd = nest_.stream_dim;
     const space::OpNest& son = nest_.ops[0];
     const space::OpNest& oon = nest_.ops[last];
     const GemmLayout& ls = gemm_[0];
     const GemmLayout& lo = gemm_[last];
-    const int rows_dim = son.gemm.rows[0], cols_dim = oon.gemm.cols[0];
-    const int64_t nfs = son.cols_pad / 8, ks = ls.k_pad / ls.kstep, nfo = oon.cols_pad / 8, kp = lo.k_pad / lo.kstep;
-    const bool tf32 = lo.kind == MmaKind::kTF32;
-    int softmax = -1;
-    for (int o = 1; o < last; ++o) softmax = chain_.ops[o].kind == OpKind::kSoftmax ? o : softmax;
-    const std::string mma_in = chain_.dtype == ir::DType::kBF16 ? "fusor_f32_to_bf16" : "fusor_f32_to_f16";
+    const RegisterFragments f{son.cols_pad / 8, ls.k_pad / ls.kstep, oon.cols_pad / 8, lo.k_pad / lo.kstep};
+    DefineRegisterStaging();
+    w_.Line(absl::StrCat("// intermediates in registers: warp w owns rows 16w..16w+15 of the ",
+                         chain_.dims[son.gemm.rows[0]].name, " tile"));
+    w_.Line("const int g = lane / 4, t = lane % 4;");
+    w_.Line(absl::StrCat("const long r0 = warp * 16L;"));
+    w_.Line(absl::StrCat("const bool has_rows = r0 < ", son.rows_pad, "L;"));
+    w_.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once"));
+    Pack(son, /*a_side=*/true);
+    bool pipeline = false;
+    for (const space::OpNest* on : {&son, &oon}) {
+      if (!SideOf(*on, false).pipelined) continue;
+      FirstStage(*on, false);
+      pipeline = true;
+    }
+    if (pipeline) w_.Line("fusor_cp_async_commit();");
+    Sync();
+    LoadQFragments(f);
+    w_.Line(absl::StrCat("float of[", f.nfo, "][4];"));
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f) of[f][0] = of[f][1] = of[f][2] = of[f][3] = 0.0f;"));
+    w_.Line("float row_max[2] = {-FUSOR_INFINITY, -FUSOR_INFINITY}, row_sum[2] = {0.0f, 0.0f};");
 
-    Writer& w = w_;
+    w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
+    x_.OpenTileLoop(w_, sd);
+    if (pipeline) DefineStage(sd);
+    StageStep(son);
+    StageStep(oon);
+    if (pipeline) {
+      w_.Line("fusor_cp_async_commit();");
+      w_.Line("fusor_cp_async_wait<1>();");
+    }
+    Sync();
+    w_.Open("if (has_rows)");
+    EmitScoreMma(f);
+    EmitScoreOps(f);
+    EmitFragmentSoftmax(f);
+    EmitProbabilityMma(f);
+    w_.Close();  // has_rows
+    Sync();      // the next step's staging reuses these buffers
+    w_.Close();  // stream loop
+    EmitRegisterStore(f);
+  }
+
+  // The staging buffers of the GEMMs' shared-memory operands (S's A and B,
+  // O's B), the block's origins, and the ranges no loop sets (the GEMMs'
+  // reductions and O's columns), once.
+  void DefineRegisterStaging() {
+    const int last = LastOp(), sd = nest_.stream_dim;
+    const space::OpNest& son = nest_.ops[0];
+    const space::OpNest& oon = nest_.ops[last];
+    const GemmLayout& ls = gemm_[0];
+    const GemmLayout& lo = gemm_[last];
     const std::string stage_type = StageType(son);
     for (const auto& [side, name, op] :
          {std::tuple{&ls.a, "pa", 0}, std::tuple{&ls.b, "pb", 0}, std::tuple{&lo.b, "pb", last}}) {
-      w.Line(absl::StrCat(stage_type, "* const ", name, op, side->pipelined ? "_stages" : "", " = (", stage_type,
-                          "*)(fusor_smem + ", side->offset, ");"));
+      w_.Line(absl::StrCat(stage_type, "* const ", name, op, side->pipelined ? "_stages" : "", " = (", stage_type,
+                           "*)(fusor_smem + ", side->offset, ");"));
     }
-    x_.DefineBlockOrigins(w, "blockIdx.x");
-    // Ranges no loop sets (the GEMMs' reductions and O's columns), once.
+    x_.DefineBlockOrigins(w_, "blockIdx.x");
     std::vector<int> dims;
     for (const space::OpNest* on : {&son, &oon}) {
       const Op& op = chain_.ops[on->op];
@@ -920,159 +970,158 @@ class CudaEmitter {
       }
     }
     for (int d : dims) {
-      w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
     }
-    w.Line(absl::StrCat("// intermediates in registers: warp w owns rows 16w..16w+15 of the ",
-                        chain_.dims[rows_dim].name, " tile"));
-    w.Line("const int g = lane / 4, t = lane % 4;");
-    w.Line(absl::StrCat("const long r0 = warp * 16L;"));
-    w.Line(absl::StrCat("const bool has_rows = r0 < ", son.rows_pad, "L;"));
-    w.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once"));
-    Pack(son, /*a_side=*/true);
-    bool pipeline = false;
-    for (const space::OpNest* on : {&son, &oon}) {
-      if (!SideOf(*on, false).pipelined) continue;
-      FirstStage(*on, false);
-      pipeline = true;
-    }
-    if (pipeline) w.Line("fusor_cp_async_commit();");
-    Sync();
-    w.Line(absl::StrCat("fusor_u32 qf[", ks, "][4];"));
-    w.Open("if (has_rows)");
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int kq = 0; kq < ", ks, "; ++kq)"));
-    LoadAFragment(ls, "pa0", "qf[kq]", "0L", "r0", absl::StrCat("kq * ", ls.kstep, "L"));
-    w.Close();
-    w.Close();
-    w.Line(absl::StrCat("float of[", nfo, "][4];"));
-    w.Line(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f) of[f][0] = of[f][1] = of[f][2] = of[f][3] = 0.0f;"));
-    w.Line("float row_max[2] = {-FUSOR_INFINITY, -FUSOR_INFINITY}, row_sum[2] = {0.0f, 0.0f};");
+  }
 
-    w.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
-    x_.OpenTileLoop(w, sd);
-    if (pipeline) DefineStage(sd);
-    StageStep(son);
-    StageStep(oon);
-    if (pipeline) {
-      w.Line("fusor_cp_async_commit();");
-      w.Line("fusor_cp_async_wait<1>();");
-    }
-    Sync();
-    w.Open("if (has_rows)");
-    // S = A B over the whole reduction, in registers.
-    w.Line(absl::StrCat("float sf[", nfs, "][4];"));
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int f = 0; f < ", nfs, "; ++f)"));
-    w.Line("sf[f][0] = sf[f][1] = sf[f][2] = sf[f][3] = 0.0f;");
-    w.Line(absl::StrCat("if (8 * f >= ", n_.N(sd), ") continue;  // columns this step did not stage"));
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int kq = 0; kq < ", ks, "; ++kq)"));
-    w.Line("fusor_u32 b[2];");
+  // The warp's A fragments of S (its 16 rows of the staged A tile), held
+  // in registers for the whole stream loop.
+  void LoadQFragments(const RegisterFragments& f) {
+    const GemmLayout& ls = gemm_[0];
+    w_.Line(absl::StrCat("fusor_u32 qf[", f.ks, "][4];"));
+    w_.Open("if (has_rows)");
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.ks, "; ++kq)"));
+    LoadAFragment(ls, "pa0", "qf[kq]", "0L", "r0", absl::StrCat("kq * ", ls.kstep, "L"));
+    w_.Close();
+    w_.Close();
+  }
+
+  // S = A B over the whole reduction, in registers.
+  void EmitScoreMma(const RegisterFragments& f) {
+    const GemmLayout& ls = gemm_[0];
+    w_.Line(absl::StrCat("float sf[", f.nfs, "][4];"));
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
+    w_.Line("sf[f][0] = sf[f][1] = sf[f][2] = sf[f][3] = 0.0f;");
+    w_.Line(absl::StrCat("if (8 * f >= ", n_.N(nest_.stream_dim), ") continue;  // columns this step did not stage"));
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.ks, "; ++kq)"));
+    w_.Line("fusor_u32 b[2];");
     LoadBFragment(ls, "pb0", "b", "0L", "8 * f", absl::StrCat("kq * ", ls.kstep, "L"));
     Mma(ls, "sf[f]", "qf[kq]", "b");
-    w.Close();
-    w.Close();
-    // The elementwise ops and the softmax's input, element by element;
-    // points outside the extents are -inf (they weigh nothing).
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int f = 0; f < ", nfs, "; ++f)"));
-    w.Line("#pragma unroll");
-    w.Open("for (int e = 0; e < 4; ++e)");
-    w.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
-    w.Line("float x = -FUSOR_INFINITY;");
-    w.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(sd), ")"));
+    w_.Close();
+    w_.Close();
+  }
+
+  // The elementwise ops and the softmax's input, element by element;
+  // points outside the extents are -inf (they weigh nothing).
+  void EmitScoreOps(const RegisterFragments& f) {
+    const int last = LastOp(), sd = nest_.stream_dim, rows_dim = nest_.ops[0].gemm.rows[0];
+    int softmax = -1;
+    for (int o = 1; o < last; ++o) softmax = chain_.ops[o].kind == OpKind::kSoftmax ? o : softmax;
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int e = 0; e < 4; ++e)");
+    w_.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
+    w_.Line("float x = -FUSOR_INFINITY;");
+    w_.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(sd), ")"));
     for (int d : chain_.ops[0].index) {
       const std::string within = d == rows_dim ? " + ri" : d == sd ? " + ci" : "";
-      w.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
     }
-    w.Line(absl::StrCat("x = ", ExprToC(chain_.ops[softmax].body, [this](const Access& a) {
-                          return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor) : x_.Load(a);
-                        }),
-                        ";"));
-    w.Close();
-    w.Line("sf[f][e] = x;");
-    w.Close();
-    w.Close();
-    // Online softmax per fragment row (g and g + 8), across the 4 lanes
-    // that hold it; O's accumulator is rescaled with it.
-    w.Line("#pragma unroll");
-    w.Open("for (int h2 = 0; h2 < 2; ++h2)");
-    w.Line("float mx = -FUSOR_INFINITY;");
-    w.Line(absl::StrCat("for (int f = 0; f < ", nfs,
-                        "; ++f) mx = fmaxf(mx, fmaxf(sf[f][2 * h2], sf[f][2 * h2 + 1]));"));
-    w.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 1));");
-    w.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 2));");
-    w.Line("const float m_new = fmaxf(row_max[h2], mx);");
-    w.Line("const float rescale = m_new == -FUSOR_INFINITY ? 1.0f : expf(row_max[h2] - m_new);");
-    w.Line("float total = 0.0f;");
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int f = 0; f < ", nfs, "; ++f)"));
-    w.Line("#pragma unroll");
-    w.Open("for (int c = 0; c < 2; ++c)");
-    w.Line("const float p = m_new == -FUSOR_INFINITY ? 0.0f : expf(sf[f][2 * h2 + c] - m_new);");
-    w.Line("sf[f][2 * h2 + c] = p;");
-    w.Line("total += p;");
-    w.Close();
-    w.Close();
-    w.Line("total += fusor_shfl_xor(total, 1);");
-    w.Line("total += fusor_shfl_xor(total, 2);");
-    w.Line("row_sum[h2] = row_sum[h2] * rescale + total;");
-    w.Line("row_max[h2] = m_new;");
-    w.Line(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f) { of[f][2 * h2] *= rescale; of[f][2 * h2 + 1] *= rescale; }"));
-    w.Close();
-    // O += P V. f16/bf16: two S fragments (16 columns) are one A fragment.
-    // tf32: one S fragment is one A fragment, whose lane holds columns t
-    // and t + 4 where the accumulator's holds 2t and 2t + 1: shuffled in
-    // from the lanes of the same fragment row.
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int kq = 0; kq < ", kp, "; ++kq)"));
-    w.Line(absl::StrCat("if (", lo.kstep, " * kq >= ", n_.N(sd), ") break;  // rows of B this step did not stage"));
-    w.Line("fusor_u32 a[4];");
-    w.Line("#pragma unroll");
-    w.Open("for (int i = 0; i < 4; ++i)");
-    if (tf32) {
-      w.Line("const int e = 2 * (i % 2), src = g * 4 + t / 2 + 2 * (i / 2);");
-      w.Line("const float lo = fusor_shfl(sf[kq][e], src), hi = fusor_shfl(sf[kq][e + 1], src);");
-      w.Line("a[i] = fusor_bits(fusor_round_tf32(t % 2 ? hi : lo));");
+    w_.Line(absl::StrCat("x = ", ExprToC(chain_.ops[softmax].body, [this](const Access& a) {
+                           return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor) : x_.Load(a);
+                         }),
+                         ";"));
+    w_.Close();
+    w_.Line("sf[f][e] = x;");
+    w_.Close();
+    w_.Close();
+  }
+
+  // Online softmax per fragment row (g and g + 8), across the 4 lanes that
+  // hold it; O's accumulator is rescaled with it.
+  void EmitFragmentSoftmax(const RegisterFragments& f) {
+    w_.Line("#pragma unroll");
+    w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
+    w_.Line("float mx = -FUSOR_INFINITY;");
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfs,
+                         "; ++f) mx = fmaxf(mx, fmaxf(sf[f][2 * h2], sf[f][2 * h2 + 1]));"));
+    w_.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 1));");
+    w_.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 2));");
+    w_.Line("const float m_new = fmaxf(row_max[h2], mx);");
+    w_.Line("const float rescale = m_new == -FUSOR_INFINITY ? 1.0f : expf(row_max[h2] - m_new);");
+    w_.Line("float total = 0.0f;");
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int c = 0; c < 2; ++c)");
+    w_.Line("const float p = m_new == -FUSOR_INFINITY ? 0.0f : expf(sf[f][2 * h2 + c] - m_new);");
+    w_.Line("sf[f][2 * h2 + c] = p;");
+    w_.Line("total += p;");
+    w_.Close();
+    w_.Close();
+    w_.Line("total += fusor_shfl_xor(total, 1);");
+    w_.Line("total += fusor_shfl_xor(total, 2);");
+    w_.Line("row_sum[h2] = row_sum[h2] * rescale + total;");
+    w_.Line("row_max[h2] = m_new;");
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo,
+                         "; ++f) { of[f][2 * h2] *= rescale; of[f][2 * h2 + 1] *= rescale; }"));
+    w_.Close();
+  }
+
+  // O += P V. f16/bf16: two S fragments (16 columns) are one A fragment.
+  // tf32: one S fragment is one A fragment, whose lane holds columns t
+  // and t + 4 where the accumulator's holds 2t and 2t + 1: shuffled in
+  // from the lanes of the same fragment row.
+  void EmitProbabilityMma(const RegisterFragments& f) {
+    const int last = LastOp();
+    const GemmLayout& lo = gemm_[last];
+    const std::string mma_in = chain_.dtype == ir::DType::kBF16 ? "fusor_f32_to_bf16" : "fusor_f32_to_f16";
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.kp, "; ++kq)"));
+    w_.Line(absl::StrCat("if (", lo.kstep, " * kq >= ", n_.N(nest_.stream_dim),
+                         ") break;  // rows of B this step did not stage"));
+    w_.Line("fusor_u32 a[4];");
+    w_.Line("#pragma unroll");
+    w_.Open("for (int i = 0; i < 4; ++i)");
+    if (lo.kind == MmaKind::kTF32) {
+      w_.Line("const int e = 2 * (i % 2), src = g * 4 + t / 2 + 2 * (i / 2);");
+      w_.Line("const float lo = fusor_shfl(sf[kq][e], src), hi = fusor_shfl(sf[kq][e + 1], src);");
+      w_.Line("a[i] = fusor_bits(fusor_round_tf32(t % 2 ? hi : lo));");
     } else {
-      w.Line("const int f = 2 * kq + i / 2, e = 2 * (i % 2);");
-      w.Line(absl::StrCat("a[i] = f < ", nfs, " ? (fusor_u32)", mma_in, "(sf[f][e]) | ((fusor_u32)", mma_in,
-                          "(sf[f][e + 1]) << 16) : 0u;"));
+      w_.Line("const int f = 2 * kq + i / 2, e = 2 * (i % 2);");
+      w_.Line(absl::StrCat("a[i] = f < ", f.nfs, " ? (fusor_u32)", mma_in, "(sf[f][e]) | ((fusor_u32)", mma_in,
+                           "(sf[f][e + 1]) << 16) : 0u;"));
     }
-    w.Close();
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f)"));
-    w.Line("fusor_u32 b[2];");
+    w_.Close();
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
+    w_.Line("fusor_u32 b[2];");
     LoadBFragment(lo, absl::StrCat("pb", last), "b", "0L", "8 * f", absl::StrCat("kq * ", lo.kstep, "L"));
     Mma(lo, "of[f]", "a", "b");
-    w.Close();
-    w.Close();
-    w.Close();  // has_rows
-    Sync();     // the next step's staging reuses these buffers
-    w.Close();  // stream loop
+    w_.Close();
+    w_.Close();
+  }
 
-    // O = accumulator / row sum, to global memory.
+  // After the stream loop: O = accumulator / row sum, to global memory.
+  void EmitRegisterStore(const RegisterFragments& f) {
+    const int last = LastOp();
+    const space::OpNest& oon = nest_.ops[last];
+    const int rows_dim = nest_.ops[0].gemm.rows[0], cols_dim = oon.gemm.cols[0];
     const Op& oop = chain_.ops[last];
-    w.Line(absl::StrCat("// ", chain_.tensors[oop.output].name, " is complete"));
-    w.Open("if (has_rows)");
-    w.Line("#pragma unroll");
-    w.Open(absl::StrCat("for (int f = 0; f < ", nfo, "; ++f)"));
-    w.Line("#pragma unroll");
-    w.Open("for (int e = 0; e < 4; ++e)");
-    w.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
-    w.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(cols_dim), ")"));
+    w_.Line(absl::StrCat("// ", chain_.tensors[oop.output].name, " is complete"));
+    w_.Open("if (has_rows)");
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int e = 0; e < 4; ++e)");
+    w_.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
+    w_.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(cols_dim), ")"));
     for (int d : oop.index) {
       const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
-      w.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
     }
     std::string value = "of[f][e] / row_sum[e / 2]";
     if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
-    w.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
-                        StoreConvert(chain_.dtype, value), ";"));
-    w.Close();
-    w.Close();
-    w.Close();
-    w.Close();
+    w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
+                         StoreConvert(chain_.dtype, value), ";"));
+    w_.Close();
+    w_.Close();
+    w_.Close();
+    w_.Close();
   }
 
   const Chain& chain_;
