@@ -1,7 +1,6 @@
 #include "common/space/loop_nest.h"
 
 #include <algorithm>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -25,17 +24,6 @@ bool SideDependsOn(const std::vector<ir::Access>& side, int dim) {
     if (AccessDependsOn(a, dim)) return true;
   }
   return false;
-}
-
-bool ProductFactors(const ir::Expr& e, double& scale, std::vector<ir::Access>& factors) {
-  switch (e.kind) {
-    case ir::Expr::Kind::kMul:
-      return ProductFactors(e.args[0], scale, factors) && ProductFactors(e.args[1], scale, factors);
-    case ir::Expr::Kind::kConst: scale *= e.value; return true;
-    case ir::Expr::Kind::kNeg: scale = -scale; return ProductFactors(e.args[0], scale, factors);
-    case ir::Expr::Kind::kAccess: factors.push_back(e.access); return true;
-    default: return false;
-  }
 }
 
 // Bytes of the part of `a`'s tensor that `a` touches while each dim d ranges
@@ -67,7 +55,7 @@ bool ReadsAlong(const ir::Chain& chain, const ir::Access& a, int dim) {
   return true;
 }
 
-absl::Status Illegal(const ir::Chain& chain, absl::string_view message) {
+absl::Status Illegal(absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat("schedule: ", message));
 }
 
@@ -479,16 +467,16 @@ void PlaceMap(const ir::Chain& chain, LoopNest& nest, int o, const std::vector<i
 
 absl::StatusOr<LoopNest> StartNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target) {
   const int num_dims = static_cast<int>(chain.dims.size());
-  if (static_cast<int>(input.tile.size()) != num_dims) return Illegal(chain, "wrong number of tile sizes");
+  if (static_cast<int>(input.tile.size()) != num_dims) return Illegal("wrong number of tile sizes");
   for (int d = 0; d < num_dims; ++d) {
     if (input.tile[d] < 1 || input.tile[d] > chain.dims[d].extent) {
-      return Illegal(chain, absl::StrCat("tile ", input.tile[d], " of '", chain.dims[d].name, "' out of range"));
+      return Illegal(absl::StrCat("tile ", input.tile[d], " of '", chain.dims[d].name, "' out of range"));
     }
   }
-  if (input.own.size() > chain.ops.size()) return Illegal(chain, "loops given for more ops than the chain has");
+  if (input.own.size() > chain.ops.size()) return Illegal("loops given for more ops than the chain has");
   const Schedule s = Canonical(input, chain);
   if ((s.warps > 0 || s.stages > 0 || s.registers) && target.backend != hw::Backend::kCuda) {
-    return Illegal(chain, "warps, stages and registers apply to CUDA targets only");
+    return Illegal("warps, stages and registers apply to CUDA targets only");
   }
   LoopNest nest;
   nest.schedule = s;
@@ -502,36 +490,36 @@ absl::Status PlaceLoops(const ir::Chain& chain, const NestContext& context, Loop
   // Block loops.
   for (int d : s.block) {
     if (!Contains(context.block_eligible, d)) {
-      return Illegal(chain, absl::StrCat("'", chain.dims[d].name,
+      return Illegal(absl::StrCat("'", chain.dims[d].name,
                                          "' cannot be a block loop: an output lacks it, an op reduces or normalizes "
                                          "along it, or a result is read across it"));
     }
     nest.num_blocks *= nest.trips[d];
   }
   // The stream loop.
-  if (s.stream.size() > 1) return Illegal(chain, "at most one stream loop");
+  if (s.stream.size() > 1) return Illegal("at most one stream loop");
   const int sd = s.stream.empty() ? -1 : s.stream[0];
   nest.stream_dim = sd;
-  if (sd >= 0 && Contains(s.block, sd)) return Illegal(chain, "a dim cannot be both a block and a stream loop");
+  if (sd >= 0 && Contains(s.block, sd)) return Illegal("a dim cannot be both a block and a stream loop");
   // Own loops.
   for (size_t o = 0; o < chain.ops.size(); ++o) {
     const ir::Op& op = chain.ops[o];
     const std::vector<int>& own = s.own[o];
     if (!own.empty() && op.kind != ir::OpKind::kSum) {
-      return Illegal(chain, absl::StrCat("only sum ops have own loops ('", chain.tensors[op.output].name, "')"));
+      return Illegal(absl::StrCat("only sum ops have own loops ('", chain.tensors[op.output].name, "')"));
     }
     bool seen_reduce = false;
     for (int d : own) {
       bool out = Contains(op.index, d), red = Contains(op.reduce, d);
       if (!out && !red) {
-        return Illegal(chain, absl::StrCat("'", chain.dims[d].name, "' is not a loop of '",
+        return Illegal(absl::StrCat("'", chain.dims[d].name, "' is not a loop of '",
                                            chain.tensors[op.output].name, "'"));
       }
       if (Contains(s.block, d) || d == sd) {
-        return Illegal(chain, absl::StrCat("'", chain.dims[d].name, "' is already a block or stream loop"));
+        return Illegal(absl::StrCat("'", chain.dims[d].name, "' is already a block or stream loop"));
       }
       if (out && seen_reduce) {
-        return Illegal(chain, absl::StrCat("loops of '", chain.tensors[op.output].name,
+        return Illegal(absl::StrCat("loops of '", chain.tensors[op.output].name,
                                            "': output dims come before reduced dims"));
       }
       seen_reduce = seen_reduce || red;
@@ -563,11 +551,11 @@ absl::Status PlaceRegions(const ir::Chain& chain, LoopNest& nest) {
       }
     });
     if (needs_after && tile_read) {
-      return Illegal(chain, absl::StrCat("'", chain.tensors[op.output].name, "' needs both a result complete after the '",
+      return Illegal(absl::StrCat("'", chain.tensors[op.output].name, "' needs both a result complete after the '",
                                          chain.dims[sd].name, "' loop and a tile of '", tile_tensor, "' made inside it"));
     }
     if (tile_read && !aligned) {
-      return Illegal(chain, absl::StrCat("'", chain.tensors[op.output].name, "' reads '", tile_tensor, "' across the '",
+      return Illegal(absl::StrCat("'", chain.tensors[op.output].name, "' reads '", tile_tensor, "' across the '",
                                          chain.dims[sd].name, "' loop"));
     }
     on.region = needs_after ? Region::kAfter : (uses_stream || tile_read) ? Region::kStream : Region::kBefore;
@@ -589,13 +577,13 @@ absl::Status ResolveMappings(const ir::Chain& chain, const NestContext& context,
     const std::optional<mapping::SoftwareOp>& sw = context.views[o];
     std::optional<mapping::Mapping> m;
     if (s.maps[o].intrinsic != nullptr) {
-      if (!sw) return Illegal(chain, absl::StrCat("'", name, "' cannot be mapped: it is not a product of tensors"));
+      if (!sw) return Illegal(absl::StrCat("'", name, "' cannot be mapped: it is not a product of tensors"));
       if (std::find(context.usable.begin(), context.usable.end(), s.maps[o].intrinsic) == context.usable.end()) {
-        return Illegal(chain, absl::StrCat("the target cannot use ", s.maps[o].intrinsic->name, " for ",
+        return Illegal(absl::StrCat("the target cannot use ", s.maps[o].intrinsic->name, " for ",
                                            ir::DTypeName(chain.dtype)));
       }
       mapping::Verdict v = mapping::Validate(chain, *sw, s.maps[o], /*degenerate=*/true);
-      if (!v.valid) return Illegal(chain, absl::StrCat("mapping of '", name, "' is invalid: ", v.reason));
+      if (!v.valid) return Illegal(absl::StrCat("mapping of '", name, "' is invalid: ", v.reason));
       m = s.maps[o];
     } else {
       m = context.defaults[o];
@@ -618,7 +606,7 @@ absl::Status CheckStreamLoopFuses(const ir::Chain& chain, const LoopNest& nest) 
   for (const OpNest& on : nest.ops) in_stream += on.region == Region::kStream;
   if (in_stream < 2) {
     const std::string& name = chain.dims[nest.stream_dim].name;
-    return Illegal(chain, absl::StrCat("the '", name, "' stream loop encloses fewer than two ops"));
+    return Illegal(absl::StrCat("the '", name, "' stream loop encloses fewer than two ops"));
   }
   return absl::OkStatus();
 }
@@ -631,7 +619,7 @@ absl::Status LinkOnlineSoftmax(const ir::Chain& chain, LoopNest& nest) {
     const ir::Op& sm = chain.ops[o];
     const std::string& name = chain.tensors[sm.output].name;
     if (chain.tensors[sm.output].role == ir::TensorRole::kOutput) {
-      return Illegal(chain, absl::StrCat("softmax '", name, "' along the stream loop is an output; it cannot be online"));
+      return Illegal(absl::StrCat("softmax '", name, "' along the stream loop is an output; it cannot be online"));
     }
     int consumer = -1, reads = 0;
     for (size_t c = o + 1; c < chain.ops.size(); ++c) {
@@ -653,7 +641,7 @@ absl::Status LinkOnlineSoftmax(const ir::Chain& chain, LoopNest& nest) {
       for (int d : sm.index) ok = ok && (d == sm.axis || Contains(chain.ops[consumer].index, d));
     }
     if (!ok) {
-      return Illegal(chain, absl::StrCat("softmax '", name, "' along the stream loop must feed exactly one sum over '",
+      return Illegal(absl::StrCat("softmax '", name, "' along the stream loop must feed exactly one sum over '",
                                          chain.dims[nest.stream_dim].name, "' as a factor"));
     }
     nest.ops[consumer].online_softmax = static_cast<int>(o);
@@ -716,7 +704,7 @@ absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& targe
   const int split = nest.schedule.split;
   if (split <= 1) return absl::OkStatus();
   const std::string why = SplitProblem(chain, target, nest);
-  if (!why.empty()) return Illegal(chain, absl::StrCat("the stream loop cannot be split: ", why));
+  if (!why.empty()) return Illegal(absl::StrCat("the stream loop cannot be split: ", why));
   nest.split = split;
   nest.num_blocks *= split;
   // What runs outside the stream loop runs once per part.
@@ -739,7 +727,7 @@ absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& targe
 absl::Status CheckRegisters(const ir::Chain& chain, const LoopNest& nest) {
   if (!nest.schedule.registers) return absl::OkStatus();
   if (std::string why = RegisterResidentProblem(chain, nest); !why.empty()) {
-    return Illegal(chain, absl::StrCat("intermediates cannot live in registers: ", why));
+    return Illegal(absl::StrCat("intermediates cannot live in registers: ", why));
   }
   return absl::OkStatus();
 }
