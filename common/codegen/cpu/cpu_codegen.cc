@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/codegen/cpu/cpu_emit.h"
 #include "common/codegen/emit.h"
+#include "common/codegen/nest_walker.h"
 
 namespace fusor::codegen {
 namespace {
@@ -26,7 +27,6 @@ using emit::ExprToC;
 using emit::FlatIndex;
 using emit::GlobalOffset;
 using emit::GlobalStrides;
-using emit::Names;
 using emit::OpenPointLoops;
 using emit::ProductToC;
 using emit::StoreConvert;
@@ -34,7 +34,6 @@ using emit::Writer;
 using ir::Access;
 using ir::Chain;
 using ir::Op;
-using ir::OpKind;
 using ir::TensorRole;
 
 bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
@@ -54,10 +53,9 @@ struct ASide {
   int64_t row_stride = 1, k_stride = 1;  // elements; packed: 1 and mr
 };
 
-class FusedEmitter {
+class FusedEmitter : public NestWalker {
  public:
-  FusedEmitter(const Chain& chain, const space::LoopNest& nest)
-      : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, x_(chain, nest) {
+  FusedEmitter(const Chain& chain, const space::LoopNest& nest) : NestWalker(chain, nest) {
     // Scratch layout: block-local buffers, then the temporaries of the ops
     // inside the stream loop (each its own: hoisted packs live across
     // iterations), then one area the other ops share in turn.
@@ -142,9 +140,7 @@ class FusedEmitter {
     } else {
       x_.DefineBlockOrigins(w, "blk");
     }
-    EmitRegion(space::Region::kBefore);
-    if (nest_.stream_dim >= 0) EmitStream();
-    EmitRegion(space::Region::kAfter);
+    WalkBlock();
     w.Close();  // block loop
     if (nest_.split > 1) EmitPartialSums();
     w.Close();  // parallel
@@ -264,52 +260,44 @@ class FusedEmitter {
     }
   }
 
-  void EmitRegion(space::Region region) {
-    for (const space::OpNest& on : nest_.ops) {
-      if (on.region == region) EmitOp(on.op);
-    }
+  // ------------------------------------------------- walker hooks ---
+
+  void ZeroAccumulated(const space::OpNest& on) override {
+    const int t = chain_.ops[on.op].output;
+    w_.Line(absl::StrCat("memset(", n_.Local(t), ", 0, sizeof(float) * ", nest_.local[t].floats, ");"));
   }
 
-  void EmitStream() {
+  void ResetOnlineState(const space::OpNest& on) override {
+    w_.Line(absl::StrCat("for (long i = 0; i < ", on.state_floats / 3, "L; ++i) { smax", Sfx(on.op),
+                         "[i] = -INFINITY; ssum", Sfx(on.op), "[i] = 0.0f; }"));
+  }
+
+  const char* HoistedNote() const override { return ": packs hoisted out of the stream loop"; }
+
+  bool ReadsAInPlace(const space::OpNest& on) const override { return a_[on.op].direct; }
+
+  // The loop over the stream dim, or over this block's part of it when
+  // the loop is split.
+  void OpenStreamLoop() override {
     const int sd = nest_.stream_dim;
-    w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
-    for (const space::OpNest& on : nest_.ops) {
-      if (on.accumulates) {
-        w_.Line(absl::StrCat("memset(", n_.Local(chain_.ops[on.op].output), ", 0, sizeof(float) * ",
-                             nest_.local[chain_.ops[on.op].output].floats, ");"));
-      }
-      if (on.online) {
-        w_.Line(absl::StrCat("for (long i = 0; i < ", on.state_floats / 3, "L; ++i) { smax", Sfx(on.op),
-                             "[i] = -INFINITY; ssum", Sfx(on.op), "[i] = 0.0f; }"));
-      }
-    }
-    for (const space::OpNest& on : nest_.ops) {
-      const bool pack_a = on.a_hoisted && !a_[on.op].direct;
-      if (on.region != space::Region::kStream || !on.gemm.ok || !(pack_a || on.b_hoisted)) continue;
-      const Op& op = chain_.ops[on.op];
-      w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, ": packs hoisted out of the stream loop"));
-      w_.Open("");
-      x_.DefineFullRanges(w_, on);
-      if (pack_a) Pack(on, true);
-      if (on.b_hoisted) Pack(on, false);
-      w_.Close();
-    }
-    if (nest_.split > 1) {
-      // This block's part of the loop.
-      const int64_t tile = s_.tile[sd], extent = chain_.dims[sd].extent;
-      const int64_t per_part = (nest_.trips[sd] + nest_.split - 1) / nest_.split * tile;
-      w_.Line(absl::StrCat("const long part_lo = part * ", per_part, "L, part_hi = part_lo + ", per_part, "L < ",
-                           extent, "L ? part_lo + ", per_part, "L : ", extent, "L;"));
-      w_.Open(absl::StrCat("for (long ", n_.O(sd), " = part_lo; ", n_.O(sd), " < part_hi; ", n_.O(sd), " += ", tile,
-                           "L)"));
-      w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
-    } else {
+    if (nest_.split == 1) {
       x_.OpenTileLoop(w_, sd);
+      return;
     }
-    EmitRegion(space::Region::kStream);
-    w_.Close();
-    for (const space::OpNest& on : nest_.ops) {
-      if (on.accumulates) EmitFinalize(on);
+    const int64_t tile = s_.tile[sd], extent = chain_.dims[sd].extent;
+    const int64_t per_part = (nest_.trips[sd] + nest_.split - 1) / nest_.split * tile;
+    w_.Line(absl::StrCat("const long part_lo = part * ", per_part, "L, part_hi = part_lo + ", per_part, "L < ",
+                         extent, "L ? part_lo + ", per_part, "L : ", extent, "L;"));
+    w_.Open(absl::StrCat("for (long ", n_.O(sd), " = part_lo; ", n_.O(sd), " < part_hi; ", n_.O(sd), " += ", tile,
+                         "L)"));
+    w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
+  }
+
+  void EmitSoftmax(const Op& op, const space::OpNest& on) override {
+    if (on.online) {
+      EmitOnlineSoftmax(op, on);
+    } else {
+      EmitPlainSoftmax(op, on);
     }
   }
 
@@ -328,26 +316,6 @@ class FusedEmitter {
       w_.Line(absl::StrCat(n_.Global(t), "[i] = ", StoreConvert(chain_.dtype, "s"), ";"));
       w_.Close();
     }
-  }
-
-  void EmitOp(int o) {
-    const Op& op = chain_.ops[o];
-    const space::OpNest& on = nest_.ops[o];
-    w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
-    w_.Open("");
-    x_.DefineFullRanges(w_, on);
-    if (op.kind == OpKind::kSum && on.gemm.ok) {
-      EmitGemmSum(op, on);
-    } else if (op.kind == OpKind::kSum) {
-      EmitGenericSum(op, on);
-    } else if (op.kind == OpKind::kMap) {
-      EmitMap(op, on);
-    } else if (on.online) {
-      EmitOnlineSoftmax(op, on);
-    } else {
-      EmitSoftmax(op, on);
-    }
-    w_.Close();
   }
 
   // ------------------------------------------------------- pointwise ---
@@ -409,7 +377,7 @@ class FusedEmitter {
     }
   }
 
-  void EmitMap(const Op& op, const space::OpNest& on) {
+  void EmitMap(const Op& op, const space::OpNest& on) override {
     auto load = [this](const Access& a) { return x_.Load(a); };
     const int inner = InnerDim(op.index, [&](int d) { return ResultStride(on, d); });
     PointwiseLoops(op.index, inner, [&](bool vector) {
@@ -508,7 +476,7 @@ class FusedEmitter {
   // Packs one side of a GEMM-shaped sum for the current tile:
   // [batch][panel][k][mr or nr]. Columns past the tile in B's last panel
   // are zero; rows past it in A's are never read.
-  void Pack(const space::OpNest& on, bool a_side) {
+  void Pack(const space::OpNest& on, bool a_side) override {
     const space::GemmForm& g = on.gemm;
     const GemmNames names = Gemm(on);
     PackSide side;
@@ -779,39 +747,45 @@ class FusedEmitter {
     w_.Close();
   }
 
-  void EmitGemmSum(const Op& op, const space::OpNest& on) {
-    const space::GemmForm& g = on.gemm;
-    const GemmNames names = Gemm(on);
-    const bool direct_a = a_[on.op].direct;
-    const std::string o = Sfx(on.op);
-    const int num_loops = static_cast<int>(on.loops.size());
-    for (int level = 0; level <= num_loops; ++level) {
-      if (on.a_depth == level && !on.a_hoisted && !on.a_per_point && !direct_a) Pack(on, true);
-      if (on.b_depth == level && !on.b_hoisted && !on.b_per_point) Pack(on, false);
-      if (level < num_loops) x_.OpenTileLoop(w_, on.loops[level]);
-    }
-    // Innermost: the micro-kernels over the whole tile, once per point of
-    // the reduced dims no intrinsic axis took (packing what depends on
-    // them). The first partial sum of a tile is stored, later ones added.
-    w_.Open("");
-    const int outer = OpenPointLoops(w_, g.outer_reduce, n_);
-    if (on.a_per_point && !direct_a) Pack(on, true);
-    if (on.b_per_point) Pack(on, false);
-    std::vector<std::string> firsts;
-    for (int i = on.num_out_loops; i < num_loops; ++i) firsts.push_back(absl::StrCat(n_.O(on.loops[i]), " == 0"));
-    for (int d : g.outer_reduce) firsts.push_back(absl::StrCat(n_.I(d), " == 0"));
-    EmitTileProduct(on, firsts.empty() ? "true" : absl::StrJoin(firsts, " && "));
-    CloseScopes(w_, outer);
-    w_.Close();
-    for (int level = num_loops; level > on.num_out_loops; --level) w_.Close();
-    if (direct_c_[on.op] > 0) {
-      for (int level = on.num_out_loops; level > 0; --level) w_.Close();
+  // Packs sit just inside the own loops they depend on; a generic sum's
+  // accumulator is cleared inside its output loops.
+  void StageAtLevel(const space::OpNest& on, int level) override {
+    if (!on.gemm.ok) {
+      if (level == on.num_out_loops) {
+        w_.Line(absl::StrCat("memset(acc", Sfx(on.op), ", 0, sizeof(float) * ", Count(chain_.ops[on.op].index, n_),
+                             ");"));
+      }
       return;
     }
+    if (StagedAtLevel(on, true, level)) Pack(on, true);
+    if (StagedAtLevel(on, false, level)) Pack(on, false);
+  }
+
+  // The micro-kernels over the whole tile. The first partial sum of a tile
+  // is stored, later ones added.
+  void TileProduct(const space::OpNest& on) override {
+    std::vector<std::string> firsts;
+    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) {
+      firsts.push_back(absl::StrCat(n_.O(on.loops[i]), " == 0"));
+    }
+    for (int d : on.gemm.outer_reduce) firsts.push_back(absl::StrCat(n_.I(d), " == 0"));
+    EmitTileProduct(on, firsts.empty() ? "true" : absl::StrJoin(firsts, " && "));
+  }
+
+  void StoreSum(const Op& op, const space::OpNest& on) override {
+    if (!on.gemm.ok) {
+      const int opened = OpenPointLoops(w_, op.index, n_);
+      x_.Store(w_, on, absl::StrCat("acc", Sfx(on.op), "[", FlatIndex(op.index, n_), "]"));
+      CloseScopes(w_, opened);
+      return;
+    }
+    if (direct_c_[on.op] > 0) return;  // the micro-kernels wrote it
     // Store the finished tile.
+    const space::GemmForm& g = on.gemm;
+    const GemmNames names = Gemm(on);
     w_.Open("");
     w_.Line(absl::StrCat("const long rows_pad = ", names.rows_pad, ", cols_pad = ", names.cols_pad, ";"));
-    const std::string at = absl::StrCat("acc", o, "[((", FlatIndex(g.batch, n_), ") * rows_pad + (",
+    const std::string at = absl::StrCat("acc", Sfx(on.op), "[((", FlatIndex(g.batch, n_), ") * rows_pad + (",
                                         FlatIndex(g.rows, n_), ")) * cols_pad + (", FlatIndex(g.cols, n_), ")]");
     std::vector<int> dims = g.batch;
     dims.insert(dims.end(), g.rows.begin(), g.rows.end());
@@ -832,27 +806,18 @@ class FusedEmitter {
       CloseScopes(w_, opened);
     }
     w_.Close();
-    for (int level = on.num_out_loops; level > 0; --level) w_.Close();
   }
 
-  void EmitGenericSum(const Op& op, const space::OpNest& on) {
+  // A sum no intrinsic takes: each point's reduction added to acc.
+  void AccumulateSum(const Op& op, const space::OpNest& on) override {
     auto load = [this](const Access& a) { return x_.Load(a); };
-    const std::string acc = "acc" + Sfx(on.op);
-    for (int i = 0; i < on.num_out_loops; ++i) x_.OpenTileLoop(w_, on.loops[i]);
-    w_.Line(absl::StrCat("memset(", acc, ", 0, sizeof(float) * ", Count(op.index, n_), ");"));
-    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) x_.OpenTileLoop(w_, on.loops[i]);
-    int opened = OpenPointLoops(w_, op.index, n_);
+    const int opened = OpenPointLoops(w_, op.index, n_);
     w_.Line("float s = 0.0f;");
-    int inner = OpenPointLoops(w_, op.reduce, n_);
+    const int inner = OpenPointLoops(w_, op.reduce, n_);
     w_.Line(absl::StrCat("s += ", ExprToC(op.body, load), ";"));
     CloseScopes(w_, inner);
-    w_.Line(absl::StrCat(acc, "[", FlatIndex(op.index, n_), "] += s;"));
+    w_.Line(absl::StrCat("acc", Sfx(on.op), "[", FlatIndex(op.index, n_), "] += s;"));
     CloseScopes(w_, opened);
-    for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) w_.Close();
-    opened = OpenPointLoops(w_, op.index, n_);
-    x_.Store(w_, on, absl::StrCat(acc, "[", FlatIndex(op.index, n_), "]"));
-    CloseScopes(w_, opened);
-    for (int i = 0; i < on.num_out_loops; ++i) w_.Close();
   }
 
   // --------------------------------------------------------- softmax ---
@@ -916,7 +881,7 @@ class FusedEmitter {
     return "row";
   }
 
-  void EmitSoftmax(const Op& op, const space::OpNest& on) {
+  void EmitPlainSoftmax(const Op& op, const space::OpNest& on) {
     int opened = OpenPointLoops(w_, SoftmaxRows(op), n_);
     const std::string row = SoftmaxRow(op, on);
     EmitRowValues(op, row);
@@ -962,17 +927,8 @@ class FusedEmitter {
 
   // After the stream loop: an accumulated result is complete; divide by
   // the online softmax's sums and write it out.
-  void EmitFinalize(const space::OpNest& on) {
+  void WriteComplete(const space::OpNest& on, bool output) override {
     const Op& op = chain_.ops[on.op];
-    const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
-    if (on.online_softmax < 0 && !output) return;
-    w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
-    w_.Open("");
-    for (int d : op.index) {
-      if (!x_.IsBlock(d)) {
-        w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
-      }
-    }
     const Access self = emit::NestIndex::SelfAccess(op);
     const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(self), "]");
     const int inner = InnerDim(op.index, [&](int d) { return x_.LocalStride(self, d); });
@@ -1006,15 +962,8 @@ class FusedEmitter {
         }
       }
     });
-    w_.Close();
   }
 
-  const Chain& chain_;
-  const space::LoopNest& nest_;
-  const space::Schedule& s_;
-  Names n_;
-  emit::NestIndex x_;
-  Writer w_;
   std::vector<int64_t> local_offset_;
   std::vector<int64_t> temp_offset_;
   int64_t scratch_floats_ = 0;

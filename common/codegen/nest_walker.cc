@@ -1,0 +1,108 @@
+#include "common/codegen/nest_walker.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace fusor::codegen {
+
+NestWalker::NestWalker(const ir::Chain& chain, const space::LoopNest& nest)
+    : chain_(chain), nest_(nest), s_(nest.schedule), n_{chain}, x_(chain, nest) {}
+
+void NestWalker::WalkBlock() {
+  EmitRegion(space::Region::kBefore);
+  if (nest_.stream_dim >= 0) EmitStream();
+  EmitRegion(space::Region::kAfter);
+}
+
+bool NestWalker::StagedAtLevel(const space::OpNest& on, bool a_side, int level) const {
+  if (!on.gemm.ok) return false;
+  if (a_side) return on.a_depth == level && !on.a_hoisted && !on.a_per_point && !ReadsAInPlace(on);
+  return on.b_depth == level && !on.b_hoisted && !on.b_per_point;
+}
+
+void NestWalker::OpenOwnLoop(const space::OpNest& on, int level) { x_.OpenTileLoop(w_, on.loops[level]); }
+
+void NestWalker::EmitRegion(space::Region region) {
+  for (const space::OpNest& on : nest_.ops) {
+    if (on.region == region) EmitOp(on);
+  }
+}
+
+void NestWalker::EmitStream() {
+  w_.Line(absl::StrCat("// stream loop over ", chain_.dims[nest_.stream_dim].name));
+  for (const space::OpNest& on : nest_.ops) {
+    if (on.accumulates) ZeroAccumulated(on);
+    if (on.online) ResetOnlineState(on);
+  }
+  for (const space::OpNest& on : nest_.ops) {
+    const bool pack_a = on.a_hoisted && !ReadsAInPlace(on);
+    if (on.region != space::Region::kStream || !on.gemm.ok || !(pack_a || on.b_hoisted)) continue;
+    w_.Line(absl::StrCat("// ", chain_.tensors[chain_.ops[on.op].output].name, HoistedNote()));
+    w_.Open("");
+    x_.DefineFullRanges(w_, on);
+    if (pack_a) Pack(on, true);
+    if (on.b_hoisted) Pack(on, false);
+    w_.Close();
+  }
+  OpenStreamLoop();
+  EmitRegion(space::Region::kStream);
+  w_.Close();
+  for (const space::OpNest& on : nest_.ops) {
+    if (on.accumulates) EmitFinalize(on);
+  }
+}
+
+void NestWalker::EmitOp(const space::OpNest& on) {
+  const ir::Op& op = chain_.ops[on.op];
+  w_.Line(absl::StrCat("// ", ir::OpToString(op, chain_)));
+  w_.Open("");
+  x_.DefineFullRanges(w_, on);
+  if (op.kind == ir::OpKind::kSum) {
+    EmitSum(op, on);
+  } else if (op.kind == ir::OpKind::kMap) {
+    EmitMap(op, on);
+  } else {
+    EmitSoftmax(op, on);
+  }
+  w_.Close();
+}
+
+void NestWalker::EmitSum(const ir::Op& op, const space::OpNest& on) {
+  const int num_loops = static_cast<int>(on.loops.size());
+  for (int level = 0; level <= num_loops; ++level) {
+    StageAtLevel(on, level);
+    if (level < num_loops) OpenOwnLoop(on, level);
+  }
+  if (on.gemm.ok) {
+    // Once per point of the reduced dims no intrinsic axis took, staging
+    // the operands that depend on them.
+    w_.Open("");
+    const int outer = emit::OpenPointLoops(w_, on.gemm.outer_reduce, n_);
+    if (on.a_per_point && !ReadsAInPlace(on)) Pack(on, true);
+    if (on.b_per_point) Pack(on, false);
+    TileProduct(on);
+    emit::CloseScopes(w_, outer);
+    w_.Close();
+  } else {
+    AccumulateSum(op, on);
+  }
+  emit::CloseScopes(w_, num_loops - on.num_out_loops);
+  StoreSum(op, on);
+  emit::CloseScopes(w_, on.num_out_loops);
+}
+
+void NestWalker::EmitFinalize(const space::OpNest& on) {
+  const ir::Op& op = chain_.ops[on.op];
+  const bool output = chain_.tensors[op.output].role == ir::TensorRole::kOutput;
+  if (on.online_softmax < 0 && !output) return;
+  w_.Line(absl::StrCat("// ", chain_.tensors[op.output].name, " is complete"));
+  w_.Open("");
+  for (int d : op.index) {
+    if (!x_.IsBlock(d)) {
+      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+    }
+  }
+  WriteComplete(on, output);
+  w_.Close();
+}
+
+}  // namespace fusor::codegen
