@@ -1,6 +1,5 @@
 #include "server/scheduler.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -167,13 +166,11 @@ std::string Scheduler::NewId(const char* prefix) {
   return absl::StrCat(prefix, buf);
 }
 
-absl::StatusOr<v1::Target> Scheduler::TargetProto(const std::string& fp) {
+absl::StatusOr<hw::TargetDesc> Scheduler::TargetOf(const std::string& fp) {
   ASSIGN_OR_RETURN(db::TargetRow t, db_->GetTarget(fp));
-  v1::Target proto;
-  if (!google::protobuf::util::JsonStringToMessage(t.description_json, &proto).ok()) {
-    return absl::DataLossError(absl::StrCat("target ", fp, " has an unreadable description"));
-  }
-  return proto;
+  absl::StatusOr<hw::TargetDesc> desc = wire::TargetFromJson(t.description_json);
+  if (!desc.ok()) return absl::DataLossError(absl::StrCat("target ", fp, ": ", desc.status().message()));
+  return desc;
 }
 
 // ------------------------------------------------------------- clients ---
@@ -197,11 +194,8 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
       if (!selector.fingerprint().empty() && t.fingerprint != selector.fingerprint()) continue;
       if (want_alive && !alive.count(t.fingerprint)) continue;
       if (!selector.arch().empty()) {
-        v1::Target proto;
-        if (!google::protobuf::util::JsonStringToMessage(t.description_json, &proto).ok() ||
-            proto.arch() != selector.arch()) {
-          continue;
-        }
+        absl::StatusOr<hw::TargetDesc> desc = wire::TargetFromJson(t.description_json);
+        if (!desc.ok() || desc->arch != selector.arch()) continue;
       }
       chosen = &t;
       break;
@@ -239,8 +233,7 @@ absl::StatusOr<PreparedRequest> Scheduler::PrepareFor(const ir::Chain& chain, co
   req.chain = chain;
   req.canonical = ir::Canonicalize(chain);
   req.target_fp = target_fp;
-  ASSIGN_OR_RETURN(v1::Target proto, TargetProto(target_fp));
-  req.target = wire::TargetFromProto(proto);
+  ASSIGN_OR_RETURN(req.target, TargetOf(target_fp));
   return req;
 }
 
@@ -260,7 +253,8 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   r.set_task_id(best->task_id);
   r.set_from_cache(from_cache);
   r.set_workload_key(key);
-  ASSIGN_OR_RETURN(*r.mutable_target(), TargetProto(fp));
+  ASSIGN_OR_RETURN(hw::TargetDesc target, TargetOf(fp));
+  *r.mutable_target() = wire::TargetToProto(target);
   v1::Candidate* c = r.mutable_best();
   c->set_id(cand.id);
   c->mutable_schedule()->set_text(cand.schedule);
@@ -574,8 +568,8 @@ absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
     v1::WorkerInfo* info = resp.add_workers();
     info->set_worker_id(w.id);
     info->set_name(w.name);
-    auto target = TargetProto(w.target_fp);
-    if (target.ok()) *info->mutable_target() = *target;
+    auto target = TargetOf(w.target_fp);
+    if (target.ok()) *info->mutable_target() = wire::TargetToProto(*target);
     info->set_state(w.state);
     info->set_registered_unix_ms(w.registered_ms);
     info->set_last_seen_unix_ms(w.last_seen_ms);
@@ -593,16 +587,11 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   if (request.target().compute_units() <= 0) {
     return absl::InvalidArgumentError("register: target.compute_units must be positive");
   }
-  hw::TargetDesc desc = wire::TargetFromProto(request.target());
-  v1::Target proto = wire::TargetToProto(desc);  // sets the fingerprint
-  std::string json;
-  google::protobuf::util::JsonPrintOptions print;
-  print.always_print_primitive_fields = true;
-  if (!google::protobuf::util::MessageToJsonString(proto, &json, print).ok()) {
-    return absl::InternalError("cannot serialize target");
-  }
+  const hw::TargetDesc desc = wire::TargetFromProto(request.target());
+  const std::string fingerprint = hw::TargetFingerprint(desc);
   const int64_t now = NowMs();
-  RETURN_IF_ERROR(db_->UpsertTarget({proto.fingerprint(), wire::BackendName(proto.backend()), json, now}, now));
+  RETURN_IF_ERROR(db_->UpsertTarget(
+      {fingerprint, wire::BackendName(request.target().backend()), wire::TargetToJson(desc), now}, now));
   std::random_device random;
   std::string secret;
   for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(random(), absl::kZeroPad8));
@@ -610,7 +599,7 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   w.id = NewId("w-");
   w.secret_hash = Sha256Hex(secret);
   w.name = request.name().empty() ? w.id : request.name();
-  w.target_fp = proto.fingerprint();
+  w.target_fp = fingerprint;
   w.state = "alive";
   w.registered_ms = now;
   w.last_seen_ms = now;
@@ -1039,8 +1028,7 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   task->row = row;
   ASSIGN_OR_RETURN(db::WorkloadRow w, db_->GetWorkload(row.workload_key));
   ASSIGN_OR_RETURN(task->chain, ir::ParseChainJson(w.chain_json));
-  ASSIGN_OR_RETURN(v1::Target target, TargetProto(row.target_fp));
-  task->target = wire::TargetFromProto(target);
+  ASSIGN_OR_RETURN(task->target, TargetOf(row.target_fp));
   // The W and P the task started with, not the target's latest calibration.
   if (row.bandwidth_bytes_per_s > 0 && row.peak_flops > 0) {
     task->target.bandwidth_bytes_per_s = row.bandwidth_bytes_per_s;

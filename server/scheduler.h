@@ -113,7 +113,8 @@ class Scheduler {
   int EffectiveBudget(int requested) const;
   // The cache-key salt of this scheduler's results.
   std::string Salt() const;
-  absl::StatusOr<v1::Target> TargetProto(const std::string& fp);
+  // The registered target `fp` (NOT_FOUND if unknown).
+  absl::StatusOr<hw::TargetDesc> TargetOf(const std::string& fp);
   // The cached result (translated), or NOT_FOUND.
   absl::StatusOr<v1::TuneResult> Lookup(const PreparedRequest& request);
   // A request's prepared form and cache answer, kept in memory by the

@@ -287,7 +287,8 @@ absl::StatusOr<v1::SweepReport> SweepRunner::Report(const std::string& sweep_id)
   report.set_sweep_id(sweep.id);
   report.set_name(sweep.name);
   report.set_state(sweep.state);
-  ASSIGN_OR_RETURN(*report.mutable_target(), core_->TargetProto(sweep.target_fp));
+  ASSIGN_OR_RETURN(hw::TargetDesc target, core_->TargetOf(sweep.target_fp));
+  *report.mutable_target() = wire::TargetToProto(target);
   report.set_budget(sweep.budget);
   report.set_created_unix_ms(sweep.created_ms);
   if (sweep.finished_ms) report.set_finished_unix_ms(*sweep.finished_ms);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -13,57 +14,58 @@
 #include "common/ir/parse.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
-#include "worker/backend.h"
 #include "common/util/process.h"
+#include "proto/wire/convert.h"
+#include "worker/backend.h"
+
+// The JSON of job.json and outcome.json: what a worker and its job child
+// pass each other (both this executable), field for field.
+namespace fusor {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TimingOptions, warmup, min_repeats, max_repeats, time_budget_s, num_threads, seed,
+                                   rotate_bytes, max_spread)
+
+namespace hw {
+// The wire contract's JSON, the target's one text form.
+inline void to_json(nlohmann::json& j, const TargetDesc& t) { j = nlohmann::json::parse(wire::TargetToJson(t)); }
+inline void from_json(const nlohmann::json& j, TargetDesc& t) {
+  absl::StatusOr<TargetDesc> desc = wire::TargetFromJson(j.dump());
+  if (!desc.ok()) throw std::invalid_argument(std::string(desc.status().message()));
+  t = *std::move(desc);
+}
+}  // namespace hw
+
+namespace worker {
+
+// An unknown name reads as the first.
+NLOHMANN_JSON_SERIALIZE_ENUM(JobKind, {{JobKind::kCandidate, "candidate"},
+                                       {JobKind::kBaseline, "baseline"},
+                                       {JobKind::kCalibrate, "calibrate"},
+                                       {JobKind::kConfirm, "confirm"}})
+NLOHMANN_JSON_SERIALIZE_ENUM(JobPhase, {{JobPhase::kAll, "all"},
+                                        {JobPhase::kCompile, "compile"},
+                                        {JobPhase::kMeasure, "measure"}})
+inline void to_json(nlohmann::json& j, OutcomeStatus s) { j = OutcomeStatusName(s); }
+inline void from_json(const nlohmann::json& j, OutcomeStatus& s) {
+  s = OutcomeStatus::kRuntimeError;
+  for (OutcomeStatus o : {OutcomeStatus::kOk, OutcomeStatus::kCompileError, OutcomeStatus::kInvalidResult,
+                          OutcomeStatus::kTimeout, OutcomeStatus::kCrash, OutcomeStatus::kNoisy}) {
+    if (j.get<std::string>() == OutcomeStatusName(o)) s = o;
+  }
+}
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobSpec, kind, phase, artifact_dir, chain_json, schedule_text, mapping, target,
+                                   timing, compiler, blas_dir, compile_timeout_s, run_timeout_s, seed, device)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobOutcome, status, error, samples_s, median_s, spread, max_abs_error,
+                                   max_rel_error, compile_s, compile_flags, code_bytes, resources_json,
+                                   bandwidth_bytes_per_s, peak_flops)
+
+}  // namespace worker
+}  // namespace fusor
 
 namespace fusor::worker {
 namespace {
 
 using Json = nlohmann::json;
-
-Json TargetToJson(const hw::TargetDesc& t) {
-  return {{"backend", t.backend == hw::Backend::kCpu ? "cpu" : "cuda"},
-          {"arch", t.arch},
-          {"device_name", t.device_name},
-          {"compute_units", t.compute_units},
-          {"vector_lanes_f32", t.vector_lanes_f32},
-          {"isa_features", t.isa_features},
-          {"l1d_bytes", t.l1d_bytes},
-          {"l2_bytes", t.l2_bytes},
-          {"l3_bytes", t.l3_bytes},
-          {"shared_mem_per_block", t.shared_mem_per_block},
-          {"compiler", t.compiler},
-          {"bandwidth_bytes_per_s", t.bandwidth_bytes_per_s},
-          {"peak_flops", t.peak_flops}};
-}
-
-hw::TargetDesc TargetFromJson(const Json& j) {
-  hw::TargetDesc t;
-  t.backend = j.at("backend").get<std::string>() == "cuda" ? hw::Backend::kCuda : hw::Backend::kCpu;
-  t.arch = j.at("arch");
-  t.device_name = j.at("device_name");
-  t.compute_units = j.at("compute_units");
-  t.vector_lanes_f32 = j.at("vector_lanes_f32");
-  t.isa_features = j.at("isa_features").get<std::vector<std::string>>();
-  t.l1d_bytes = j.at("l1d_bytes");
-  t.l2_bytes = j.at("l2_bytes");
-  t.l3_bytes = j.at("l3_bytes");
-  t.shared_mem_per_block = j.at("shared_mem_per_block");
-  t.compiler = j.at("compiler");
-  t.bandwidth_bytes_per_s = j.at("bandwidth_bytes_per_s");
-  t.peak_flops = j.at("peak_flops");
-  return t;
-}
-
-const char* KindName(JobKind k) {
-  switch (k) {
-    case JobKind::kCandidate: return "candidate";
-    case JobKind::kBaseline: return "baseline";
-    case JobKind::kCalibrate: return "calibrate";
-    case JobKind::kConfirm: return "confirm";
-  }
-  return "?";
-}
 
 JobOutcome Execute(const JobSpec& spec, const std::string& dir) {
   const Backend& backend = BackendFor(spec.target.backend);
@@ -139,110 +141,22 @@ const char* OutcomeStatusName(OutcomeStatus s) {
   return "?";
 }
 
-std::string JobSpecToJson(const JobSpec& s) {
-  Json j = {{"kind", KindName(s.kind)},
-            {"phase", static_cast<int>(s.phase)},
-            {"artifact_dir", s.artifact_dir},
-            {"chain", s.chain_json},
-            {"schedule", s.schedule_text},
-            {"mapping", s.mapping},
-            {"target", TargetToJson(s.target)},
-            {"timing",
-             {{"warmup", s.timing.warmup},
-              {"min_repeats", s.timing.min_repeats},
-              {"max_repeats", s.timing.max_repeats},
-              {"time_budget_s", s.timing.time_budget_s},
-              {"rotate_bytes", s.timing.rotate_bytes},
-              {"max_spread", s.timing.max_spread}}},
-            {"compiler", s.compiler},
-            {"blas_dir", s.blas_dir},
-            {"compile_timeout_s", s.compile_timeout_s},
-            {"run_timeout_s", s.run_timeout_s},
-            {"seed", s.seed},
-            {"device", s.device}};
-  return j.dump();
-}
+std::string JobSpecToJson(const JobSpec& spec) { return Json(spec).dump(); }
 
 absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
-  Json j = Json::parse(json, nullptr, false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("job spec is not JSON");
   try {
-    JobSpec s;
-    std::string kind = j.at("kind");
-    s.kind = JobKind::kCandidate;
-    for (JobKind k : {JobKind::kBaseline, JobKind::kCalibrate, JobKind::kConfirm}) {
-      if (kind == KindName(k)) s.kind = k;
-    }
-    const int phase = j.at("phase");
-    if (phase < 0 || phase > static_cast<int>(JobPhase::kMeasure)) return absl::InvalidArgumentError("job spec: bad phase");
-    s.phase = static_cast<JobPhase>(phase);
-    s.artifact_dir = j.at("artifact_dir");
-    s.chain_json = j.at("chain");
-    s.schedule_text = j.at("schedule");
-    s.mapping = j.at("mapping");
-    s.target = TargetFromJson(j.at("target"));
-    const Json& t = j.at("timing");
-    s.timing.warmup = t.at("warmup");
-    s.timing.min_repeats = t.at("min_repeats");
-    s.timing.max_repeats = t.at("max_repeats");
-    s.timing.time_budget_s = t.at("time_budget_s");
-    s.timing.rotate_bytes = t.at("rotate_bytes");
-    s.timing.max_spread = t.at("max_spread");
-    s.compiler = j.at("compiler");
-    s.blas_dir = j.at("blas_dir");
-    s.compile_timeout_s = j.at("compile_timeout_s");
-    s.run_timeout_s = j.at("run_timeout_s");
-    s.seed = j.at("seed");
-    s.device = j.at("device");
-    return s;
-  } catch (const Json::exception& e) {
+    return Json::parse(json).get<JobSpec>();
+  } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
   }
 }
 
-std::string JobOutcomeToJson(const JobOutcome& o) {
-  Json j = {{"status", OutcomeStatusName(o.status)},
-            {"error", o.error},
-            {"samples_s", o.samples_s},
-            {"median_s", o.median_s},
-            {"spread", o.spread},
-            {"max_abs_error", o.max_abs_error},
-            {"max_rel_error", o.max_rel_error},
-            {"compile_s", o.compile_s},
-            {"compile_flags", o.compile_flags},
-            {"code_bytes", o.code_bytes},
-            {"resources_json", o.resources_json},
-            {"bandwidth_bytes_per_s", o.bandwidth_bytes_per_s},
-            {"peak_flops", o.peak_flops}};
-  return j.dump();
-}
+std::string JobOutcomeToJson(const JobOutcome& outcome) { return Json(outcome).dump(); }
 
 absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json) {
-  Json j = Json::parse(json, nullptr, false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("job outcome is not JSON");
   try {
-    JobOutcome o;
-    std::string status = j.at("status");
-    o.status = OutcomeStatus::kRuntimeError;
-    for (OutcomeStatus s : {OutcomeStatus::kOk, OutcomeStatus::kCompileError, OutcomeStatus::kInvalidResult,
-                            OutcomeStatus::kTimeout, OutcomeStatus::kCrash, OutcomeStatus::kRuntimeError,
-                            OutcomeStatus::kNoisy}) {
-      if (status == OutcomeStatusName(s)) o.status = s;
-    }
-    o.error = j.at("error");
-    o.samples_s = j.at("samples_s").get<std::vector<double>>();
-    o.median_s = j.at("median_s");
-    o.spread = j.at("spread");
-    o.max_abs_error = j.at("max_abs_error");
-    o.max_rel_error = j.at("max_rel_error");
-    o.compile_s = j.at("compile_s");
-    o.compile_flags = j.at("compile_flags");
-    o.code_bytes = j.at("code_bytes");
-    o.resources_json = j.at("resources_json");
-    o.bandwidth_bytes_per_s = j.at("bandwidth_bytes_per_s");
-    o.peak_flops = j.at("peak_flops");
-    return o;
-  } catch (const Json::exception& e) {
+    return Json::parse(json).get<JobOutcome>();
+  } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job outcome: ", e.what()));
   }
 }

@@ -1,5 +1,7 @@
 #include "proto/wire/convert.h"
 
+#include <google/protobuf/util/json_util.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 
@@ -129,6 +131,24 @@ v1::Target TargetToProto(const hw::TargetDesc& t) {
   p.set_peak_flops(t.peak_flops);
   p.set_fingerprint(hw::TargetFingerprint(t));
   return p;
+}
+
+std::string TargetToJson(const hw::TargetDesc& target) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.always_print_primitive_fields = true;
+  std::string json;
+  // Printing a message without Any fields cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(TargetToProto(target), &json, print);
+  return json;
+}
+
+absl::StatusOr<hw::TargetDesc> TargetFromJson(const std::string& json) {
+  v1::Target proto;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, &proto);
+  if (!parsed.ok()) {
+    return absl::DataLossError(absl::StrCat("unreadable target description: ", parsed.message().as_string()));
+  }
+  return TargetFromProto(proto);
 }
 
 std::string BackendName(v1::Backend backend) {

@@ -20,8 +20,15 @@ absl::StatusOr<ir::Chain> ChainFromWorkload(const v1::Workload& workload,
                                             const ir::Limits& limits = ir::Limits());
 v1::Chain ChainToProto(const ir::Chain& chain);
 
+// The one codec of a target description. TargetToProto sets the
+// fingerprint. Wherever a target is written down as text (the database's
+// targets.description_json, the records a team exchanges, a worker's job
+// spec) it is this proto's JSON, with every field printed.
 hw::TargetDesc TargetFromProto(const v1::Target& target);
 v1::Target TargetToProto(const hw::TargetDesc& target);
+std::string TargetToJson(const hw::TargetDesc& target);
+// DATA_LOSS when `json` is not a target's JSON.
+absl::StatusOr<hw::TargetDesc> TargetFromJson(const std::string& json);
 std::string BackendName(v1::Backend backend);  // "cpu", "cuda", "unspecified"
 
 // "ok", "compile_error", "invalid_result", "timeout", "crash", "runtime_error".

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/ir/canonical.h"
 #include "common/ir/parse.h"
 
@@ -65,6 +66,40 @@ TEST(ConvertTest, TargetsRoundTripWithAStableFingerprint) {
   EXPECT_EQ(hw::TargetFingerprint(back), p.fingerprint());
   back.compiler = "g++ 13";
   EXPECT_NE(hw::TargetFingerprint(back), p.fingerprint());
+}
+
+TEST(ConvertTest, TargetTextIsTheProtosJsonAndRoundTripsExactly) {
+  hw::TargetDesc t;
+  t.backend = hw::Backend::kCuda;
+  t.arch = "sm_90";
+  t.device_name = "NVIDIA H200";
+  t.compute_units = 132;
+  t.isa_features = {"mma.sync", "ldmatrix"};
+  t.l2_bytes = int64_t{50} << 20;
+  t.shared_mem_per_block = 232448;
+  t.compiler = "nvrtc 13.0";
+  t.bandwidth_bytes_per_s = 4.0123456789012345e12;
+  t.peak_flops = 7.56e14 / 3;
+  const std::string json = TargetToJson(t);
+  EXPECT_THAT(json, HasSubstr("\"backend\":\"BACKEND_CUDA\""));
+  EXPECT_THAT(json, HasSubstr(absl::StrCat("\"fingerprint\":\"", hw::TargetFingerprint(t), "\"")));
+  EXPECT_THAT(json, HasSubstr("\"l1dBytes\":\"0\""));  // every field printed
+  absl::StatusOr<hw::TargetDesc> back = TargetFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->backend, t.backend);
+  EXPECT_EQ(back->isa_features, t.isa_features);
+  EXPECT_EQ(back->shared_mem_per_block, t.shared_mem_per_block);
+  EXPECT_EQ(back->bandwidth_bytes_per_s, t.bandwidth_bytes_per_s);  // exactly
+  EXPECT_EQ(back->peak_flops, t.peak_flops);
+  EXPECT_EQ(TargetToJson(*back), json);
+
+  // Field names as the .proto spells them read too.
+  auto snake = TargetFromJson(R"({"backend": "BACKEND_CPU", "arch": "x86-64", "compute_units": 2})");
+  ASSERT_TRUE(snake.ok()) << snake.status();
+  EXPECT_EQ(snake->compute_units, 2);
+  for (const char* bad : {"", "{", "[]", R"({"backend": "BACKEND_TPU"})", R"({"computeUnits": "many"})"}) {
+    EXPECT_TRUE(absl::IsDataLoss(TargetFromJson(bad).status())) << bad;
+  }
 }
 
 TEST(ConvertTest, MeasurementStatusNamesRoundTrip) {
