@@ -54,16 +54,16 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
   ASSIGN_OR_RETURN(db::DbMetrics m, core.db().Metrics());
   std::string out;
   Family(out, "fusor_jobs", "gauge", "Jobs by state; queued and leased are the queue.");
-  for (const char* state : {"queued", "leased", "done", "failed"}) {
-    absl::StrAppend(&out, "fusor_jobs{state=\"", state, "\"} ", m.jobs[state], "\n");
+  for (db::JobState state : db::kJobStates) {
+    absl::StrAppend(&out, "fusor_jobs{state=\"", db::Name(state), "\"} ", m.jobs[state], "\n");
   }
   Family(out, "fusor_tasks", "gauge", "Tuning tasks by state.");
-  for (const char* state : {"running", "done", "failed"}) {
-    absl::StrAppend(&out, "fusor_tasks{state=\"", state, "\"} ", m.tasks[state], "\n");
+  for (db::TaskState state : db::kTaskStates) {
+    absl::StrAppend(&out, "fusor_tasks{state=\"", db::Name(state), "\"} ", m.tasks[state], "\n");
   }
   Family(out, "fusor_sweeps", "gauge", "Sweeps by state.");
-  for (const char* state : {"running", "done"}) {
-    absl::StrAppend(&out, "fusor_sweeps{state=\"", state, "\"} ", m.sweeps[state], "\n");
+  for (db::SweepState state : db::kSweepStates) {
+    absl::StrAppend(&out, "fusor_sweeps{state=\"", db::Name(state), "\"} ", m.sweeps[state], "\n");
   }
   Family(out, "fusor_cache_lookups_total", "counter",
          "Cache lookups for requests since the scheduler started, by result.");
@@ -92,15 +92,19 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
   Family(out, "fusor_measurements_total", "counter",
          "Measurements recorded, by kind and status (failures by cause: compile_error, invalid_result, timeout, "
          "crash, runtime_error).");
-  for (const char* kind : {"candidate", "baseline"}) {
-    for (const char* status : {"ok", "compile_error", "invalid_result", "timeout", "crash", "runtime_error"}) {
-      absl::StrAppend(&out, "fusor_measurements_total{kind=\"", kind, "\",status=\"", status, "\"} ",
-                      m.measurements[{kind, status}], "\n");
+  // Confirmations and noisy measurements are not series of their own.
+  using db::MeasurementStatus;
+  for (db::JobKind kind : {db::JobKind::kCandidate, db::JobKind::kBaseline}) {
+    for (MeasurementStatus status : {MeasurementStatus::kOk, MeasurementStatus::kCompileError,
+                                     MeasurementStatus::kInvalidResult, MeasurementStatus::kTimeout,
+                                     MeasurementStatus::kCrash, MeasurementStatus::kRuntimeError}) {
+      absl::StrAppend(&out, "fusor_measurements_total{kind=\"", db::Name(kind), "\",status=\"", db::Name(status),
+                      "\"} ", m.measurements[{kind, status}], "\n");
     }
   }
   Family(out, "fusor_workers", "gauge", "Workers by target fingerprint and state.");
   for (const auto& [key, n] : m.workers) {
-    absl::StrAppend(&out, "fusor_workers{target=\"", Label(key.first), "\",state=\"", Label(key.second), "\"} ", n,
+    absl::StrAppend(&out, "fusor_workers{target=\"", Label(key.first), "\",state=\"", db::Name(key.second), "\"} ", n,
                     "\n");
   }
   Family(out, "fusor_measurement_spread", "summary",

@@ -22,6 +22,7 @@
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
+#include "server/states_proto.h"
 #include "worker/backend.h"
 
 namespace fusor::server {
@@ -56,7 +57,12 @@ namespace {
 
 std::shared_ptr<spdlog::logger> Log() { return Logger("scheduler"); }
 
-bool Finished(const std::string& job_state) { return job_state == "done" || job_state == "failed"; }
+using db::JobKind;
+using db::JobState;
+using db::MeasurementStatus;
+using db::TaskState;
+
+bool Finished(JobState state) { return state == JobState::kDone || state == JobState::kFailed; }
 
 // What a baseline measurement ran, from its resources ({"baseline": ...}).
 std::string BaselineKind(const std::string& resources_json) {
@@ -265,7 +271,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   c->mutable_prediction()->set_alpha(cand.alpha);
   c->mutable_prediction()->set_t_estm_s(cand.t_estm_s);
   v1::Measurement* m = r.mutable_best_measurement();
-  m->set_status(wire::MeasurementStatusFromName(meas.status));
+  m->set_status(ToProto(meas.status));
   m->set_error(meas.error);
   for (double s : meas.samples_s) m->add_samples_s(s);
   m->set_median_s(meas.median_s);
@@ -403,7 +409,7 @@ absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
   double soonest_s = 0;  // estimated seconds until the caller's first task ends
   const int64_t now = NowMs();
   for (const auto& [id, t] : tasks_) {
-    if (t->row.state != "running" || t->row.client != caller.id) continue;
+    if (t->row.state != TaskState::kRunning || t->row.client != caller.id) continue;
     ++tasks;
     const int measured = t->progress.measured() + t->progress.failed();
     const int left = std::max(0, t->row.budget - measured);
@@ -449,7 +455,7 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   // Joins the running task for the key, if any; else checks the quota.
   auto join_or_check = [&]() -> absl::StatusOr<bool> {
     for (auto& [id, t] : tasks_) {
-      if (t->row.state == "running" && t->row.workload_key == key && t->row.target_fp == fp &&
+      if (t->row.state == TaskState::kRunning && t->row.workload_key == key && t->row.target_fp == fp &&
           t->row.salt == Salt()) {
         start.started = t->started;
         return true;
@@ -470,7 +476,7 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->row.workload_key = key;
   task->row.target_fp = fp;
   task->row.salt = Salt();
-  task->row.state = "running";
+  task->row.state = TaskState::kRunning;
   task->row.budget = budget;
   task->row.batch_size = options_.batch_size;
   task->row.created_ms = NowMs();
@@ -526,7 +532,7 @@ absl::StatusOr<TaskSnapshot> Scheduler::WaitForTask(const std::string& task_id, 
     snap.started.set_workload_key(row.workload_key);
     snap.started.set_target_fingerprint(row.target_fp);
     snap.started.set_budget(row.budget);
-    if (row.state == "done") {
+    if (row.state == TaskState::kDone) {
       ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(row.workload_key, row.target_fp, false));
       snap.result = r;
     }
@@ -550,7 +556,7 @@ absl::StatusOr<v1::TaskInfo> Scheduler::GetTask(const std::string& task_id) {
   ASSIGN_OR_RETURN(db::TaskRow row, db_->GetTask(task_id));
   v1::TaskInfo info;
   info.set_task_id(task_id);
-  info.set_state(snap.state);
+  info.set_state(std::string(db::Name(snap.state)));
   info.set_workload_key(row.workload_key);
   info.set_target_fingerprint(row.target_fp);
   *info.mutable_progress() = snap.progress;
@@ -570,7 +576,7 @@ absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
     info->set_name(w.name);
     auto target = TargetOf(w.target_fp);
     if (target.ok()) *info->mutable_target() = wire::TargetToProto(*target);
-    info->set_state(w.state);
+    info->set_state(std::string(db::Name(w.state)));
     info->set_registered_unix_ms(w.registered_ms);
     info->set_last_seen_unix_ms(w.last_seen_ms);
     info->set_jobs_done(w.jobs_done);
@@ -600,7 +606,7 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   w.secret_hash = Sha256Hex(secret);
   w.name = request.name().empty() ? w.id : request.name();
   w.target_fp = fingerprint;
-  w.state = "alive";
+  w.state = db::WorkerState::kAlive;
   w.registered_ms = now;
   w.last_seen_ms = now;
   RETURN_IF_ERROR(db_->InsertWorker(w));
@@ -644,7 +650,7 @@ absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRe
   }
   RETURN_IF_ERROR(worker.status());
   RETURN_IF_ERROR(db_->TouchWorker(request.worker_id(), now));
-  if (worker->state != "alive") targets_generation_++;  // back from lost
+  if (worker->state != db::WorkerState::kAlive) targets_generation_++;  // back from lost
   RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), {request.lease_ids().begin(), request.lease_ids().end()},
                                     now + absl::ToInt64Milliseconds(options_.lease)));
   return resp;
@@ -654,7 +660,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
                                                    const std::function<bool()>& cancelled) {
   ASSIGN_OR_RETURN(db::WorkerRow worker, Authenticate(request.worker_id(), request.worker_secret(), "lease"));
   RETURN_IF_ERROR(db_->TouchWorker(worker.id, NowMs()));
-  if (worker.state != "alive") targets_generation_++;  // back from lost
+  if (worker.state != db::WorkerState::kAlive) targets_generation_++;  // back from lost
   const int max_jobs = std::clamp(request.max_jobs(), 1, 16);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(std::clamp(request.wait_ms(), 0, 10000));
@@ -668,7 +674,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
       std::lock_guard<std::mutex> lock(mu_);
       for (const db::JobRow& j : jobs) {
         auto it = tasks_.find(j.task_id);
-        if (it == tasks_.end() || it->second->row.state != "running") {
+        if (it == tasks_.end() || it->second->row.state != TaskState::kRunning) {
           // Not expected (finishing a task fails its open jobs): drop it.
           Log()->error("[task={} job={}] leased a job of a task that is not running; failing it", j.task_id, j.id);
           RETURN_IF_ERROR(db_->FailOpenJobs(j.task_id, NowMs()));
@@ -680,9 +686,7 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
         job->set_lease_id(j.lease_id);
         job->set_lease_expires_unix_ms(j.lease_expires_ms);
         job->set_task_id(j.task_id);
-        job->set_kind(j.kind == "baseline"  ? v1::JOB_KIND_BASELINE
-                      : j.kind == "confirm" ? v1::JOB_KIND_CONFIRM
-                                            : v1::JOB_KIND_CANDIDATE);
+        job->set_kind(ToProto(j.kind));
         *job->mutable_chain() = wire::ChainToProto(task.chain);
         *job->mutable_options() = options_.measure;
         if (j.candidate_id) {
@@ -696,8 +700,8 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
           pc->mutable_prediction()->set_alpha(c.alpha);
           pc->mutable_prediction()->set_t_estm_s(c.t_estm_s);
         }
-        Log()->debug("[task={} job={} worker={}] leased ({}, attempt {})", j.task_id, j.id, worker.id, j.kind,
-                     j.attempts);
+        Log()->debug("[task={} job={} worker={}] leased ({}, attempt {})", j.task_id, j.id, worker.id,
+                     std::string(db::Name(j.kind)), j.attempts);
       }
       if (resp.jobs_size() > 0) return resp;
     }
@@ -717,8 +721,9 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   m.job_id = job.id;
   m.workload_key = task_row.workload_key;
   m.worker_id = request.worker_id();
-  m.status = wire::MeasurementStatusName(pm.status());
-  if (m.status == "unspecified") return absl::InvalidArgumentError("report: measurement.status is required");
+  const std::optional<MeasurementStatus> status = MeasurementStatusFromProto(pm.status());
+  if (!status) return absl::InvalidArgumentError("report: measurement.status is required");
+  m.status = *status;
   m.error = pm.error();
   m.median_s = pm.median_s();
   m.samples_s.assign(pm.samples_s().begin(), pm.samples_s().end());
@@ -733,11 +738,11 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   m.code_bytes = pm.compile().code_bytes();
   m.resources_json = pm.compile().resources_json();
   m.measured_ms = NowMs();
-  if (m.status == "ok" && (m.samples_s.empty() || m.median_s <= 0)) {
+  if (m.status == MeasurementStatus::kOk && (m.samples_s.empty() || m.median_s <= 0)) {
     return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");
   }
-  if (m.status == "ok" && m.spread > options_.measure.max_spread()) {
-    m.status = "noisy";
+  if (m.status == MeasurementStatus::kOk && m.spread > options_.measure.max_spread()) {
+    m.status = MeasurementStatus::kNoisy;
     m.error = absl::StrCat("the samples' spread (p90 - p10) / median is ", m.spread, " (at most ",
                            options_.measure.max_spread(), " is trusted)");
   }
@@ -758,14 +763,16 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
   if (rec.outcome == db::ReportOutcome::kStaleLease) {
     return absl::FailedPreconditionError(absl::StrCat(
         "report: lease ", request.lease_id(), " of job ", job.id, " is no longer valid: ",
-        rec.job.state == "queued" ? "it expired and the job was requeued"
-                                  : absl::StrCat("the job is under another lease now (worker ", rec.job.worker_id,
-                                                 "'s)"),
+        rec.job.state == JobState::kQueued
+            ? "it expired and the job was requeued"
+            : absl::StrCat("the job is under another lease now (worker ", rec.job.worker_id, "'s)"),
         "; nothing was recorded"));
   }
-  Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(), job.kind, m.status,
-              m.status == "ok" ? absl::StrCat(m.median_s * 1e3, " ms") : m.error.substr(0, 200),
-              m.status == "ok" ? absl::StrCat(" (", m.samples_s.size(), " samples)") : "");
+  const bool ok = m.status == MeasurementStatus::kOk;
+  Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(),
+              std::string(db::Name(job.kind)), std::string(db::Name(m.status)),
+              ok ? absl::StrCat(m.median_s * 1e3, " ms") : m.error.substr(0, 200),
+              ok ? absl::StrCat(" (", m.samples_s.size(), " samples)") : "");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tasks_.find(job.task_id);
   if (it != tasks_.end()) {
@@ -783,10 +790,10 @@ absl::Status Scheduler::RefreshProgress(Task& task) {
   const db::MeasurementRow* best = nullptr;
   int noisy = 0;
   for (const db::MeasurementRow& m : rows) {
-    if (m.kind != "candidate") continue;
+    if (m.kind != JobKind::kCandidate) continue;
     ++measured;
-    noisy += m.status == "noisy";
-    if (m.status != "ok") {
+    noisy += m.status == MeasurementStatus::kNoisy;
+    if (m.status != MeasurementStatus::kOk) {
       ++failed;
     } else if (best == nullptr || m.median_s < best->median_s) {
       best = &m;
@@ -811,13 +818,13 @@ absl::Status Scheduler::RefreshProgress(Task& task) {
 }
 
 absl::Status Scheduler::Advance(Task& task) {
-  if (task.row.state != "running") return absl::OkStatus();
+  if (task.row.state != TaskState::kRunning) return absl::OkStatus();
   while (true) {
     if (!task.batch.empty()) {
       ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(task.row.id));
       std::map<int64_t, const db::JobRow*> by_candidate;
       for (const db::JobRow& j : jobs) {
-        if (j.candidate_id && j.kind == "candidate") by_candidate[*j.candidate_id] = &j;
+        if (j.candidate_id && j.kind == JobKind::kCandidate) by_candidate[*j.candidate_id] = &j;
       }
       for (const db::CandidateRow& c : task.batch) {
         auto it = by_candidate.find(c.id);
@@ -829,8 +836,8 @@ absl::Status Scheduler::Advance(Task& task) {
         search::MeasuredResult r;
         r.schedule_text = c.schedule;
         for (const db::MeasurementRow& m : rows) {
-          if (m.candidate_id == c.id && m.kind == "candidate") {
-            r.ok = m.status == "ok";
+          if (m.candidate_id == c.id && m.kind == JobKind::kCandidate) {
+            r.ok = m.status == MeasurementStatus::kOk;
             r.median_s = m.median_s;
           }
         }
@@ -875,10 +882,10 @@ absl::Status Scheduler::Advance(Task& task) {
       db::JobRow job;
       job.id = NewId("j-");
       job.task_id = task.row.id;
-      job.kind = "confirm";
+      job.kind = JobKind::kConfirm;
       job.candidate_id = *best;
       job.target_fp = task.row.target_fp;
-      job.state = "queued";
+      job.state = JobState::kQueued;
       RETURN_IF_ERROR(db_->InsertJob(job, now));
       task.confirm_jobs.push_back(job.id);
       // A CPU worker times the baseline together with the confirmation; a
@@ -897,9 +904,9 @@ absl::Status Scheduler::QueueBaseline(Task& task, int64_t now_ms) {
   db::JobRow job;
   job.id = NewId("j-");
   job.task_id = task.row.id;
-  job.kind = "baseline";
+  job.kind = JobKind::kBaseline;
   job.target_fp = task.row.target_fp;
-  job.state = "queued";
+  job.state = JobState::kQueued;
   RETURN_IF_ERROR(db_->InsertJob(job, now_ms));
   task.baseline_jobs.push_back(job.id);
   return absl::OkStatus();
@@ -907,24 +914,24 @@ absl::Status Scheduler::QueueBaseline(Task& task, int64_t now_ms) {
 
 absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best,
                                           v1::TuneResult& r) {
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id, "baseline"));
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id, JobKind::kBaseline));
   v1::Measurement* baseline = r.mutable_baseline();
   std::vector<const db::MeasurementRow*> trusted;
   int noisy = 0;
   for (const db::MeasurementRow& m : rows) {
-    if (m.status == "noisy") ++noisy;
-    if (m.status == "ok") trusted.push_back(&m);
+    if (m.status == MeasurementStatus::kNoisy) ++noisy;
+    if (m.status == MeasurementStatus::kOk) trusted.push_back(&m);
   }
   // A confirmation is compared with the baseline timed together with it,
   // else with the one measured nearest it (the machine's speed drifts over
   // a task); anything else with all of them.
-  auto beside = best.kind == "confirm" ? BaselineBeside(best.resources_json, options_.measure.max_spread())
-                                       : std::nullopt;
+  auto beside = best.kind == JobKind::kConfirm ? BaselineBeside(best.resources_json, options_.measure.max_spread())
+                                               : std::nullopt;
   if (beside) {
     for (double s : beside->second) baseline->add_samples_s(s);
     r.set_baseline_kind(beside->first);
   } else {
-    if (best.kind == "confirm" && !trusted.empty()) {
+    if (best.kind == JobKind::kConfirm && !trusted.empty()) {
       const db::MeasurementRow* nearest = nullptr;
       for (const db::MeasurementRow* m : trusted) {
         if (nearest == nullptr ||
@@ -948,7 +955,7 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
   baseline->set_median_s(stats.median);
   baseline->set_spread(stats.spread);
   r.set_baseline_s(stats.median);
-  if (best.status == "ok" && best.median_s > 0) r.set_speedup(stats.median / best.median_s);
+  if (best.status == MeasurementStatus::kOk && best.median_s > 0) r.set_speedup(stats.median / best.median_s);
   return absl::OkStatus();
 }
 
@@ -956,9 +963,9 @@ absl::StatusOr<bool> Scheduler::NeedsConfirmation(const Task& task) {
   constexpr size_t kConfirmAttempts = 2;
   if (task.confirm_jobs.empty()) return true;
   if (task.confirm_jobs.size() >= kConfirmAttempts) return false;
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id, "confirm"));
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id, JobKind::kConfirm));
   for (const db::MeasurementRow& m : rows) {
-    if (m.job_id == task.confirm_jobs.back()) return m.status == "noisy";
+    if (m.job_id == task.confirm_jobs.back()) return m.status == MeasurementStatus::kNoisy;
   }
   return false;
 }
@@ -967,7 +974,10 @@ absl::StatusOr<std::optional<int64_t>> Scheduler::BestCandidate(const Task& task
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
   const db::MeasurementRow* best = nullptr;
   for (const db::MeasurementRow& m : rows) {
-    if (m.kind == "candidate" && m.status == "ok" && (best == nullptr || m.median_s < best->median_s)) best = &m;
+    if (m.kind == JobKind::kCandidate && m.status == MeasurementStatus::kOk &&
+        (best == nullptr || m.median_s < best->median_s)) {
+      best = &m;
+    }
   }
   if (best == nullptr) return std::optional<int64_t>();
   return std::optional<int64_t>(*best->candidate_id);
@@ -980,10 +990,10 @@ absl::Status Scheduler::Finalize(Task& task) {
   const db::MeasurementRow* confirmed = nullptr;
   int candidates = 0;
   for (const db::MeasurementRow& m : rows) {
-    if (m.kind == "confirm" && m.status == "ok") confirmed = &m;
-    if (m.kind != "candidate") continue;
+    if (m.kind == JobKind::kConfirm && m.status == MeasurementStatus::kOk) confirmed = &m;
+    if (m.kind != JobKind::kCandidate) continue;
     ++candidates;
-    if (m.status == "ok") {
+    if (m.status == MeasurementStatus::kOk) {
       if (best == nullptr || m.median_s < best->median_s) best = &m;
     } else if (first_failure == nullptr) {
       first_failure = &m;
@@ -994,19 +1004,19 @@ absl::Status Scheduler::Finalize(Task& task) {
   if (best != nullptr && confirmed != nullptr && confirmed->candidate_id == best->candidate_id) best = confirmed;
   const int64_t now = NowMs();
   if (best == nullptr) {
-    task.row.state = "failed";
+    task.row.state = TaskState::kFailed;
     task.row.error = candidates == 0
                          ? "the search proposed no candidates"
-                         : absl::StrCat("all ", candidates, " candidates failed; the first: ", first_failure->status,
-                                        ": ", first_failure->error.substr(0, 2000));
+                         : absl::StrCat("all ", candidates, " candidates failed; the first: ",
+                                        db::Name(first_failure->status), ": ", first_failure->error.substr(0, 2000));
   } else {
     RETURN_IF_ERROR(db_->OfferBest(task.row.workload_key, task.row.target_fp, task.row.salt,
                                    {task.row.id, *best->candidate_id, best->id, best->median_s}, now));
-    task.row.state = "done";
+    task.row.state = TaskState::kDone;
   }
   RETURN_IF_ERROR(db_->FinishTask(task.row.id, task.row.state, task.row.error, now));
   task.row.finished_ms = now;
-  if (task.row.state == "done") {
+  if (task.row.state == TaskState::kDone) {
     ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(task.row.workload_key, task.row.target_fp, false));
     // Report this task's work, whichever task found the best kernel.
     r.set_candidates_measured(task.progress.measured());
@@ -1017,9 +1027,9 @@ absl::Status Scheduler::Finalize(Task& task) {
   task.strategy.reset();
   ++task.version;
   task_cv_.notify_all();
-  Log()->info("[task={}] {} after {:.1f} s: {}", task.row.id, task.row.state,
+  Log()->info("[task={}] {} after {:.1f} s: {}", task.row.id, std::string(db::Name(task.row.state)),
               static_cast<double>(now - task.row.created_ms) / 1000,
-              task.row.state == "done" ? absl::StrCat("best ", best->median_s * 1e3, " ms") : task.row.error);
+              task.row.state == TaskState::kDone ? absl::StrCat("best ", best->median_s * 1e3, " ms") : task.row.error);
   return absl::OkStatus();
 }
 
@@ -1038,8 +1048,8 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {
-    if (j.kind == "baseline") task->baseline_jobs.push_back(j.id);
-    if (j.kind == "confirm") task->confirm_jobs.push_back(j.id);
+    if (j.kind == JobKind::kBaseline) task->baseline_jobs.push_back(j.id);
+    if (j.kind == JobKind::kConfirm) task->confirm_jobs.push_back(j.id);
   }
   task->started.set_task_id(row.id);
   task->started.set_workload_key(row.workload_key);
@@ -1054,14 +1064,14 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
 }
 
 absl::Status Scheduler::ResumeTasks() {
-  ASSIGN_OR_RETURN(std::vector<db::TaskRow> running, db_->ListTasksInState("running"));
+  ASSIGN_OR_RETURN(std::vector<db::TaskRow> running, db_->ListTasksInState(TaskState::kRunning));
   std::lock_guard<std::mutex> lock(mu_);
   for (const db::TaskRow& row : running) {
     auto task = LoadTask(row);
     if (!task.ok()) {
       Log()->error("[task={}] cannot resume: {}", row.id, task.status().ToString());
-      RETURN_IF_ERROR(db_->FinishTask(row.id, "failed", absl::StrCat("could not resume: ", task.status().message()),
-                                      NowMs()));
+      RETURN_IF_ERROR(db_->FinishTask(row.id, TaskState::kFailed,
+                                      absl::StrCat("could not resume: ", task.status().message()), NowMs()));
       continue;
     }
     // Replays the strategy against what the database already holds.

@@ -86,7 +86,7 @@ struct PreparedRequest {
 
 struct TaskSnapshot {
   int64_t version = 0;
-  std::string state;  // "running", "done", "failed"
+  db::TaskState state = db::TaskState::kRunning;
   v1::TaskStarted started;
   v1::TuneProgress progress;      // canonical names
   std::optional<v1::TuneResult> result;  // canonical names; set when done

@@ -59,10 +59,10 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
       }
       writer->Write(progress);
     }
-    if (snap->state == "failed") {
+    if (snap->state == db::TaskState::kFailed) {
       return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat("tuning failed: ", snap->error)));
     }
-    if (snap->state == "done" && snap->result) {
+    if (snap->state == db::TaskState::kDone && snap->result) {
       v1::TuneEvent done;
       *done.mutable_result() = core_->Translate(*snap->result, *prepared);
       writer->Write(done);
@@ -128,10 +128,10 @@ grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx,
       auto snap = core_->WaitForTask(start->started.task_id(), version, kPoll);
       if (!snap.ok()) return ToGrpcStatus(snap.status());
       version = snap->version;
-      if (snap->state == "failed") {
+      if (snap->state == db::TaskState::kFailed) {
         return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat("tuning failed: ", snap->error)));
       }
-      if (snap->state == "done" && snap->result) {
+      if (snap->state == db::TaskState::kDone && snap->result) {
         result = core_->Translate(*snap->result, prepared);
         break;
       }

@@ -19,7 +19,10 @@ namespace {
 
 std::shared_ptr<spdlog::logger> Log() { return Logger("sweeps"); }
 
-bool Finished(const std::string& chain_state) { return chain_state == "done" || chain_state == "failed"; }
+using db::SweepChainState;
+using db::SweepState;
+
+bool Finished(SweepChainState state) { return state == SweepChainState::kDone || state == SweepChainState::kFailed; }
 
 // What identifies "the same sweep": everything that was asked for.
 std::string Digest(const v1::SweepRequest& request, const std::vector<PreparedRequest>& prepared,
@@ -98,7 +101,7 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
     id = running->id;
     started.set_resumed(true);
   } else {
-    ASSIGN_OR_RETURN(std::vector<db::SweepRow> all, db.ListSweepsInState("running"));
+    ASSIGN_OR_RETURN(std::vector<db::SweepRow> all, db.ListSweepsInState(SweepState::kRunning));
     const int mine = static_cast<int>(
         std::count_if(all.begin(), all.end(), [&](const db::SweepRow& w) { return w.client == caller.id; }));
     const int limit = core_->options().max_sweeps_per_client;
@@ -129,7 +132,7 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
     row.target_fp = target_fp;
     row.salt = core_->Salt();
     row.budget = budget;
-    row.state = "running";
+    row.state = SweepState::kRunning;
     row.created_ms = now;
     row.client = caller.id;
     RETURN_IF_ERROR(db.CreateSweep(row, entries, now));
@@ -154,7 +157,7 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
 
 void SweepRunner::Loop() {
   while (!stop_) {
-    auto sweeps = core_->db().ListSweepsInState("running");
+    auto sweeps = core_->db().ListSweepsInState(SweepState::kRunning);
     if (!sweeps.ok()) {
       Log()->error("listing sweeps failed: {}", sweeps.status().ToString());
     } else {
@@ -175,20 +178,20 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
   ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(sweep.id));
   int tuning = 0;
   for (db::SweepChainRow& c : chains) {
-    if (c.state != "tuning") continue;
+    if (c.state != SweepChainState::kTuning) continue;
     ASSIGN_OR_RETURN(db::TaskRow task, db.GetTask(c.task_id));
-    if (task.state == "running") {
+    if (task.state == db::TaskState::kRunning) {
       ++tuning;
       continue;
     }
-    c.state = task.state == "done" ? "done" : "failed";
+    c.state = task.state == db::TaskState::kDone ? SweepChainState::kDone : SweepChainState::kFailed;
     c.error = task.error;
     RETURN_IF_ERROR(db.UpdateSweepChain(sweep.id, c, NowMs()));
-    Log()->info("[sweep={} task={}] chain {} {}", sweep.id, task.id, c.workload_key, c.state);
+    Log()->info("[sweep={} task={}] chain {} {}", sweep.id, task.id, c.workload_key, std::string(db::Name(c.state)));
   }
   for (db::SweepChainRow& c : chains) {
     if (stop_ || tuning >= options_.parallel) break;
-    if (c.state != "pending") continue;
+    if (c.state != SweepChainState::kPending) continue;
     ASSIGN_OR_RETURN(db::WorkloadRow workload, db.GetWorkload(c.workload_key));
     absl::StatusOr<Scheduler::TuneStart> start = [&]() -> absl::StatusOr<Scheduler::TuneStart> {
       ASSIGN_OR_RETURN(ir::Chain chain, ir::ParseChainJson(workload.chain_json));
@@ -201,22 +204,22 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
     }();
     if (start.ok()) core_->NoteCacheLookup(start->cached.has_value());
     if (!start.ok()) {
-      c.state = "failed";
+      c.state = SweepChainState::kFailed;
       c.error = std::string(start.status().message());
     } else if (start->cached) {
-      c.state = "done";
+      c.state = SweepChainState::kDone;
       c.from_cache = true;
       c.task_id = start->cached->task_id();
     } else {
-      c.state = "tuning";
+      c.state = SweepChainState::kTuning;
       c.task_id = start->started.task_id();
       ++tuning;
     }
     RETURN_IF_ERROR(db.UpdateSweepChain(sweep.id, c, NowMs()));
     Log()->info("[sweep={}] chain {} ({}): {}", sweep.id, c.workload_key, workload.name,
-                c.state == "tuning" ? absl::StrCat("tuning in task ", c.task_id)
-                : c.from_cache      ? std::string("answered from the cache")
-                                    : absl::StrCat("failed: ", c.error));
+                c.state == SweepChainState::kTuning ? absl::StrCat("tuning in task ", c.task_id)
+                : c.from_cache                      ? std::string("answered from the cache")
+                                                    : absl::StrCat("failed: ", c.error));
   }
   if (std::all_of(chains.begin(), chains.end(), [](const db::SweepChainRow& c) { return Finished(c.state); })) {
     RETURN_IF_ERROR(db.FinishSweep(sweep.id, NowMs()));
@@ -234,15 +237,17 @@ absl::StatusOr<SweepRunner::Status> SweepRunner::Progress(const std::string& swe
   ASSIGN_OR_RETURN(const auto tuned, db.SweepTunedSeconds(sweep_id));  // (chains, seconds) finished by this sweep
   const int64_t now = NowMs();
   Status status;
-  status.finished = sweep.state == "done";
+  status.finished = sweep.state == SweepState::kDone;
   v1::SweepProgress& p = status.progress;
   p.set_chains(static_cast<int>(chains.size()));
   double left = 0, rate_samples = 0, rate_sum_s = 0;  // work left, in chains; the running ones' pace
   for (const db::SweepChainRow& c : chains) {
-    if (c.state == "pending") left += 1;
-    if (c.state == "failed") p.set_failed(p.failed() + 1);
-    if (c.state == "done") c.from_cache ? p.set_cache_hits(p.cache_hits() + 1) : p.set_tuned(p.tuned() + 1);
-    if (c.state != "tuning") continue;
+    if (c.state == SweepChainState::kPending) left += 1;
+    if (c.state == SweepChainState::kFailed) p.set_failed(p.failed() + 1);
+    if (c.state == SweepChainState::kDone) {
+      c.from_cache ? p.set_cache_hits(p.cache_hits() + 1) : p.set_tuned(p.tuned() + 1);
+    }
+    if (c.state != SweepChainState::kTuning) continue;
     ASSIGN_OR_RETURN(db::TaskRow task, db.GetTask(c.task_id));
     auto info = core_->GetTask(c.task_id);
     const int measured = info.ok() ? info->progress().measured() : 0;
@@ -286,7 +291,7 @@ absl::StatusOr<v1::SweepReport> SweepRunner::Report(const std::string& sweep_id)
   v1::SweepReport report;
   report.set_sweep_id(sweep.id);
   report.set_name(sweep.name);
-  report.set_state(sweep.state);
+  report.set_state(std::string(db::Name(sweep.state)));
   ASSIGN_OR_RETURN(hw::TargetDesc target, core_->TargetOf(sweep.target_fp));
   *report.mutable_target() = wire::TargetToProto(target);
   report.set_budget(sweep.budget);
@@ -306,13 +311,14 @@ absl::StatusOr<v1::SweepReport> SweepRunner::Report(const std::string& sweep_id)
     const db::SweepChainRow& state = *c->second;
     r->set_task_id(state.task_id);
     r->set_error(state.error);
-    r->set_state(state.state == "done" ? (state.from_cache ? "cache" : "tuned") : state.state);
-    if (state.state != "done") continue;
+    r->set_state(state.state == SweepChainState::kDone ? (state.from_cache ? "cache" : "tuned")
+                                                       : std::string(db::Name(state.state)));
+    if (state.state != SweepChainState::kDone) continue;
     ASSIGN_OR_RETURN(PreparedRequest request, core_->PrepareFor(chain, sweep.target_fp));
     auto result = core_->Lookup(request);
     if (!result.ok()) {
       // The cache lost it (e.g. a new salt since): say so in the entry.
-      r->set_state("failed");
+      r->set_state(std::string(db::Name(SweepChainState::kFailed)));
       r->set_error(std::string(result.status().message()));
       continue;
     }

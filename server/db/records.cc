@@ -32,7 +32,7 @@ JOIN tasks t ON t.id = m.task_id
 JOIN workloads w ON w.key = m.workload_key
 JOIN targets g ON g.fingerprint = m.target_fp
 LEFT JOIN candidates c ON c.id = m.candidate_id
-WHERE t.state IN ('done', 'failed') AND (?1 = '' OR m.target_fp = ?1) AND (?2 = '' OR m.workload_key = ?2)
+WHERE t.state IN (?5, ?6) AND (?1 = '' OR m.target_fp = ?1) AND (?2 = '' OR m.workload_key = ?2)
   AND m.id > ?3
 ORDER BY m.id
 LIMIT ?4
@@ -56,7 +56,13 @@ absl::StatusOr<T> Field(const json& j, const char* name) {
 
 struct Record {
   json m, task, workload, target, candidate;
+  JobKind kind = JobKind::kCandidate;  // of m
+  MeasurementStatus status = MeasurementStatus::kOk;
+  TaskState state = TaskState::kDone;  // of task
 };
+
+// A confirmation is the task's best candidate measured again at its end.
+bool OfCandidate(JobKind kind) { return kind == JobKind::kCandidate || kind == JobKind::kConfirm; }
 
 absl::StatusOr<Record> ParseRecord(const std::string& line) {
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -80,14 +86,16 @@ absl::StatusOr<Record> ParseRecord(const std::string& line) {
   for (const char* f : {"fingerprint", "backend", "description_json"}) {
     RETURN_IF_ERROR(Field<std::string>(r.target, f).status());
   }
-  const std::string kind = r.m["kind"], state = r.task["state"];
-  // A confirmation is the task's best candidate measured again at its end.
-  const bool of_candidate = kind == "candidate" || kind == "confirm";
-  if (!of_candidate && kind != "baseline") {
-    return absl::InvalidArgumentError("'kind' is not candidate, confirm or baseline");
-  }
-  if (state != "done" && state != "failed") return absl::InvalidArgumentError("the task is not finished");
-  if (of_candidate) {
+  absl::StatusOr<JobKind> kind = Parse<JobKind>(r.m["kind"].get<std::string>());
+  if (!kind.ok()) return absl::InvalidArgumentError("'kind' is not candidate, confirm or baseline");
+  r.kind = *kind;
+  absl::StatusOr<TaskState> state = Parse<TaskState>(r.task["state"].get<std::string>());
+  if (!state.ok() || *state == TaskState::kRunning) return absl::InvalidArgumentError("the task is not finished");
+  r.state = *state;
+  absl::StatusOr<MeasurementStatus> status = Parse<MeasurementStatus>(r.m["status"].get<std::string>());
+  if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("'status': ", status.status().message()));
+  r.status = *status;
+  if (OfCandidate(r.kind)) {
     if (r.candidate.is_null()) return absl::InvalidArgumentError("a candidate measurement without its 'candidate'");
     RETURN_IF_ERROR(Field<std::string>(r.candidate, "schedule").status());
   }
@@ -103,6 +111,27 @@ T Or(const json& j, const char* name, T fallback) {
   } catch (const json::exception&) {
     return fallback;
   }
+}
+
+// Puts the count in column `count_column` of each row of `sql` into `into`,
+// under the key `key` reads from the row. A row whose key does not read (a
+// state this fusor does not know) is left out.
+template <typename Key, typename ReadKey>
+absl::Status CountBy(Database& db, const char* sql, int count_column, const ReadKey& key,
+                     std::map<Key, int64_t>& into) {
+  ASSIGN_OR_RETURN(Statement s, db.Prepare(sql));
+  ASSIGN_OR_RETURN(auto rows, ReadRows(s, [&](const Statement& row) {
+                     return std::make_pair(absl::StatusOr<Key>(key(row)), row.Int(count_column));
+                   }));
+  for (const auto& [k, count] : rows) {
+    if (k.ok()) into[*k] = count;
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<T> FirstColumn(const Statement& row) {
+  return Parse<T>(row.Text(0));
 }
 
 // One exported record: a row of kExportSql as a JSON line.
@@ -153,12 +182,11 @@ absl::Status TuningDb::ExportRecords(const RecordFilter& filter,
       std::lock_guard<std::mutex> lock(mu_);
       ASSIGN_OR_RETURN(Statement s, db_->Prepare(kExportSql));
       s.Bind(1, filter.target_fp).Bind(2, filter.workload_key).Bind(3, after).Bind(4, kExportPage);
-      while (true) {
-        ASSIGN_OR_RETURN(bool row, s.Step());
-        if (!row) break;
-        page.push_back(RecordLine(s));
-        after = s.Int(39);
-      }
+      s.Bind(5, Name(TaskState::kDone)).Bind(6, Name(TaskState::kFailed));
+      ASSIGN_OR_RETURN(page, ReadRows(s, [&](const Statement& row) {
+                         after = row.Int(39);
+                         return RecordLine(row);
+                       }));
     }
     for (const std::string& l : page) line(l);
     if (static_cast<int>(page.size()) < kExportPage) return absl::OkStatus();
@@ -180,7 +208,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
   for (const Record& r : records) {
     ++stats.records;
     const std::string job_id = r.m["job_id"], key = r.workload["key"], fp = r.target["fingerprint"];
-    const std::string task_id = r.task["id"], kind = r.m["kind"];
+    const std::string task_id = r.task["id"];
     ASSIGN_OR_RETURN(Statement seen, db_->Prepare("SELECT 1 FROM measurements WHERE job_id = ?"));
     seen.Bind(1, job_id);
     ASSIGN_OR_RETURN(bool duplicate, seen.Step());
@@ -204,7 +232,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
                                          "budget, batch_size, space_size, space_after_pruning, error, created_ms, "
                                          "finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"));
     RETURN_IF_ERROR(task.Bind(1, task_id).Bind(2, key).Bind(3, fp).Bind(4, r.task["salt"].get<std::string>())
-                        .Bind(5, r.task["state"].get<std::string>()).Bind(6, Or<int64_t>(r.task, "budget", 0))
+                        .Bind(5, Name(r.state)).Bind(6, Or<int64_t>(r.task, "budget", 0))
                         .Bind(7, Or<int64_t>(r.task, "batch_size", 0)).Bind(8, Or<int64_t>(r.task, "space_size", 0))
                         .Bind(9, Or<int64_t>(r.task, "space_after_pruning", 0))
                         .Bind(10, Or<std::string>(r.task, "error", "")).Bind(11, Or<int64_t>(r.task, "created_ms", measured))
@@ -217,7 +245,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
                                                         " is here already for another workload or target"));
     }
     std::optional<int64_t> candidate_id;
-    if (kind == "candidate" || kind == "confirm") {
+    if (OfCandidate(r.kind)) {
       const std::string schedule = r.candidate["schedule"];
       ASSIGN_OR_RETURN(Statement find, db_->Prepare("SELECT id FROM candidates WHERE task_id = ? AND schedule = ?"));
       find.Bind(1, task_id).Bind(2, schedule);
@@ -236,16 +264,17 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
     }
     ASSIGN_OR_RETURN(Statement job, db_->Prepare("INSERT OR IGNORE INTO jobs(id, task_id, kind, candidate_id, "
                                                  "target_fp, state, worker_id, attempts, created_ms, finished_ms) "
-                                                 "VALUES (?,?,?,?,?,'done',?,1,?,?)"));
-    RETURN_IF_ERROR(job.Bind(1, job_id).Bind(2, task_id).Bind(3, kind).Bind(4, candidate_id).Bind(5, fp)
-                        .Bind(6, r.m["worker_id"].get<std::string>()).Bind(7, measured).Bind(8, measured).Run());
+                                                 "VALUES (?,?,?,?,?,?,?,1,?,?)"));
+    RETURN_IF_ERROR(job.Bind(1, job_id).Bind(2, task_id).Bind(3, Name(r.kind)).Bind(4, candidate_id).Bind(5, fp)
+                        .Bind(6, Name(JobState::kDone)).Bind(7, r.m["worker_id"].get<std::string>())
+                        .Bind(8, measured).Bind(9, measured).Run());
     ASSIGN_OR_RETURN(Statement m, db_->Prepare(
                                       "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
                                       "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
                                       "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
                                       "resources_json, spread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
-    RETURN_IF_ERROR(m.Bind(1, job_id).Bind(2, task_id).Bind(3, candidate_id).Bind(4, kind).Bind(5, key).Bind(6, fp)
-                        .Bind(7, r.m["worker_id"].get<std::string>()).Bind(8, r.m["status"].get<std::string>())
+    RETURN_IF_ERROR(m.Bind(1, job_id).Bind(2, task_id).Bind(3, candidate_id).Bind(4, Name(r.kind)).Bind(5, key)
+                        .Bind(6, fp).Bind(7, r.m["worker_id"].get<std::string>()).Bind(8, Name(r.status))
                         .Bind(9, Or<std::string>(r.m, "error", "")).Bind(10, r.m["median_s"].get<double>())
                         .Bind(11, r.m["samples_s"].dump()).Bind(12, Or<double>(r.m, "max_abs_error", 0))
                         .Bind(13, Or<double>(r.m, "max_rel_error", 0)).Bind(14, Or<double>(r.m, "compile_s", 0))
@@ -264,9 +293,10 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
     ASSIGN_OR_RETURN(Statement best, db_->Prepare(
                                          "SELECT m.task_id, m.candidate_id, m.id, m.median_s FROM measurements m "
                                          "JOIN tasks t ON t.id = m.task_id WHERE m.workload_key = ? AND "
-                                         "m.target_fp = ? AND t.salt = ? AND m.kind = 'candidate' AND m.status = 'ok' "
+                                         "m.target_fp = ? AND t.salt = ? AND m.kind = ? AND m.status = ? "
                                          "AND m.median_s > 0 ORDER BY m.median_s, m.id LIMIT 1"));
     best.Bind(1, key).Bind(2, fp).Bind(3, salt);
+    best.Bind(4, Name(JobKind::kCandidate)).Bind(5, Name(MeasurementStatus::kOk));
     ASSIGN_OR_RETURN(bool has_best, best.Step());
     if (has_best) {
       ASSIGN_OR_RETURN(Statement set, db_->Prepare(
@@ -290,34 +320,33 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
 absl::StatusOr<DbMetrics> TuningDb::Metrics(int recent) {
   std::lock_guard<std::mutex> lock(mu_);
   DbMetrics out;
-  auto count = [&](const char* sql, std::map<std::string, int64_t>& into) -> absl::Status {
-    ASSIGN_OR_RETURN(Statement s, db_->Prepare(sql));
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) return absl::OkStatus();
-      into[s.Text(0)] = s.Int(1);
-    }
-  };
-  RETURN_IF_ERROR(count("SELECT state, COUNT(*) FROM jobs GROUP BY state", out.jobs));
-  RETURN_IF_ERROR(count("SELECT state, COUNT(*) FROM tasks GROUP BY state", out.tasks));
-  RETURN_IF_ERROR(count("SELECT state, COUNT(*) FROM sweeps GROUP BY state", out.sweeps));
-  auto count2 = [&](const char* sql, std::map<std::pair<std::string, std::string>, int64_t>& into) -> absl::Status {
-    ASSIGN_OR_RETURN(Statement s, db_->Prepare(sql));
-    while (true) {
-      ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) return absl::OkStatus();
-      into[{s.Text(0), s.Text(1)}] = s.Int(2);
-    }
-  };
-  RETURN_IF_ERROR(count2("SELECT kind, status, COUNT(*) FROM measurements GROUP BY kind, status", out.measurements));
-  RETURN_IF_ERROR(count2("SELECT target_fp, state, COUNT(*) FROM workers GROUP BY target_fp, state", out.workers));
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT samples_json, median_s FROM measurements WHERE status = 'ok' "
+  RETURN_IF_ERROR(CountBy(*db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state", 1, FirstColumn<JobState>, out.jobs));
+  RETURN_IF_ERROR(
+      CountBy(*db_, "SELECT state, COUNT(*) FROM tasks GROUP BY state", 1, FirstColumn<TaskState>, out.tasks));
+  RETURN_IF_ERROR(
+      CountBy(*db_, "SELECT state, COUNT(*) FROM sweeps GROUP BY state", 1, FirstColumn<SweepState>, out.sweeps));
+  RETURN_IF_ERROR(CountBy(
+      *db_, "SELECT kind, status, COUNT(*) FROM measurements GROUP BY kind, status", 2,
+      [](const Statement& row) -> absl::StatusOr<std::pair<JobKind, MeasurementStatus>> {
+        ASSIGN_OR_RETURN(JobKind kind, Parse<JobKind>(row.Text(0)));
+        ASSIGN_OR_RETURN(MeasurementStatus status, Parse<MeasurementStatus>(row.Text(1)));
+        return std::make_pair(kind, status);
+      },
+      out.measurements));
+  RETURN_IF_ERROR(CountBy(
+      *db_, "SELECT target_fp, state, COUNT(*) FROM workers GROUP BY target_fp, state", 2,
+      [](const Statement& row) -> absl::StatusOr<std::pair<std::string, WorkerState>> {
+        ASSIGN_OR_RETURN(WorkerState state, Parse<WorkerState>(row.Text(1)));
+        return std::make_pair(row.Text(0), state);
+      },
+      out.workers));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT samples_json, median_s FROM measurements WHERE status = ? "
                                              "AND median_s > 0 ORDER BY id DESC LIMIT ?"));
-  s.Bind(1, recent);
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    json samples = json::parse(s.Text(0), nullptr, false);
+  s.Bind(1, Name(MeasurementStatus::kOk)).Bind(2, recent);
+  ASSIGN_OR_RETURN(auto latest,
+                   ReadRows(s, [](const Statement& row) { return std::make_pair(row.Text(0), row.Double(1)); }));
+  for (const auto& [samples_json, median_s] : latest) {
+    json samples = json::parse(samples_json, nullptr, false);
     if (!samples.is_array() || samples.empty()) continue;
     double lo = 0, hi = 0;
     bool first = true;
@@ -328,20 +357,15 @@ absl::StatusOr<DbMetrics> TuningDb::Metrics(int recent) {
       hi = first ? v : std::max(hi, v);
       first = false;
     }
-    if (!first) out.spreads.push_back((hi - lo) / s.Double(1));
+    if (!first) out.spreads.push_back((hi - lo) / median_s);
   }
   return out;
 }
 
 namespace {
 
-absl::StatusOr<std::vector<TokenRow>> ReadTokens(Statement& s) {
-  std::vector<TokenRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) return out;
-    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.OptionalInt(5)});
-  }
+TokenRow ReadToken(const Statement& s) {
+  return {s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.OptionalInt(5)};
 }
 
 }  // namespace
@@ -356,7 +380,7 @@ absl::StatusOr<std::vector<TokenRow>> TuningDb::ListTokens() {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
                                              "ORDER BY created_ms"));
-  return ReadTokens(s);
+  return ReadRows(s, ReadToken);
 }
 
 absl::Status TuningDb::RevokeToken(const std::string& id, int64_t now_ms) {
@@ -372,7 +396,7 @@ absl::StatusOr<std::optional<TokenRow>> TuningDb::FindToken(const std::string& h
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT id, name, role, hash, created_ms, revoked_ms FROM tokens "
                                             "WHERE hash = ?"));
   s.Bind(1, hash);
-  ASSIGN_OR_RETURN(std::vector<TokenRow> rows, ReadTokens(s));
+  ASSIGN_OR_RETURN(std::vector<TokenRow> rows, ReadRows(s, ReadToken));
   if (rows.empty()) return std::optional<TokenRow>();
   return std::optional<TokenRow>(rows.front());
 }

@@ -189,7 +189,7 @@ Statement& Statement::Bind(int index, double value) {
   return *this;
 }
 
-Statement& Statement::Bind(int index, const std::string& value) {
+Statement& Statement::Bind(int index, absl::string_view value) {
   int rc = sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
   if (rc != SQLITE_OK) bind_error_ = rc;
   return *this;

@@ -9,8 +9,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace fusor::db {
 
@@ -70,8 +74,7 @@ class Statement {
   Statement& Bind(int index, int64_t value);
   Statement& Bind(int index, int value) { return Bind(index, static_cast<int64_t>(value)); }
   Statement& Bind(int index, double value);
-  Statement& Bind(int index, const std::string& value);
-  Statement& Bind(int index, const char* value) { return Bind(index, std::string(value)); }
+  Statement& Bind(int index, absl::string_view value);
   Statement& BindNull(int index);
   Statement& Bind(int index, const std::optional<int64_t>& value) {
     return value ? Bind(index, *value) : BindNull(index);
@@ -96,6 +99,37 @@ class Statement {
   sqlite3_stmt* stmt_;
   int bind_error_ = SQLITE_OK;
 };
+
+namespace internal {
+template <typename T>
+struct RowType {
+  using type = T;
+};
+template <typename T>
+struct RowType<absl::StatusOr<T>> {
+  using type = T;
+};
+}  // namespace internal
+
+// Every row `s` steps to, each read by `read(s)`, which returns the row or
+// a StatusOr of it (its first error ends the reading).
+template <typename Read, typename Result = std::invoke_result_t<Read&, const Statement&>,
+          typename Row = typename internal::RowType<Result>::type>
+absl::StatusOr<std::vector<Row>> ReadRows(Statement& s, Read read) {
+  std::vector<Row> rows;
+  while (true) {
+    absl::StatusOr<bool> more = s.Step();
+    if (!more.ok()) return more.status();
+    if (!*more) return rows;
+    if constexpr (std::is_same_v<Result, Row>) {
+      rows.push_back(read(s));
+    } else {
+      Result row = read(s);
+      if (!row.ok()) return row.status();
+      rows.push_back(*std::move(row));
+    }
+  }
+}
 
 // BEGIN IMMEDIATE on creation; ROLLBACK on destruction unless committed.
 class Transaction {

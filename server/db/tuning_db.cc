@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/util/status_macros.h"
@@ -14,14 +16,14 @@ constexpr char kJobColumns[] =
     "id, task_id, kind, candidate_id, target_fp, state, COALESCE(worker_id, ''), COALESCE(lease_id, ''), "
     "COALESCE(lease_expires_ms, 0), attempts";
 
-JobRow ReadJob(const Statement& s) {
+absl::StatusOr<JobRow> ReadJob(const Statement& s) {
   JobRow j;
   j.id = s.Text(0);
   j.task_id = s.Text(1);
-  j.kind = s.Text(2);
+  ASSIGN_OR_RETURN(j.kind, Parse<JobKind>(s.Text(2)));
   j.candidate_id = s.OptionalInt(3);
   j.target_fp = s.Text(4);
-  j.state = s.Text(5);
+  ASSIGN_OR_RETURN(j.state, Parse<JobState>(s.Text(5)));
   j.worker_id = s.Text(6);
   j.lease_id = s.Text(7);
   j.lease_expires_ms = s.Int(8);
@@ -33,13 +35,13 @@ constexpr char kTaskColumns[] =
     "id, workload_key, target_fp, salt, state, budget, batch_size, space_size, space_after_pruning, error, "
     "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops";
 
-TaskRow ReadTask(const Statement& s) {
+absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   TaskRow t;
   t.id = s.Text(0);
   t.workload_key = s.Text(1);
   t.target_fp = s.Text(2);
   t.salt = s.Text(3);
-  t.state = s.Text(4);
+  ASSIGN_OR_RETURN(t.state, Parse<TaskState>(s.Text(4)));
   t.budget = static_cast<int>(s.Int(5));
   t.batch_size = static_cast<int>(s.Int(6));
   t.space_size = s.Int(7);
@@ -74,17 +76,17 @@ constexpr char kMeasurementColumns[] =
     "samples_json, max_abs_error, max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, resources_json, "
     "spread";
 
-MeasurementRow ReadMeasurement(const Statement& s) {
+absl::StatusOr<MeasurementRow> ReadMeasurement(const Statement& s) {
   MeasurementRow m;
   m.id = s.Int(0);
   m.job_id = s.Text(1);
   m.task_id = s.Text(2);
   m.candidate_id = s.OptionalInt(3);
-  m.kind = s.Text(4);
+  ASSIGN_OR_RETURN(m.kind, Parse<JobKind>(s.Text(4)));
   m.workload_key = s.Text(5);
   m.target_fp = s.Text(6);
   m.worker_id = s.Text(7);
-  m.status = s.Text(8);
+  ASSIGN_OR_RETURN(m.status, Parse<MeasurementStatus>(s.Text(8)));
   m.error = s.Text(9);
   m.median_s = s.Double(10);
   nlohmann::json samples = nlohmann::json::parse(s.Text(11), nullptr, false);
@@ -101,14 +103,20 @@ MeasurementRow ReadMeasurement(const Statement& s) {
   return m;
 }
 
+// Columns id, name, target_fp, state, registered_ms, last_seen_ms.
+absl::StatusOr<WorkerRow> ReadWorker(const Statement& s) {
+  ASSIGN_OR_RETURN(WorkerState state, Parse<WorkerState>(s.Text(3)));
+  return WorkerRow{s.Text(0), s.Text(1), s.Text(2), state, s.Int(4), s.Int(5), 0, ""};
+}
+
 absl::Status InsertMeasurementRow(Database& db, const MeasurementRow& m) {
   ASSIGN_OR_RETURN(Statement s, db.Prepare(absl::StrCat(
                                     "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
                                     "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
                                     "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
                                     "resources_json, spread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
-  s.Bind(1, m.job_id).Bind(2, m.task_id).Bind(3, m.candidate_id).Bind(4, m.kind).Bind(5, m.workload_key);
-  s.Bind(6, m.target_fp).Bind(7, m.worker_id).Bind(8, m.status).Bind(9, m.error).Bind(10, m.median_s);
+  s.Bind(1, m.job_id).Bind(2, m.task_id).Bind(3, m.candidate_id).Bind(4, Name(m.kind)).Bind(5, m.workload_key);
+  s.Bind(6, m.target_fp).Bind(7, m.worker_id).Bind(8, Name(m.status)).Bind(9, m.error).Bind(10, m.median_s);
   s.Bind(11, nlohmann::json(m.samples_s).dump()).Bind(12, m.max_abs_error).Bind(13, m.max_rel_error);
   s.Bind(14, m.compile_s).Bind(15, m.compile_flags).Bind(16, m.compiler).Bind(17, m.code_bytes);
   s.Bind(18, m.measured_ms).Bind(19, m.resources_json).Bind(20, m.spread);
@@ -123,12 +131,8 @@ namespace {
 // integrity_check that take longer): DATA_LOSS listing the first problems.
 absl::Status CheckIntegrity(Database& db) {
   ASSIGN_OR_RETURN(Statement s, db.Prepare("PRAGMA quick_check(5);"));
-  std::vector<std::string> problems;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    if (s.Text(0) != "ok") problems.push_back(s.Text(0));
-  }
+  ASSIGN_OR_RETURN(std::vector<std::string> problems, ReadRows(s, [](const Statement& row) { return row.Text(0); }));
+  problems.erase(std::remove(problems.begin(), problems.end(), "ok"), problems.end());
   if (problems.empty()) return absl::OkStatus();
   return absl::DataLossError(absl::StrJoin(problems, "; "));
 }
@@ -210,13 +214,7 @@ absl::StatusOr<std::vector<TargetRow>> TuningDb::ListTargets() {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT fingerprint, backend, description_json, last_seen_ms FROM "
                                             "targets ORDER BY last_seen_ms DESC"));
-  std::vector<TargetRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(TargetRow{s.Text(0), s.Text(1), s.Text(2), s.Int(3)});
-  }
-  return out;
+  return ReadRows(s, [](const Statement& row) { return TargetRow{row.Text(0), row.Text(1), row.Text(2), row.Int(3)}; });
 }
 
 absl::StatusOr<TargetRow> TuningDb::GetTarget(const std::string& fingerprint) {
@@ -233,14 +231,14 @@ absl::Status TuningDb::InsertWorker(const WorkerRow& w) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO workers(id, name, target_fp, state, registered_ms, "
                                              "last_seen_ms, secret_hash) VALUES (?,?,?,?,?,?,?)"));
-  return s.Bind(1, w.id).Bind(2, w.name).Bind(3, w.target_fp).Bind(4, w.state).Bind(5, w.registered_ms)
+  return s.Bind(1, w.id).Bind(2, w.name).Bind(3, w.target_fp).Bind(4, Name(w.state)).Bind(5, w.registered_ms)
       .Bind(6, w.last_seen_ms).Bind(7, w.secret_hash).Run();
 }
 
 absl::Status TuningDb::TouchWorker(const std::string& id, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET last_seen_ms = ?, state = 'alive' WHERE id = ?"));
-  RETURN_IF_ERROR(s.Bind(1, now_ms).Bind(2, id).Run());
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET last_seen_ms = ?, state = ? WHERE id = ?"));
+  RETURN_IF_ERROR(s.Bind(1, now_ms).Bind(2, Name(WorkerState::kAlive)).Bind(3, id).Run());
   if (db_->Changes() == 0) return absl::NotFoundError(absl::StrCat("unknown worker '", id, "'"));
   return absl::OkStatus();
 }
@@ -252,7 +250,9 @@ absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
   s.Bind(1, id);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("unknown worker '", id, "'"));
-  return WorkerRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5), 0, s.Text(6)};
+  ASSIGN_OR_RETURN(WorkerRow w, ReadWorker(s));
+  w.secret_hash = s.Text(6);
+  return w;
 }
 
 absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
@@ -261,33 +261,24 @@ absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
                                     "SELECT w.id, w.name, w.target_fp, w.state, w.registered_ms, w.last_seen_ms, "
                                     "(SELECT COUNT(*) FROM measurements m WHERE m.worker_id = w.id) FROM workers w "
                                     "ORDER BY w.registered_ms"));
-  std::vector<WorkerRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(WorkerRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5),
-                            static_cast<int>(s.Int(6))});
-  }
-  return out;
+  return ReadRows(s, [](const Statement& row) -> absl::StatusOr<WorkerRow> {
+    ASSIGN_OR_RETURN(WorkerRow w, ReadWorker(row));
+    w.jobs_done = static_cast<int>(row.Int(6));
+    return w;
+  });
 }
 
 absl::StatusOr<std::vector<std::string>> TuningDb::AliveTargets() {
   Reader db = Read();
-  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT DISTINCT target_fp FROM workers WHERE state = 'alive'"));
-  std::vector<std::string> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(s.Text(0));
-  }
-  return out;
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT DISTINCT target_fp FROM workers WHERE state = ?"));
+  s.Bind(1, Name(WorkerState::kAlive));
+  return ReadRows(s, [](const Statement& row) { return row.Text(0); });
 }
 
 absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET state = 'lost' WHERE state = 'alive' AND "
-                                             "last_seen_ms < ?"));
-  RETURN_IF_ERROR(s.Bind(1, cutoff_ms).Run());
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET state = ? WHERE state = ? AND last_seen_ms < ?"));
+  RETURN_IF_ERROR(s.Bind(1, Name(WorkerState::kLost)).Bind(2, Name(WorkerState::kAlive)).Bind(3, cutoff_ms).Run());
   return db_->Changes();
 }
 
@@ -295,7 +286,7 @@ absl::Status TuningDb::InsertTask(const TaskRow& t) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO tasks(", kTaskColumns,
                                                           ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
-  s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, t.state).Bind(6, t.budget);
+  s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, Name(t.state)).Bind(6, t.budget);
   s.Bind(7, t.batch_size).Bind(8, t.space_size).Bind(9, t.space_after_pruning).Bind(10, t.error);
   s.Bind(11, t.created_ms).Bind(12, t.finished_ms).Bind(13, t.client).Bind(14, t.bandwidth_bytes_per_s);
   s.Bind(15, t.peak_flops);
@@ -311,34 +302,28 @@ absl::StatusOr<TaskRow> TuningDb::GetTask(const std::string& id) {
   return ReadTask(s);
 }
 
-absl::StatusOr<std::vector<TaskRow>> TuningDb::ListTasksInState(const std::string& state) {
+absl::StatusOr<std::vector<TaskRow>> TuningDb::ListTasksInState(TaskState state) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kTaskColumns,
                                                           " FROM tasks WHERE state = ? ORDER BY created_ms")));
-  s.Bind(1, state);
-  std::vector<TaskRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadTask(s));
-  }
-  return out;
+  s.Bind(1, Name(state));
+  return ReadRows(s, ReadTask);
 }
 
-absl::Status TuningDb::FinishTask(const std::string& id, const std::string& state, const std::string& error,
-                                  int64_t now_ms) {
+absl::Status TuningDb::FinishTask(const std::string& id, TaskState state, const std::string& error, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE tasks SET state = ?, error = ?, finished_ms = ? WHERE id = ?"));
-  RETURN_IF_ERROR(s.Bind(1, state).Bind(2, error).Bind(3, now_ms).Bind(4, id).Run());
+  RETURN_IF_ERROR(s.Bind(1, Name(state)).Bind(2, error).Bind(3, now_ms).Bind(4, id).Run());
   RETURN_IF_ERROR(FailOpenJobsLocked(id, now_ms));
   return txn.Commit();
 }
 
 absl::Status TuningDb::FailOpenJobsLocked(const std::string& task_id, int64_t now_ms) {
-  ASSIGN_OR_RETURN(Statement jobs, db_->Prepare("UPDATE jobs SET state = 'failed', finished_ms = ? WHERE task_id = ? "
-                                                "AND state IN ('queued', 'leased')"));
-  return jobs.Bind(1, now_ms).Bind(2, task_id).Run();
+  ASSIGN_OR_RETURN(Statement jobs, db_->Prepare("UPDATE jobs SET state = ?, finished_ms = ? WHERE task_id = ? "
+                                                "AND state IN (?, ?)"));
+  return jobs.Bind(1, Name(JobState::kFailed)).Bind(2, now_ms).Bind(3, task_id).Bind(4, Name(JobState::kQueued))
+      .Bind(5, Name(JobState::kLeased)).Run();
 }
 
 absl::Status TuningDb::FailOpenJobs(const std::string& task_id, int64_t now_ms) {
@@ -372,7 +357,7 @@ absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(
   ASSIGN_OR_RETURN(bool has_job, job.Step());
   JobRow j;
   if (has_job) {
-    j = ReadJob(job);
+    ASSIGN_OR_RETURN(j, ReadJob(job));
   } else {
     ASSIGN_OR_RETURN(Statement task, db_->Prepare("SELECT target_fp FROM tasks WHERE id = ?"));
     task.Bind(1, c.task_id);
@@ -380,14 +365,14 @@ absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(
     if (!has_task) return absl::NotFoundError(absl::StrCat("no task '", c.task_id, "'"));
     j.id = job_id;
     j.task_id = c.task_id;
-    j.kind = "candidate";
+    j.kind = JobKind::kCandidate;
     j.candidate_id = row.id;
     j.target_fp = task.Text(0);
-    j.state = "queued";
+    j.state = JobState::kQueued;
     ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO jobs(id, task_id, kind, candidate_id, target_fp, state, "
                                                  "created_ms) VALUES (?,?,?,?,?,?,?)"));
-    RETURN_IF_ERROR(ins.Bind(1, j.id).Bind(2, j.task_id).Bind(3, j.kind).Bind(4, j.candidate_id)
-                        .Bind(5, j.target_fp).Bind(6, j.state).Bind(7, now_ms).Run());
+    RETURN_IF_ERROR(ins.Bind(1, j.id).Bind(2, j.task_id).Bind(3, Name(j.kind)).Bind(4, j.candidate_id)
+                        .Bind(5, j.target_fp).Bind(6, Name(j.state)).Bind(7, now_ms).Run());
   }
   RETURN_IF_ERROR(txn.Commit());
   return std::make_pair(row, j);
@@ -407,8 +392,8 @@ absl::Status TuningDb::InsertJob(const JobRow& j, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO jobs(id, task_id, kind, candidate_id, target_fp, state, "
                                              "created_ms) VALUES (?,?,?,?,?,?,?)"));
-  return s.Bind(1, j.id).Bind(2, j.task_id).Bind(3, j.kind).Bind(4, j.candidate_id).Bind(5, j.target_fp)
-      .Bind(6, j.state).Bind(7, now_ms).Run();
+  return s.Bind(1, j.id).Bind(2, j.task_id).Bind(3, Name(j.kind)).Bind(4, j.candidate_id).Bind(5, j.target_fp)
+      .Bind(6, Name(j.state)).Bind(7, now_ms).Run();
 }
 
 absl::StatusOr<JobRow> TuningDb::GetJobLocked(const std::string& id) {
@@ -429,13 +414,7 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::JobsOfTask(const std::string& task
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
                                                           " FROM jobs WHERE task_id = ? ORDER BY created_ms, id")));
   s.Bind(1, task_id);
-  std::vector<JobRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadJob(s));
-  }
-  return out;
+  return ReadRows(s, ReadJob);
 }
 
 absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worker_id, const std::string& target_fp,
@@ -449,27 +428,28 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worke
   // Only running tasks' jobs count, so this reads the live queue, not history.
   const std::string pick = absl::StrCat(
       "WITH live AS (SELECT j.*, t.client AS client FROM jobs j JOIN tasks t ON t.id = j.task_id "
-      "WHERE t.state = 'running' AND j.target_fp = ?1), "
-      "clients AS (SELECT client, SUM(state = 'leased') AS leased, MAX(COALESCE(leased_ms, 0)) AS served "
+      "WHERE t.state = ?2 AND j.target_fp = ?1), "
+      "clients AS (SELECT client, SUM(state = ?3) AS leased, MAX(COALESCE(leased_ms, 0)) AS served "
       "FROM live GROUP BY client) "
-      "SELECT ", kJobColumns, " FROM live JOIN clients USING (client) WHERE state = 'queued' "
+      "SELECT ", kJobColumns, " FROM live JOIN clients USING (client) WHERE state = ?4 "
       "ORDER BY clients.leased, clients.served, created_ms, id LIMIT 1");
   std::vector<JobRow> jobs;
   while (static_cast<int>(jobs.size()) < max_jobs) {
     ASSIGN_OR_RETURN(Statement s, db_->Prepare(pick));
-    s.Bind(1, target_fp);
+    s.Bind(1, target_fp).Bind(2, Name(TaskState::kRunning)).Bind(3, Name(JobState::kLeased));
+    s.Bind(4, Name(JobState::kQueued));
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    JobRow j = ReadJob(s);
-    j.state = "leased";
+    ASSIGN_OR_RETURN(JobRow j, ReadJob(s));
+    j.state = JobState::kLeased;
     j.worker_id = worker_id;
     j.lease_id = make_lease_id();
     j.lease_expires_ms = expires_ms;
     j.attempts += 1;
-    ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'leased', worker_id = ?, lease_id = ?, "
+    ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = ?, worker_id = ?, lease_id = ?, "
                                                "lease_expires_ms = ?, attempts = ?, leased_ms = ? WHERE id = ?"));
-    RETURN_IF_ERROR(u.Bind(1, j.worker_id).Bind(2, j.lease_id).Bind(3, j.lease_expires_ms).Bind(4, j.attempts)
-                        .Bind(5, now_ms).Bind(6, j.id).Run());
+    RETURN_IF_ERROR(u.Bind(1, Name(j.state)).Bind(2, j.worker_id).Bind(3, j.lease_id).Bind(4, j.lease_expires_ms)
+                        .Bind(5, j.attempts).Bind(6, now_ms).Bind(7, j.id).Run());
     jobs.push_back(std::move(j));
   }
   RETURN_IF_ERROR(txn.Commit());
@@ -481,9 +461,9 @@ absl::Status TuningDb::ExtendLeases(const std::string& worker_id, const std::vec
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
   for (const std::string& lease : lease_ids) {
-    ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE jobs SET lease_expires_ms = ? WHERE state = 'leased' AND "
+    ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE jobs SET lease_expires_ms = ? WHERE state = ? AND "
                                                "worker_id = ? AND lease_id = ?"));
-    RETURN_IF_ERROR(s.Bind(1, expires_ms).Bind(2, worker_id).Bind(3, lease).Run());
+    RETURN_IF_ERROR(s.Bind(1, expires_ms).Bind(2, Name(JobState::kLeased)).Bind(3, worker_id).Bind(4, lease).Run());
   }
   return txn.Commit();
 }
@@ -492,15 +472,9 @@ absl::StatusOr<std::vector<std::string>> TuningDb::ExpireLeases(int64_t now_ms, 
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
-                                                          " FROM jobs WHERE state = 'leased' AND "
-                                                          "lease_expires_ms < ?")));
-  s.Bind(1, now_ms);
-  std::vector<JobRow> expired;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    expired.push_back(ReadJob(s));
-  }
+                                                          " FROM jobs WHERE state = ? AND lease_expires_ms < ?")));
+  s.Bind(1, Name(JobState::kLeased)).Bind(2, now_ms);
+  ASSIGN_OR_RETURN(std::vector<JobRow> expired, ReadRows(s, ReadJob));
   std::vector<std::string> tasks;
   for (const JobRow& j : expired) {
     if (j.attempts >= max_attempts) {
@@ -515,16 +489,16 @@ absl::StatusOr<std::vector<std::string>> TuningDb::ExpireLeases(int64_t now_ms, 
       m.workload_key = has_task ? task.Text(0) : "";
       m.target_fp = j.target_fp;
       m.worker_id = j.worker_id;
-      m.status = "crash";
+      m.status = MeasurementStatus::kCrash;
       m.error = absl::StrCat("lease expired ", j.attempts, " times: the workers running it went silent");
       m.measured_ms = now_ms;
       RETURN_IF_ERROR(InsertMeasurementRow(*db_, m));
-      ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'failed', finished_ms = ? WHERE id = ?"));
-      RETURN_IF_ERROR(u.Bind(1, now_ms).Bind(2, j.id).Run());
+      ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = ?, finished_ms = ? WHERE id = ?"));
+      RETURN_IF_ERROR(u.Bind(1, Name(JobState::kFailed)).Bind(2, now_ms).Bind(3, j.id).Run());
     } else {
-      ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'queued', worker_id = NULL, "
+      ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = ?, worker_id = NULL, "
                                                  "lease_id = NULL, lease_expires_ms = NULL WHERE id = ?"));
-      RETURN_IF_ERROR(u.Bind(1, j.id).Run());
+      RETURN_IF_ERROR(u.Bind(1, Name(JobState::kQueued)).Bind(2, j.id).Run());
     }
     tasks.push_back(j.task_id);
   }
@@ -540,8 +514,12 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
   if (!lease_id.empty() && job.lease_id == lease_id && job.worker_id != m.worker_id) {
     return RecordResult{ReportOutcome::kNotYourLease, 0, job};
   }
-  if (job.state == "done" || job.state == "failed") return RecordResult{ReportOutcome::kDuplicate, 0, job};
-  if (job.state != "leased" || job.lease_id != lease_id) return RecordResult{ReportOutcome::kStaleLease, 0, job};
+  if (job.state == JobState::kDone || job.state == JobState::kFailed) {
+    return RecordResult{ReportOutcome::kDuplicate, 0, job};
+  }
+  if (job.state != JobState::kLeased || job.lease_id != lease_id) {
+    return RecordResult{ReportOutcome::kStaleLease, 0, job};
+  }
   MeasurementRow row = m;
   row.task_id = job.task_id;
   row.candidate_id = job.candidate_id;
@@ -549,35 +527,28 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
   row.target_fp = job.target_fp;
   RETURN_IF_ERROR(InsertMeasurementRow(*db_, row));
   const int64_t id = db_->LastInsertRowId();
-  ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = 'done', finished_ms = ? WHERE id = ?"));
-  RETURN_IF_ERROR(u.Bind(1, m.measured_ms).Bind(2, m.job_id).Run());
+  ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = ?, finished_ms = ? WHERE id = ?"));
+  RETURN_IF_ERROR(u.Bind(1, Name(JobState::kDone)).Bind(2, m.measured_ms).Bind(3, m.job_id).Run());
   RETURN_IF_ERROR(txn.Commit());
   return RecordResult{ReportOutcome::kRecorded, id, job};
 }
 
 absl::StatusOr<std::vector<MeasurementRow>> TuningDb::MeasurementsOfTask(const std::string& task_id,
-                                                                         const std::string& kind) {
+                                                                         std::optional<JobKind> kind) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kMeasurementColumns,
                                                          " FROM measurements WHERE task_id = ? AND (? = '' OR kind = ?)"
                                                          " ORDER BY id")));
-  s.Bind(1, task_id);
-  s.Bind(2, kind);
-  s.Bind(3, kind);
-  std::vector<MeasurementRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) break;
-    out.push_back(ReadMeasurement(s));
-  }
-  return out;
+  const absl::string_view kind_text = kind ? Name(*kind) : "";
+  s.Bind(1, task_id).Bind(2, kind_text).Bind(3, kind_text);
+  return ReadRows(s, ReadMeasurement);
 }
 
 absl::StatusOr<std::pair<int, int>> TuningDb::CountCandidateMeasurements(const std::string& task_id) {
   Reader db = Read();
-  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT COUNT(*), COALESCE(SUM(status <> 'ok'), 0) FROM measurements "
-                                            "WHERE task_id = ? AND kind = 'candidate'"));
-  s.Bind(1, task_id);
+  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT COUNT(*), COALESCE(SUM(status <> ?), 0) FROM measurements "
+                                            "WHERE task_id = ? AND kind = ?"));
+  s.Bind(1, Name(MeasurementStatus::kOk)).Bind(2, task_id).Bind(3, Name(JobKind::kCandidate));
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::make_pair(0, 0);
   return std::make_pair(static_cast<int>(s.Int(0)), static_cast<int>(s.Int(1)));
@@ -634,7 +605,7 @@ namespace {
 constexpr char kSweepColumns[] =
     "id, name, digest, target_fp, salt, budget, state, created_ms, finished_ms, client";
 
-SweepRow ReadSweep(const Statement& s) {
+absl::StatusOr<SweepRow> ReadSweep(const Statement& s) {
   SweepRow w;
   w.id = s.Text(0);
   w.name = s.Text(1);
@@ -642,20 +613,17 @@ SweepRow ReadSweep(const Statement& s) {
   w.target_fp = s.Text(3);
   w.salt = s.Text(4);
   w.budget = static_cast<int>(s.Int(5));
-  w.state = s.Text(6);
+  ASSIGN_OR_RETURN(w.state, Parse<SweepState>(s.Text(6)));
   w.created_ms = s.Int(7);
   w.finished_ms = s.OptionalInt(8);
   w.client = s.Text(9);
   return w;
 }
 
-absl::StatusOr<std::vector<SweepRow>> ReadSweeps(Statement& s) {
-  std::vector<SweepRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) return out;
-    out.push_back(ReadSweep(s));
-  }
+// Columns idx, model, role, source, instances, workload_key, chain_json.
+SweepEntryRow ReadSweepEntry(const Statement& s) {
+  return {static_cast<int>(s.Int(0)), s.Text(1), s.Text(2), s.Text(3), static_cast<int>(s.Int(4)), s.Text(5),
+          s.Text(6)};
 }
 
 }  // namespace
@@ -667,7 +635,7 @@ absl::Status TuningDb::CreateSweep(const SweepRow& sweep, const std::vector<Swee
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO sweeps(", kSweepColumns,
                                                           ") VALUES (?,?,?,?,?,?,?,?,?,?)")));
   RETURN_IF_ERROR(s.Bind(1, sweep.id).Bind(2, sweep.name).Bind(3, sweep.digest).Bind(4, sweep.target_fp)
-                      .Bind(5, sweep.salt).Bind(6, sweep.budget).Bind(7, sweep.state).Bind(8, sweep.created_ms)
+                      .Bind(5, sweep.salt).Bind(6, sweep.budget).Bind(7, Name(sweep.state)).Bind(8, sweep.created_ms)
                       .Bind(9, sweep.finished_ms).Bind(10, sweep.client).Run());
   int ord = 0;
   for (const SweepEntryRow& e : entries) {
@@ -676,8 +644,9 @@ absl::Status TuningDb::CreateSweep(const SweepRow& sweep, const std::vector<Swee
     RETURN_IF_ERROR(ins.Bind(1, sweep.id).Bind(2, e.idx).Bind(3, e.model).Bind(4, e.role).Bind(5, e.source)
                         .Bind(6, e.instances).Bind(7, e.workload_key).Bind(8, e.chain_json).Run());
     ASSIGN_OR_RETURN(Statement chain, db_->Prepare("INSERT OR IGNORE INTO sweep_chains(sweep_id, workload_key, ord, "
-                                                   "state, updated_ms) VALUES (?,?,?,'pending',?)"));
-    RETURN_IF_ERROR(chain.Bind(1, sweep.id).Bind(2, e.workload_key).Bind(3, ord).Bind(4, now_ms).Run());
+                                                   "state, updated_ms) VALUES (?,?,?,?,?)"));
+    RETURN_IF_ERROR(chain.Bind(1, sweep.id).Bind(2, e.workload_key).Bind(3, ord)
+                        .Bind(4, Name(SweepChainState::kPending)).Bind(5, now_ms).Run());
     ord += db_->Changes();
   }
   return txn.Commit();
@@ -687,7 +656,7 @@ absl::StatusOr<SweepRow> TuningDb::GetSweep(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kSweepColumns, " FROM sweeps WHERE id = ?")));
   s.Bind(1, id);
-  ASSIGN_OR_RETURN(std::vector<SweepRow> rows, ReadSweeps(s));
+  ASSIGN_OR_RETURN(std::vector<SweepRow> rows, ReadRows(s, ReadSweep));
   if (rows.empty()) return absl::NotFoundError(absl::StrCat("no sweep '", id, "'"));
   return rows.front();
 }
@@ -695,19 +664,19 @@ absl::StatusOr<SweepRow> TuningDb::GetSweep(const std::string& id) {
 absl::StatusOr<std::optional<SweepRow>> TuningDb::FindRunningSweep(const std::string& digest) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kSweepColumns, " FROM sweeps WHERE digest = ? "
-                                                          "AND state = 'running' ORDER BY created_ms LIMIT 1")));
-  s.Bind(1, digest);
-  ASSIGN_OR_RETURN(std::vector<SweepRow> rows, ReadSweeps(s));
+                                                          "AND state = ? ORDER BY created_ms LIMIT 1")));
+  s.Bind(1, digest).Bind(2, Name(SweepState::kRunning));
+  ASSIGN_OR_RETURN(std::vector<SweepRow> rows, ReadRows(s, ReadSweep));
   if (rows.empty()) return std::optional<SweepRow>();
   return std::optional<SweepRow>(rows.front());
 }
 
-absl::StatusOr<std::vector<SweepRow>> TuningDb::ListSweepsInState(const std::string& state) {
+absl::StatusOr<std::vector<SweepRow>> TuningDb::ListSweepsInState(SweepState state) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("SELECT ", kSweepColumns,
                                                           " FROM sweeps WHERE state = ? ORDER BY created_ms")));
-  s.Bind(1, state);
-  return ReadSweeps(s);
+  s.Bind(1, Name(state));
+  return ReadRows(s, ReadSweep);
 }
 
 absl::StatusOr<std::vector<SweepEntryRow>> TuningDb::SweepEntries(const std::string& sweep_id) {
@@ -715,13 +684,7 @@ absl::StatusOr<std::vector<SweepEntryRow>> TuningDb::SweepEntries(const std::str
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT idx, model, role, source, instances, workload_key, chain_json "
                                              "FROM sweep_entries WHERE sweep_id = ? ORDER BY idx"));
   s.Bind(1, sweep_id);
-  std::vector<SweepEntryRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) return out;
-    out.push_back({static_cast<int>(s.Int(0)), s.Text(1), s.Text(2), s.Text(3), static_cast<int>(s.Int(4)), s.Text(5),
-                   s.Text(6)});
-  }
+  return ReadRows(s, ReadSweepEntry);
 }
 
 absl::StatusOr<std::vector<SweepChainRow>> TuningDb::SweepChains(const std::string& sweep_id) {
@@ -729,12 +692,10 @@ absl::StatusOr<std::vector<SweepChainRow>> TuningDb::SweepChains(const std::stri
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT workload_key, ord, state, from_cache, COALESCE(task_id, ''), "
                                              "error FROM sweep_chains WHERE sweep_id = ? ORDER BY ord"));
   s.Bind(1, sweep_id);
-  std::vector<SweepChainRow> out;
-  while (true) {
-    ASSIGN_OR_RETURN(bool row, s.Step());
-    if (!row) return out;
-    out.push_back({s.Text(0), static_cast<int>(s.Int(1)), s.Text(2), s.Int(3) != 0, s.Text(4), s.Text(5)});
-  }
+  return ReadRows(s, [](const Statement& row) -> absl::StatusOr<SweepChainRow> {
+    ASSIGN_OR_RETURN(SweepChainState state, Parse<SweepChainState>(row.Text(2)));
+    return SweepChainRow{row.Text(0), static_cast<int>(row.Int(1)), state, row.Int(3) != 0, row.Text(4), row.Text(5)};
+  });
 }
 
 absl::StatusOr<SweepEntryRow> TuningDb::FirstSweepEntry(const std::string& sweep_id,
@@ -746,8 +707,7 @@ absl::StatusOr<SweepEntryRow> TuningDb::FirstSweepEntry(const std::string& sweep
   s.Bind(1, sweep_id).Bind(2, workload_key);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("sweep ", sweep_id, " has no entry for ", workload_key));
-  return SweepEntryRow{static_cast<int>(s.Int(0)), s.Text(1), s.Text(2), s.Text(3), static_cast<int>(s.Int(4)),
-                       s.Text(5), s.Text(6)};
+  return ReadSweepEntry(s);
 }
 
 absl::StatusOr<std::pair<int, double>> TuningDb::SweepTunedSeconds(const std::string& sweep_id) {
@@ -755,8 +715,8 @@ absl::StatusOr<std::pair<int, double>> TuningDb::SweepTunedSeconds(const std::st
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(
                                     "SELECT COUNT(*), COALESCE(SUM(t.finished_ms - t.created_ms), 0) FROM "
                                     "sweep_chains c JOIN tasks t ON t.id = c.task_id WHERE c.sweep_id = ? AND "
-                                    "c.state = 'done' AND c.from_cache = 0 AND t.finished_ms IS NOT NULL"));
-  s.Bind(1, sweep_id);
+                                    "c.state = ? AND c.from_cache = 0 AND t.finished_ms IS NOT NULL"));
+  s.Bind(1, sweep_id).Bind(2, Name(SweepChainState::kDone));
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return std::make_pair(0, 0.0);
   return std::make_pair(static_cast<int>(s.Int(0)), static_cast<double>(s.Int(1)) / 1000);
@@ -766,7 +726,7 @@ absl::Status TuningDb::UpdateSweepChain(const std::string& sweep_id, const Sweep
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE sweep_chains SET state = ?, from_cache = ?, task_id = ?, "
                                              "error = ?, updated_ms = ? WHERE sweep_id = ? AND workload_key = ?"));
-  s.Bind(1, chain.state).Bind(2, chain.from_cache ? 1 : 0);
+  s.Bind(1, Name(chain.state)).Bind(2, chain.from_cache ? 1 : 0);
   if (chain.task_id.empty()) {
     s.BindNull(3);
   } else {
@@ -781,8 +741,8 @@ absl::Status TuningDb::UpdateSweepChain(const std::string& sweep_id, const Sweep
 
 absl::Status TuningDb::FinishSweep(const std::string& id, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE sweeps SET state = 'done', finished_ms = ? WHERE id = ?"));
-  return s.Bind(1, now_ms).Bind(2, id).Run();
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE sweeps SET state = ?, finished_ms = ? WHERE id = ?"));
+  return s.Bind(1, Name(SweepState::kDone)).Bind(2, now_ms).Bind(3, id).Run();
 }
 
 }  // namespace fusor::db

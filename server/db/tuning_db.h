@@ -1,6 +1,8 @@
 // The tuning database: every workload, target, worker, task, candidate,
 // job and measurement, and the best record per (workload, target, salt).
-// Thread-safe: calls are serialized on one connection.
+// Thread-safe: calls are serialized on one connection. States, kinds and
+// statuses are stored as their text (states.h): reading a row whose text
+// this fusor does not know fails with DATA_LOSS naming the column and text.
 #pragma once
 
 #include <atomic>
@@ -15,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/db/sqlite.h"
+#include "server/db/states.h"
 
 namespace fusor::db {
 
@@ -36,7 +39,7 @@ struct WorkerRow {
   std::string id;
   std::string name;
   std::string target_fp;
-  std::string state;  // "alive" or "lost"
+  WorkerState state = WorkerState::kAlive;
   int64_t registered_ms = 0;
   int64_t last_seen_ms = 0;
   int jobs_done = 0;
@@ -51,7 +54,7 @@ struct TaskRow {
   std::string workload_key;
   std::string target_fp;
   std::string salt;
-  std::string state;  // "running", "done", "failed"
+  TaskState state = TaskState::kRunning;
   int budget = 0;
   int batch_size = 0;
   int64_t space_size = 0;
@@ -79,10 +82,10 @@ struct CandidateRow {
 struct JobRow {
   std::string id;
   std::string task_id;
-  std::string kind;  // "candidate" or "baseline"
+  JobKind kind = JobKind::kCandidate;
   std::optional<int64_t> candidate_id;
   std::string target_fp;
-  std::string state;  // "queued", "leased", "done", "failed"
+  JobState state = JobState::kQueued;
   std::string worker_id;
   std::string lease_id;
   int64_t lease_expires_ms = 0;
@@ -94,11 +97,11 @@ struct MeasurementRow {
   std::string job_id;
   std::string task_id;
   std::optional<int64_t> candidate_id;
-  std::string kind;
+  JobKind kind = JobKind::kCandidate;
   std::string workload_key;
   std::string target_fp;
   std::string worker_id;
-  std::string status;  // MeasurementStatus name without prefix, lower case: "ok", "crash", ...
+  MeasurementStatus status = MeasurementStatus::kOk;
   std::string error;
   double median_s = 0;
   std::vector<double> samples_s;
@@ -126,7 +129,7 @@ struct SweepRow {
   std::string target_fp;
   std::string salt;
   int budget = 0;
-  std::string state;  // "running" or "done"
+  SweepState state = SweepState::kRunning;
   int64_t created_ms = 0;
   std::optional<int64_t> finished_ms;
   std::string client;  // who started it; its tasks are that client's
@@ -146,8 +149,8 @@ struct SweepEntryRow {
 // Where a sweep stands with one distinct chain (canonical key).
 struct SweepChainRow {
   std::string workload_key;
-  int ord = 0;        // tuning order: first seen first
-  std::string state;  // "pending", "tuning", "done", "failed"
+  int ord = 0;  // tuning order: first seen first
+  SweepChainState state = SweepChainState::kPending;
   bool from_cache = false;
   std::string task_id;  // of the task that tuned it (also when it joined one)
   std::string error;
@@ -175,13 +178,14 @@ struct TokenRow {
   std::optional<int64_t> revoked_ms;
 };
 
-// Counts for the metrics endpoint.
+// Counts for the metrics endpoint. Rows with a state, kind or status this
+// fusor does not know are not counted.
 struct DbMetrics {
-  std::map<std::string, int64_t> jobs;          // by state
-  std::map<std::string, int64_t> tasks;         // by state
-  std::map<std::string, int64_t> sweeps;        // by state
-  std::map<std::pair<std::string, std::string>, int64_t> measurements;  // by (kind, status)
-  std::map<std::pair<std::string, std::string>, int64_t> workers;       // by (target, state)
+  std::map<JobState, int64_t> jobs;
+  std::map<TaskState, int64_t> tasks;
+  std::map<SweepState, int64_t> sweeps;
+  std::map<std::pair<JobKind, MeasurementStatus>, int64_t> measurements;
+  std::map<std::pair<std::string, WorkerState>, int64_t> workers;  // by (target, state)
   // (max - min) / median of the samples of the latest ok measurements.
   std::vector<double> spreads;
 };
@@ -228,10 +232,9 @@ class TuningDb {
 
   absl::Status InsertTask(const TaskRow& t);
   absl::StatusOr<TaskRow> GetTask(const std::string& id);
-  absl::StatusOr<std::vector<TaskRow>> ListTasksInState(const std::string& state);
+  absl::StatusOr<std::vector<TaskRow>> ListTasksInState(TaskState state);
   // Sets the task's final state; its unfinished jobs fail with it.
-  absl::Status FinishTask(const std::string& id, const std::string& state, const std::string& error,
-                          int64_t now_ms);
+  absl::Status FinishTask(const std::string& id, TaskState state, const std::string& error, int64_t now_ms);
   // Fails the task's queued and leased jobs.
   absl::Status FailOpenJobs(const std::string& task_id, int64_t now_ms);
 
@@ -265,9 +268,9 @@ class TuningDb {
   // transaction. kDuplicate: the job was already reported (nothing
   // written); kStaleLease: the job is not leased under `lease_id` any more.
   absl::StatusOr<RecordResult> RecordMeasurement(const std::string& lease_id, const MeasurementRow& m);
-  // `kind` non-empty: only measurements of that kind ("baseline", ...).
+  // With `kind`: only measurements of that kind.
   absl::StatusOr<std::vector<MeasurementRow>> MeasurementsOfTask(const std::string& task_id,
-                                                                 const std::string& kind = "");
+                                                                 std::optional<JobKind> kind = std::nullopt);
   // Candidate measurements of a task: all, and those not ok.
   absl::StatusOr<std::pair<int, int>> CountCandidateMeasurements(const std::string& task_id);
   absl::StatusOr<MeasurementRow> GetMeasurement(int64_t id);
@@ -285,7 +288,7 @@ class TuningDb {
   absl::StatusOr<SweepRow> GetSweep(const std::string& id);
   // The running sweep with this digest, if any.
   absl::StatusOr<std::optional<SweepRow>> FindRunningSweep(const std::string& digest);
-  absl::StatusOr<std::vector<SweepRow>> ListSweepsInState(const std::string& state);
+  absl::StatusOr<std::vector<SweepRow>> ListSweepsInState(SweepState state);
   absl::StatusOr<std::vector<SweepEntryRow>> SweepEntries(const std::string& sweep_id);
   absl::StatusOr<std::vector<SweepChainRow>> SweepChains(const std::string& sweep_id);  // by ord
   // The first entry of `sweep_id` with this workload (NOT_FOUND if none).

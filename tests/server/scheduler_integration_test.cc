@@ -148,7 +148,7 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   auto rows = db.MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
   const int confirms = static_cast<int>(
-      std::count_if(rows->begin(), rows->end(), [](const auto& m) { return m.kind == "confirm"; }));
+      std::count_if(rows->begin(), rows->end(), [](const auto& m) { return m.kind == db::JobKind::kConfirm; }));
   ASSERT_TRUE(confirms == 1 || confirms == 2) << confirms;
   const int expected = 5 + confirms;
   EXPECT_EQ(*db.CountMeasurements(), expected);
@@ -157,9 +157,9 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   EXPECT_FALSE(result->baseline_kind().empty());
   bool first_confirm = true;
   for (const auto& m : *rows) {
-    const bool retried = m.kind == "confirm" && confirms == 2 && first_confirm;
-    if (m.kind == "confirm") first_confirm = false;
-    EXPECT_EQ(m.status, retried ? "noisy" : "ok") << m.error;
+    const bool retried = m.kind == db::JobKind::kConfirm && confirms == 2 && first_confirm;
+    if (m.kind == db::JobKind::kConfirm) first_confirm = false;
+    EXPECT_EQ(m.status, retried ? db::MeasurementStatus::kNoisy : db::MeasurementStatus::kOk) << m.error;
     EXPECT_FALSE(m.samples_s.empty());
   }
 
@@ -214,7 +214,7 @@ TEST_F(IntegrationTest, ConvChainsTuneEndToEnd) {
     ASSERT_TRUE(rows.ok()) << rows.status();
     EXPECT_FALSE(rows->empty()) << name;
     for (const auto& m : *rows) {
-      EXPECT_EQ(m.status, "ok") << name << ": " << m.error;
+      EXPECT_EQ(m.status, db::MeasurementStatus::kOk) << name << ": " << m.error;
     }
   }
 }
@@ -350,7 +350,7 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
 
   // Complexity: a tensor past --max-tensor-elements, even one whose extents'
   // product overflows 64 bits, is refused before anything is stored.
-  const size_t tasks = core.db().ListTasksInState("running")->size();
+  const size_t tasks = core.db().ListTasksInState(db::TaskState::kRunning)->size();
   auto big = client.Tune(Request("dim m=2048 n=1024\nin A[m,n]\nB[m,n] = relu(A[m,n])\nout B\n", 1), nullptr,
                          absl::Seconds(10));
   ASSERT_TRUE(absl::IsInvalidArgument(big.status())) << big.status();
@@ -359,7 +359,7 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
       Request("dim m=999999999999 n=999999999999\nin A[m,n]\nB[m,n] = relu(A[m,n])\nout B\n", 1), nullptr,
       absl::Seconds(10));
   EXPECT_TRUE(absl::IsInvalidArgument(huge.status())) << huge.status();
-  EXPECT_EQ(core.db().ListTasksInState("running")->size(), tasks);
+  EXPECT_EQ(core.db().ListTasksInState(db::TaskState::kRunning)->size(), tasks);
 
   // Sweeps: one running per client here; a second is refused, asking for
   // the running one again joins it.
@@ -419,7 +419,7 @@ TEST_F(IntegrationTest, CompilingAheadMeasuresEveryJobOnce) {
         auto jobs = server_->core().db().JobsOfTask(id);
         size_t held = 0;
         if (jobs.ok()) {
-          for (const auto& j : *jobs) held += j.state == "leased";
+          for (const auto& j : *jobs) held += j.state == db::JobState::kLeased;
         }
         most_held = std::max<size_t>(most_held, held);
       }
@@ -445,7 +445,7 @@ TEST_F(IntegrationTest, CompilingAheadMeasuresEveryJobOnce) {
   std::set<std::string> jobs;
   for (const auto& m : *rows) {
     jobs.insert(m.job_id);
-    EXPECT_EQ(m.status, "ok") << m.error;
+    EXPECT_EQ(m.status, db::MeasurementStatus::kOk) << m.error;
     EXPECT_FALSE(m.samples_s.empty());
     EXPECT_GT(m.compile_s, 0);
     EXPECT_GT(m.code_bytes, 0);

@@ -109,9 +109,9 @@ class SchedulerRobustnessTest : public ::testing::Test {
         EXPECT_TRUE(scheduler_->Report(Report(w.worker_id(), w.worker_secret(), job, median_s)).ok());
       }
       auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
-      if (snap.ok() && snap->state != "running") break;
+      if (snap.ok() && snap->state != db::TaskState::kRunning) break;
     }
-    EXPECT_EQ(scheduler_->WaitForTask(task, 0, absl::ZeroDuration())->state, "done");
+    EXPECT_EQ(scheduler_->WaitForTask(task, 0, absl::ZeroDuration())->state, db::TaskState::kDone);
   }
 
   int64_t Measurements() { return scheduler_->db().CountMeasurements().value_or(-1); }
@@ -146,7 +146,7 @@ class SchedulerRobustnessTest : public ::testing::Test {
         w = RegisterWorker("w", *recalibrated);
       }
       auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
-      if (snap.ok() && snap->state != "running") break;
+      if (snap.ok() && snap->state != db::TaskState::kRunning) break;
     }
     std::vector<std::string> in_order;
     for (const auto& [id, schedule] : proposed) in_order.push_back(schedule);
@@ -193,7 +193,7 @@ TEST_F(SchedulerRobustnessTest, ReportsAreBoundToTheWorkerThatLeasedTheJob) {
   EXPECT_EQ(Measurements(), before);
   auto row = scheduler_->db().GetJob(job.job_id());
   ASSERT_TRUE(row.ok());
-  EXPECT_EQ(row->state, "leased");
+  EXPECT_EQ(row->state, db::JobState::kLeased);
   EXPECT_EQ(row->worker_id, honest.worker_id());
 
   // The honest report is recorded, not dropped as a duplicate.
@@ -271,7 +271,7 @@ TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetrie
   EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(HasSubstr("INSERT")));
   EXPECT_GT(db::StorageFailures(db::StorageFailure::kFull), failures);
   EXPECT_EQ(Measurements(), before);
-  EXPECT_EQ(scheduler_->db().GetJob(jobs[0].job_id())->state, "leased");
+  EXPECT_EQ(scheduler_->db().GetJob(jobs[0].job_id())->state, db::JobState::kLeased);
 
   // Space again: the same report (as the worker retries it) is recorded.
   ASSERT_TRUE(scheduler_->db().SetMaxBytes(int64_t{1} << 30).ok());

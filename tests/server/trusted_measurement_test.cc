@@ -169,10 +169,10 @@ class TrustedMeasurementTest : public ::testing::Test {
         EXPECT_TRUE(scheduler_->Report(report).ok());
       }
       auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
-      if (snap.ok() && snap->state != "running") break;
+      if (snap.ok() && snap->state != db::TaskState::kRunning) break;
     }
     auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
-    EXPECT_EQ(snap->state, "done") << snap->error;
+    EXPECT_EQ(snap->state, db::TaskState::kDone) << snap->error;
     return snap->result.value_or(v1::TuneResult());
   }
 
@@ -206,13 +206,13 @@ TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {
   // What the best record holds is the confirmation measurement.
   auto best = scheduler_->db().GetBest(r.workload_key(), r.target().fingerprint(), scheduler_->Salt());
   ASSERT_TRUE(best.ok() && best->has_value());
-  EXPECT_EQ(scheduler_->db().GetMeasurement((*best)->measurement_id)->kind, "confirm");
+  EXPECT_EQ(scheduler_->db().GetMeasurement((*best)->measurement_id)->kind, db::JobKind::kConfirm);
   EXPECT_EQ(r.best_measurement().status(), v1::MEASUREMENT_STATUS_OK);
   EXPECT_LT(r.best_measurement().spread(), kMaxSpread);
   EXPECT_EQ(r.candidates_failed(), 1);
   auto rows = scheduler_->db().MeasurementsOfTask(r.task_id());
   int noisy = 0;
-  for (const auto& m : *rows) noisy += m.status == "noisy";
+  for (const auto& m : *rows) noisy += m.status == db::MeasurementStatus::kNoisy;
   EXPECT_EQ(noisy, 1);
   // This worker times no baseline beside the confirmation: the baseline
   // job's is taken.
@@ -246,9 +246,9 @@ TEST_F(TrustedMeasurementTest, ANoisyConfirmationIsTriedOnceMore) {
   auto rows = scheduler_->db().MeasurementsOfTask(r.task_id());
   int noisy = 0, ok = 0;
   for (const auto& m : *rows) {
-    if (m.kind != "confirm") continue;
-    noisy += m.status == "noisy";
-    ok += m.status == "ok";
+    if (m.kind != db::JobKind::kConfirm) continue;
+    noisy += m.status == db::MeasurementStatus::kNoisy;
+    ok += m.status == db::MeasurementStatus::kOk;
   }
   EXPECT_EQ(noisy, 1);
   EXPECT_EQ(ok, 1);

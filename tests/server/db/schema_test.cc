@@ -123,7 +123,7 @@ TEST(SchemaFileTest, Version1MeasurementsGainAnEmptyResourceReport) {
   auto raw = Database::Open(path);
   ASSERT_TRUE(raw.ok());
   EXPECT_EQ(*SchemaVersion(**raw), static_cast<int>(SchemaMigrations().size()));
-  EXPECT_TRUE(db->get()->ListSweepsInState("running")->empty());
+  EXPECT_TRUE(db->get()->ListSweepsInState(SweepState::kRunning)->empty());
   auto rows = (*raw)->Prepare("SELECT job_id, resources_json FROM measurements");
   ASSERT_TRUE(rows.ok()) << rows.status();
   ASSERT_TRUE(*rows->Step());

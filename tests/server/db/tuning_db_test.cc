@@ -19,14 +19,14 @@ class TuningDbTest : public ::testing::Test {
     db_ = std::move(*db);
     ASSERT_TRUE(db_->UpsertWorkload({"wk", "chain", "canon", "{}"}, 1).ok());
     ASSERT_TRUE(db_->UpsertTarget({"fp", "cpu", "{}", 1}, 1).ok());
-    ASSERT_TRUE(db_->InsertWorker({"w1", "one", "fp", "alive", 1, 1, 0}).ok());
-    ASSERT_TRUE(db_->InsertWorker({"w2", "two", "fp", "alive", 1, 1, 0}).ok());
+    ASSERT_TRUE(db_->InsertWorker({"w1", "one", "fp", WorkerState::kAlive, 1, 1, 0}).ok());
+    ASSERT_TRUE(db_->InsertWorker({"w2", "two", "fp", WorkerState::kAlive, 1, 1, 0}).ok());
     TaskRow t;
     t.id = "t1";
     t.workload_key = "wk";
     t.target_fp = "fp";
     t.salt = "s";
-    t.state = "running";
+    t.state = TaskState::kRunning;
     t.budget = 4;
     t.batch_size = 2;
     t.created_ms = 1;
@@ -48,7 +48,7 @@ class TuningDbTest : public ::testing::Test {
     m.job_id = job;
     m.worker_id = worker;
     m.workload_key = "wk";
-    m.status = "ok";
+    m.status = MeasurementStatus::kOk;
     m.median_s = 0.5;
     m.samples_s = {0.4, 0.5, 0.6};
     m.measured_ms = 20;
@@ -78,7 +78,7 @@ TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
   auto touched = db_->ExpireLeases(/*now_ms=*/150, 3);
   ASSERT_EQ(touched->size(), 1u);
   EXPECT_EQ((*touched)[0], "t1");
-  EXPECT_EQ(db_->GetJob("j1")->state, "queued");
+  EXPECT_EQ(db_->GetJob("j1")->state, JobState::kQueued);
 
   auto second = db_->LeaseJobs("w2", "fp", 4, /*now_ms=*/0, 300, lease_ids_);
   ASSERT_EQ(second->size(), 1u);
@@ -98,7 +98,7 @@ TEST_F(TuningDbTest, ExpiredLeaseRequeuesTheJobForAnotherWorker) {
   auto rows = db_->MeasurementsOfTask("t1");
   ASSERT_EQ(rows->size(), 1u);
   EXPECT_EQ((*rows)[0].samples_s, (std::vector<double>{0.4, 0.5, 0.6}));
-  EXPECT_EQ(db_->GetJob("j1")->state, "done");
+  EXPECT_EQ(db_->GetJob("j1")->state, JobState::kDone);
 }
 
 TEST_F(TuningDbTest, HeartbeatExtendsOnlyTheLeasesTheWorkerHolds) {
@@ -111,9 +111,9 @@ TEST_F(TuningDbTest, HeartbeatExtendsOnlyTheLeasesTheWorkerHolds) {
   ASSERT_TRUE(db_->ExtendLeases("w1", {held.lease_id}, 1000).ok());
   ASSERT_TRUE(db_->ExtendLeases("w2", {held.lease_id}, 5000).ok());  // not w2's lease: no effect
   EXPECT_EQ(*db_->ExpireLeases(500, 3), std::vector<std::string>{"t1"});
-  EXPECT_EQ(db_->GetJob("j1")->state, "leased");
+  EXPECT_EQ(db_->GetJob("j1")->state, JobState::kLeased);
   EXPECT_EQ(db_->GetJob("j1")->lease_expires_ms, 1000);
-  EXPECT_EQ(db_->GetJob("j2")->state, "queued");
+  EXPECT_EQ(db_->GetJob("j2")->state, JobState::kQueued);
 }
 
 TEST_F(TuningDbTest, JobFailsAfterMaxAttempts) {
@@ -123,10 +123,10 @@ TEST_F(TuningDbTest, JobFailsAfterMaxAttempts) {
     ASSERT_EQ(db_->ExpireLeases(attempt * 100 + 1, 2)->size(), 1u);
   }
   JobRow job = *db_->GetJob("j1");
-  EXPECT_EQ(job.state, "failed");
+  EXPECT_EQ(job.state, JobState::kFailed);
   auto rows = db_->MeasurementsOfTask("t1");
   ASSERT_EQ(rows->size(), 1u);
-  EXPECT_EQ((*rows)[0].status, "crash");
+  EXPECT_EQ((*rows)[0].status, MeasurementStatus::kCrash);
 }
 
 // Workers are shared between clients: alice queued four jobs before bob
@@ -193,9 +193,9 @@ TEST_F(TuningDbTest, BestKeepsTheFastest) {
 TEST_F(TuningDbTest, SilentWorkersAreMarkedLostAndRevivedByContact) {
   ASSERT_TRUE(db_->TouchWorker("w1", 100).ok());
   EXPECT_EQ(*db_->MarkLostWorkers(50), 1);  // w2 last seen at 1
-  EXPECT_EQ(db_->GetWorker("w2")->state, "lost");
+  EXPECT_EQ(db_->GetWorker("w2")->state, WorkerState::kLost);
   ASSERT_TRUE(db_->TouchWorker("w2", 200).ok());
-  EXPECT_EQ(db_->GetWorker("w2")->state, "alive");
+  EXPECT_EQ(db_->GetWorker("w2")->state, WorkerState::kAlive);
   EXPECT_TRUE(absl::IsNotFound(db_->TouchWorker("nobody", 1)));
 }
 
@@ -210,7 +210,7 @@ TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
   sweep.target_fp = "fp";
   sweep.salt = "s";
   sweep.budget = 4;
-  sweep.state = "running";
+  sweep.state = SweepState::kRunning;
   sweep.created_ms = 5;
   const std::vector<SweepEntryRow> entries = {{0, "a", "ffn", "layers 1-2", 2, "wk2", "{}"},
                                               {1, "a", "attention", "layers 1-2", 2, "wk", "{}"},
@@ -223,10 +223,10 @@ TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
   EXPECT_EQ((*chains)[0].workload_key, "wk2");
   EXPECT_EQ((*chains)[1].workload_key, "wk");
   EXPECT_EQ((*chains)[1].ord, 1);
-  EXPECT_EQ((*chains)[0].state, "pending");
+  EXPECT_EQ((*chains)[0].state, SweepChainState::kPending);
 
   SweepChainRow c = (*chains)[1];
-  c.state = "tuning";
+  c.state = SweepChainState::kTuning;
   c.task_id = "t1";
   ASSERT_TRUE(db_->UpdateSweepChain("s1", c, 6).ok());
   EXPECT_EQ((*db_->SweepChains("s1"))[1].task_id, "t1");
@@ -236,18 +236,18 @@ TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
   EXPECT_EQ(first->model, "a");
   EXPECT_TRUE(absl::IsNotFound(db_->FirstSweepEntry("s1", "none").status()));
   EXPECT_EQ(db_->SweepTunedSeconds("s1")->first, 0);
-  ASSERT_TRUE(db_->FinishTask("t1", "done", "", 2001).ok());  // created at 1
-  c.state = "done";
+  ASSERT_TRUE(db_->FinishTask("t1", TaskState::kDone, "", 2001).ok());  // created at 1
+  c.state = SweepChainState::kDone;
   ASSERT_TRUE(db_->UpdateSweepChain("s1", c, 7).ok());
   EXPECT_EQ(*db_->SweepTunedSeconds("s1"), std::make_pair(1, 2.0));
   c.workload_key = "nope";
   EXPECT_TRUE(absl::IsNotFound(db_->UpdateSweepChain("s1", c, 6)));
 
   ASSERT_TRUE(db_->FindRunningSweep("d")->has_value());
-  EXPECT_EQ(db_->ListSweepsInState("running")->size(), 1u);
+  EXPECT_EQ(db_->ListSweepsInState(SweepState::kRunning)->size(), 1u);
   ASSERT_TRUE(db_->FinishSweep("s1", 9).ok());
   EXPECT_FALSE(db_->FindRunningSweep("d")->has_value());
-  EXPECT_EQ(db_->GetSweep("s1")->state, "done");
+  EXPECT_EQ(db_->GetSweep("s1")->state, SweepState::kDone);
   EXPECT_EQ(*db_->GetSweep("s1")->finished_ms, 9);
   EXPECT_TRUE(absl::IsNotFound(db_->GetSweep("s2").status()));
   // An entry of an unknown workload is refused and nothing is kept.
@@ -266,7 +266,7 @@ void FinishedTask(TuningDb& db, const std::string& task, const std::string& job,
   t.workload_key = "wk";
   t.target_fp = "fp";
   t.salt = "s";
-  t.state = "running";
+  t.state = TaskState::kRunning;
   t.created_ms = 1;
   ASSERT_TRUE(db.InsertTask(t).ok());
   CandidateRow c;
@@ -280,13 +280,13 @@ void FinishedTask(TuningDb& db, const std::string& task, const std::string& job,
   m.job_id = job;
   m.worker_id = "w";
   m.workload_key = "wk";
-  m.status = "ok";
+  m.status = MeasurementStatus::kOk;
   m.median_s = median_s;
   m.samples_s = {median_s};
   auto rec = db.RecordMeasurement("lease", m);
   ASSERT_TRUE(rec.ok()) << rec.status();
   ASSERT_TRUE(db.OfferBest("wk", "fp", "s", {task, cand->first.id, rec->measurement_id, median_s}, 3).ok());
-  ASSERT_TRUE(db.FinishTask(task, "done", "", 4).ok());
+  ASSERT_TRUE(db.FinishTask(task, TaskState::kDone, "", 4).ok());
 }
 
 // Two teams' databases merged both ways keep every measurement once, and
@@ -319,7 +319,7 @@ TEST(RecordsTest, MergingKeepsEveryMeasurementOnceAndTheBest) {
     ASSERT_TRUE(best->has_value());
     EXPECT_DOUBLE_EQ((*best)->median_s, 0.25);
     EXPECT_EQ((*best)->task_id, "tb");
-    EXPECT_EQ(db->GetTask("ta")->state, "done");
+    EXPECT_EQ(db->GetTask("ta")->state, TaskState::kDone);
   }
   auto again = (*a)->ImportRecords(from_b, 11);
   ASSERT_TRUE(again.ok());
