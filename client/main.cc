@@ -833,7 +833,7 @@ int main(int argc, char** argv) {
     // mid-job resume quickly next time.
     options.lease = absl::Seconds(10);
     options.heartbeat_interval = absl::Seconds(1);
-    options.measure.set_max_spread(g.max_spread);
+    options.measure.max_spread = g.max_spread;
     // Only commands that may measure need the local worker.
     std::optional<fusor::worker::WorkerOptions> worker;
     if (*tune || (*compile && !cache_only) || *sweep) {

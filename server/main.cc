@@ -94,9 +94,9 @@ int main(int argc, char** argv) {
   options.lease = absl::Seconds(lease_s);
   options.heartbeat_interval = absl::Seconds(heartbeat_s);
   options.worker_timeout = absl::Seconds(worker_timeout_s);
-  options.measure.set_time_budget_s(time_budget_s);
-  options.measure.set_max_spread(max_spread);
-  options.measure.set_timeout_s(job_timeout_s);
+  options.measure.time_budget_s = time_budget_s;
+  options.measure.max_spread = max_spread;
+  options.measure.timeout_s = job_timeout_s;
   auto log = fusor::Logger("scheduler");
   if (absl::Status st = fusor::EnsureParentDirectory(db_path); !st.ok()) {
     log->error("{}", st.ToString());

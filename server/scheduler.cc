@@ -22,7 +22,7 @@
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
-#include "server/states_proto.h"
+#include "server/wire_rows.h"
 #include "worker/backend.h"
 
 namespace fusor::server {
@@ -96,13 +96,13 @@ std::string FirstIntrinsic(const std::string& mappings) {
   return mappings.substr(eq + 1, open - eq - 1);
 }
 
-v1::MeasureOptions WithDefaults(v1::MeasureOptions m) {
-  if (m.warmup() <= 0) m.set_warmup(2);
-  if (m.min_repeats() <= 0) m.set_min_repeats(5);
-  if (m.max_repeats() <= 0) m.set_max_repeats(100);
-  if (m.time_budget_s() <= 0) m.set_time_budget_s(0.3);
-  if (m.timeout_s() <= 0) m.set_timeout_s(300);
-  if (m.max_spread() <= 0) m.set_max_spread(kMaxSpread);
+MeasureOptions WithDefaults(MeasureOptions m) {
+  if (m.warmup <= 0) m.warmup = 2;
+  if (m.min_repeats <= 0) m.min_repeats = 5;
+  if (m.max_repeats <= 0) m.max_repeats = 100;
+  if (m.time_budget_s <= 0) m.time_budget_s = 0.3;
+  if (m.timeout_s <= 0) m.timeout_s = 300;
+  if (m.max_spread <= 0) m.max_spread = kMaxSpread;
   return m;
 }
 
@@ -261,30 +261,9 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   r.set_workload_key(key);
   ASSIGN_OR_RETURN(hw::TargetDesc target, TargetOf(fp));
   *r.mutable_target() = wire::TargetToProto(target);
-  v1::Candidate* c = r.mutable_best();
-  c->set_id(cand.id);
-  c->mutable_schedule()->set_text(cand.schedule);
-  c->mutable_mapping()->set_text(cand.mapping);
-  c->mutable_mapping()->set_intrinsic(FirstIntrinsic(cand.mapping));
-  c->mutable_prediction()->set_t_mem_s(cand.t_mem_s);
-  c->mutable_prediction()->set_t_comp_s(cand.t_comp_s);
-  c->mutable_prediction()->set_alpha(cand.alpha);
-  c->mutable_prediction()->set_t_estm_s(cand.t_estm_s);
-  v1::Measurement* m = r.mutable_best_measurement();
-  m->set_status(ToProto(meas.status));
-  m->set_error(meas.error);
-  for (double s : meas.samples_s) m->add_samples_s(s);
-  m->set_median_s(meas.median_s);
-  m->set_spread(meas.spread);
-  m->mutable_compile()->set_compile_s(meas.compile_s);
-  m->mutable_compile()->set_compiler(meas.compiler);
-  m->mutable_compile()->set_flags(meas.compile_flags);
-  m->mutable_compile()->set_code_bytes(meas.code_bytes);
-  m->mutable_compile()->set_resources_json(meas.resources_json);
-  m->set_max_abs_error(meas.max_abs_error);
-  m->set_max_rel_error(meas.max_rel_error);
-  m->set_worker_id(meas.worker_id);
-  m->set_measured_at_unix_ms(meas.measured_ms);
+  *r.mutable_best() = CandidateProto(cand);
+  r.mutable_best()->mutable_mapping()->set_intrinsic(FirstIntrinsic(cand.mapping));
+  *r.mutable_best_measurement() = MeasurementProto(meas);
   RETURN_IF_ERROR(SetBaselineOfTask(best->task_id, meas, r));
   r.set_candidates_measured(counts.first);
   r.set_candidates_failed(counts.second);
@@ -586,25 +565,19 @@ absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
 
 // ------------------------------------------------------------- workers ---
 
-absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterRequest& request) {
-  if (request.target().backend() == v1::BACKEND_UNSPECIFIED) {
-    return absl::InvalidArgumentError("register: target.backend is required");
-  }
-  if (request.target().compute_units() <= 0) {
-    return absl::InvalidArgumentError("register: target.compute_units must be positive");
-  }
-  const hw::TargetDesc desc = wire::TargetFromProto(request.target());
+absl::StatusOr<Registration> Scheduler::Register(const std::string& name, const hw::TargetDesc& desc) {
+  if (desc.compute_units <= 0) return absl::InvalidArgumentError("register: target.compute_units must be positive");
   const std::string fingerprint = hw::TargetFingerprint(desc);
   const int64_t now = NowMs();
   RETURN_IF_ERROR(db_->UpsertTarget(
-      {fingerprint, wire::BackendName(request.target().backend()), wire::TargetToJson(desc), now}, now));
+      {fingerprint, worker::BackendFor(desc.backend).name(), wire::TargetToJson(desc), now}, now));
   std::random_device random;
   std::string secret;
   for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(random(), absl::kZeroPad8));
   db::WorkerRow w;
   w.id = NewId("w-");
   w.secret_hash = Sha256Hex(secret);
-  w.name = request.name().empty() ? w.id : request.name();
+  w.name = name.empty() ? w.id : name;
   w.target_fp = fingerprint;
   w.state = db::WorkerState::kAlive;
   w.registered_ms = now;
@@ -614,13 +587,7 @@ absl::StatusOr<v1::RegisterResponse> Scheduler::Register(const v1::RegisterReque
   Log()->info("[worker={}] registered '{}' with target {} ({}, {} units, W={:.1f} GB/s, P={:.1f} GFLOP/s)", w.id,
               w.name, w.target_fp, desc.arch, desc.compute_units, desc.bandwidth_bytes_per_s / 1e9,
               desc.peak_flops / 1e9);
-  v1::RegisterResponse resp;
-  resp.set_worker_id(w.id);
-  resp.set_worker_secret(secret);
-  resp.set_target_fingerprint(w.target_fp);
-  resp.set_heartbeat_interval_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
-  resp.set_lease_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(options_.lease)));
-  return resp;
+  return Registration{{w.id, secret}, w.target_fp};
 }
 
 absl::StatusOr<db::WorkerRow> Scheduler::Authenticate(const std::string& worker_id, const std::string& secret,
@@ -640,31 +607,26 @@ absl::StatusOr<db::WorkerRow> Scheduler::Authenticate(const std::string& worker_
   return worker;
 }
 
-absl::StatusOr<v1::HeartbeatResponse> Scheduler::Heartbeat(const v1::HeartbeatRequest& request) {
-  v1::HeartbeatResponse resp;
+absl::StatusOr<bool> Scheduler::Heartbeat(const WorkerCredentials& who, const std::vector<std::string>& lease_ids) {
   const int64_t now = NowMs();
-  auto worker = Authenticate(request.worker_id(), request.worker_secret(), "heartbeat");
-  if (absl::IsNotFound(worker.status())) {
-    resp.set_reregister(true);
-    return resp;
-  }
+  auto worker = Authenticate(who.worker_id, who.secret, "heartbeat");
+  if (absl::IsNotFound(worker.status())) return false;
   RETURN_IF_ERROR(worker.status());
-  RETURN_IF_ERROR(db_->TouchWorker(request.worker_id(), now));
+  RETURN_IF_ERROR(db_->TouchWorker(who.worker_id, now));
   if (worker->state != db::WorkerState::kAlive) targets_generation_++;  // back from lost
-  RETURN_IF_ERROR(db_->ExtendLeases(request.worker_id(), {request.lease_ids().begin(), request.lease_ids().end()},
-                                    now + absl::ToInt64Milliseconds(options_.lease)));
-  return resp;
+  RETURN_IF_ERROR(db_->ExtendLeases(who.worker_id, lease_ids, now + absl::ToInt64Milliseconds(options_.lease)));
+  return true;
 }
 
-absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& request,
-                                                   const std::function<bool()>& cancelled) {
-  ASSIGN_OR_RETURN(db::WorkerRow worker, Authenticate(request.worker_id(), request.worker_secret(), "lease"));
+absl::StatusOr<std::vector<LeasedJob>> Scheduler::Lease(const WorkerCredentials& who, int max_jobs,
+                                                        absl::Duration wait, const std::function<bool()>& cancelled) {
+  ASSIGN_OR_RETURN(db::WorkerRow worker, Authenticate(who.worker_id, who.secret, "lease"));
   RETURN_IF_ERROR(db_->TouchWorker(worker.id, NowMs()));
   if (worker.state != db::WorkerState::kAlive) targets_generation_++;  // back from lost
-  const int max_jobs = std::clamp(request.max_jobs(), 1, 16);
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::clamp(request.wait_ms(), 0, 10000));
-  v1::LeaseResponse resp;
+  max_jobs = std::clamp(max_jobs, 1, 16);
+  const auto deadline = std::chrono::steady_clock::now() +
+                        absl::ToChronoMilliseconds(std::clamp(wait, absl::ZeroDuration(), absl::Seconds(10)));
+  std::vector<LeasedJob> leased;
   while (true) {
     const int64_t now = NowMs();
     ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs,
@@ -680,96 +642,65 @@ absl::StatusOr<v1::LeaseResponse> Scheduler::Lease(const v1::LeaseRequest& reque
           RETURN_IF_ERROR(db_->FailOpenJobs(j.task_id, NowMs()));
           continue;
         }
-        const Task& task = *it->second;
-        v1::Job* job = resp.add_jobs();
-        job->set_job_id(j.id);
-        job->set_lease_id(j.lease_id);
-        job->set_lease_expires_unix_ms(j.lease_expires_ms);
-        job->set_task_id(j.task_id);
-        job->set_kind(ToProto(j.kind));
-        *job->mutable_chain() = wire::ChainToProto(task.chain);
-        *job->mutable_options() = options_.measure;
+        LeasedJob& job = leased.emplace_back(LeasedJob{j, it->second->chain, std::nullopt});
         if (j.candidate_id) {
-          ASSIGN_OR_RETURN(db::CandidateRow c, db_->GetCandidate(*j.candidate_id));
-          v1::Candidate* pc = job->mutable_candidate();
-          pc->set_id(c.id);
-          pc->mutable_schedule()->set_text(c.schedule);
-          pc->mutable_mapping()->set_text(c.mapping);
-          pc->mutable_prediction()->set_t_mem_s(c.t_mem_s);
-          pc->mutable_prediction()->set_t_comp_s(c.t_comp_s);
-          pc->mutable_prediction()->set_alpha(c.alpha);
-          pc->mutable_prediction()->set_t_estm_s(c.t_estm_s);
+          ASSIGN_OR_RETURN(job.candidate, db_->GetCandidate(*j.candidate_id));
         }
         Log()->debug("[task={} job={} worker={}] leased ({}, attempt {})", j.task_id, j.id, worker.id,
                      std::string(db::Name(j.kind)), j.attempts);
       }
-      if (resp.jobs_size() > 0) return resp;
+      if (!leased.empty()) return leased;
     }
-    if (std::chrono::steady_clock::now() >= deadline || (cancelled && cancelled()) || stop_) return resp;
+    if (std::chrono::steady_clock::now() >= deadline || (cancelled && cancelled()) || stop_) return leased;
     std::unique_lock<std::mutex> lock(mu_);
     lease_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(
                                  deadline - std::chrono::steady_clock::now(), std::chrono::milliseconds(200)));
   }
 }
 
-absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& request) {
-  RETURN_IF_ERROR(Authenticate(request.worker_id(), request.worker_secret(), "report").status());
-  ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(request.job_id()));
+absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
+  const std::string& worker_id = report.worker.worker_id;
+  RETURN_IF_ERROR(Authenticate(worker_id, report.worker.secret, "report").status());
+  ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(report.job_id));
   ASSIGN_OR_RETURN(db::TaskRow task_row, db_->GetTask(job.task_id));
-  const v1::Measurement& pm = request.measurement();
-  db::MeasurementRow m;
+  db::MeasurementRow m = report.measurement;
   m.job_id = job.id;
   m.workload_key = task_row.workload_key;
-  m.worker_id = request.worker_id();
-  const std::optional<MeasurementStatus> status = MeasurementStatusFromProto(pm.status());
-  if (!status) return absl::InvalidArgumentError("report: measurement.status is required");
-  m.status = *status;
-  m.error = pm.error();
-  m.median_s = pm.median_s();
-  m.samples_s.assign(pm.samples_s().begin(), pm.samples_s().end());
+  m.worker_id = worker_id;
   // The spread from the samples themselves, whatever the worker says: an
   // ok measurement beyond the bound is noisy (an older worker's, say).
   m.spread = Summarize(m.samples_s).spread;
-  m.max_abs_error = pm.max_abs_error();
-  m.max_rel_error = pm.max_rel_error();
-  m.compile_s = pm.compile().compile_s();
-  m.compile_flags = pm.compile().flags();
-  m.compiler = pm.compile().compiler();
-  m.code_bytes = pm.compile().code_bytes();
-  m.resources_json = pm.compile().resources_json();
   m.measured_ms = NowMs();
   if (m.status == MeasurementStatus::kOk && (m.samples_s.empty() || m.median_s <= 0)) {
     return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");
   }
-  if (m.status == MeasurementStatus::kOk && m.spread > options_.measure.max_spread()) {
+  if (m.status == MeasurementStatus::kOk && m.spread > options_.measure.max_spread) {
     m.status = MeasurementStatus::kNoisy;
     m.error = absl::StrCat("the samples' spread (p90 - p10) / median is ", m.spread, " (at most ",
-                           options_.measure.max_spread(), " is trusted)");
+                           options_.measure.max_spread, " is trusted)");
   }
-  ASSIGN_OR_RETURN(db::RecordResult rec, db_->RecordMeasurement(request.lease_id(), m));
-  v1::ReportResponse resp;
+  ASSIGN_OR_RETURN(db::RecordResult rec, db_->RecordMeasurement(report.lease_id, m));
   if (rec.outcome == db::ReportOutcome::kDuplicate) {
-    Log()->info("[task={} job={}] duplicate report from {} ignored", job.task_id, job.id, request.worker_id());
-    resp.set_duplicate(true);
-    return resp;
+    Log()->info("[task={} job={}] duplicate report from {} ignored", job.task_id, job.id, worker_id);
+    return ReportReceipt::kDuplicate;
   }
   if (rec.outcome == db::ReportOutcome::kNotYourLease) {
     Log()->warn("[task={} job={}] report from worker {} refused: the lease is worker {}'s", job.task_id, job.id,
-                request.worker_id(), rec.job.worker_id);
-    return absl::PermissionDeniedError(absl::StrCat("report: lease ", request.lease_id(), " of job ", job.id,
+                worker_id, rec.job.worker_id);
+    return absl::PermissionDeniedError(absl::StrCat("report: lease ", report.lease_id, " of job ", job.id,
                                                     " is held by worker ", rec.job.worker_id, ", not by worker ",
-                                                    request.worker_id(), "; nothing was recorded"));
+                                                    worker_id, "; nothing was recorded"));
   }
   if (rec.outcome == db::ReportOutcome::kStaleLease) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "report: lease ", request.lease_id(), " of job ", job.id, " is no longer valid: ",
+        "report: lease ", report.lease_id, " of job ", job.id, " is no longer valid: ",
         rec.job.state == JobState::kQueued
             ? "it expired and the job was requeued"
             : absl::StrCat("the job is under another lease now (worker ", rec.job.worker_id, "'s)"),
         "; nothing was recorded"));
   }
   const bool ok = m.status == MeasurementStatus::kOk;
-  Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, request.worker_id(),
+  Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, worker_id,
               std::string(db::Name(job.kind)), std::string(db::Name(m.status)),
               ok ? absl::StrCat(m.median_s * 1e3, " ms") : m.error.substr(0, 200),
               ok ? absl::StrCat(" (", m.samples_s.size(), " samples)") : "");
@@ -779,7 +710,7 @@ absl::StatusOr<v1::ReportResponse> Scheduler::Report(const v1::ReportRequest& re
     RETURN_IF_ERROR(RefreshProgress(*it->second));
     RETURN_IF_ERROR(Advance(*it->second));
   }
-  return resp;
+  return ReportReceipt::kRecorded;
 }
 
 // --------------------------------------------------------------- tasks ---
@@ -925,7 +856,7 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
   // A confirmation is compared with the baseline timed together with it,
   // else with the one measured nearest it (the machine's speed drifts over
   // a task); anything else with all of them.
-  auto beside = best.kind == JobKind::kConfirm ? BaselineBeside(best.resources_json, options_.measure.max_spread())
+  auto beside = best.kind == JobKind::kConfirm ? BaselineBeside(best.resources_json, options_.measure.max_spread)
                                                : std::nullopt;
   if (beside) {
     for (double s : beside->second) baseline->add_samples_s(s);

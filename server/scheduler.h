@@ -27,7 +27,6 @@
 #include "common/util/files.h"
 #include "common/search/search_strategy.h"
 #include "fusor/v1/scheduler.pb.h"
-#include "fusor/v1/worker.pb.h"
 #include "server/db/tuning_db.h"
 
 namespace fusor::server {
@@ -45,6 +44,19 @@ inline constexpr char kEngineVersion[] = "fusor-engine-2";
 struct Caller {
   std::string id;
   std::string name;
+};
+
+// How workers measure, sent with every job. Zero fields take the defaults
+// in Create.
+struct MeasureOptions {
+  int warmup = 0;
+  int min_repeats = 0;
+  int max_repeats = 0;
+  double time_budget_s = 0;
+  double timeout_s = 0;
+  // The spread (p90 - p10) / median beyond which a sample set is taken
+  // again and, if it stays there, the measurement is noisy.
+  double max_spread = 0;
 };
 
 struct SchedulerOptions {
@@ -72,7 +84,7 @@ struct SchedulerOptions {
   int max_sweeps_per_client = 2;
   // Every network call needs a bearer token of the right role (server/auth).
   bool require_tokens = false;
-  v1::MeasureOptions measure;  // zero fields take the defaults in Create
+  MeasureOptions measure;
 };
 
 // A request's workload and target, resolved: the user's chain, its
@@ -83,6 +95,39 @@ struct PreparedRequest {
   std::string target_fp;
   hw::TargetDesc target;
 };
+
+// The worker protocol in the core's own terms (server/service.cc converts
+// the fusor.v1 messages). After Register, a worker names itself on every
+// call with the id and secret Register returned.
+struct WorkerCredentials {
+  std::string worker_id;
+  std::string secret;
+};
+
+struct Registration {
+  WorkerCredentials credentials;
+  std::string target_fp;
+};
+
+// A job leased to a worker: the job (its id, lease, kind and task), the
+// task's canonical chain, and the candidate it measures, if any.
+struct LeasedJob {
+  db::JobRow job;
+  ir::Chain chain;
+  std::optional<db::CandidateRow> candidate;
+};
+
+// A worker's result for the job it holds under `lease_id`. Of
+// `measurement`, what the worker measured is read (status, error, samples,
+// median, errors, compile record); the scheduler fills in the rest.
+struct JobReport {
+  WorkerCredentials worker;
+  std::string job_id;
+  std::string lease_id;
+  db::MeasurementRow measurement;
+};
+
+enum class ReportReceipt { kRecorded, kDuplicate };
 
 struct TaskSnapshot {
   int64_t version = 0;
@@ -159,12 +204,18 @@ class Scheduler {
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
 
   // --- workers ---
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
-  // Waits up to wait_ms (capped at 10 s) for jobs; `cancelled` is polled.
-  absl::StatusOr<v1::LeaseResponse> Lease(const v1::LeaseRequest& request, const std::function<bool()>& cancelled);
-  // FAILED_PRECONDITION when the lease is no longer the job's (it expired).
-  absl::StatusOr<v1::ReportResponse> Report(const v1::ReportRequest& request);
+  // INVALID_ARGUMENT for a target without compute units.
+  absl::StatusOr<Registration> Register(const std::string& name, const hw::TargetDesc& target);
+  // Extends the worker's leases; false when the worker is unknown (the
+  // scheduler lost its database: register again).
+  absl::StatusOr<bool> Heartbeat(const WorkerCredentials& worker, const std::vector<std::string>& lease_ids);
+  // Up to `max_jobs` (1..16) jobs, waiting up to `wait` (capped at 10 s)
+  // for the first; `cancelled` is polled.
+  absl::StatusOr<std::vector<LeasedJob>> Lease(const WorkerCredentials& worker, int max_jobs, absl::Duration wait,
+                                               const std::function<bool()>& cancelled);
+  // FAILED_PRECONDITION when the lease is no longer the job's (it expired),
+  // PERMISSION_DENIED when it is another worker's.
+  absl::StatusOr<ReportReceipt> Report(const JobReport& report);
 
   db::TuningDb& db() { return *db_; }
 

@@ -13,7 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/log.h"
 #include "proto/wire/channel.h"
+#include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
+#include "server/wire_rows.h"
 
 namespace fusor::server {
 namespace {
@@ -231,18 +233,27 @@ grpc::Status SchedulerService::GetSweep(grpc::ServerContext* ctx, const v1::GetS
 grpc::Status WorkerServiceImpl::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                          v1::RegisterResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
-  auto r = core_->Register(*req);
+  if (req->target().backend() == v1::BACKEND_UNSPECIFIED) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "register: target.backend is required");
+  }
+  auto r = core_->Register(req->name(), wire::TargetFromProto(req->target()));
   if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = std::move(*r);
+  resp->set_worker_id(r->credentials.worker_id);
+  resp->set_worker_secret(r->credentials.secret);
+  resp->set_target_fingerprint(r->target_fp);
+  const SchedulerOptions& o = core_->options();
+  resp->set_heartbeat_interval_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(o.heartbeat_interval)));
+  resp->set_lease_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(o.lease)));
   return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* ctx, const v1::HeartbeatRequest* req,
                                           v1::HeartbeatResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
-  auto r = core_->Heartbeat(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = std::move(*r);
+  auto known = core_->Heartbeat({req->worker_id(), req->worker_secret()},
+                                {req->lease_ids().begin(), req->lease_ids().end()});
+  if (!known.ok()) return ToGrpcStatus(known.status());
+  resp->set_reregister(!*known);
   return grpc::Status::OK;
 }
 
@@ -250,9 +261,10 @@ grpc::Status WorkerServiceImpl::Lease(grpc::ServerContext* ctx, const v1::LeaseR
                                       v1::LeaseResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kWorker}); !st.ok()) return st;
   if (req->worker_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id is required");
-  auto r = core_->Lease(*req, [ctx] { return ctx->IsCancelled(); });
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = std::move(*r);
+  auto leased = core_->Lease({req->worker_id(), req->worker_secret()}, req->max_jobs(),
+                             absl::Milliseconds(req->wait_ms()), [ctx] { return ctx->IsCancelled(); });
+  if (!leased.ok()) return ToGrpcStatus(leased.status());
+  for (const LeasedJob& j : *leased) *resp->add_jobs() = JobProto(j, core_->options().measure);
   return grpc::Status::OK;
 }
 
@@ -262,9 +274,11 @@ grpc::Status WorkerServiceImpl::Report(grpc::ServerContext* ctx, const v1::Repor
   if (req->job_id().empty() || req->lease_id().empty() || req->worker_id().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id, job_id and lease_id are required");
   }
-  auto r = core_->Report(*req);
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  *resp = std::move(*r);
+  auto report = JobReportFromProto(*req);
+  if (!report.ok()) return ToGrpcStatus(report.status());
+  auto receipt = core_->Report(*report);
+  if (!receipt.ok()) return ToGrpcStatus(receipt.status());
+  resp->set_duplicate(*receipt == ReportReceipt::kDuplicate);
   return grpc::Status::OK;
 }
 

@@ -65,7 +65,7 @@ template <>
 absl::StatusOr<JobKind> Parse<JobKind>(absl::string_view text);
 
 // measurements.status: fusor.v1.MeasurementStatus but UNSPECIFIED (see
-// server/states_proto.h), its name without the prefix in lower case: "ok",
+// server/wire_rows.h), its name without the prefix in lower case: "ok",
 // "compile_error", "invalid_result", "timeout", "crash", "runtime_error",
 // "noisy" (validated and timed, but the samples spread too far to trust).
 enum class MeasurementStatus { kOk, kCompileError, kInvalidResult, kTimeout, kCrash, kRuntimeError, kNoisy };

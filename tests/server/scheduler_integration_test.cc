@@ -63,11 +63,11 @@ class IntegrationTest : public ::testing::Test {
     // quickly for the restart test; live workers heartbeat well within it.
     options_.lease = absl::Seconds(3);
     options_.heartbeat_interval = absl::Milliseconds(300);
-    options_.measure.set_time_budget_s(0.02);
-    options_.measure.set_max_repeats(10);
+    options_.measure.time_budget_s = 0.02;
+    options_.measure.max_repeats = 10;
     // Mechanics, on a machine the parallel tests keep busy: every
     // measurement counts (trusted_measurement_test checks the bound).
-    options_.measure.set_max_spread(1000);
+    options_.measure.max_spread = 1000;
   }
   void TearDown() override {
     StopWorker();
@@ -293,11 +293,9 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
   options_.max_sweeps_per_client = 1;
   StartServer();
   server::Scheduler& core = server_->core();
-  v1::RegisterRequest reg;  // a target, with no worker measuring for it
-  reg.set_name("idle");
-  reg.mutable_target()->set_backend(v1::BACKEND_CPU);
-  reg.mutable_target()->set_compute_units(1);
-  ASSERT_TRUE(core.Register(reg).ok());
+  hw::TargetDesc idle;  // a target, with no worker measuring for it
+  idle.compute_units = 1;
+  ASSERT_TRUE(core.Register("idle", idle).ok());
   auto prepare = [&](int m) {
     v1::Workload w;
     w.set_text("dim m=" + std::to_string(m) + " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\n"

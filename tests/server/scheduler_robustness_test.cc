@@ -55,13 +55,10 @@ class SchedulerRobustnessTest : public ::testing::Test {
     return t;
   }
 
-  v1::RegisterResponse RegisterWorker(const std::string& name, const hw::TargetDesc& t = CpuTarget()) {
-    v1::RegisterRequest reg;
-    reg.set_name(name);
-    *reg.mutable_target() = wire::TargetToProto(t);
-    auto r = scheduler_->Register(reg);
+  WorkerCredentials RegisterWorker(const std::string& name, const hw::TargetDesc& t = CpuTarget()) {
+    auto r = scheduler_->Register(name, t);
     EXPECT_TRUE(r.ok()) << r.status();
-    return r.value_or(v1::RegisterResponse());
+    return r.ok() ? r->credentials : WorkerCredentials();
   }
 
   std::string StartTask(bool force = false, const v1::TargetSelector& target = {}, int budget = 4) {
@@ -77,36 +74,26 @@ class SchedulerRobustnessTest : public ::testing::Test {
     return start->started.task_id();
   }
 
-  std::vector<v1::Job> Lease(const v1::RegisterResponse& w) {
-    v1::LeaseRequest lease;
-    lease.set_worker_id(w.worker_id());
-    lease.set_worker_secret(w.worker_secret());
-    lease.set_max_jobs(16);
-    auto jobs = scheduler_->Lease(lease, nullptr);
+  std::vector<LeasedJob> Lease(const WorkerCredentials& w) {
+    auto jobs = scheduler_->Lease(w, 16, absl::ZeroDuration(), nullptr);
     EXPECT_TRUE(jobs.ok()) << jobs.status();
-    if (!jobs.ok()) return {};
-    return {jobs->jobs().begin(), jobs->jobs().end()};
+    return jobs.value_or(std::vector<LeasedJob>());
   }
 
-  static v1::ReportRequest Report(const std::string& worker_id, const std::string& secret, const v1::Job& job,
-                                  double median_s) {
-    v1::ReportRequest report;
-    report.set_worker_id(worker_id);
-    report.set_worker_secret(secret);
-    report.set_job_id(job.job_id());
-    report.set_lease_id(job.lease_id());
-    v1::Measurement* m = report.mutable_measurement();
-    m->set_status(v1::MEASUREMENT_STATUS_OK);
-    for (int i = 0; i < 10; ++i) m->add_samples_s(median_s);
-    m->set_median_s(median_s);
+  static JobReport Report(const std::string& worker_id, const std::string& secret, const LeasedJob& leased,
+                          double median_s) {
+    JobReport report{{worker_id, secret}, leased.job.id, leased.job.lease_id, {}};
+    report.measurement.status = db::MeasurementStatus::kOk;
+    report.measurement.samples_s.assign(10, median_s);
+    report.measurement.median_s = median_s;
     return report;
   }
 
   // Measures every job of `task` as taking `median_s` until it is done.
-  void Finish(const std::string& task, const v1::RegisterResponse& w, double median_s) {
+  void Finish(const std::string& task, const WorkerCredentials& w, double median_s) {
     for (int round = 0; round < 20; ++round) {
-      for (const v1::Job& job : Lease(w)) {
-        EXPECT_TRUE(scheduler_->Report(Report(w.worker_id(), w.worker_secret(), job, median_s)).ok());
+      for (const LeasedJob& job : Lease(w)) {
+        EXPECT_TRUE(scheduler_->Report(Report(w.worker_id, w.secret, job, median_s)).ok());
       }
       auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
       if (snap.ok() && snap->state != db::TaskState::kRunning) break;
@@ -130,15 +117,15 @@ class SchedulerRobustnessTest : public ::testing::Test {
   // registers again with those W and P, as a worker restarted and
   // calibrated anew would, and the scheduler restarts.
   std::vector<std::string> Proposed(const hw::TargetDesc& target, const hw::TargetDesc* recalibrated) {
-    v1::RegisterResponse w = RegisterWorker("w", target);
+    WorkerCredentials w = RegisterWorker("w", target);
     const std::string task = StartTask(false, {}, 12);
     std::map<int64_t, std::string> proposed;
     for (int round = 0; round < 20; ++round) {
-      for (const v1::Job& job : Lease(w)) {
-        const std::string& schedule = job.candidate().schedule().text();
-        if (job.kind() == v1::JOB_KIND_CANDIDATE) proposed[job.candidate().id()] = schedule;
+      for (const LeasedJob& job : Lease(w)) {
+        const std::string schedule = job.candidate ? job.candidate->schedule : "";
+        if (job.job.kind == db::JobKind::kCandidate) proposed[job.candidate->id] = schedule;
         const double median_s = 1e-3 * (1 + static_cast<double>(std::hash<std::string>()(schedule) % 97) / 97);
-        EXPECT_TRUE(scheduler_->Report(Report(w.worker_id(), w.worker_secret(), job, median_s)).ok());
+        EXPECT_TRUE(scheduler_->Report(Report(w.worker_id, w.secret, job, median_s)).ok());
       }
       if (round == 0 && recalibrated != nullptr) {
         RegisterWorker("w", *recalibrated);
@@ -158,85 +145,78 @@ class SchedulerRobustnessTest : public ::testing::Test {
 };
 
 TEST_F(SchedulerRobustnessTest, ReportsAreBoundToTheWorkerThatLeasedTheJob) {
-  const v1::RegisterResponse honest = RegisterWorker("honest");
-  const v1::RegisterResponse impostor = RegisterWorker("impostor");  // holds the same worker token
-  ASSERT_FALSE(honest.worker_secret().empty());
-  ASSERT_NE(honest.worker_secret(), impostor.worker_secret());
+  const WorkerCredentials honest = RegisterWorker("honest");
+  const WorkerCredentials impostor = RegisterWorker("impostor");  // holds the same worker token
+  ASSERT_FALSE(honest.secret.empty());
+  ASSERT_NE(honest.secret, impostor.secret);
   StartTask();
-  const std::vector<v1::Job> jobs = Lease(honest);
+  const std::vector<LeasedJob> jobs = Lease(honest);
   ASSERT_FALSE(jobs.empty());
-  const v1::Job& job = jobs[0];
+  const LeasedJob& job = jobs[0];
   const int64_t before = Measurements();
 
   // The honest worker's id and lease, without its secret.
-  for (const std::string& secret : {impostor.worker_secret(), std::string()}) {
-    auto forged = scheduler_->Report(Report(honest.worker_id(), secret, job, 1e-9));
+  for (const std::string& secret : {impostor.secret, std::string()}) {
+    auto forged = scheduler_->Report(Report(honest.worker_id, secret, job, 1e-9));
     EXPECT_TRUE(absl::IsPermissionDenied(forged.status())) << forged.status();
     EXPECT_THAT(std::string(forged.status().message()),
-                HasSubstr("worker secret does not match the registration of worker " + honest.worker_id()));
+                HasSubstr("worker secret does not match the registration of worker " + honest.worker_id));
   }
   // The impostor's own registration, the honest worker's lease.
-  auto own_id = scheduler_->Report(Report(impostor.worker_id(), impostor.worker_secret(), job, 1e-9));
+  auto own_id = scheduler_->Report(Report(impostor.worker_id, impostor.secret, job, 1e-9));
   EXPECT_TRUE(absl::IsPermissionDenied(own_id.status())) << own_id.status();
   EXPECT_THAT(std::string(own_id.status().message()),
-              HasSubstr("is held by worker " + honest.worker_id() + ", not by worker " + impostor.worker_id()));
+              HasSubstr("is held by worker " + honest.worker_id + ", not by worker " + impostor.worker_id));
   // Nor can it lease or keep leases alive as the honest worker.
-  v1::LeaseRequest lease;
-  lease.set_worker_id(honest.worker_id());
-  lease.set_worker_secret(impostor.worker_secret());
-  EXPECT_TRUE(absl::IsPermissionDenied(scheduler_->Lease(lease, nullptr).status()));
-  v1::HeartbeatRequest beat;
-  beat.set_worker_id(honest.worker_id());
-  beat.set_worker_secret(impostor.worker_secret());
-  EXPECT_TRUE(absl::IsPermissionDenied(scheduler_->Heartbeat(beat).status()));
+  const WorkerCredentials forged{honest.worker_id, impostor.secret};
+  EXPECT_TRUE(absl::IsPermissionDenied(scheduler_->Lease(forged, 1, absl::ZeroDuration(), nullptr).status()));
+  EXPECT_TRUE(absl::IsPermissionDenied(scheduler_->Heartbeat(forged, {}).status()));
 
   EXPECT_EQ(Measurements(), before);
-  auto row = scheduler_->db().GetJob(job.job_id());
+  auto row = scheduler_->db().GetJob(job.job.id);
   ASSERT_TRUE(row.ok());
   EXPECT_EQ(row->state, db::JobState::kLeased);
-  EXPECT_EQ(row->worker_id, honest.worker_id());
+  EXPECT_EQ(row->worker_id, honest.worker_id);
 
   // The honest report is recorded, not dropped as a duplicate.
-  auto honest_report = scheduler_->Report(Report(honest.worker_id(), honest.worker_secret(), job, 2e-3));
+  auto honest_report = scheduler_->Report(Report(honest.worker_id, honest.secret, job, 2e-3));
   ASSERT_TRUE(honest_report.ok()) << honest_report.status();
-  EXPECT_FALSE(honest_report->duplicate());
+  EXPECT_EQ(*honest_report, ReportReceipt::kRecorded);
   EXPECT_EQ(Measurements(), before + 1);
 }
 
 TEST_F(SchedulerRobustnessTest, AnExpiredLeaseSaysSo) {
-  const v1::RegisterResponse w = RegisterWorker("w");
+  const WorkerCredentials w = RegisterWorker("w");
   StartTask();
-  std::vector<v1::Job> jobs = Lease(w);
+  std::vector<LeasedJob> jobs = Lease(w);
   ASSERT_FALSE(jobs.empty());
-  v1::Job stale = jobs[0];
-  stale.set_lease_id("l-not-this-one");
-  auto r = scheduler_->Report(Report(w.worker_id(), w.worker_secret(), stale, 1e-3));
+  LeasedJob stale = jobs[0];
+  stale.job.lease_id = "l-not-this-one";
+  auto r = scheduler_->Report(Report(w.worker_id, w.secret, stale, 1e-3));
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("nothing was recorded"));
 }
 
 TEST_F(SchedulerRobustnessTest, WorkersKeepWorkingAcrossASchedulerRestart) {
-  const v1::RegisterResponse w = RegisterWorker("w");
+  const WorkerCredentials w = RegisterWorker("w");
   StartTask();
-  std::vector<v1::Job> jobs = Lease(w);
+  std::vector<LeasedJob> jobs = Lease(w);
   ASSERT_GE(jobs.size(), 2u);
   Open();  // the same database, a new scheduler
-  v1::HeartbeatRequest beat;
-  beat.set_worker_id(w.worker_id());
-  beat.set_worker_secret(w.worker_secret());
-  for (const v1::Job& j : jobs) beat.add_lease_ids(j.lease_id());
-  auto hb = scheduler_->Heartbeat(beat);
+  std::vector<std::string> leases;
+  for (const LeasedJob& j : jobs) leases.push_back(j.job.lease_id);
+  auto hb = scheduler_->Heartbeat(w, leases);
   ASSERT_TRUE(hb.ok()) << hb.status();
-  EXPECT_FALSE(hb->reregister());
+  EXPECT_TRUE(*hb);  // known: no need to register again
   const int64_t before = Measurements();
-  for (const v1::Job& j : jobs) {
-    auto r = scheduler_->Report(Report(w.worker_id(), w.worker_secret(), j, 1e-3));
+  for (const LeasedJob& j : jobs) {
+    auto r = scheduler_->Report(Report(w.worker_id, w.secret, j, 1e-3));
     EXPECT_TRUE(r.ok()) << r.status();
   }
   EXPECT_EQ(Measurements(), before + static_cast<int64_t>(jobs.size()));
   // A worker that registers again gets a new registration that works too.
-  const v1::RegisterResponse again = RegisterWorker("w");
-  EXPECT_NE(again.worker_id(), w.worker_id());
+  const WorkerCredentials again = RegisterWorker("w");
+  EXPECT_NE(again.worker_id, w.worker_id);
   Lease(again);
 }
 
@@ -254,16 +234,16 @@ TEST_F(SchedulerRobustnessTest, AResumedTaskRanksWithTheWAndPItStartedWith) {
 }
 
 TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetried) {
-  const v1::RegisterResponse w = RegisterWorker("w");
+  const WorkerCredentials w = RegisterWorker("w");
   StartTask();
-  std::vector<v1::Job> jobs = Lease(w);
+  std::vector<LeasedJob> jobs = Lease(w);
   ASSERT_FALSE(jobs.empty());
   const int64_t before = Measurements();
   const int64_t failures = db::StorageFailures(db::StorageFailure::kFull);
   ASSERT_TRUE(scheduler_->db().SetMaxBytes(1).ok());  // no room to grow, as on a full disk
   // Enough samples that the row needs new pages.
-  v1::ReportRequest report = Report(w.worker_id(), w.worker_secret(), jobs[0], 1e-3);
-  for (int i = 0; i < 20000; ++i) report.mutable_measurement()->add_samples_s(1e-3);
+  JobReport report = Report(w.worker_id, w.secret, jobs[0], 1e-3);
+  report.measurement.samples_s.resize(20000, 1e-3);
   auto refused = scheduler_->Report(report);
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is out of space"));
@@ -271,7 +251,7 @@ TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetrie
   EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(HasSubstr("INSERT")));
   EXPECT_GT(db::StorageFailures(db::StorageFailure::kFull), failures);
   EXPECT_EQ(Measurements(), before);
-  EXPECT_EQ(scheduler_->db().GetJob(jobs[0].job_id())->state, db::JobState::kLeased);
+  EXPECT_EQ(scheduler_->db().GetJob(jobs[0].job.id)->state, db::JobState::kLeased);
 
   // Space again: the same report (as the worker retries it) is recorded.
   ASSERT_TRUE(scheduler_->db().SetMaxBytes(int64_t{1} << 30).ok());
@@ -281,7 +261,7 @@ TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetrie
 }
 
 TEST_F(SchedulerRobustnessTest, CacheAnswersAreKeptUntilABetterRecordLands) {
-  const v1::RegisterResponse w = RegisterWorker("w");
+  const WorkerCredentials w = RegisterWorker("w");
   v1::Workload workload;
   workload.set_text(testing::kGemmChain);
   auto miss = scheduler_->CachedAnswer(workload, {});
@@ -309,14 +289,14 @@ TEST_F(SchedulerRobustnessTest, CacheAnswersAreKeptUntilABetterRecordLands) {
 }
 
 TEST_F(SchedulerRobustnessTest, CompileAnswersInTheLanguageOfTheTargetsBackend) {
-  const v1::RegisterResponse cpu = RegisterWorker("cpu");
+  const WorkerCredentials cpu = RegisterWorker("cpu");
   const std::optional<hw::TargetDesc> h100 = hw::LookupDevice("h100");
   ASSERT_TRUE(h100.has_value());
-  const v1::RegisterResponse gpu = RegisterWorker("gpu", *h100);
+  const WorkerCredentials gpu = RegisterWorker("gpu", *h100);
   v1::TargetSelector cuda;
-  cuda.set_fingerprint(gpu.target_fingerprint());
+  cuda.set_fingerprint(hw::TargetFingerprint(*h100));
   v1::TargetSelector host;
-  host.set_fingerprint(cpu.target_fingerprint());
+  host.set_fingerprint(hw::TargetFingerprint(CpuTarget()));
   Finish(StartTask(false, host), cpu, 2e-3);
   Finish(StartTask(false, cuda), gpu, 1e-4);
   v1::Workload workload;

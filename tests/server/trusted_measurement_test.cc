@@ -133,16 +133,13 @@ class TrustedMeasurementTest : public ::testing::Test {
     t.compute_units = 2;
     t.isa_features = {"avx2", "fma"};
     t.vector_lanes_f32 = 8;
-    v1::RegisterRequest reg;
-    *reg.mutable_target() = wire::TargetToProto(t);
-    auto r = scheduler_->Register(reg);
+    auto r = scheduler_->Register("", t);
     ASSERT_TRUE(r.ok()) << r.status();
-    worker_ = r->worker_id();
-    secret_ = r->worker_secret();
+    worker_ = r->credentials;
   }
 
   // Starts a task of `budget` candidates; `measure(job)` makes each report.
-  v1::TuneResult Tune(int budget, const std::function<v1::Measurement(const v1::Job&)>& measure) {
+  v1::TuneResult Tune(int budget, const std::function<db::MeasurementRow(const LeasedJob&)>& measure) {
     v1::Workload w;
     w.set_text(testing::kGemmChain);
     auto req = scheduler_->Prepare(w, {});
@@ -153,20 +150,10 @@ class TrustedMeasurementTest : public ::testing::Test {
     EXPECT_TRUE(start.ok()) << start.status();
     const std::string task = start->started.task_id();
     for (int round = 0; round < 20; ++round) {
-      v1::LeaseRequest lease;
-      lease.set_worker_id(worker_);
-      lease.set_worker_secret(secret_);
-      lease.set_max_jobs(16);
-      auto jobs = scheduler_->Lease(lease, nullptr);
+      auto jobs = scheduler_->Lease(worker_, 16, absl::ZeroDuration(), nullptr);
       EXPECT_TRUE(jobs.ok()) << jobs.status();
-      for (const v1::Job& job : jobs->jobs()) {
-        v1::ReportRequest report;
-        report.set_worker_id(worker_);
-        report.set_worker_secret(secret_);
-        report.set_job_id(job.job_id());
-        report.set_lease_id(job.lease_id());
-        *report.mutable_measurement() = measure(job);
-        EXPECT_TRUE(scheduler_->Report(report).ok());
+      for (const LeasedJob& job : jobs.value_or(std::vector<LeasedJob>())) {
+        EXPECT_TRUE(scheduler_->Report({worker_, job.job.id, job.job.lease_id, measure(job)}).ok());
       }
       auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
       if (snap.ok() && snap->state != db::TaskState::kRunning) break;
@@ -176,25 +163,25 @@ class TrustedMeasurementTest : public ::testing::Test {
     return snap->result.value_or(v1::TuneResult());
   }
 
-  static v1::Measurement Ok(const std::vector<double>& samples) {
-    v1::Measurement m;
-    m.set_status(v1::MEASUREMENT_STATUS_OK);
-    for (double s : samples) m.add_samples_s(s);
-    m.set_median_s(Summarize(samples).median);
+  static db::MeasurementRow Ok(const std::vector<double>& samples) {
+    db::MeasurementRow m;
+    m.status = db::MeasurementStatus::kOk;
+    m.samples_s = samples;
+    m.median_s = Summarize(samples).median;
     return m;
   }
 
   std::unique_ptr<Scheduler> scheduler_;
-  std::string worker_, secret_;
+  WorkerCredentials worker_;
 };
 
 TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {
   std::map<int64_t, int> order;  // candidate id -> 1, 2, ... as first seen
   int jobs = 0;
-  v1::TuneResult r = Tune(4, [&](const v1::Job& job) {
+  v1::TuneResult r = Tune(4, [&](const LeasedJob& job) {
     ++jobs;
-    if (job.kind() == v1::JOB_KIND_BASELINE) return Ok(Steady(8e-3));
-    const int n = order.emplace(job.candidate().id(), static_cast<int>(order.size()) + 1).first->second;
+    if (job.job.kind == db::JobKind::kBaseline) return Ok(Steady(8e-3));
+    const int n = order.emplace(job.candidate->id, static_cast<int>(order.size()) + 1).first->second;
     // The first candidate looks fastest but its samples disagree; an old
     // worker calls it ok anyway. The others measure 4, 6 and 8 ms, and the
     // same again when the best is confirmed.
@@ -228,12 +215,12 @@ TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {
 
 TEST_F(TrustedMeasurementTest, ANoisyConfirmationIsTriedOnceMore) {
   int baselines = 0, confirmations = 0, candidates = 0;
-  v1::TuneResult r = Tune(2, [&](const v1::Job& job) {
-    if (job.kind() == v1::JOB_KIND_BASELINE) {
+  v1::TuneResult r = Tune(2, [&](const LeasedJob& job) {
+    if (job.job.kind == db::JobKind::kBaseline) {
       ++baselines;
       return Ok(Steady(8e-3));
     }
-    if (job.kind() == v1::JOB_KIND_CANDIDATE) return Ok(Steady(2e-3 * ++candidates));
+    if (job.job.kind == db::JobKind::kCandidate) return Ok(Steady(2e-3 * ++candidates));
     ++confirmations;
     return confirmations == 1 ? Ok(Disturbed(2e-3)) : Ok(Steady(3e-3));
   });
@@ -257,13 +244,13 @@ TEST_F(TrustedMeasurementTest, ANoisyConfirmationIsTriedOnceMore) {
 TEST_F(TrustedMeasurementTest, TheSpeedupIsOverTheBaselineTimedTogetherWithTheConfirmation) {
   for (const bool steady : {true, false}) {
     SetUp();  // a fresh scheduler and database
-    v1::TuneResult r = Tune(2, [&](const v1::Job& job) {
-      if (job.kind() == v1::JOB_KIND_BASELINE) return Ok(Steady(8e-3));
-      if (job.kind() != v1::JOB_KIND_CONFIRM) return Ok(Steady(4e-3));
-      v1::Measurement m = Ok(Steady(3e-3));
+    v1::TuneResult r = Tune(2, [&](const LeasedJob& job) {
+      if (job.job.kind == db::JobKind::kBaseline) return Ok(Steady(8e-3));
+      if (job.job.kind != db::JobKind::kConfirm) return Ok(Steady(4e-3));
+      db::MeasurementRow m = Ok(Steady(3e-3));
       const std::vector<double> beside = steady ? Steady(9e-3) : Disturbed(9e-3);
-      m.mutable_compile()->set_resources_json(
-          nlohmann::json{{"beside", {{"baseline", "onednn"}, {"status", "ok"}, {"samples_s", beside}}}}.dump());
+      m.resources_json =
+          nlohmann::json{{"beside", {{"baseline", "onednn"}, {"status", "ok"}, {"samples_s", beside}}}}.dump();
       return m;
     });
     EXPECT_DOUBLE_EQ(r.best_measurement().median_s(), Summarize(Steady(3e-3)).median);
@@ -279,8 +266,8 @@ TEST_F(TrustedMeasurementTest, TheSpeedupIsOverTheBaselineTimedTogetherWithTheCo
 }
 
 TEST_F(TrustedMeasurementTest, NoSpeedupWithoutATrustedBaseline) {
-  v1::TuneResult r = Tune(2, [&](const v1::Job& job) {
-    if (job.kind() == v1::JOB_KIND_BASELINE) return Ok(Disturbed(8e-3));
+  v1::TuneResult r = Tune(2, [&](const LeasedJob& job) {
+    if (job.job.kind == db::JobKind::kBaseline) return Ok(Disturbed(8e-3));
     return Ok(Steady(2e-3));
   });
   EXPECT_EQ(r.baseline().status(), v1::MEASUREMENT_STATUS_NOISY);

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/wire/convert.h"
 #include "server/db/tuning_db.h"
-#include "server/states_proto.h"
+#include "server/wire_rows.h"
 
 namespace fusor::db {
 namespace {
@@ -80,6 +80,68 @@ TEST(StatesTest, MeasurementStatusesMatchTheProto) {
   EXPECT_EQ(server::ToProto(JobKind::kCandidate), v1::JOB_KIND_CANDIDATE);
   EXPECT_EQ(server::ToProto(JobKind::kBaseline), v1::JOB_KIND_BASELINE);
   EXPECT_EQ(server::ToProto(JobKind::kConfirm), v1::JOB_KIND_CONFIRM);
+}
+
+// The worker protocol's edge: what a worker measured reads back as it was
+// sent, a report without a status is refused, and a leased job carries its
+// candidate and the measuring options.
+TEST(StatesTest, ReportsAndJobsCrossTheWireIntact) {
+  MeasurementRow m;
+  m.status = MeasurementStatus::kNoisy;
+  m.error = "spread";
+  m.samples_s = {1e-3, 2e-3, 4e-3};
+  m.median_s = 2e-3;
+  m.max_abs_error = 1e-6;
+  m.max_rel_error = 2e-6;
+  m.compile_s = 0.4;
+  m.compile_flags = "-O3";
+  m.compiler = "g++ 12";
+  m.code_bytes = 4096;
+  m.resources_json = R"({"regs":64})";
+  v1::ReportRequest request;
+  request.set_worker_id("w-1");
+  request.set_worker_secret("s");
+  request.set_job_id("j-1");
+  request.set_lease_id("l-1");
+  *request.mutable_measurement() = server::MeasurementProto(m);
+  absl::StatusOr<server::JobReport> report = server::JobReportFromProto(request);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->worker.worker_id, "w-1");
+  EXPECT_EQ(report->worker.secret, "s");
+  EXPECT_EQ(report->lease_id, "l-1");
+  const MeasurementRow& back = report->measurement;
+  EXPECT_EQ(back.status, m.status);
+  EXPECT_EQ(back.error, m.error);
+  EXPECT_EQ(back.samples_s, m.samples_s);
+  EXPECT_EQ(back.median_s, m.median_s);
+  EXPECT_EQ(back.max_rel_error, m.max_rel_error);
+  EXPECT_EQ(back.compile_flags, m.compile_flags);
+  EXPECT_EQ(back.compiler, m.compiler);
+  EXPECT_EQ(back.code_bytes, m.code_bytes);
+  EXPECT_EQ(back.resources_json, m.resources_json);
+  request.mutable_measurement()->set_status(v1::MEASUREMENT_STATUS_UNSPECIFIED);
+  EXPECT_TRUE(absl::IsInvalidArgument(server::JobReportFromProto(request).status()));
+
+  server::LeasedJob leased;
+  leased.job.id = "j-2";
+  leased.job.lease_id = "l-2";
+  leased.job.kind = JobKind::kConfirm;
+  leased.chain.name = "c";
+  leased.candidate = CandidateRow{};
+  leased.candidate->id = 7;
+  leased.candidate->schedule = "m=8 / - / -";
+  server::MeasureOptions measure;
+  measure.max_spread = 0.25;
+  const v1::Job job = server::JobProto(leased, measure);
+  EXPECT_EQ(job.job_id(), "j-2");
+  EXPECT_EQ(job.lease_id(), "l-2");
+  EXPECT_EQ(job.kind(), v1::JOB_KIND_CONFIRM);
+  EXPECT_EQ(job.chain().name(), "c");
+  EXPECT_EQ(job.candidate().id(), 7);
+  EXPECT_EQ(job.candidate().schedule().text(), "m=8 / - / -");
+  EXPECT_EQ(job.options().max_spread(), 0.25);
+  leased.candidate.reset();
+  EXPECT_FALSE(server::JobProto(leased, measure).has_candidate());
 }
 
 // A database file with a worker, a task whose candidate job was measured,

@@ -1,0 +1,33 @@
+// The scheduler core's own types (the database's rows and states, leased
+// jobs, reports) as fusor.v1 messages and back: the conversions of the
+// service edge, the only place where the core's values meet protos.
+#pragma once
+
+#include <optional>
+
+#include "fusor/v1/schedule.pb.h"
+#include "fusor/v1/worker.pb.h"
+#include "server/db/states.h"
+#include "server/db/tuning_db.h"
+#include "server/scheduler.h"
+
+namespace fusor::server {
+
+v1::JobKind ToProto(db::JobKind kind);
+v1::MeasurementStatus ToProto(db::MeasurementStatus status);
+// None for MEASUREMENT_STATUS_UNSPECIFIED and values this fusor does not know.
+std::optional<db::MeasurementStatus> MeasurementStatusFromProto(v1::MeasurementStatus status);
+
+// The candidate as a worker and a result see it (no intrinsic: set by the
+// caller where it is known).
+v1::Candidate CandidateProto(const db::CandidateRow& candidate);
+v1::Measurement MeasurementProto(const db::MeasurementRow& measurement);
+// What a worker measured: status, error, samples, median, errors and the
+// compile record. INVALID_ARGUMENT without a status.
+absl::StatusOr<db::MeasurementRow> MeasurementFromProto(const v1::Measurement& measurement);
+
+v1::MeasureOptions MeasureOptionsProto(const MeasureOptions& options);
+v1::Job JobProto(const LeasedJob& leased, const MeasureOptions& measure);
+absl::StatusOr<JobReport> JobReportFromProto(const v1::ReportRequest& request);
+
+}  // namespace fusor::server
