@@ -260,7 +260,7 @@ absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key,
   r.set_from_cache(from_cache);
   r.set_workload_key(key);
   ASSIGN_OR_RETURN(hw::TargetDesc target, TargetOf(fp));
-  *r.mutable_target() = wire::TargetToProto(target);
+  *r.mutable_target() = TargetProto(target, fp);
   *r.mutable_best() = CandidateProto(cand);
   r.mutable_best()->mutable_mapping()->set_intrinsic(FirstIntrinsic(cand.mapping));
   *r.mutable_best_measurement() = MeasurementProto(meas);
@@ -554,7 +554,7 @@ absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
     info->set_worker_id(w.id);
     info->set_name(w.name);
     auto target = TargetOf(w.target_fp);
-    if (target.ok()) *info->mutable_target() = wire::TargetToProto(*target);
+    if (target.ok()) *info->mutable_target() = TargetProto(*target, w.target_fp);
     info->set_state(std::string(db::Name(w.state)));
     info->set_registered_unix_ms(w.registered_ms);
     info->set_last_seen_unix_ms(w.last_seen_ms);
@@ -568,9 +568,9 @@ absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
 absl::StatusOr<Registration> Scheduler::Register(const std::string& name, const hw::TargetDesc& desc) {
   if (desc.compute_units <= 0) return absl::InvalidArgumentError("register: target.compute_units must be positive");
   const std::string fingerprint = hw::TargetFingerprint(desc);
+  ASSIGN_OR_RETURN(std::string json, wire::TargetToJson(desc));
   const int64_t now = NowMs();
-  RETURN_IF_ERROR(db_->UpsertTarget(
-      {fingerprint, worker::BackendFor(desc.backend).name(), wire::TargetToJson(desc), now}, now));
+  RETURN_IF_ERROR(db_->UpsertTarget({fingerprint, worker::BackendFor(desc.backend).name(), json, now}, now));
   std::random_device random;
   std::string secret;
   for (int i = 0; i < 4; ++i) absl::StrAppend(&secret, absl::Hex(random(), absl::kZeroPad8));

@@ -13,6 +13,7 @@
 #include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
+#include "server/wire_rows.h"
 
 namespace fusor::server {
 namespace {
@@ -293,7 +294,7 @@ absl::StatusOr<v1::SweepReport> SweepRunner::Report(const std::string& sweep_id)
   report.set_name(sweep.name);
   report.set_state(std::string(db::Name(sweep.state)));
   ASSIGN_OR_RETURN(hw::TargetDesc target, core_->TargetOf(sweep.target_fp));
-  *report.mutable_target() = wire::TargetToProto(target);
+  *report.mutable_target() = TargetProto(target, sweep.target_fp);
   report.set_budget(sweep.budget);
   report.set_created_unix_ms(sweep.created_ms);
   if (sweep.finished_ms) report.set_finished_unix_ms(*sweep.finished_ms);

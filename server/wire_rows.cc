@@ -34,6 +34,12 @@ std::optional<db::MeasurementStatus> MeasurementStatusFromProto(v1::MeasurementS
   return std::nullopt;
 }
 
+v1::Target TargetProto(const hw::TargetDesc& target, const std::string& fingerprint) {
+  v1::Target p = wire::TargetToProto(target);
+  p.set_fingerprint(fingerprint);
+  return p;
+}
+
 v1::Candidate CandidateProto(const db::CandidateRow& c) {
   v1::Candidate p;
   p.set_id(c.id);

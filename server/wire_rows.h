@@ -18,6 +18,10 @@ v1::MeasurementStatus ToProto(db::MeasurementStatus status);
 // None for MEASUREMENT_STATUS_UNSPECIFIED and values this fusor does not know.
 std::optional<db::MeasurementStatus> MeasurementStatusFromProto(v1::MeasurementStatus status);
 
+// A registered target under the fingerprint it is stored by (not one
+// computed again: records imported from an older fusor keep theirs).
+v1::Target TargetProto(const hw::TargetDesc& target, const std::string& fingerprint);
+
 // The candidate as a worker and a result see it (no intrinsic: set by the
 // caller where it is known).
 v1::Candidate CandidateProto(const db::CandidateRow& candidate);

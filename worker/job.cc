@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +28,11 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TimingOptions, warmup, min_repeats, max_repea
 
 namespace hw {
 // The wire contract's JSON, the target's one text form.
-inline void to_json(nlohmann::json& j, const TargetDesc& t) { j = nlohmann::json::parse(wire::TargetToJson(t)); }
+inline void to_json(nlohmann::json& j, const TargetDesc& t) {
+  absl::StatusOr<std::string> json = wire::TargetToJson(t);
+  if (!json.ok()) throw std::invalid_argument(std::string(json.status().message()));
+  j = nlohmann::json::parse(*json);
+}
 inline void from_json(const nlohmann::json& j, TargetDesc& t) {
   absl::StatusOr<TargetDesc> desc = wire::TargetFromJson(j.dump());
   if (!desc.ok()) throw std::invalid_argument(std::string(desc.status().message()));
@@ -37,22 +42,46 @@ inline void from_json(const nlohmann::json& j, TargetDesc& t) {
 
 namespace worker {
 
-// An unknown name reads as the first.
-NLOHMANN_JSON_SERIALIZE_ENUM(JobKind, {{JobKind::kCandidate, "candidate"},
-                                       {JobKind::kBaseline, "baseline"},
-                                       {JobKind::kCalibrate, "calibrate"},
-                                       {JobKind::kConfirm, "confirm"}})
-NLOHMANN_JSON_SERIALIZE_ENUM(JobPhase, {{JobPhase::kAll, "all"},
-                                        {JobPhase::kCompile, "compile"},
-                                        {JobPhase::kMeasure, "measure"}})
-inline void to_json(nlohmann::json& j, OutcomeStatus s) { j = OutcomeStatusName(s); }
-inline void from_json(const nlohmann::json& j, OutcomeStatus& s) {
-  s = OutcomeStatus::kRuntimeError;
-  for (OutcomeStatus o : {OutcomeStatus::kOk, OutcomeStatus::kCompileError, OutcomeStatus::kInvalidResult,
-                          OutcomeStatus::kTimeout, OutcomeStatus::kCrash, OutcomeStatus::kNoisy}) {
-    if (j.get<std::string>() == OutcomeStatusName(o)) s = o;
+// Enums by name; a name this executable does not know is an error.
+template <typename E, size_t N>
+void EnumToJson(nlohmann::json& j, E value, const std::pair<E, const char*> (&names)[N]) {
+  for (const auto& [v, name] : names) {
+    if (v == value) j = name;
   }
 }
+template <typename E, size_t N>
+void EnumFromJson(const nlohmann::json& j, E& value, const std::pair<E, const char*> (&names)[N]) {
+  const std::string text = j.get<std::string>();
+  for (const auto& [v, name] : names) {
+    if (text == name) {
+      value = v;
+      return;
+    }
+  }
+  throw std::invalid_argument("unknown name '" + text + "'");
+}
+
+constexpr std::pair<JobKind, const char*> kJobKinds[] = {{JobKind::kCandidate, "candidate"},
+                                                         {JobKind::kBaseline, "baseline"},
+                                                         {JobKind::kCalibrate, "calibrate"},
+                                                         {JobKind::kConfirm, "confirm"}};
+constexpr std::pair<JobPhase, const char*> kJobPhases[] = {
+    {JobPhase::kAll, "all"}, {JobPhase::kCompile, "compile"}, {JobPhase::kMeasure, "measure"}};
+constexpr std::pair<OutcomeStatus, const char*> kOutcomeStatuses[] = {
+    {OutcomeStatus::kOk, "ok"},
+    {OutcomeStatus::kCompileError, "compile_error"},
+    {OutcomeStatus::kInvalidResult, "invalid_result"},
+    {OutcomeStatus::kTimeout, "timeout"},
+    {OutcomeStatus::kCrash, "crash"},
+    {OutcomeStatus::kRuntimeError, "runtime_error"},
+    {OutcomeStatus::kNoisy, "noisy"}};
+
+inline void to_json(nlohmann::json& j, JobKind k) { EnumToJson(j, k, kJobKinds); }
+inline void from_json(const nlohmann::json& j, JobKind& k) { EnumFromJson(j, k, kJobKinds); }
+inline void to_json(nlohmann::json& j, JobPhase p) { EnumToJson(j, p, kJobPhases); }
+inline void from_json(const nlohmann::json& j, JobPhase& p) { EnumFromJson(j, p, kJobPhases); }
+inline void to_json(nlohmann::json& j, OutcomeStatus s) { EnumToJson(j, s, kOutcomeStatuses); }
+inline void from_json(const nlohmann::json& j, OutcomeStatus& s) { EnumFromJson(j, s, kOutcomeStatuses); }
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobSpec, kind, phase, artifact_dir, chain_json, schedule_text, mapping, target,
                                    timing, compiler, blas_dir, compile_timeout_s, run_timeout_s, seed, device)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobOutcome, status, error, samples_s, median_s, spread, max_abs_error,
@@ -129,19 +158,19 @@ bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out) 
 }
 
 const char* OutcomeStatusName(OutcomeStatus s) {
-  switch (s) {
-    case OutcomeStatus::kOk: return "ok";
-    case OutcomeStatus::kCompileError: return "compile_error";
-    case OutcomeStatus::kInvalidResult: return "invalid_result";
-    case OutcomeStatus::kTimeout: return "timeout";
-    case OutcomeStatus::kCrash: return "crash";
-    case OutcomeStatus::kRuntimeError: return "runtime_error";
-    case OutcomeStatus::kNoisy: return "noisy";
+  for (const auto& [status, name] : kOutcomeStatuses) {
+    if (status == s) return name;
   }
   return "?";
 }
 
-std::string JobSpecToJson(const JobSpec& spec) { return Json(spec).dump(); }
+absl::StatusOr<std::string> JobSpecToJson(const JobSpec& spec) {
+  try {
+    return Json(spec).dump(-1, ' ', false, Json::error_handler_t::replace);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
+  }
+}
 
 absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
   try {
@@ -151,7 +180,11 @@ absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json) {
   }
 }
 
-std::string JobOutcomeToJson(const JobOutcome& outcome) { return Json(outcome).dump(); }
+// A compiler's or a runtime's message may hold bytes that are not UTF-8:
+// they are replaced, not thrown.
+std::string JobOutcomeToJson(const JobOutcome& outcome) {
+  return Json(outcome).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json) {
   try {
@@ -182,7 +215,9 @@ int RunJobMain(const std::string& dir) {
 JobOutcome RunJobIsolated(const JobSpec& spec, const std::string& self_exe, const std::string& scratch_dir) {
   auto dir = TempDir::Create(scratch_dir, "fusor-job-");
   if (!dir.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(dir.status().message()));
-  absl::Status written = WriteFile(dir->path() + "/job.json", JobSpecToJson(spec));
+  absl::StatusOr<std::string> json = JobSpecToJson(spec);
+  if (!json.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(json.status().message()));
+  absl::Status written = WriteFile(dir->path() + "/job.json", *json);
   if (!written.ok()) return FailedOutcome(OutcomeStatus::kRuntimeError, std::string(written.message()));
   const std::string log = dir->path() + "/runner.log";
   const double timeout = spec.phase == JobPhase::kCompile   ? spec.compile_timeout_s

@@ -87,7 +87,7 @@ void RecordTiming(const TrustedTiming& timing, JobOutcome& out);
 // kCompile outcome into the kMeasure outcome of the same job.
 void MergeCompileRecord(const JobOutcome& compiled, JobOutcome& measured);
 
-std::string JobSpecToJson(const JobSpec& spec);
+absl::StatusOr<std::string> JobSpecToJson(const JobSpec& spec);
 absl::StatusOr<JobSpec> JobSpecFromJson(const std::string& json);
 std::string JobOutcomeToJson(const JobOutcome& outcome);
 absl::StatusOr<JobOutcome> JobOutcomeFromJson(const std::string& json);

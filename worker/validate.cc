@@ -14,8 +14,6 @@ namespace {
 
 namespace rt = codegen::rt;
 
-int64_t Elements(const ir::Chain& chain, int t) { return chain.tensors[t].NumElements(); }
-
 double ToDouble(ir::DType dtype, const unsigned char* p, int64_t i) {
   switch (dtype) {
     case ir::DType::kF32: return reinterpret_cast<const float*>(p)[i];
@@ -25,13 +23,13 @@ double ToDouble(ir::DType dtype, const unsigned char* p, int64_t i) {
   return 0;
 }
 
-std::vector<const void*> Pointers(std::vector<HostTensor>& ts) {
+}  // namespace
+
+std::vector<const void*> Pointers(std::vector<HostTensor>& tensors) {
   std::vector<const void*> p;
-  for (HostTensor& t : ts) p.push_back(t.data());
+  for (HostTensor& t : tensors) p.push_back(t.data());
   return p;
 }
-
-}  // namespace
 
 std::vector<double> StoreInDType(ir::DType dtype, const std::vector<double>& values, HostTensor& t) {
   const int bytes = ir::DTypeBytes(dtype);
@@ -102,7 +100,7 @@ std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t s
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   std::vector<std::vector<double>> inputs;
   for (int t : chain.inputs) {
-    std::vector<double> values(Elements(chain, t));
+    std::vector<double> values(chain.tensors[t].NumElements());
     for (double& v : values) v = dist(rng) * scale[t];
     inputs.push_back(std::move(values));
   }
@@ -116,13 +114,13 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
   std::vector<HostTensor> inputs(chain.inputs.size()), outputs(chain.outputs.size());
   std::vector<std::vector<double>> ref_inputs;
   for (size_t i = 0; i < chain.inputs.size(); ++i) {
-    if (static_cast<int64_t>(values[i].size()) != Elements(chain, chain.inputs[i])) {
+    if (static_cast<int64_t>(values[i].size()) != chain.tensors[chain.inputs[i]].NumElements()) {
       return absl::InvalidArgumentError("wrong input size");
     }
     ref_inputs.push_back(StoreInDType(chain.dtype, values[i], inputs[i]));
   }
   for (size_t i = 0; i < chain.outputs.size(); ++i) {
-    Poison(chain.dtype, Elements(chain, chain.outputs[i]), outputs[i]);
+    Poison(chain.dtype, chain.tensors[chain.outputs[i]].NumElements(), outputs[i]);
   }
   std::vector<const void*> in_ptrs = Pointers(inputs);
   std::vector<void*> out_ptrs;
@@ -133,7 +131,7 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
   ASSIGN_OR_RETURN(Outputs ref, reference ? reference(ref_inputs) : ir::EvaluateReference(chain, ref_inputs));
   if (ref.size() != chain.outputs.size()) return absl::InternalError("the reference has the wrong number of outputs");
   for (size_t o = 0; o < ref.size(); ++o) {
-    if (static_cast<int64_t>(ref[o].size()) != Elements(chain, chain.outputs[o])) {
+    if (static_cast<int64_t>(ref[o].size()) != chain.tensors[chain.outputs[o]].NumElements()) {
       return absl::InternalError("the reference has an output of the wrong size");
     }
   }

@@ -58,4 +58,7 @@ std::vector<double> StoreInDType(ir::DType dtype, const std::vector<double>& val
 // `n` NaNs in `dtype`: outputs are poisoned with them before a run.
 void Poison(ir::DType dtype, int64_t n, HostTensor& t);
 
+// The tensors' data, as a kernel takes its arguments.
+std::vector<const void*> Pointers(std::vector<HostTensor>& tensors);
+
 }  // namespace fusor::worker

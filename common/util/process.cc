@@ -105,7 +105,13 @@ absl::StatusOr<ForkedResult> RunForked(const std::function<int(std::string* outp
   if (pid == 0) {
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
     std::string output;
-    const int code = body(&output);
+    int code = 124;
+    try {
+      code = body(&output);
+    } catch (...) {
+      // Never unwind into the parent's stack frames from the child.
+      output = "the forked body threw";
+    }
     for (size_t done = 0; done < output.size();) {
       const ssize_t n = write(out_fd, output.data() + done, output.size() - done);
       if (n <= 0) _exit(125);

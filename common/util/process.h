@@ -31,8 +31,8 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
 // in its argument comes back as `output` (through an anonymous memory
 // file, whatever its size). In the child the crash signals are reset to
 // their defaults, so a crash ends it by the signal even under a
-// sanitizer's or fuzzer's handlers. Fails only if the child could not be
-// started.
+// sanitizer's or fuzzer's handlers; a body that throws ends it with exit
+// code 124. Fails only if the child could not be started.
 struct ForkedResult {
   ProcessResult process;
   std::string output;
@@ -45,8 +45,9 @@ std::string CurrentExecutable(const std::string& fallback);
 // The last `max_bytes` of a file, for error messages; empty if unreadable.
 std::string ReadTail(const std::string& path, size_t max_bytes);
 
-// A fresh directory under `base_dir` (empty: $TMPDIR, else /tmp), removed with its contents on
-// destruction.
+// A fresh directory under `base_dir` (empty: the system's temporary
+// directory: $TMPDIR, TMP, TEMP or TEMPDIR, else /tmp), removed with its
+// contents on destruction.
 class TempDir {
  public:
   static absl::StatusOr<TempDir> Create(const std::string& base_dir, const std::string& prefix);

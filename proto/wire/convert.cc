@@ -133,12 +133,14 @@ v1::Target TargetToProto(const hw::TargetDesc& t) {
   return p;
 }
 
-std::string TargetToJson(const hw::TargetDesc& target) {
+absl::StatusOr<std::string> TargetToJson(const hw::TargetDesc& target) {
   google::protobuf::util::JsonPrintOptions print;
   print.always_print_primitive_fields = true;
   std::string json;
-  // Printing a message without Any fields cannot fail.
-  (void)google::protobuf::util::MessageToJsonString(TargetToProto(target), &json, print);
+  const auto printed = google::protobuf::util::MessageToJsonString(TargetToProto(target), &json, print);
+  if (!printed.ok()) {
+    return absl::InternalError(absl::StrCat("cannot write the target description: ", printed.message().as_string()));
+  }
   return json;
 }
 
@@ -170,16 +172,6 @@ std::string MeasurementStatusName(v1::MeasurementStatus status) {
     case v1::MEASUREMENT_STATUS_NOISY: return "noisy";
     default: return "unspecified";
   }
-}
-
-v1::MeasurementStatus MeasurementStatusFromName(const std::string& name) {
-  for (v1::MeasurementStatus s :
-       {v1::MEASUREMENT_STATUS_OK, v1::MEASUREMENT_STATUS_COMPILE_ERROR, v1::MEASUREMENT_STATUS_INVALID_RESULT,
-        v1::MEASUREMENT_STATUS_TIMEOUT, v1::MEASUREMENT_STATUS_CRASH, v1::MEASUREMENT_STATUS_RUNTIME_ERROR,
-        v1::MEASUREMENT_STATUS_NOISY}) {
-    if (MeasurementStatusName(s) == name) return s;
-  }
-  return v1::MEASUREMENT_STATUS_UNSPECIFIED;
 }
 
 }  // namespace fusor::wire

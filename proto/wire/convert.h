@@ -26,13 +26,14 @@ v1::Chain ChainToProto(const ir::Chain& chain);
 // spec) it is this proto's JSON, with every field printed.
 hw::TargetDesc TargetFromProto(const v1::Target& target);
 v1::Target TargetToProto(const hw::TargetDesc& target);
-std::string TargetToJson(const hw::TargetDesc& target);
+// INTERNAL when a text field is not UTF-8.
+absl::StatusOr<std::string> TargetToJson(const hw::TargetDesc& target);
 // DATA_LOSS when `json` is not a target's JSON.
 absl::StatusOr<hw::TargetDesc> TargetFromJson(const std::string& json);
 std::string BackendName(v1::Backend backend);  // "cpu", "cuda", "unspecified"
 
-// "ok", "compile_error", "invalid_result", "timeout", "crash", "runtime_error".
+// "ok", "compile_error", "invalid_result", "timeout", "crash",
+// "runtime_error", "noisy" (the database's text: server/db/states.h).
 std::string MeasurementStatusName(v1::MeasurementStatus status);
-v1::MeasurementStatus MeasurementStatusFromName(const std::string& name);
 
 }  // namespace fusor::wire

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
 #include "common/util/timing.h"
+#include "proto/wire/convert.h"
 #include "server/db/tuning_db.h"
 
 namespace fusor::db {
@@ -85,6 +86,10 @@ absl::StatusOr<Record> ParseRecord(const std::string& line) {
   }
   for (const char* f : {"fingerprint", "backend", "description_json"}) {
     RETURN_IF_ERROR(Field<std::string>(r.target, f).status());
+  }
+  if (absl::StatusOr<hw::TargetDesc> target = wire::TargetFromJson(r.target["description_json"].get<std::string>());
+      !target.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("'target': ", target.status().message()));
   }
   absl::StatusOr<JobKind> kind = Parse<JobKind>(r.m["kind"].get<std::string>());
   if (!kind.ok()) return absl::InvalidArgumentError("'kind' is not candidate, confirm or baseline");

@@ -24,6 +24,8 @@
 #include "server/metrics.h"
 #include "server/service.h"
 #include "common/util/process.h"
+#include "fusor/v1/worker.grpc.pb.h"
+#include "tests/test_chains.h"
 #include "worker/worker.h"
 
 namespace fusor {
@@ -115,6 +117,94 @@ class IntegrationTest : public ::testing::Test {
   std::unique_ptr<worker::Worker> worker_;
   std::thread worker_thread_;
 };
+
+// The worker service is the core's worker protocol on the wire: a target
+// without a backend is refused, an unknown worker is told to register
+// again, a leased job carries its chain and the measuring options, a
+// report without a status is refused, and the same report twice is
+// recorded once.
+TEST_F(IntegrationTest, TheWorkerServiceCarriesTheCoresWorkerProtocol) {
+  StartServer();
+  auto stub = v1::WorkerService::NewStub(server_->InProcessChannel());
+  v1::RegisterRequest reg;
+  reg.set_name("edge");
+  v1::RegisterResponse registered;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status st = stub->Register(&ctx, reg, &registered);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(), HasSubstr("target.backend is required"));
+  }
+  hw::TargetDesc target;
+  target.compute_units = 1;
+  *reg.mutable_target() = wire::TargetToProto(target);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Register(&ctx, reg, &registered).ok());
+  }
+  EXPECT_EQ(registered.target_fingerprint(), hw::TargetFingerprint(target));
+  EXPECT_EQ(registered.lease_ms(), 3000);
+  EXPECT_EQ(registered.heartbeat_interval_ms(), 300);
+
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w-unknown");
+  v1::HeartbeatResponse hb;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Heartbeat(&ctx, beat, &hb).ok());
+    EXPECT_TRUE(hb.reregister());
+  }
+  beat.set_worker_id(registered.worker_id());
+  beat.set_worker_secret(registered.worker_secret());
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Heartbeat(&ctx, beat, &hb).ok());
+    EXPECT_FALSE(hb.reregister());
+  }
+
+  v1::Workload workload;
+  workload.set_text(testing::kGemmChain);
+  auto prepared = server_->core().Prepare(workload, {});
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  v1::TuneOptions options;
+  options.set_budget(1);
+  ASSERT_TRUE(server_->core().StartTune(*prepared, options, {"test", "test"}).ok());
+  v1::LeaseRequest lease;
+  lease.set_worker_id(registered.worker_id());
+  lease.set_worker_secret(registered.worker_secret());
+  lease.set_max_jobs(16);
+  lease.set_wait_ms(5000);
+  v1::LeaseResponse leased;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Lease(&ctx, lease, &leased).ok());
+  }
+  ASSERT_GT(leased.jobs_size(), 0);
+  for (const v1::Job& job : leased.jobs()) {
+    EXPECT_EQ(job.chain().ops_size(), 2);
+    EXPECT_EQ(job.options().max_spread(), 1000);
+    EXPECT_EQ(job.options().warmup(), 2);  // a default the scheduler filled in
+    EXPECT_EQ(job.has_candidate(), job.kind() == v1::JOB_KIND_CANDIDATE);
+    if (job.has_candidate()) EXPECT_FALSE(job.candidate().schedule().text().empty());
+  }
+  v1::ReportRequest report;
+  report.set_worker_id(registered.worker_id());
+  report.set_worker_secret(registered.worker_secret());
+  report.set_job_id(leased.jobs(0).job_id());
+  report.set_lease_id(leased.jobs(0).lease_id());
+  v1::ReportResponse reported;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->Report(&ctx, report, &reported).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  report.mutable_measurement()->set_status(v1::MEASUREMENT_STATUS_RUNTIME_ERROR);
+  report.mutable_measurement()->set_error("the edge test's");
+  for (const bool duplicate : {false, true}) {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Report(&ctx, report, &reported).ok());
+    EXPECT_EQ(reported.duplicate(), duplicate);
+  }
+}
 
 TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   StartServer();

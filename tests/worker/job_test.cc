@@ -61,6 +61,88 @@ std::string FakeRunner(const std::string& dir, const std::string& body) {
   return path;
 }
 
+// What the worker writes into job.json and the child into outcome.json
+// reads back field for field.
+TEST(JobJsonTest, SpecAndOutcomeRoundTripEveryField) {
+  JobSpec spec = Spec(JobKind::kConfirm, "m=8 / - / -");
+  spec.phase = JobPhase::kMeasure;
+  spec.artifact_dir = "/art";
+  spec.mapping = "C=fma[m,n]";
+  spec.target.backend = hw::Backend::kCuda;
+  spec.target.arch = "sm_90";
+  spec.target.bandwidth_bytes_per_s = 4.8123e12;
+  spec.target.peak_flops = 9.89e14 / 7;
+  spec.timing.warmup = 7;
+  spec.timing.num_threads = 3;
+  spec.timing.seed = 99;
+  spec.timing.rotate_bytes = int64_t{3} << 30;
+  spec.compiler = "clang++";
+  spec.seed = uint64_t{1} << 63;
+  spec.device = 2;
+  absl::StatusOr<std::string> json = JobSpecToJson(spec);
+  ASSERT_TRUE(json.ok()) << json.status();
+  absl::StatusOr<JobSpec> back = JobSpecFromJson(*json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kind, spec.kind);
+  EXPECT_EQ(back->phase, spec.phase);
+  EXPECT_EQ(back->artifact_dir, spec.artifact_dir);
+  EXPECT_EQ(back->chain_json, spec.chain_json);
+  EXPECT_EQ(back->schedule_text, spec.schedule_text);
+  EXPECT_EQ(back->mapping, spec.mapping);
+  EXPECT_EQ(hw::TargetFingerprint(back->target), hw::TargetFingerprint(spec.target));
+  EXPECT_EQ(back->target.bandwidth_bytes_per_s, spec.target.bandwidth_bytes_per_s);
+  EXPECT_EQ(back->target.peak_flops, spec.target.peak_flops);
+  EXPECT_EQ(back->timing.warmup, 7);
+  EXPECT_EQ(back->timing.min_repeats, spec.timing.min_repeats);
+  EXPECT_EQ(back->timing.max_repeats, spec.timing.max_repeats);
+  EXPECT_EQ(back->timing.time_budget_s, spec.timing.time_budget_s);
+  EXPECT_EQ(back->timing.num_threads, 3);
+  EXPECT_EQ(back->timing.seed, 99u);
+  EXPECT_EQ(back->timing.rotate_bytes, spec.timing.rotate_bytes);
+  EXPECT_EQ(back->timing.max_spread, spec.timing.max_spread);
+  EXPECT_EQ(back->compiler, spec.compiler);
+  EXPECT_EQ(back->blas_dir, spec.blas_dir);
+  EXPECT_EQ(back->compile_timeout_s, spec.compile_timeout_s);
+  EXPECT_EQ(back->run_timeout_s, spec.run_timeout_s);
+  EXPECT_EQ(back->seed, spec.seed);
+  EXPECT_EQ(back->device, 2);
+  EXPECT_THAT(std::string(JobSpecFromJson("{").status().message()), HasSubstr("job spec: "));
+  EXPECT_FALSE(JobSpecFromJson(R"({"kind": "candidate"})").ok());  // every field is required
+  std::string unknown_phase = *json;
+  unknown_phase.replace(unknown_phase.find(R"("phase":"measure")"), 17, R"("phase":"later")");
+  EXPECT_THAT(std::string(JobSpecFromJson(unknown_phase).status().message()), HasSubstr("unknown name 'later'"));
+
+  JobOutcome out;
+  out.status = OutcomeStatus::kNoisy;
+  out.error = "spread \xff";  // not UTF-8: replaced, not thrown
+  out.samples_s = {1e-3, 3e-3};
+  out.median_s = 2e-3;
+  out.spread = 1;
+  out.max_abs_error = 1e-7;
+  out.max_rel_error = 2e-7;
+  out.compile_s = 0.5;
+  out.compile_flags = "-O3";
+  out.code_bytes = 1234;
+  out.resources_json = "{}";
+  out.bandwidth_bytes_per_s = 1e10;
+  out.peak_flops = 2e11;
+  absl::StatusOr<JobOutcome> read = JobOutcomeFromJson(JobOutcomeToJson(out));
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->status, out.status);
+  EXPECT_THAT(read->error, HasSubstr("spread "));
+  EXPECT_EQ(read->samples_s, out.samples_s);
+  EXPECT_EQ(read->median_s, out.median_s);
+  EXPECT_EQ(read->spread, out.spread);
+  EXPECT_EQ(read->max_abs_error, out.max_abs_error);
+  EXPECT_EQ(read->max_rel_error, out.max_rel_error);
+  EXPECT_EQ(read->compile_s, out.compile_s);
+  EXPECT_EQ(read->compile_flags, out.compile_flags);
+  EXPECT_EQ(read->code_bytes, out.code_bytes);
+  EXPECT_EQ(read->resources_json, out.resources_json);
+  EXPECT_EQ(read->bandwidth_bytes_per_s, out.bandwidth_bytes_per_s);
+  EXPECT_EQ(read->peak_flops, out.peak_flops);
+}
+
 TEST(RunJobIsolatedTest, MeasuresARealCandidate) {
   JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / S(n=32)"), CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;

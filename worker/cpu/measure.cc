@@ -14,19 +14,11 @@
 namespace fusor::worker {
 namespace {
 
-int64_t Elements(const ir::Chain& chain, int t) { return chain.tensors[t].NumElements(); }
-
 void FillRandom(ir::DType dtype, int64_t n, std::mt19937_64& rng, HostTensor& t) {
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
   std::vector<double> values(n);
   for (double& v : values) v = dist(rng);
   StoreInDType(dtype, values, t);
-}
-
-std::vector<const void*> Pointers(std::vector<HostTensor>& ts) {
-  std::vector<const void*> p;
-  for (HostTensor& t : ts) p.push_back(t.data());
-  return p;
 }
 
 }  // namespace
@@ -71,7 +63,7 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
                                                         const std::vector<std::vector<int>>& groups) {
   std::mt19937_64 rng(options.seed);
   int64_t input_bytes = 0;
-  for (int t : chain.inputs) input_bytes += Elements(chain, t) * ir::DTypeBytes(chain.dtype);
+  for (int t : chain.inputs) input_bytes += chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype);
   int sets = 1;
   if (input_bytes > 0 && options.rotate_bytes > input_bytes) {
     sets = static_cast<int>(std::min<int64_t>(8, (options.rotate_bytes + input_bytes - 1) / input_bytes));
@@ -79,11 +71,13 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
   std::vector<std::vector<HostTensor>> inputs(sets, std::vector<HostTensor>(chain.inputs.size()));
   for (auto& set : inputs) {
     for (size_t i = 0; i < chain.inputs.size(); ++i) {
-      FillRandom(chain.dtype, Elements(chain, chain.inputs[i]), rng, set[i]);
+      FillRandom(chain.dtype, chain.tensors[chain.inputs[i]].NumElements(), rng, set[i]);
     }
   }
   std::vector<HostTensor> outputs(chain.outputs.size());
-  for (size_t i = 0; i < chain.outputs.size(); ++i) Poison(chain.dtype, Elements(chain, chain.outputs[i]), outputs[i]);
+  for (size_t i = 0; i < chain.outputs.size(); ++i) {
+    Poison(chain.dtype, chain.tensors[chain.outputs[i]].NumElements(), outputs[i]);
+  }
   std::vector<void*> out_ptrs;
   for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
   std::vector<std::vector<const void*>> in_ptrs;

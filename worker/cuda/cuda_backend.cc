@@ -76,7 +76,8 @@ class Cuda final : public Backend {
       }
     }
     if (answer.binary.empty()) meta["binary"] = {{"missing", why}};
-    answer.metadata_json = meta.dump(2);
+    // NVRTC's log may hold bytes that are not UTF-8: replaced, not thrown.
+    answer.metadata_json = meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
     return answer;
   }
 };

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 
@@ -47,6 +48,16 @@ TEST(ProcessTest, RunForkedSurvivesACrashAndAHang) {
   ASSERT_TRUE(hang.ok());
   EXPECT_TRUE(hang->process.timed_out);
   EXPECT_LT(hang->process.seconds, 10);
+}
+
+TEST(ProcessTest, ABodyThatThrowsEndsTheChildNotTheParent) {
+  const pid_t parent = getpid();
+  auto r = RunForked([](std::string*) -> int { throw std::runtime_error("thrown in the child"); }, 30);
+  ASSERT_EQ(getpid(), parent);  // the child did not come back through here
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->process.signaled);
+  EXPECT_EQ(r->process.exit_code, 124);
+  EXPECT_EQ(r->output, "the forked body threw");
 }
 
 TEST(TempDirTest, DefaultsToTmpdir) {

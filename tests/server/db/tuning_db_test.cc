@@ -331,6 +331,14 @@ TEST(RecordsTest, MergingKeepsEveryMeasurementOnceAndTheBest) {
   auto bad = (*fresh)->ImportRecords({from_a[0], "{\"job_id\": 3}"}, 12);
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("line 2: "));
+  // A target description that is not a target's JSON (wire::TargetFromJson).
+  std::string unreadable = from_a[0];
+  const std::string description = R"("description_json":"{}")";
+  ASSERT_NE(unreadable.find(description), std::string::npos) << unreadable;
+  unreadable.replace(unreadable.find(description), description.size(), R"("description_json":"[1]")");
+  bad = (*fresh)->ImportRecords({unreadable}, 12);
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("line 1: 'target': "));
   EXPECT_EQ(*(*fresh)->CountMeasurements(), 0);
 }
 
