@@ -22,7 +22,6 @@
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
-#include "server/wire_rows.h"
 #include "worker/backend.h"
 
 namespace fusor::server {
@@ -40,9 +39,9 @@ struct Scheduler::Task {
   std::vector<db::CandidateRow> batch;  // the round being measured
   int issued = 0;
   int64_t version = 1;
-  v1::TaskStarted started;
-  v1::TuneProgress progress;
-  std::optional<v1::TuneResult> result;
+  TaskStarted started;
+  TuneProgress progress;
+  std::optional<TuneResult> result;
   // This task's baseline jobs: one queued with the first candidates, so
   // that the baseline is measured among them; on a GPU also one with each
   // confirmation.
@@ -87,6 +86,10 @@ std::optional<std::pair<std::string, std::vector<double>>> BaselineBeside(const 
   }
   if (static_cast<int>(samples.size()) < kMinSamples || Summarize(samples).spread > max_spread) return std::nullopt;
   return std::make_pair(b["baseline"].get<std::string>(), std::move(samples));
+}
+
+TaskStarted StartedOf(const db::TaskRow& row) {
+  return {row.id, row.workload_key, row.target_fp, row.space_size, row.space_after_pruning, row.budget};
 }
 
 // The intrinsic of the first mapped op in a space::DescribeMappings text.
@@ -181,15 +184,11 @@ absl::StatusOr<hw::TargetDesc> Scheduler::TargetOf(const std::string& fp) {
 
 // ------------------------------------------------------------- clients ---
 
-absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
-                                                   const v1::TargetSelector& selector) {
-  ASSIGN_OR_RETURN(ir::Chain chain, wire::ChainFromWorkload(workload));
-
+absl::StatusOr<PreparedRequest> Scheduler::Prepare(const ir::Chain& chain, const TargetSelector& selector) {
   // A fingerprint names one target, whatever its backend; without one the
   // backend defaults to the CPU.
-  const bool any_backend = selector.backend() == v1::BACKEND_UNSPECIFIED && !selector.fingerprint().empty();
-  const std::string backend =
-      selector.backend() == v1::BACKEND_UNSPECIFIED ? "cpu" : wire::BackendName(selector.backend());
+  const bool any_backend = !selector.backend && !selector.fingerprint.empty();
+  const std::string backend = worker::BackendFor(selector.backend.value_or(hw::Backend::kCpu)).name();
   ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, db_->ListTargets());
   ASSIGN_OR_RETURN(std::vector<std::string> alive_fps, db_->AliveTargets());
   std::set<std::string> alive(alive_fps.begin(), alive_fps.end());
@@ -197,11 +196,11 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
   for (bool want_alive : {true, false}) {
     for (const db::TargetRow& t : targets) {
       if (!any_backend && t.backend != backend) continue;
-      if (!selector.fingerprint().empty() && t.fingerprint != selector.fingerprint()) continue;
+      if (!selector.fingerprint.empty() && t.fingerprint != selector.fingerprint) continue;
       if (want_alive && !alive.count(t.fingerprint)) continue;
-      if (!selector.arch().empty()) {
+      if (!selector.arch.empty()) {
         absl::StatusOr<hw::TargetDesc> desc = wire::TargetFromJson(t.description_json);
-        if (!desc.ok() || desc->arch != selector.arch()) continue;
+        if (!desc.ok() || desc->arch != selector.arch) continue;
       }
       chosen = &t;
       break;
@@ -209,10 +208,10 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const v1::Workload& workload,
     if (chosen) break;
   }
   if (chosen == nullptr) {
-    std::string what = selector.fingerprint().empty() ? absl::StrCat("a ", backend, " target")
-                                                      : absl::StrCat("target ", selector.fingerprint());
-    if (!selector.fingerprint().empty() && !any_backend) absl::StrAppend(&what, " for backend ", backend);
-    if (!selector.arch().empty()) absl::StrAppend(&what, " with arch ", selector.arch());
+    std::string what = selector.fingerprint.empty() ? absl::StrCat("a ", backend, " target")
+                                                    : absl::StrCat("target ", selector.fingerprint);
+    if (!selector.fingerprint.empty() && !any_backend) absl::StrAppend(&what, " for backend ", backend);
+    if (!selector.arch.empty()) absl::StrAppend(&what, " with arch ", selector.arch);
     return absl::FailedPreconditionError(
         absl::StrCat("no worker has registered ", what, "; start fusor-worker pointed at this scheduler"));
   }
@@ -247,39 +246,40 @@ int Scheduler::EffectiveBudget(int requested) const {
   return requested > 0 ? std::min(requested, options_.max_budget) : options_.default_budget;
 }
 
-absl::StatusOr<v1::TuneResult> Scheduler::ResultFromBest(const std::string& key, const std::string& fp,
-                                                         bool from_cache) {
+absl::StatusOr<TuneResult> Scheduler::ResultFromBest(const std::string& key, const std::string& fp,
+                                                     bool from_cache) {
   ASSIGN_OR_RETURN(std::optional<db::BestRow> best, db_->GetBest(key, fp, Salt()));
   if (!best) return absl::NotFoundError(absl::StrCat("no tuned kernel for workload ", key, " on target ", fp));
   ASSIGN_OR_RETURN(db::CandidateRow cand, db_->GetCandidate(best->candidate_id));
   ASSIGN_OR_RETURN(db::MeasurementRow meas, db_->GetMeasurement(best->measurement_id));
   ASSIGN_OR_RETURN(db::TaskRow task, db_->GetTask(best->task_id));
   ASSIGN_OR_RETURN(auto counts, db_->CountCandidateMeasurements(best->task_id));
-  v1::TuneResult r;
-  r.set_task_id(best->task_id);
-  r.set_from_cache(from_cache);
-  r.set_workload_key(key);
-  ASSIGN_OR_RETURN(hw::TargetDesc target, TargetOf(fp));
-  *r.mutable_target() = TargetProto(target, fp);
-  *r.mutable_best() = CandidateProto(cand);
-  r.mutable_best()->mutable_mapping()->set_intrinsic(FirstIntrinsic(cand.mapping));
-  *r.mutable_best_measurement() = MeasurementProto(meas);
-  RETURN_IF_ERROR(SetBaselineOfTask(best->task_id, meas, r));
-  r.set_candidates_measured(counts.first);
-  r.set_candidates_failed(counts.second);
-  if (task.finished_ms) r.set_tuning_s(static_cast<double>(*task.finished_ms - task.created_ms) / 1000);
+  TuneResult r;
+  r.task_id = best->task_id;
+  r.from_cache = from_cache;
+  r.workload_key = key;
+  r.target_fp = fp;
+  ASSIGN_OR_RETURN(r.target, TargetOf(fp));
+  r.intrinsic = FirstIntrinsic(cand.mapping);
+  r.best = std::move(cand);
+  r.measured = std::move(meas);
+  RETURN_IF_ERROR(SetBaselineOfTask(best->task_id, r.measured, r));
+  r.candidates_measured = static_cast<int>(counts.first);
+  r.candidates_failed = static_cast<int>(counts.second);
+  if (task.finished_ms) r.tuning_s = static_cast<double>(*task.finished_ms - task.created_ms) / 1000;
   return r;
 }
 
-absl::StatusOr<v1::TuneResult> Scheduler::Lookup(const PreparedRequest& request) {
-  ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(request.canonical.key, request.target_fp, true));
+absl::StatusOr<TuneResult> Scheduler::Lookup(const PreparedRequest& request) {
+  ASSIGN_OR_RETURN(TuneResult r, ResultFromBest(request.canonical.key, request.target_fp, true));
   return Translate(r, request);
 }
 
-absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(const v1::Workload& workload,
-                                                                         const v1::TargetSelector& selector) {
-  const std::string w = workload.SerializeAsString(), s = selector.SerializeAsString();
-  const std::string digest = Sha256Hex(absl::StrCat(w.size(), ":", w, s));
+absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(
+    const std::string& w, const std::function<absl::StatusOr<ir::Chain>()>& parse, const TargetSelector& selector) {
+  const int backend = selector.backend ? static_cast<int>(*selector.backend) : -1;
+  const std::string digest = Sha256Hex(absl::StrCat(w.size(), ":", w, backend, ":", selector.fingerprint.size(), ":",
+                                                    selector.fingerprint, selector.arch));
   // Read before the database: a best record written meanwhile makes the
   // entry stale at once.
   const int64_t best_generation = db_->best_generation(), targets_generation = targets_generation_;
@@ -291,7 +291,8 @@ absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(const
       return it->second;
     }
   }
-  ASSIGN_OR_RETURN(PreparedRequest prepared, Prepare(workload, selector));
+  ASSIGN_OR_RETURN(ir::Chain chain, parse());
+  ASSIGN_OR_RETURN(PreparedRequest prepared, Prepare(chain, selector));
   auto answer = std::make_shared<Answer>();
   answer->best_generation = best_generation;
   answer->targets_generation = targets_generation;
@@ -310,8 +311,8 @@ absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(const
   return answer;
 }
 
-const absl::StatusOr<v1::CompileResponse>& Scheduler::CompileAnswer(Answer& answer) const {
-  std::call_once(answer.compile_once, [&] { answer.compile = BuildCompileResponse(*answer.prepared, *answer.result); });
+const absl::StatusOr<CompileResult>& Scheduler::CompileAnswer(Answer& answer) const {
+  std::call_once(answer.compile_once, [&] { answer.compile = BuildCompileResult(*answer.prepared, *answer.result); });
   return answer.compile;
 }
 
@@ -352,35 +353,26 @@ std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
   return space::ScheduleToText(remapped, request.chain);
 }
 
-v1::TuneResult Scheduler::Translate(const v1::TuneResult& result, const PreparedRequest& request) const {
-  v1::TuneResult r = result;
-  const std::string schedule = TranslateSchedule(result.best().schedule().text(), request);
-  r.mutable_best()->mutable_schedule()->set_text(schedule);
-  auto parsed = space::ParseSchedule(schedule, request.chain);
+TuneResult Scheduler::Translate(const TuneResult& result, const PreparedRequest& request) const {
+  TuneResult r = result;
+  r.best.schedule = TranslateSchedule(result.best.schedule, request);
+  auto parsed = space::ParseSchedule(r.best.schedule, request.chain);
   if (parsed.ok()) {
     auto nest = space::BuildLoopNest(request.chain, *parsed, request.target);
-    if (nest.ok()) r.mutable_best()->mutable_mapping()->set_text(space::DescribeMappings(request.chain, *nest));
+    if (nest.ok()) r.best.mapping = space::DescribeMappings(request.chain, *nest);
   }
   return r;
 }
 
-absl::StatusOr<v1::CompileResponse> Scheduler::BuildCompileResponse(const PreparedRequest& request,
-                                                                    const v1::TuneResult& result) const {
-  const std::string& text = result.best().schedule().text();
+absl::StatusOr<CompileResult> Scheduler::BuildCompileResult(const PreparedRequest& request,
+                                                            const TuneResult& result) const {
+  const std::string& text = result.best.schedule;
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
   ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(request.chain, schedule, request.target));
   ASSIGN_OR_RETURN(worker::KernelAnswer kernel,
                    worker::BackendFor(request.target.backend)
-                       .Answer(request.chain, nest, text, result.best().mapping().text(), request.target));
-  v1::CompileResponse resp;
-  *resp.mutable_result() = result;
-  resp.set_language(kernel.language);
-  resp.set_kernel_source(kernel.source);
-  resp.set_entry_point(kernel.entry_point);
-  resp.set_metadata_json(kernel.metadata_json);
-  resp.set_binary(kernel.binary);
-  resp.set_binary_format(kernel.binary_format);
-  return resp;
+                       .Answer(request.chain, nest, text, result.best.mapping, request.target));
+  return CompileResult{result, std::move(kernel)};
 }
 
 absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
@@ -390,7 +382,7 @@ absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
   for (const auto& [id, t] : tasks_) {
     if (t->row.state != TaskState::kRunning || t->row.client != caller.id) continue;
     ++tasks;
-    const int measured = t->progress.measured() + t->progress.failed();
+    const int measured = t->progress.measured + t->progress.failed;
     const int left = std::max(0, t->row.budget - measured);
     pending += left;
     // The task's own pace so far; half a minute before its first result.
@@ -417,12 +409,12 @@ absl::Status Scheduler::CheckQuota(const Caller& caller, int budget) {
 }
 
 absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest& request,
-                                                         const v1::TuneOptions& options, const Caller& caller,
+                                                         const TuneOptions& options, const Caller& caller,
                                                          bool counted) {
   const std::string& key = request.canonical.key;
   const std::string& fp = request.target_fp;
   TuneStart start;
-  if (!options.force()) {
+  if (!options.force) {
     auto cached = Lookup(request);
     if (cached.ok()) {
       start.cached = *cached;
@@ -430,7 +422,7 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
     }
     if (!absl::IsNotFound(cached.status())) return cached.status();
   }
-  const int budget = EffectiveBudget(options.budget());
+  const int budget = EffectiveBudget(options.budget);
   // Joins the running task for the key, if any; else checks the quota.
   auto join_or_check = [&]() -> absl::StatusOr<bool> {
     for (auto& [id, t] : tasks_) {
@@ -477,13 +469,8 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
                                       task->row.created_ms));
   RETURN_IF_ERROR(db_->InsertTask(task->row));
   RETURN_IF_ERROR(QueueBaseline(*task, task->row.created_ms));
-  task->started.set_task_id(task->row.id);
-  task->started.set_workload_key(key);
-  task->started.set_target_fingerprint(fp);
-  task->started.set_space_size(task->row.space_size);
-  task->started.set_space_after_pruning(task->row.space_after_pruning);
-  task->started.set_budget(budget);
-  task->progress.set_budget(budget);
+  task->started = StartedOf(task->row);
+  task->progress.budget = budget;
   Log()->info("[task={}] started for {}: workload {} ({}), target {}, space {} -> {} after pruning ({:.2f} s), "
               "budget {}",
               task->row.id, caller.name, key, request.chain.name, fp, stats.enumerated,
@@ -507,13 +494,9 @@ absl::StatusOr<TaskSnapshot> Scheduler::WaitForTask(const std::string& task_id, 
     snap.version = 1;
     snap.state = row.state;
     snap.error = row.error;
-    snap.started.set_task_id(row.id);
-    snap.started.set_workload_key(row.workload_key);
-    snap.started.set_target_fingerprint(row.target_fp);
-    snap.started.set_budget(row.budget);
+    snap.started = StartedOf(row);
     if (row.state == TaskState::kDone) {
-      ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(row.workload_key, row.target_fp, false));
-      snap.result = r;
+      ASSIGN_OR_RETURN(snap.result, ResultFromBest(row.workload_key, row.target_fp, false));
     }
     return snap;
   }
@@ -528,39 +511,6 @@ absl::StatusOr<TaskSnapshot> Scheduler::WaitForTask(const std::string& task_id, 
   snap.result = task->result;
   snap.error = task->row.error;
   return snap;
-}
-
-absl::StatusOr<v1::TaskInfo> Scheduler::GetTask(const std::string& task_id) {
-  ASSIGN_OR_RETURN(TaskSnapshot snap, WaitForTask(task_id, INT64_MAX, absl::ZeroDuration()));
-  ASSIGN_OR_RETURN(db::TaskRow row, db_->GetTask(task_id));
-  v1::TaskInfo info;
-  info.set_task_id(task_id);
-  info.set_state(std::string(db::Name(snap.state)));
-  info.set_workload_key(row.workload_key);
-  info.set_target_fingerprint(row.target_fp);
-  *info.mutable_progress() = snap.progress;
-  info.set_error(snap.error);
-  info.set_created_unix_ms(row.created_ms);
-  if (row.finished_ms) info.set_finished_unix_ms(*row.finished_ms);
-  if (snap.result) *info.mutable_result() = *snap.result;
-  return info;
-}
-
-absl::StatusOr<v1::ListWorkersResponse> Scheduler::ListWorkers() {
-  ASSIGN_OR_RETURN(std::vector<db::WorkerRow> rows, db_->ListWorkers());
-  v1::ListWorkersResponse resp;
-  for (const db::WorkerRow& w : rows) {
-    v1::WorkerInfo* info = resp.add_workers();
-    info->set_worker_id(w.id);
-    info->set_name(w.name);
-    auto target = TargetOf(w.target_fp);
-    if (target.ok()) *info->mutable_target() = TargetProto(*target, w.target_fp);
-    info->set_state(std::string(db::Name(w.state)));
-    info->set_registered_unix_ms(w.registered_ms);
-    info->set_last_seen_unix_ms(w.last_seen_ms);
-    info->set_jobs_done(w.jobs_done);
-  }
-  return resp;
 }
 
 // ------------------------------------------------------------- workers ---
@@ -730,17 +680,13 @@ absl::Status Scheduler::RefreshProgress(Task& task) {
       best = &m;
     }
   }
-  v1::TuneProgress p;
-  p.set_measured(measured);
-  p.set_failed(failed);
-  p.set_noisy(noisy);
-  p.set_budget(task.row.budget);
+  TuneProgress p{measured, failed, noisy, task.row.budget};
   if (best) {
-    p.set_best_s(best->median_s);
+    p.best_s = best->median_s;
     ASSIGN_OR_RETURN(db::CandidateRow c, db_->GetCandidate(*best->candidate_id));
-    p.set_best_schedule(c.schedule);
+    p.best_schedule = c.schedule;
   }
-  if (p.SerializeAsString() != task.progress.SerializeAsString()) {
+  if (!(p == task.progress)) {
     task.progress = p;
     ++task.version;
     task_cv_.notify_all();
@@ -844,9 +790,9 @@ absl::Status Scheduler::QueueBaseline(Task& task, int64_t now_ms) {
 }
 
 absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best,
-                                          v1::TuneResult& r) {
+                                          TuneResult& r) {
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task_id, JobKind::kBaseline));
-  v1::Measurement* baseline = r.mutable_baseline();
+  BaselineResult& baseline = r.baseline;
   std::vector<const db::MeasurementRow*> trusted;
   int noisy = 0;
   for (const db::MeasurementRow& m : rows) {
@@ -859,8 +805,8 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
   auto beside = best.kind == JobKind::kConfirm ? BaselineBeside(best.resources_json, options_.measure.max_spread)
                                                : std::nullopt;
   if (beside) {
-    for (double s : beside->second) baseline->add_samples_s(s);
-    r.set_baseline_kind(beside->first);
+    baseline.samples_s = beside->second;
+    baseline.kind = beside->first;
   } else {
     if (best.kind == JobKind::kConfirm && !trusted.empty()) {
       const db::MeasurementRow* nearest = nullptr;
@@ -873,20 +819,19 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
       trusted = {nearest};
     }
     for (const db::MeasurementRow* m : trusted) {
-      for (double s : m->samples_s) baseline->add_samples_s(s);
-      if (r.baseline_kind().empty()) r.set_baseline_kind(BaselineKind(m->resources_json));
+      baseline.samples_s.insert(baseline.samples_s.end(), m->samples_s.begin(), m->samples_s.end());
+      if (baseline.kind.empty()) baseline.kind = BaselineKind(m->resources_json);
     }
   }
-  if (baseline->samples_s().empty()) {
-    baseline->set_status(noisy > 0 ? v1::MEASUREMENT_STATUS_NOISY : v1::MEASUREMENT_STATUS_UNSPECIFIED);
+  if (baseline.samples_s.empty()) {
+    if (noisy > 0) baseline.status = MeasurementStatus::kNoisy;
     return absl::OkStatus();
   }
-  const SampleStats stats = Summarize({baseline->samples_s().begin(), baseline->samples_s().end()});
-  baseline->set_status(v1::MEASUREMENT_STATUS_OK);
-  baseline->set_median_s(stats.median);
-  baseline->set_spread(stats.spread);
-  r.set_baseline_s(stats.median);
-  if (best.status == MeasurementStatus::kOk && best.median_s > 0) r.set_speedup(stats.median / best.median_s);
+  const SampleStats stats = Summarize(baseline.samples_s);
+  baseline.status = MeasurementStatus::kOk;
+  baseline.median_s = stats.median;
+  baseline.spread = stats.spread;
+  if (best.status == MeasurementStatus::kOk && best.median_s > 0) r.speedup = stats.median / best.median_s;
   return absl::OkStatus();
 }
 
@@ -948,12 +893,12 @@ absl::Status Scheduler::Finalize(Task& task) {
   RETURN_IF_ERROR(db_->FinishTask(task.row.id, task.row.state, task.row.error, now));
   task.row.finished_ms = now;
   if (task.row.state == TaskState::kDone) {
-    ASSIGN_OR_RETURN(v1::TuneResult r, ResultFromBest(task.row.workload_key, task.row.target_fp, false));
+    ASSIGN_OR_RETURN(TuneResult r, ResultFromBest(task.row.workload_key, task.row.target_fp, false));
     // Report this task's work, whichever task found the best kernel.
-    r.set_candidates_measured(task.progress.measured());
-    r.set_candidates_failed(task.progress.failed());
-    r.set_tuning_s(static_cast<double>(now - task.row.created_ms) / 1000);
-    task.result = r;
+    r.candidates_measured = task.progress.measured;
+    r.candidates_failed = task.progress.failed;
+    r.tuning_s = static_cast<double>(now - task.row.created_ms) / 1000;
+    task.result = std::move(r);
   }
   task.strategy.reset();
   ++task.version;
@@ -982,13 +927,8 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
     if (j.kind == JobKind::kBaseline) task->baseline_jobs.push_back(j.id);
     if (j.kind == JobKind::kConfirm) task->confirm_jobs.push_back(j.id);
   }
-  task->started.set_task_id(row.id);
-  task->started.set_workload_key(row.workload_key);
-  task->started.set_target_fingerprint(row.target_fp);
-  task->started.set_space_size(row.space_size);
-  task->started.set_space_after_pruning(row.space_after_pruning);
-  task->started.set_budget(row.budget);
-  task->progress.set_budget(row.budget);
+  task->started = StartedOf(row);
+  task->progress.budget = row.budget;
   Task* raw = task.get();
   tasks_[row.id] = std::move(task);
   return raw;
@@ -1008,7 +948,7 @@ absl::Status Scheduler::ResumeTasks() {
     // Replays the strategy against what the database already holds.
     RETURN_IF_ERROR(RefreshProgress(**task));
     RETURN_IF_ERROR(Advance(**task));
-    Log()->info("[task={}] resumed: {} of {} candidates measured", row.id, (*task)->progress.measured(), row.budget);
+    Log()->info("[task={}] resumed: {} of {} candidates measured", row.id, (*task)->progress.measured, row.budget);
   }
   return absl::OkStatus();
 }

@@ -26,8 +26,8 @@
 #include "common/ir/chain.h"
 #include "common/util/files.h"
 #include "common/search/search_strategy.h"
-#include "fusor/v1/scheduler.pb.h"
 #include "server/db/tuning_db.h"
+#include "worker/backend.h"
 
 namespace fusor::server {
 
@@ -87,6 +87,75 @@ struct SchedulerOptions {
   MeasureOptions measure;
 };
 
+// Which registered target a request is for. A fingerprint names one
+// target, whatever its backend; without one, the backend (the CPU when
+// unset) and, when given, the arch choose among the registered targets.
+struct TargetSelector {
+  std::optional<hw::Backend> backend;
+  std::string fingerprint;
+  std::string arch;
+};
+
+struct TuneOptions {
+  int budget = 0;      // candidates to measure at most; 0: the scheduler's default
+  bool force = false;  // tune again even when the cache has an answer
+};
+
+struct TaskStarted {
+  std::string task_id;
+  std::string workload_key;
+  std::string target_fp;
+  int64_t space_size = 0;
+  int64_t space_after_pruning = 0;
+  int budget = 0;
+};
+
+struct TuneProgress {
+  int measured = 0;
+  int failed = 0;
+  int noisy = 0;  // of `failed`: measured but too noisy to trust
+  int budget = 0;
+  double best_s = 0;
+  std::string best_schedule;  // canonical names
+  bool operator==(const TuneProgress&) const = default;
+};
+
+// The unfused chain measured in the same task as the best: timed together
+// with its confirmation where the worker did that, else the trusted
+// measurement nearest the confirmation, else all trusted ones together.
+// No status when it was not measured; noisy when none was trusted.
+struct BaselineResult {
+  std::optional<db::MeasurementStatus> status;
+  std::vector<double> samples_s;
+  double median_s = 0;  // 0 without a trusted measurement
+  double spread = 0;
+  std::string kind;  // what it ran: "openblas" or "onednn" GEMMs, and so on
+};
+
+// A tuned kernel: the best candidate for a workload on a target, its
+// measurement, and the baseline it is compared with.
+struct TuneResult {
+  std::string task_id;
+  bool from_cache = false;
+  std::string workload_key;
+  std::string target_fp;
+  hw::TargetDesc target;
+  db::CandidateRow best;  // schedule and mappings: in the requester's names once translated
+  std::string intrinsic;  // of the first mapped op
+  db::MeasurementRow measured;
+  BaselineResult baseline;
+  double speedup = 0;  // the baseline's median over the best's; 0 without a trusted baseline
+  int candidates_measured = 0;
+  int candidates_failed = 0;
+  double tuning_s = 0;
+};
+
+// What Compile answers: the result, and its kernel from the target's backend.
+struct CompileResult {
+  TuneResult result;
+  worker::KernelAnswer kernel;
+};
+
 // A request's workload and target, resolved: the user's chain, its
 // canonical form, and the target it will be tuned for.
 struct PreparedRequest {
@@ -132,9 +201,9 @@ enum class ReportReceipt { kRecorded, kDuplicate };
 struct TaskSnapshot {
   int64_t version = 0;
   db::TaskState state = db::TaskState::kRunning;
-  v1::TaskStarted started;
-  v1::TuneProgress progress;      // canonical names
-  std::optional<v1::TuneResult> result;  // canonical names; set when done
+  TaskStarted started;
+  TuneProgress progress;  // canonical names
+  std::optional<TuneResult> result;  // canonical names; set when done
   std::string error;
 };
 
@@ -149,9 +218,9 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // --- clients ---
-  // INVALID_ARGUMENT for a bad workload; FAILED_PRECONDITION when no
-  // worker has registered a matching target.
-  absl::StatusOr<PreparedRequest> Prepare(const v1::Workload& workload, const v1::TargetSelector& selector);
+  // INVALID_ARGUMENT for a chain beyond this scheduler's limits;
+  // FAILED_PRECONDITION when no worker has registered a matching target.
+  absl::StatusOr<PreparedRequest> Prepare(const ir::Chain& chain, const TargetSelector& selector);
   // `chain` for the known target `target_fp` (NOT_FOUND if unknown).
   absl::StatusOr<PreparedRequest> PrepareFor(const ir::Chain& chain, const std::string& target_fp);
   // The budget a task asking for `requested` gets (0: the default).
@@ -161,7 +230,7 @@ class Scheduler {
   // The registered target `fp` (NOT_FOUND if unknown).
   absl::StatusOr<hw::TargetDesc> TargetOf(const std::string& fp);
   // The cached result (translated), or NOT_FOUND.
-  absl::StatusOr<v1::TuneResult> Lookup(const PreparedRequest& request);
+  absl::StatusOr<TuneResult> Lookup(const PreparedRequest& request);
   // A request's prepared form and cache answer, kept in memory by the
   // SHA-256 of the request's bytes: a repeated request is neither parsed,
   // canonicalized nor looked up again, and its Compile answer is rendered
@@ -170,38 +239,40 @@ class Scheduler {
     int64_t best_generation = 0;
     int64_t targets_generation = 0;
     std::shared_ptr<const PreparedRequest> prepared;
-    absl::StatusOr<v1::TuneResult> result;  // translated; NOT_FOUND on a miss
+    absl::StatusOr<TuneResult> result;  // translated; NOT_FOUND on a miss
     std::once_flag compile_once;
-    absl::StatusOr<v1::CompileResponse> compile;  // rendered by CompileAnswer
+    absl::StatusOr<CompileResult> compile;  // rendered by CompileAnswer
   };
-  // Prepare's errors; a miss is an Answer whose result is NOT_FOUND.
-  absl::StatusOr<std::shared_ptr<Answer>> CachedAnswer(const v1::Workload& workload,
-                                                       const v1::TargetSelector& selector);
+  // Parsing's and Prepare's errors; a miss is an Answer whose result is
+  // NOT_FOUND.
+  // `workload_bytes` are the request's workload as sent (the service edge
+  // passes its serialized form); `parse` gives its chain, and is called only
+  // when no answer is kept for those bytes and `selector`.
+  absl::StatusOr<std::shared_ptr<Answer>> CachedAnswer(const std::string& workload_bytes,
+                                                       const std::function<absl::StatusOr<ir::Chain>()>& parse,
+                                                       const TargetSelector& selector);
   // The answer's Compile response (its result must be ok), rendered once.
-  const absl::StatusOr<v1::CompileResponse>& CompileAnswer(Answer& answer) const;
+  const absl::StatusOr<CompileResult>& CompileAnswer(Answer& answer) const;
   // Starts a task for `caller` (or joins the running one for the same key,
   // which any caller may). When the cache answers (and !options.force)
   // `cached` is set and no task starts. A new task must fit the caller's
   // quota unless !`counted` (a sweep's, admitted as a whole): else
   // RESOURCE_EXHAUSTED, with a retry hint (wire::RetryAfter).
   struct TuneStart {
-    std::optional<v1::TuneResult> cached;
-    v1::TaskStarted started;
+    std::optional<TuneResult> cached;
+    TaskStarted started;
   };
-  absl::StatusOr<TuneStart> StartTune(const PreparedRequest& request, const v1::TuneOptions& options,
+  absl::StatusOr<TuneStart> StartTune(const PreparedRequest& request, const TuneOptions& options,
                                       const Caller& caller, bool counted = true);
   const SchedulerOptions& options() const { return options_; }
   // Blocks until the task's version exceeds `after_version` or `timeout`.
   absl::StatusOr<TaskSnapshot> WaitForTask(const std::string& task_id, int64_t after_version,
                                            absl::Duration timeout);
   // Canonical-name result or progress -> the requester's names.
-  v1::TuneResult Translate(const v1::TuneResult& result, const PreparedRequest& request) const;
+  TuneResult Translate(const TuneResult& result, const PreparedRequest& request) const;
   std::string TranslateSchedule(const std::string& canonical_schedule, const PreparedRequest& request) const;
   // Kernel source and metadata for the requester's chain under `result`.
-  absl::StatusOr<v1::CompileResponse> BuildCompileResponse(const PreparedRequest& request,
-                                                          const v1::TuneResult& result) const;
-  absl::StatusOr<v1::TaskInfo> GetTask(const std::string& task_id);
-  absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
+  absl::StatusOr<CompileResult> BuildCompileResult(const PreparedRequest& request, const TuneResult& result) const;
 
   // --- workers ---
   // INVALID_ARGUMENT for a target without compute units.
@@ -250,10 +321,10 @@ class Scheduler {
   // `best` over it: for a confirmation, the baseline timed together with it
   // (else the trusted one measured nearest it); otherwise every trusted
   // baseline measurement's samples together.
-  absl::Status SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best, v1::TuneResult& r);
+  absl::Status SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best, TuneResult& r);
   absl::Status RefreshProgress(Task& task);  // mu_ held
   absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held
-  absl::StatusOr<v1::TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
+  absl::StatusOr<TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
   void ReaperLoop();
 
   const SchedulerOptions options_;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/util/log.h"
+#include "common/util/status_macros.h"
 #include "proto/wire/channel.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
@@ -21,6 +22,14 @@ namespace fusor::server {
 namespace {
 
 using wire::ToGrpcStatus;
+
+// The answer the core keeps for a request's workload and target: the
+// workload is parsed only when no answer is kept for its bytes.
+absl::StatusOr<std::shared_ptr<Scheduler::Answer>> CachedAnswerFor(Scheduler& core, const v1::Workload& workload,
+                                                                 const v1::TargetSelector& target) {
+  ASSIGN_OR_RETURN(const TargetSelector selector, TargetSelectorFromProto(target));
+  return core.CachedAnswer(workload.SerializeAsString(), [&] { return wire::ChainFromWorkload(workload); }, selector);
+}
 
 // Polls `ctx` while waiting on the task, so a cancelled client frees its
 // handler within a second.
@@ -32,20 +41,24 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
                                     grpc::ServerWriter<v1::TuneEvent>* writer) {
   Caller caller;
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
-  auto prepared = core_->Prepare(req->workload(), req->target());
+  auto chain = wire::ChainFromWorkload(req->workload());
+  if (!chain.ok()) return ToGrpcStatus(chain.status());
+  auto selector = TargetSelectorFromProto(req->target());
+  if (!selector.ok()) return ToGrpcStatus(selector.status());
+  auto prepared = core_->Prepare(*chain, *selector);
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
-  auto start = core_->StartTune(*prepared, req->options(), caller);
+  auto start = core_->StartTune(*prepared, TuneOptionsFromProto(req->options()), caller);
   if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
   if (!req->options().force()) core_->NoteCacheLookup(start->cached.has_value());
   v1::TuneEvent event;
   if (start->cached) {
-    *event.mutable_result() = *start->cached;
+    *event.mutable_result() = TuneResultProto(*start->cached);
     writer->Write(event);
     return grpc::Status::OK;
   }
-  *event.mutable_started() = start->started;
+  *event.mutable_started() = TaskStartedProto(start->started);
   if (!writer->Write(event)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-  const std::string task_id = start->started.task_id();
+  const std::string task_id = start->started.task_id;
   int64_t version = 0;
   while (true) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
@@ -54,10 +67,9 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
     if (snap->version != version) {
       version = snap->version;
       v1::TuneEvent progress;
-      *progress.mutable_progress() = snap->progress;
-      if (!snap->progress.best_schedule().empty()) {
-        progress.mutable_progress()->set_best_schedule(
-            core_->TranslateSchedule(snap->progress.best_schedule(), *prepared));
+      *progress.mutable_progress() = TuneProgressProto(snap->progress);
+      if (!snap->progress.best_schedule.empty()) {
+        progress.mutable_progress()->set_best_schedule(core_->TranslateSchedule(snap->progress.best_schedule, *prepared));
       }
       writer->Write(progress);
     }
@@ -66,7 +78,7 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
     }
     if (snap->state == db::TaskState::kDone && snap->result) {
       v1::TuneEvent done;
-      *done.mutable_result() = core_->Translate(*snap->result, *prepared);
+      *done.mutable_result() = TuneResultProto(core_->Translate(*snap->result, *prepared));
       writer->Write(done);
       return grpc::Status::OK;
     }
@@ -101,13 +113,13 @@ grpc::Status SchedulerService::CompileFromCache(const grpc::ServerContextBase& c
                                                 v1::CompileResponse* resp, Caller* caller,
                                                 std::shared_ptr<const PreparedRequest>* to_tune) {
   if (grpc::Status st = auth_->Check(ctx, {Role::kClient}, caller); !st.ok()) return st;
-  auto answer = core_->CachedAnswer(req.workload(), req.target());
+  auto answer = CachedAnswerFor(*core_, req.workload(), req.target());
   if (!answer.ok()) return ToGrpcStatus(answer.status());
   core_->NoteCacheLookup((*answer)->result.ok());
   if ((*answer)->result.ok()) {
-    const absl::StatusOr<v1::CompileResponse>& rendered = core_->CompileAnswer(**answer);
+    const absl::StatusOr<CompileResult>& rendered = core_->CompileAnswer(**answer);
     if (!rendered.ok()) return ToGrpcStatus(rendered.status());
-    *resp = *rendered;
+    *resp = CompileResponseProto(*rendered);
     return grpc::Status::OK;
   }
   if (req.cache_only()) return ToGrpcStatus((*answer)->result.status());
@@ -118,8 +130,8 @@ grpc::Status SchedulerService::CompileFromCache(const grpc::ServerContextBase& c
 grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx, const PreparedRequest& prepared,
                                                const v1::TuneOptions& options, const Caller& caller,
                                                v1::CompileResponse* resp) {
-  v1::TuneResult result;
-  auto start = core_->StartTune(prepared, options, caller);
+  TuneResult result;
+  auto start = core_->StartTune(prepared, TuneOptionsFromProto(options), caller);
   if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
   if (start->cached) {
     result = *start->cached;
@@ -127,7 +139,7 @@ grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx,
     int64_t version = 0;
     while (true) {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-      auto snap = core_->WaitForTask(start->started.task_id(), version, kPoll);
+      auto snap = core_->WaitForTask(start->started.task_id, version, kPoll);
       if (!snap.ok()) return ToGrpcStatus(snap.status());
       version = snap->version;
       if (snap->state == db::TaskState::kFailed) {
@@ -139,9 +151,9 @@ grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx,
       }
     }
   }
-  auto response = core_->BuildCompileResponse(prepared, result);
-  if (!response.ok()) return ToGrpcStatus(response.status());
-  *resp = std::move(*response);
+  auto compiled = core_->BuildCompileResult(prepared, result);
+  if (!compiled.ok()) return ToGrpcStatus(compiled.status());
+  *resp = CompileResponseProto(*compiled);
   return grpc::Status::OK;
 }
 
@@ -160,29 +172,31 @@ grpc::ServerUnaryReactor* SchedulerService::Lookup(grpc::CallbackServerContext* 
 grpc::Status SchedulerService::LookupInCache(const grpc::ServerContextBase& ctx, const v1::LookupRequest& req,
                                              v1::LookupResponse* resp) {
   if (grpc::Status st = auth_->Check(ctx, {Role::kClient}); !st.ok()) return st;
-  auto answer = core_->CachedAnswer(req.workload(), req.target());
+  auto answer = CachedAnswerFor(*core_, req.workload(), req.target());
   if (!answer.ok()) return ToGrpcStatus(answer.status());
   core_->NoteCacheLookup((*answer)->result.ok());
   if (!(*answer)->result.ok()) return ToGrpcStatus((*answer)->result.status());
-  *resp->mutable_result() = *(*answer)->result;
+  *resp->mutable_result() = TuneResultProto(*(*answer)->result);
   return grpc::Status::OK;
 }
 
 grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                            v1::ListWorkersResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
-  auto workers = core_->ListWorkers();
+  auto workers = core_->db().ListWorkers();
   if (!workers.ok()) return ToGrpcStatus(workers.status());
-  *resp = std::move(*workers);
+  for (const db::WorkerRow& w : *workers) *resp->add_workers() = WorkerInfoProto(w, core_->TargetOf(w.target_fp));
   return grpc::Status::OK;
 }
 
 grpc::Status SchedulerService::GetTask(grpc::ServerContext* ctx, const v1::GetTaskRequest* req, v1::TaskInfo* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
   if (req->task_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "task_id is required");
-  auto info = core_->GetTask(req->task_id());
-  if (!info.ok()) return ToGrpcStatus(info.status());
-  *resp = std::move(*info);
+  auto snapshot = core_->WaitForTask(req->task_id(), INT64_MAX, absl::ZeroDuration());
+  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+  auto row = core_->db().GetTask(req->task_id());
+  if (!row.ok()) return ToGrpcStatus(row.status());
+  *resp = TaskInfoProto(*snapshot, *row);
   return grpc::Status::OK;
 }
 
@@ -190,30 +204,31 @@ grpc::Status SchedulerService::Sweep(grpc::ServerContext* ctx, const v1::SweepRe
                                      grpc::ServerWriter<v1::SweepEvent>* writer) {
   Caller caller;
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}, &caller); !st.ok()) return st;
-  auto started = sweeps_->Start(*req, caller);
+  auto request = SweepRequestFromProto(*req);
+  if (!request.ok()) return ToGrpcStatus(request.status());
+  auto started = sweeps_->Start(*request, caller);
   if (!started.ok()) return ToGrpcStatus(started.status(), ctx);
   v1::SweepEvent event;
-  *event.mutable_started() = *started;
+  *event.mutable_started() = SweepStartedProto(*started);
   if (!writer->Write(event)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
   if (req->detach()) return grpc::Status::OK;
   // The sweep runs in the runner; this only follows it.
-  std::string last;
+  std::optional<SweepProgress> last;
   while (true) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-    auto status = sweeps_->Progress(started->sweep_id());
+    auto status = sweeps_->Progress(started->sweep_id);
     if (!status.ok()) return ToGrpcStatus(status.status());
-    std::string now = status->progress.SerializeAsString();
-    if (now != last) {
+    if (!last || !(*last == status->progress)) {
       v1::SweepEvent progress;
-      *progress.mutable_progress() = status->progress;
+      *progress.mutable_progress() = SweepProgressProto(status->progress);
       if (!writer->Write(progress)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-      last = std::move(now);
+      last = status->progress;
     }
     if (status->finished) {
-      auto report = sweeps_->Report(started->sweep_id());
+      auto report = sweeps_->Report(started->sweep_id);
       if (!report.ok()) return ToGrpcStatus(report.status());
       v1::SweepEvent done;
-      *done.mutable_report() = std::move(*report);
+      *done.mutable_report() = SweepReportProto(*report);
       writer->Write(done);
       return grpc::Status::OK;
     }
@@ -226,7 +241,7 @@ grpc::Status SchedulerService::GetSweep(grpc::ServerContext* ctx, const v1::GetS
   if (req->sweep_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "sweep_id is required");
   auto report = sweeps_->Report(req->sweep_id());
   if (!report.ok()) return ToGrpcStatus(report.status());
-  *resp = std::move(*report);
+  *resp = SweepReportProto(*report);
   return grpc::Status::OK;
 }
 

@@ -11,9 +11,7 @@
 #include "common/util/log.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
-#include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
-#include "server/wire_rows.h"
 
 namespace fusor::server {
 namespace {
@@ -26,13 +24,13 @@ using db::SweepState;
 bool Finished(SweepChainState state) { return state == SweepChainState::kDone || state == SweepChainState::kFailed; }
 
 // What identifies "the same sweep": everything that was asked for.
-std::string Digest(const v1::SweepRequest& request, const std::vector<PreparedRequest>& prepared,
+std::string Digest(const SweepRequest& request, const std::vector<PreparedRequest>& prepared,
                    const std::string& target_fp, const std::string& salt, int budget) {
-  std::string text = absl::StrCat("sweep\n", request.name(), "\n", target_fp, "\n", salt, "\n", budget, "\n");
-  for (int i = 0; i < request.entries_size(); ++i) {
-    const v1::SweepEntry& e = request.entries(i);
-    absl::StrAppend(&text, e.model(), "\t", e.role(), "\t", e.source(), "\t", e.instances(), "\t",
-                    prepared[i].chain.name, "\t", prepared[i].canonical.key, "\n");
+  std::string text = absl::StrCat("sweep\n", request.name, "\n", target_fp, "\n", salt, "\n", budget, "\n");
+  for (size_t i = 0; i < request.entries.size(); ++i) {
+    const SweepRequest::Entry& e = request.entries[i];
+    absl::StrAppend(&text, e.model, "\t", e.role, "\t", e.source, "\t", e.instances, "\t", prepared[i].chain.name,
+                    "\t", prepared[i].canonical.key, "\n");
   }
   return Sha256Hex(text).substr(0, 32);
 }
@@ -52,34 +50,29 @@ SweepRunner::~SweepRunner() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& request, const Caller& caller) {
-  if (request.entries_size() == 0) return absl::InvalidArgumentError("sweep: no entries (models' chains) to tune");
-  if (request.entries_size() > options_.max_entries) {
-    return absl::InvalidArgumentError(absl::StrCat("sweep: ", request.entries_size(), " entries; at most ",
-                                                   options_.max_entries, " per sweep"));
+absl::StatusOr<SweepStarted> SweepRunner::Start(const SweepRequest& request, const Caller& caller) {
+  const int num_entries = static_cast<int>(request.entries.size());
+  if (num_entries == 0) return absl::InvalidArgumentError("sweep: no entries (models' chains) to tune");
+  if (num_entries > options_.max_entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sweep: ", num_entries, " entries; at most ", options_.max_entries, " per sweep"));
   }
-  if (request.options().force()) {
+  if (request.options.force) {
     return absl::InvalidArgumentError("sweep: force is not supported; a sweep asks the cache first");
   }
   std::vector<PreparedRequest> prepared;
   std::string target_fp;
   std::set<std::string> models;
-  for (int i = 0; i < request.entries_size(); ++i) {
-    const v1::SweepEntry& e = request.entries(i);
-    const std::string what = absl::StrCat("sweep entry ", i + 1, " (model '", e.model(), "', chain '",
-                                          e.chain().name(), "')");
-    if (e.model().empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": model is required"));
-    if (e.instances() < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
-    v1::Workload workload;
-    *workload.mutable_chain() = e.chain();
+  for (int i = 0; i < num_entries; ++i) {
+    const SweepRequest::Entry& e = request.entries[i];
+    const std::string what =
+        absl::StrCat("sweep entry ", i + 1, " (model '", e.model, "', chain '", e.chain_name, "')");
+    if (e.model.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": model is required"));
+    if (e.instances < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
     // The first entry picks the target; the rest go to the same one.
-    absl::StatusOr<PreparedRequest> p;
-    if (target_fp.empty()) {
-      p = core_->Prepare(workload, request.target());
-    } else {
-      absl::StatusOr<ir::Chain> chain = wire::ChainFromWorkload(workload);
-      p = chain.ok() ? core_->PrepareFor(*chain, target_fp) : absl::StatusOr<PreparedRequest>(chain.status());
-    }
+    absl::StatusOr<PreparedRequest> p = !e.chain.ok()       ? absl::StatusOr<PreparedRequest>(e.chain.status())
+                                        : target_fp.empty() ? core_->Prepare(*e.chain, request.target)
+                                                            : core_->PrepareFor(*e.chain, target_fp);
     if (!p.ok()) {
       if (absl::IsInvalidArgument(p.status())) {
         return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.status().message()));
@@ -87,20 +80,20 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
       return p.status();
     }
     target_fp = p->target_fp;
-    models.insert(e.model());
+    models.insert(e.model);
     prepared.push_back(std::move(*p));
   }
-  const int budget = core_->EffectiveBudget(request.options().budget());
+  const int budget = core_->EffectiveBudget(request.options.budget);
   const std::string digest = Digest(request, prepared, target_fp, core_->Salt(), budget);
 
   std::lock_guard<std::mutex> start_lock(start_mu_);
   db::TuningDb& db = core_->db();
   ASSIGN_OR_RETURN(std::optional<db::SweepRow> running, db.FindRunningSweep(digest));
-  v1::SweepStarted started;
+  SweepStarted started;
   std::string id;
   if (running) {
     id = running->id;
-    started.set_resumed(true);
+    started.resumed = true;
   } else {
     ASSIGN_OR_RETURN(std::vector<db::SweepRow> all, db.ListSweepsInState(SweepState::kRunning));
     const int mine = static_cast<int>(
@@ -121,14 +114,14 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
       const PreparedRequest& p = prepared[i];
       RETURN_IF_ERROR(db.UpsertWorkload(
           {p.canonical.key, p.chain.name, p.canonical.text, ir::ChainToJson(p.canonical.chain)}, now));
-      const v1::SweepEntry& e = request.entries(static_cast<int>(i));
-      entries.push_back({static_cast<int>(i), e.model(), e.role(), e.source(), e.instances(), p.canonical.key,
-                         ir::ChainToJson(p.chain)});
+      const SweepRequest::Entry& e = request.entries[i];
+      entries.push_back(
+          {static_cast<int>(i), e.model, e.role, e.source, e.instances, p.canonical.key, ir::ChainToJson(p.chain)});
     }
     db::SweepRow row;
     id = absl::StrCat("s-", digest.substr(0, 8), "-", std::to_string(now));
     row.id = id;
-    row.name = request.name();
+    row.name = request.name;
     row.digest = digest;
     row.target_fp = target_fp;
     row.salt = core_->Salt();
@@ -139,15 +132,14 @@ absl::StatusOr<v1::SweepStarted> SweepRunner::Start(const v1::SweepRequest& requ
     RETURN_IF_ERROR(db.CreateSweep(row, entries, now));
   }
   ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(id));
-  started.set_sweep_id(id);
-  started.set_models(static_cast<int>(models.size()));
-  started.set_entries(request.entries_size());
-  started.set_chains(static_cast<int>(chains.size()));
-  started.set_target_fingerprint(target_fp);
-  started.set_budget(budget);
+  started.sweep_id = id;
+  started.models = static_cast<int>(models.size());
+  started.entries = num_entries;
+  started.chains = static_cast<int>(chains.size());
+  started.target_fp = target_fp;
+  started.budget = budget;
   Log()->info("[sweep={}] {} '{}': {} models, {} entries, {} distinct chains, budget {}", id,
-              running ? "resumed" : "started", request.name(), models.size(), request.entries_size(), chains.size(),
-              budget);
+              running ? "resumed" : "started", request.name, models.size(), num_entries, chains.size(), budget);
   {
     std::lock_guard<std::mutex> lock(mu_);
     wake_ = true;
@@ -197,11 +189,10 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
     absl::StatusOr<Scheduler::TuneStart> start = [&]() -> absl::StatusOr<Scheduler::TuneStart> {
       ASSIGN_OR_RETURN(ir::Chain chain, ir::ParseChainJson(workload.chain_json));
       ASSIGN_OR_RETURN(PreparedRequest request, core_->PrepareFor(chain, sweep.target_fp));
-      v1::TuneOptions options;
-      options.set_budget(sweep.budget);
       // The sweep was admitted as a whole: its tasks count for its client
       // but are not refused one by one.
-      return core_->StartTune(request, options, Caller{sweep.client, sweep.client}, /*counted=*/false);
+      return core_->StartTune(request, TuneOptions{sweep.budget}, Caller{sweep.client, sweep.client},
+                              /*counted=*/false);
     }();
     if (start.ok()) core_->NoteCacheLookup(start->cached.has_value());
     if (!start.ok()) {
@@ -210,10 +201,10 @@ absl::Status SweepRunner::Advance(const db::SweepRow& sweep) {
     } else if (start->cached) {
       c.state = SweepChainState::kDone;
       c.from_cache = true;
-      c.task_id = start->cached->task_id();
+      c.task_id = start->cached->task_id;
     } else {
       c.state = SweepChainState::kTuning;
-      c.task_id = start->started.task_id();
+      c.task_id = start->started.task_id;
       ++tuning;
     }
     RETURN_IF_ERROR(db.UpdateSweepChain(sweep.id, c, NowMs()));
@@ -239,30 +230,28 @@ absl::StatusOr<SweepRunner::Status> SweepRunner::Progress(const std::string& swe
   const int64_t now = NowMs();
   Status status;
   status.finished = sweep.state == SweepState::kDone;
-  v1::SweepProgress& p = status.progress;
-  p.set_chains(static_cast<int>(chains.size()));
+  SweepProgress& p = status.progress;
+  p.chains = static_cast<int>(chains.size());
   double left = 0, rate_samples = 0, rate_sum_s = 0;  // work left, in chains; the running ones' pace
   for (const db::SweepChainRow& c : chains) {
     if (c.state == SweepChainState::kPending) left += 1;
-    if (c.state == SweepChainState::kFailed) p.set_failed(p.failed() + 1);
-    if (c.state == SweepChainState::kDone) {
-      c.from_cache ? p.set_cache_hits(p.cache_hits() + 1) : p.set_tuned(p.tuned() + 1);
-    }
+    if (c.state == SweepChainState::kFailed) ++p.failed;
+    if (c.state == SweepChainState::kDone) ++(c.from_cache ? p.cache_hits : p.tuned);
     if (c.state != SweepChainState::kTuning) continue;
     ASSIGN_OR_RETURN(db::TaskRow task, db.GetTask(c.task_id));
-    auto info = core_->GetTask(c.task_id);
-    const int measured = info.ok() ? info->progress().measured() : 0;
+    auto snapshot = core_->WaitForTask(c.task_id, INT64_MAX, absl::ZeroDuration());
+    const int measured = snapshot.ok() ? snapshot->progress.measured : 0;
     const int budget = std::max(1, task.budget);
-    v1::SweepChainProgress* t = p.add_tuning();
-    t->set_workload_key(c.workload_key);
+    SweepChainProgress& t = p.tuning.emplace_back();
+    t.workload_key = c.workload_key;
     auto entry = db.FirstSweepEntry(sweep_id, c.workload_key);
     if (entry.ok()) {
-      t->set_model(entry->model);
+      t.model = entry->model;
       auto chain = ir::ParseChainJson(entry->chain_json);
-      if (chain.ok()) t->set_chain(chain->name);
+      if (chain.ok()) t.chain = chain->name;
     }
-    t->set_measured(measured);
-    t->set_budget(budget);
+    t.measured = measured;
+    t.budget = budget;
     const double fraction = std::min(1.0, static_cast<double>(measured) / budget);
     left += 1 - fraction;
     if (fraction > 0) {
@@ -270,65 +259,59 @@ absl::StatusOr<SweepRunner::Status> SweepRunner::Progress(const std::string& swe
       ++rate_samples;
     }
   }
-  p.set_done(p.cache_hits() + p.tuned() + p.failed());
-  p.set_elapsed_s(static_cast<double>((sweep.finished_ms ? *sweep.finished_ms : now) - sweep.created_ms) / 1000);
+  p.done = p.cache_hits + p.tuned + p.failed;
+  p.elapsed_s = static_cast<double>((sweep.finished_ms ? *sweep.finished_ms : now) - sweep.created_ms) / 1000;
   // Seconds per chain: from the chains tuned so far, else from the running
   // ones' pace; divided among the chains tuned at once.
   const double per_chain = tuned.first > 0    ? tuned.second / tuned.first
                            : rate_samples > 0 ? rate_sum_s / rate_samples
                                               : -1;
   const double lanes = std::max(1.0, std::min<double>(options_.parallel, std::ceil(left)));
-  p.set_eta_s(status.finished ? 0 : per_chain < 0 ? -1 : per_chain * left / lanes);
+  p.eta_s = status.finished ? 0 : per_chain < 0 ? -1 : per_chain * left / lanes;
   return status;
 }
 
-absl::StatusOr<v1::SweepReport> SweepRunner::Report(const std::string& sweep_id) {
+absl::StatusOr<SweepReport> SweepRunner::Report(const std::string& sweep_id) {
   db::TuningDb& db = core_->db();
-  ASSIGN_OR_RETURN(db::SweepRow sweep, db.GetSweep(sweep_id));
+  SweepReport report;
+  ASSIGN_OR_RETURN(report.sweep, db.GetSweep(sweep_id));
+  const db::SweepRow& sweep = report.sweep;
   ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(sweep_id));
   ASSIGN_OR_RETURN(std::vector<db::SweepEntryRow> entries, db.SweepEntries(sweep_id));
   std::map<std::string, const db::SweepChainRow*> by_key;
   for (const db::SweepChainRow& c : chains) by_key[c.workload_key] = &c;
-  v1::SweepReport report;
-  report.set_sweep_id(sweep.id);
-  report.set_name(sweep.name);
-  report.set_state(std::string(db::Name(sweep.state)));
-  ASSIGN_OR_RETURN(hw::TargetDesc target, core_->TargetOf(sweep.target_fp));
-  *report.mutable_target() = TargetProto(target, sweep.target_fp);
-  report.set_budget(sweep.budget);
-  report.set_created_unix_ms(sweep.created_ms);
-  if (sweep.finished_ms) report.set_finished_unix_ms(*sweep.finished_ms);
+  ASSIGN_OR_RETURN(report.target, core_->TargetOf(sweep.target_fp));
   for (const db::SweepEntryRow& e : entries) {
-    v1::SweepChainResult* r = report.add_results();
-    r->set_model(e.model);
-    r->set_role(e.role);
-    r->set_source(e.source);
-    r->set_instances(e.instances);
-    r->set_workload_key(e.workload_key);
+    SweepChainResult& r = report.results.emplace_back();
+    r.model = e.model;
+    r.role = e.role;
+    r.source = e.source;
+    r.instances = e.instances;
+    r.workload_key = e.workload_key;
     ASSIGN_OR_RETURN(ir::Chain chain, ir::ParseChainJson(e.chain_json));
-    r->set_chain(chain.name);
+    r.chain = chain.name;
     auto c = by_key.find(e.workload_key);
     if (c == by_key.end()) return absl::DataLossError(absl::StrCat("sweep ", sweep_id, " lost chain ", e.workload_key));
     const db::SweepChainRow& state = *c->second;
-    r->set_task_id(state.task_id);
-    r->set_error(state.error);
-    r->set_state(state.state == SweepChainState::kDone ? (state.from_cache ? "cache" : "tuned")
-                                                       : std::string(db::Name(state.state)));
+    r.task_id = state.task_id;
+    r.error = state.error;
+    r.state = state.state == SweepChainState::kDone ? (state.from_cache ? "cache" : "tuned")
+                                                    : std::string(db::Name(state.state));
     if (state.state != SweepChainState::kDone) continue;
     ASSIGN_OR_RETURN(PreparedRequest request, core_->PrepareFor(chain, sweep.target_fp));
     auto result = core_->Lookup(request);
     if (!result.ok()) {
       // The cache lost it (e.g. a new salt since): say so in the entry.
-      r->set_state(std::string(db::Name(SweepChainState::kFailed)));
-      r->set_error(std::string(result.status().message()));
+      r.state = std::string(db::Name(SweepChainState::kFailed));
+      r.error = std::string(result.status().message());
       continue;
     }
-    r->set_best_s(result->best_measurement().median_s());
-    r->set_baseline_s(result->baseline_s());
-    r->set_speedup(result->speedup());
-    r->set_tuning_s(result->tuning_s());
-    r->set_schedule(result->best().schedule().text());
-    r->set_candidates_measured(result->candidates_measured());
+    r.best_s = result->measured.median_s;
+    r.baseline_s = result->baseline.median_s;
+    r.speedup = result->speedup;
+    r.tuning_s = result->tuning_s;
+    r.schedule = result->best.schedule;
+    r.candidates_measured = result->candidates_measured;
   }
   return report;
 }

@@ -17,13 +17,82 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "fusor/v1/scheduler.pb.h"
 #include "server/scheduler.h"
 
 namespace fusor::server {
+
+// A sweep as asked for: models' chains, the target, the budget per chain.
+struct SweepRequest {
+  struct Entry {
+    std::string model;   // e.g. "bert-base b=8 s=128"
+    std::string role;    // e.g. "self-attention", "ffn"
+    std::string source;  // where in the model: layers, or ONNX nodes
+    int instances = 0;   // how many times one run of the model runs it
+    std::string chain_name;           // as the request names it, for messages
+    absl::StatusOr<ir::Chain> chain;  // or why the request's chain could not be read
+  };
+  std::string name;  // e.g. the manifest's name
+  std::vector<Entry> entries;
+  TargetSelector target;
+  TuneOptions options;  // the budget per chain; force is not supported
+};
+
+struct SweepStarted {
+  std::string sweep_id;
+  bool resumed = false;  // a running sweep that asked for the same
+  int models = 0;
+  int entries = 0;
+  int chains = 0;  // distinct canonical keys
+  std::string target_fp;
+  int budget = 0;
+};
+
+struct SweepChainProgress {
+  std::string workload_key;
+  std::string chain;  // the first entry's chain name
+  std::string model;  // and its model
+  int measured = 0;
+  int budget = 0;
+  bool operator==(const SweepChainProgress&) const = default;
+};
+
+struct SweepProgress {
+  int chains = 0;
+  int done = 0;  // cache hits + tuned + failed
+  int cache_hits = 0;
+  int tuned = 0;
+  int failed = 0;
+  std::vector<SweepChainProgress> tuning;
+  double elapsed_s = 0;
+  double eta_s = -1;  // < 0: not known yet
+  bool operator==(const SweepProgress&) const = default;
+};
+
+// One entry's outcome, in the entry's names.
+struct SweepChainResult {
+  std::string model, chain, role, source;
+  int instances = 0;
+  std::string workload_key;
+  std::string state;  // "cache", "tuned", or the chain's state
+  std::string error;
+  double best_s = 0;
+  double baseline_s = 0;  // the unfused chain; 0 when not measured
+  double speedup = 0;
+  double tuning_s = 0;  // of the task that found the best kernel
+  std::string schedule;
+  std::string task_id;
+  int candidates_measured = 0;
+};
+
+struct SweepReport {
+  db::SweepRow sweep;
+  hw::TargetDesc target;
+  std::vector<SweepChainResult> results;  // per entry, in the request's order
+};
 
 struct SweepOptions {
   // Chains of one sweep tuned at the same time: enough to keep the
@@ -47,14 +116,14 @@ class SweepRunner {
   // RESOURCE_EXHAUSTED when `caller` already runs as many sweeps as a
   // client may (joining a running sweep is always allowed). The sweep's
   // tasks are the caller's.
-  absl::StatusOr<v1::SweepStarted> Start(const v1::SweepRequest& request, const Caller& caller);
+  absl::StatusOr<SweepStarted> Start(const SweepRequest& request, const Caller& caller);
 
   struct Status {
-    v1::SweepProgress progress;
+    SweepProgress progress;
     bool finished = false;
   };
   absl::StatusOr<Status> Progress(const std::string& sweep_id);
-  absl::StatusOr<v1::SweepReport> Report(const std::string& sweep_id);
+  absl::StatusOr<SweepReport> Report(const std::string& sweep_id);
 
  private:
   void Loop();

@@ -6,10 +6,12 @@
 #include <optional>
 
 #include "fusor/v1/schedule.pb.h"
+#include "fusor/v1/scheduler.pb.h"
 #include "fusor/v1/worker.pb.h"
 #include "server/db/states.h"
 #include "server/db/tuning_db.h"
 #include "server/scheduler.h"
+#include "server/sweeps.h"
 
 namespace fusor::server {
 
@@ -29,6 +31,25 @@ v1::Measurement MeasurementProto(const db::MeasurementRow& measurement);
 // What a worker measured: status, error, samples, median, errors and the
 // compile record. INVALID_ARGUMENT without a status.
 absl::StatusOr<db::MeasurementRow> MeasurementFromProto(const v1::Measurement& measurement);
+
+// INVALID_ARGUMENT for a backend this fusor does not know.
+absl::StatusOr<TargetSelector> TargetSelectorFromProto(const v1::TargetSelector& selector);
+TuneOptions TuneOptionsFromProto(const v1::TuneOptions& options);
+v1::TaskStarted TaskStartedProto(const TaskStarted& started);
+v1::TuneProgress TuneProgressProto(const TuneProgress& progress);
+v1::TuneResult TuneResultProto(const TuneResult& result);
+v1::CompileResponse CompileResponseProto(const CompileResult& compiled);
+// A task as GetTask answers it: its snapshot (any version) and its row.
+v1::TaskInfo TaskInfoProto(const TaskSnapshot& snapshot, const db::TaskRow& row);
+// A registered worker; its target when that is readable.
+v1::WorkerInfo WorkerInfoProto(const db::WorkerRow& worker, const absl::StatusOr<hw::TargetDesc>& target);
+
+// Each entry's chain is read here; a bad one is reported by SweepRunner::Start
+// naming its entry.
+absl::StatusOr<SweepRequest> SweepRequestFromProto(const v1::SweepRequest& request);
+v1::SweepStarted SweepStartedProto(const SweepStarted& started);
+v1::SweepProgress SweepProgressProto(const SweepProgress& progress);
+v1::SweepReport SweepReportProto(const SweepReport& report);
 
 v1::MeasureOptions MeasureOptionsProto(const MeasureOptions& options);
 v1::Job JobProto(const LeasedJob& leased, const MeasureOptions& measure);

@@ -162,13 +162,9 @@ TEST_F(IntegrationTest, TheWorkerServiceCarriesTheCoresWorkerProtocol) {
     EXPECT_FALSE(hb.reregister());
   }
 
-  v1::Workload workload;
-  workload.set_text(testing::kGemmChain);
-  auto prepared = server_->core().Prepare(workload, {});
+  auto prepared = server_->core().Prepare(*ir::ParseChainText(testing::kGemmChain), {});
   ASSERT_TRUE(prepared.ok()) << prepared.status();
-  v1::TuneOptions options;
-  options.set_budget(1);
-  ASSERT_TRUE(server_->core().StartTune(*prepared, options, {"test", "test"}).ok());
+  ASSERT_TRUE(server_->core().StartTune(*prepared, server::TuneOptions{1}, {"test", "test"}).ok());
   v1::LeaseRequest lease;
   lease.set_worker_id(registered.worker_id());
   lease.set_worker_secret(registered.worker_secret());
@@ -387,18 +383,14 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
   idle.compute_units = 1;
   ASSERT_TRUE(core.Register("idle", idle).ok());
   auto prepare = [&](int m) {
-    v1::Workload w;
-    w.set_text("dim m=" + std::to_string(m) + " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\n"
-               "D[m,n] = relu(C[m,n])\nout D\n");
-    auto p = core.Prepare(w, v1::TargetSelector());
+    auto p = core.Prepare(*ir::ParseChainText("dim m=" + std::to_string(m) +
+                                              " k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\n"
+                                              "D[m,n] = relu(C[m,n])\nout D\n"),
+                          server::TargetSelector());
     EXPECT_TRUE(p.ok()) << p.status();
     return *p;
   };
-  auto budget = [](int n) {
-    v1::TuneOptions o;
-    o.set_budget(n);
-    return o;
-  };
+  auto budget = [](int n) { return server::TuneOptions{n}; };
   const server::Caller alice{"tok-a", "alice"}, bob{"tok-b", "bob"};
   auto first = core.StartTune(prepare(16), budget(4), alice);
   ASSERT_TRUE(first.ok()) << first.status();
@@ -411,7 +403,7 @@ TEST_F(IntegrationTest, QuotasPerClientWithARetryHintAndComplexityLimits) {
 
   auto joined = core.StartTune(prepare(16), budget(4), bob);
   ASSERT_TRUE(joined.ok()) << joined.status();
-  EXPECT_EQ(joined->started.task_id(), first->started.task_id());
+  EXPECT_EQ(joined->started.task_id, first->started.task_id);
   ASSERT_TRUE(core.StartTune(prepare(48), budget(8), bob).ok());
   auto over = core.StartTune(prepare(64), budget(4), bob);
   ASSERT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();

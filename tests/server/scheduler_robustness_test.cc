@@ -15,8 +15,10 @@
 
 #include "common/codegen/cuda/nvrtc.h"
 #include "common/hw/devices.h"
+#include "common/ir/parse.h"
 #include "proto/wire/convert.h"
 #include "server/scheduler.h"
+#include "server/wire_rows.h"
 #include "tests/test_chains.h"
 
 namespace fusor::server {
@@ -61,17 +63,18 @@ class SchedulerRobustnessTest : public ::testing::Test {
     return r.ok() ? r->credentials : WorkerCredentials();
   }
 
-  std::string StartTask(bool force = false, const v1::TargetSelector& target = {}, int budget = 4) {
-    v1::Workload w;
-    w.set_text(testing::kGemmChain);
-    auto req = scheduler_->Prepare(w, target);
+  std::string StartTask(bool force = false, const TargetSelector& target = {}, int budget = 4) {
+    auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), target);
     EXPECT_TRUE(req.ok()) << req.status();
-    v1::TuneOptions options;
-    options.set_budget(budget);
-    options.set_force(force);
-    auto start = scheduler_->StartTune(*req, options, {"test", "test"});
+    auto start = scheduler_->StartTune(*req, TuneOptions{budget, force}, {"test", "test"});
     EXPECT_TRUE(start.ok()) << start.status();
-    return start->started.task_id();
+    return start->started.task_id;
+  }
+
+  // The answer kept for the GEMM chain's text on `target`.
+  absl::StatusOr<std::shared_ptr<Scheduler::Answer>> CachedAnswer(const TargetSelector& target = {}) {
+    return scheduler_->CachedAnswer(
+        testing::kGemmChain, [] { return ir::ParseChainText(testing::kGemmChain); }, target);
   }
 
   std::vector<LeasedJob> Lease(const WorkerCredentials& w) {
@@ -262,30 +265,28 @@ TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetrie
 
 TEST_F(SchedulerRobustnessTest, CacheAnswersAreKeptUntilABetterRecordLands) {
   const WorkerCredentials w = RegisterWorker("w");
-  v1::Workload workload;
-  workload.set_text(testing::kGemmChain);
-  auto miss = scheduler_->CachedAnswer(workload, {});
+  auto miss = CachedAnswer();
   ASSERT_TRUE(miss.ok()) << miss.status();
   EXPECT_TRUE(absl::IsNotFound((*miss)->result.status()));
 
   Finish(StartTask(), w, 2e-3);
-  auto first = scheduler_->CachedAnswer(workload, {});
+  auto first = CachedAnswer();
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE((*first)->result.ok()) << (*first)->result.status();
-  EXPECT_DOUBLE_EQ((*first)->result->best_measurement().median_s(), 2e-3);
+  EXPECT_DOUBLE_EQ((*first)->result->measured.median_s, 2e-3);
   const auto& compiled = scheduler_->CompileAnswer(**first);
   ASSERT_TRUE(compiled.ok()) << compiled.status();
-  EXPECT_FALSE(compiled->kernel_source().empty());
+  EXPECT_FALSE(compiled->kernel.source.empty());
   // The same request again: the same answer, not parsed or rendered again.
-  EXPECT_EQ(scheduler_->CachedAnswer(workload, {})->get(), first->get());
+  EXPECT_EQ(CachedAnswer()->get(), first->get());
   EXPECT_EQ(&scheduler_->CompileAnswer(**first), &compiled);
 
   Finish(StartTask(/*force=*/true), w, 1e-3);  // a better record
-  auto second = scheduler_->CachedAnswer(workload, {});
+  auto second = CachedAnswer();
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_NE(second->get(), first->get());
   ASSERT_TRUE((*second)->result.ok());
-  EXPECT_DOUBLE_EQ((*second)->result->best_measurement().median_s(), 1e-3);
+  EXPECT_DOUBLE_EQ((*second)->result->measured.median_s, 1e-3);
 }
 
 TEST_F(SchedulerRobustnessTest, CompileAnswersInTheLanguageOfTheTargetsBackend) {
@@ -293,42 +294,40 @@ TEST_F(SchedulerRobustnessTest, CompileAnswersInTheLanguageOfTheTargetsBackend) 
   const std::optional<hw::TargetDesc> h100 = hw::LookupDevice("h100");
   ASSERT_TRUE(h100.has_value());
   const WorkerCredentials gpu = RegisterWorker("gpu", *h100);
-  v1::TargetSelector cuda;
-  cuda.set_fingerprint(hw::TargetFingerprint(*h100));
-  v1::TargetSelector host;
-  host.set_fingerprint(hw::TargetFingerprint(CpuTarget()));
+  const TargetSelector cuda{std::nullopt, hw::TargetFingerprint(*h100)};
+  const TargetSelector host{std::nullopt, hw::TargetFingerprint(CpuTarget())};
   Finish(StartTask(false, host), cpu, 2e-3);
   Finish(StartTask(false, cuda), gpu, 1e-4);
-  v1::Workload workload;
-  workload.set_text(testing::kGemmChain);
 
-  auto on_cpu = scheduler_->CachedAnswer(workload, host);
+  auto on_cpu = CachedAnswer(host);
   ASSERT_TRUE(on_cpu.ok() && (*on_cpu)->result.ok());
-  const auto& cpu_answer = scheduler_->CompileAnswer(**on_cpu);
-  ASSERT_TRUE(cpu_answer.ok()) << cpu_answer.status();
-  EXPECT_EQ(cpu_answer->language(), "c++");
-  EXPECT_EQ(cpu_answer->entry_point(), "fusor_run");
-  EXPECT_THAT(cpu_answer->kernel_source(), HasSubstr("extern \"C\" int fusor_run"));
-  EXPECT_TRUE(cpu_answer->binary().empty());
+  const auto& cpu_compiled = scheduler_->CompileAnswer(**on_cpu);
+  ASSERT_TRUE(cpu_compiled.ok()) << cpu_compiled.status();
+  const v1::CompileResponse cpu_answer = CompileResponseProto(*cpu_compiled);  // as the client gets it
+  EXPECT_EQ(cpu_answer.language(), "c++");
+  EXPECT_EQ(cpu_answer.entry_point(), "fusor_run");
+  EXPECT_THAT(cpu_answer.kernel_source(), HasSubstr("extern \"C\" int fusor_run"));
+  EXPECT_TRUE(cpu_answer.binary().empty());
 
-  auto on_gpu = scheduler_->CachedAnswer(workload, cuda);
+  auto on_gpu = CachedAnswer(cuda);
   ASSERT_TRUE(on_gpu.ok() && (*on_gpu)->result.ok());
-  const auto& gpu_answer = scheduler_->CompileAnswer(**on_gpu);
-  ASSERT_TRUE(gpu_answer.ok()) << gpu_answer.status();
-  EXPECT_EQ(gpu_answer->language(), "cuda");
-  EXPECT_EQ(gpu_answer->entry_point(), "fusor_fused");
-  EXPECT_THAT(gpu_answer->kernel_source(), HasSubstr("__global__"));
-  EXPECT_THAT(gpu_answer->kernel_source(), HasSubstr("mma.sync"));  // the device header, inlined
-  EXPECT_THAT(gpu_answer->kernel_source(), ::testing::Not(HasSubstr("#include \"fusor_device.h\"")));
-  const nlohmann::json meta = nlohmann::json::parse(gpu_answer->metadata_json());
+  const auto& gpu_compiled = scheduler_->CompileAnswer(**on_gpu);
+  ASSERT_TRUE(gpu_compiled.ok()) << gpu_compiled.status();
+  const v1::CompileResponse gpu_answer = CompileResponseProto(*gpu_compiled);
+  EXPECT_EQ(gpu_answer.language(), "cuda");
+  EXPECT_EQ(gpu_answer.entry_point(), "fusor_fused");
+  EXPECT_THAT(gpu_answer.kernel_source(), HasSubstr("__global__"));
+  EXPECT_THAT(gpu_answer.kernel_source(), HasSubstr("mma.sync"));  // the device header, inlined
+  EXPECT_THAT(gpu_answer.kernel_source(), ::testing::Not(HasSubstr("#include \"fusor_device.h\"")));
+  const nlohmann::json meta = nlohmann::json::parse(gpu_answer.metadata_json());
   EXPECT_GE(meta.at("launch").at("grid").at(0).get<int64_t>(), 1);
   EXPECT_EQ(meta.at("launch").at("block").at(0).get<int>(), meta.at("threads").get<int>());
   if (codegen::Nvrtc::Get() != nullptr) {
-    EXPECT_EQ(gpu_answer->binary_format(), "cubin");
-    EXPECT_EQ(gpu_answer->binary().substr(0, 4), "\x7f" "ELF");
+    EXPECT_EQ(gpu_answer.binary_format(), "cubin");
+    EXPECT_EQ(gpu_answer.binary().substr(0, 4), "\x7f" "ELF");
     EXPECT_EQ(meta.at("binary").at("arch").get<std::string>(), h100->arch);
   } else {
-    EXPECT_TRUE(gpu_answer->binary().empty());
+    EXPECT_TRUE(gpu_answer.binary().empty());
     EXPECT_THAT(meta.at("binary").at("missing").get<std::string>(), HasSubstr("NVRTC"));
   }
 }

@@ -8,9 +8,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/ir/parse.h"
 #include "common/util/timing.h"
-#include "proto/wire/convert.h"
 #include "server/scheduler.h"
+#include "server/wire_rows.h"
 #include "tests/test_chains.h"
 
 namespace fusor::server {
@@ -139,16 +140,13 @@ class TrustedMeasurementTest : public ::testing::Test {
   }
 
   // Starts a task of `budget` candidates; `measure(job)` makes each report.
+  // The result as a client receives it.
   v1::TuneResult Tune(int budget, const std::function<db::MeasurementRow(const LeasedJob&)>& measure) {
-    v1::Workload w;
-    w.set_text(testing::kGemmChain);
-    auto req = scheduler_->Prepare(w, {});
+    auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
     EXPECT_TRUE(req.ok()) << req.status();
-    v1::TuneOptions options;
-    options.set_budget(budget);
-    auto start = scheduler_->StartTune(*req, options, {"test", "test"});
+    auto start = scheduler_->StartTune(*req, TuneOptions{budget}, {"test", "test"});
     EXPECT_TRUE(start.ok()) << start.status();
-    const std::string task = start->started.task_id();
+    const std::string task = start->started.task_id;
     for (int round = 0; round < 20; ++round) {
       auto jobs = scheduler_->Lease(worker_, 16, absl::ZeroDuration(), nullptr);
       EXPECT_TRUE(jobs.ok()) << jobs.status();
@@ -160,7 +158,7 @@ class TrustedMeasurementTest : public ::testing::Test {
     }
     auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
     EXPECT_EQ(snap->state, db::TaskState::kDone) << snap->error;
-    return snap->result.value_or(v1::TuneResult());
+    return snap->result ? TuneResultProto(*snap->result) : v1::TuneResult();
   }
 
   static db::MeasurementRow Ok(const std::vector<double>& samples) {
@@ -206,11 +204,9 @@ TEST_F(TrustedMeasurementTest, ANoisyCandidateIsNeverTheBestNorCached) {
   EXPECT_EQ(r.baseline().samples_s_size(), 20);
   EXPECT_NEAR(r.speedup(), r.baseline_s() / r.best_measurement().median_s(), 1e-12);
   // The cache answers with the trusted best.
-  v1::Workload w;
-  w.set_text(testing::kGemmChain);
-  auto cached = scheduler_->Lookup(*scheduler_->Prepare(w, {}));
+  auto cached = scheduler_->Lookup(*scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {}));
   ASSERT_TRUE(cached.ok()) << cached.status();
-  EXPECT_EQ(cached->best().id(), r.best().id());
+  EXPECT_EQ(cached->best.id, r.best().id());
 }
 
 TEST_F(TrustedMeasurementTest, ANoisyConfirmationIsTriedOnceMore) {
