@@ -7,14 +7,34 @@
 namespace fusor::db {
 namespace {
 
-// Each k...s array has as many values as its enum.
-static_assert(std::size(kTaskStates) == static_cast<size_t>(TaskState::kFailed) + 1);
-static_assert(std::size(kJobStates) == static_cast<size_t>(JobState::kFailed) + 1);
-static_assert(std::size(kWorkerStates) == static_cast<size_t>(WorkerState::kLost) + 1);
-static_assert(std::size(kSweepStates) == static_cast<size_t>(SweepState::kDone) + 1);
-static_assert(std::size(kSweepChainStates) == static_cast<size_t>(SweepChainState::kFailed) + 1);
-static_assert(std::size(kJobKinds) == static_cast<size_t>(JobKind::kConfirm) + 1);
-static_assert(std::size(kMeasurementStatuses) == static_cast<size_t>(MeasurementStatus::kNoisy) + 1);
+// The database's text of each value, in the order the enum declares them.
+constexpr absl::string_view kTaskStateNames[] = {"running", "done", "failed"};
+constexpr absl::string_view kJobStateNames[] = {"queued", "leased", "done", "failed"};
+constexpr absl::string_view kWorkerStateNames[] = {"alive", "lost"};
+constexpr absl::string_view kSweepStateNames[] = {"running", "done"};
+constexpr absl::string_view kSweepChainStateNames[] = {"pending", "tuning", "done", "failed"};
+constexpr absl::string_view kJobKindNames[] = {"candidate", "baseline", "confirm"};
+constexpr absl::string_view kMeasurementStatusNames[] = {"ok",    "compile_error", "invalid_result", "timeout",
+                                                         "crash", "runtime_error", "noisy"};
+
+// Each k...s array and each name table has as many entries as its enum.
+template <typename T, size_t N, size_t M>
+constexpr bool Complete(const T (&)[N], const absl::string_view (&)[M], T last) {
+  return N == static_cast<size_t>(last) + 1 && M == N;
+}
+static_assert(Complete(kTaskStates, kTaskStateNames, TaskState::kFailed));
+static_assert(Complete(kJobStates, kJobStateNames, JobState::kFailed));
+static_assert(Complete(kWorkerStates, kWorkerStateNames, WorkerState::kLost));
+static_assert(Complete(kSweepStates, kSweepStateNames, SweepState::kDone));
+static_assert(Complete(kSweepChainStates, kSweepChainStateNames, SweepChainState::kFailed));
+static_assert(Complete(kJobKinds, kJobKindNames, JobKind::kConfirm));
+static_assert(Complete(kMeasurementStatuses, kMeasurementStatusNames, MeasurementStatus::kNoisy));
+
+template <typename T, size_t N>
+absl::string_view NameIn(T value, const absl::string_view (&names)[N]) {
+  const size_t i = static_cast<size_t>(value);
+  return i < N ? names[i] : "";
+}
 
 // The value of `all` named `text`; else DATA_LOSS naming `what` (what the
 // text is, and where it is stored), the text and the names known.
@@ -30,72 +50,13 @@ absl::StatusOr<T> ParseOf(absl::string_view text, const T (&all)[N], absl::strin
 
 }  // namespace
 
-absl::string_view Name(TaskState state) {
-  switch (state) {
-    case TaskState::kRunning: return "running";
-    case TaskState::kDone: return "done";
-    case TaskState::kFailed: return "failed";
-  }
-  return "";
-}
-
-absl::string_view Name(JobState state) {
-  switch (state) {
-    case JobState::kQueued: return "queued";
-    case JobState::kLeased: return "leased";
-    case JobState::kDone: return "done";
-    case JobState::kFailed: return "failed";
-  }
-  return "";
-}
-
-absl::string_view Name(WorkerState state) {
-  switch (state) {
-    case WorkerState::kAlive: return "alive";
-    case WorkerState::kLost: return "lost";
-  }
-  return "";
-}
-
-absl::string_view Name(SweepState state) {
-  switch (state) {
-    case SweepState::kRunning: return "running";
-    case SweepState::kDone: return "done";
-  }
-  return "";
-}
-
-absl::string_view Name(SweepChainState state) {
-  switch (state) {
-    case SweepChainState::kPending: return "pending";
-    case SweepChainState::kTuning: return "tuning";
-    case SweepChainState::kDone: return "done";
-    case SweepChainState::kFailed: return "failed";
-  }
-  return "";
-}
-
-absl::string_view Name(JobKind kind) {
-  switch (kind) {
-    case JobKind::kCandidate: return "candidate";
-    case JobKind::kBaseline: return "baseline";
-    case JobKind::kConfirm: return "confirm";
-  }
-  return "";
-}
-
-absl::string_view Name(MeasurementStatus status) {
-  switch (status) {
-    case MeasurementStatus::kOk: return "ok";
-    case MeasurementStatus::kCompileError: return "compile_error";
-    case MeasurementStatus::kInvalidResult: return "invalid_result";
-    case MeasurementStatus::kTimeout: return "timeout";
-    case MeasurementStatus::kCrash: return "crash";
-    case MeasurementStatus::kRuntimeError: return "runtime_error";
-    case MeasurementStatus::kNoisy: return "noisy";
-  }
-  return "";
-}
+absl::string_view Name(TaskState state) { return NameIn(state, kTaskStateNames); }
+absl::string_view Name(JobState state) { return NameIn(state, kJobStateNames); }
+absl::string_view Name(WorkerState state) { return NameIn(state, kWorkerStateNames); }
+absl::string_view Name(SweepState state) { return NameIn(state, kSweepStateNames); }
+absl::string_view Name(SweepChainState state) { return NameIn(state, kSweepChainStateNames); }
+absl::string_view Name(JobKind kind) { return NameIn(kind, kJobKindNames); }
+absl::string_view Name(MeasurementStatus status) { return NameIn(status, kMeasurementStatusNames); }
 
 template <>
 absl::StatusOr<TaskState> Parse<TaskState>(absl::string_view text) {
