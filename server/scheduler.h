@@ -165,7 +165,7 @@ struct PreparedRequest {
   hw::TargetDesc target;
 };
 
-// The worker protocol in the core's own terms (server/service.cc converts
+// The worker protocol in the core's own terms (server/wire_rows.h converts
 // the fusor.v1 messages). After Register, a worker names itself on every
 // call with the id and secret Register returned.
 struct WorkerCredentials {
@@ -232,9 +232,9 @@ class Scheduler {
   // The cached result (translated), or NOT_FOUND.
   absl::StatusOr<TuneResult> Lookup(const PreparedRequest& request);
   // A request's prepared form and cache answer, kept in memory by the
-  // SHA-256 of the request's bytes: a repeated request is neither parsed,
-  // canonicalized nor looked up again, and its Compile answer is rendered
-  // once. Entries last until a best record lands or the targets change.
+  // SHA-256 of the workload's bytes and the selector: a repeated request is
+  // neither parsed, canonicalized nor looked up again, and its kernel is
+  // emitted once. Entries last until a best record lands or the targets change.
   struct Answer {
     int64_t best_generation = 0;
     int64_t targets_generation = 0;
@@ -268,7 +268,7 @@ class Scheduler {
   // Blocks until the task's version exceeds `after_version` or `timeout`.
   absl::StatusOr<TaskSnapshot> WaitForTask(const std::string& task_id, int64_t after_version,
                                            absl::Duration timeout);
-  // Canonical-name result or progress -> the requester's names.
+  // A canonical-name result or schedule -> the requester's names.
   TuneResult Translate(const TuneResult& result, const PreparedRequest& request) const;
   std::string TranslateSchedule(const std::string& canonical_schedule, const PreparedRequest& request) const;
   // Kernel source and metadata for the requester's chain under `result`.

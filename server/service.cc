@@ -69,7 +69,8 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
       v1::TuneEvent progress;
       *progress.mutable_progress() = TuneProgressProto(snap->progress);
       if (!snap->progress.best_schedule.empty()) {
-        progress.mutable_progress()->set_best_schedule(core_->TranslateSchedule(snap->progress.best_schedule, *prepared));
+        progress.mutable_progress()->set_best_schedule(
+            core_->TranslateSchedule(snap->progress.best_schedule, *prepared));
       }
       writer->Write(progress);
     }

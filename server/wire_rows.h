@@ -1,6 +1,7 @@
-// The scheduler core's own types (the database's rows and states, leased
-// jobs, reports) as fusor.v1 messages and back: the conversions of the
-// service edge, the only place where the core's values meet protos.
+// The scheduler core's own types (database rows and states, targets and
+// selectors, results, progress, tasks, workers, leased jobs, reports,
+// sweeps) as fusor.v1 messages and back: the conversions of the service
+// edge, the only place where the core's values meet protos.
 #pragma once
 
 #include <optional>

@@ -166,7 +166,7 @@ const char* OutcomeStatusName(OutcomeStatus s) {
 
 absl::StatusOr<std::string> JobSpecToJson(const JobSpec& spec) {
   try {
-    return Json(spec).dump(-1, ' ', false, Json::error_handler_t::replace);
+    return Json(spec).dump();  // a path that is not UTF-8 is an error, not another path
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("job spec: ", e.what()));
   }

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -106,10 +107,12 @@ absl::StatusOr<ForkedResult> RunForked(const std::function<int(std::string* outp
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, SIG_DFL);
     std::string output;
     int code = 124;
+    // Never unwind into the parent's stack frames from the child.
     try {
       code = body(&output);
+    } catch (const std::exception& e) {
+      output = std::string("the forked body threw: ") + e.what();
     } catch (...) {
-      // Never unwind into the parent's stack frames from the child.
       output = "the forked body threw";
     }
     for (size_t done = 0; done < output.size();) {

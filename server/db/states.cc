@@ -1,26 +1,49 @@
 #include "server/db/states.h"
 
 #include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace fusor::db {
 namespace {
 
-// The database's text of each value, in the order the enum declares them.
-constexpr absl::string_view kTaskStateNames[] = {"running", "done", "failed"};
-constexpr absl::string_view kJobStateNames[] = {"queued", "leased", "done", "failed"};
-constexpr absl::string_view kWorkerStateNames[] = {"alive", "lost"};
-constexpr absl::string_view kSweepStateNames[] = {"running", "done"};
-constexpr absl::string_view kSweepChainStateNames[] = {"pending", "tuning", "done", "failed"};
-constexpr absl::string_view kJobKindNames[] = {"candidate", "baseline", "confirm"};
-constexpr absl::string_view kMeasurementStatusNames[] = {"ok",    "compile_error", "invalid_result", "timeout",
-                                                         "crash", "runtime_error", "noisy"};
+// The database's text of each value.
+template <typename T>
+using Names = std::pair<T, absl::string_view>;
+constexpr Names<TaskState> kTaskStateNames[] = {
+    {TaskState::kRunning, "running"}, {TaskState::kDone, "done"}, {TaskState::kFailed, "failed"}};
+constexpr Names<JobState> kJobStateNames[] = {{JobState::kQueued, "queued"},
+                                               {JobState::kLeased, "leased"},
+                                               {JobState::kDone, "done"},
+                                               {JobState::kFailed, "failed"}};
+constexpr Names<WorkerState> kWorkerStateNames[] = {{WorkerState::kAlive, "alive"}, {WorkerState::kLost, "lost"}};
+constexpr Names<SweepState> kSweepStateNames[] = {{SweepState::kRunning, "running"}, {SweepState::kDone, "done"}};
+constexpr Names<SweepChainState> kSweepChainStateNames[] = {{SweepChainState::kPending, "pending"},
+                                                            {SweepChainState::kTuning, "tuning"},
+                                                            {SweepChainState::kDone, "done"},
+                                                            {SweepChainState::kFailed, "failed"}};
+constexpr Names<JobKind> kJobKindNames[] = {
+    {JobKind::kCandidate, "candidate"}, {JobKind::kBaseline, "baseline"}, {JobKind::kConfirm, "confirm"}};
+constexpr Names<MeasurementStatus> kMeasurementStatusNames[] = {{MeasurementStatus::kOk, "ok"},
+                                                                {MeasurementStatus::kCompileError, "compile_error"},
+                                                                {MeasurementStatus::kInvalidResult, "invalid_result"},
+                                                                {MeasurementStatus::kTimeout, "timeout"},
+                                                                {MeasurementStatus::kCrash, "crash"},
+                                                                {MeasurementStatus::kRuntimeError, "runtime_error"},
+                                                                {MeasurementStatus::kNoisy, "noisy"}};
 
-// Each k...s array and each name table has as many entries as its enum.
+// Each k...s array and each name table has as many entries as its enum has
+// values, and every value of the array has a name.
 template <typename T, size_t N, size_t M>
-constexpr bool Complete(const T (&)[N], const absl::string_view (&)[M], T last) {
-  return N == static_cast<size_t>(last) + 1 && M == N;
+constexpr bool Complete(const T (&all)[N], const Names<T> (&names)[M], T last) {
+  if (N != static_cast<size_t>(last) + 1 || M != N) return false;
+  for (T value : all) {
+    bool named = false;
+    for (const auto& [v, name] : names) named = named || v == value;
+    if (!named) return false;
+  }
+  return true;
 }
 static_assert(Complete(kTaskStates, kTaskStateNames, TaskState::kFailed));
 static_assert(Complete(kJobStates, kJobStateNames, JobState::kFailed));
@@ -31,9 +54,11 @@ static_assert(Complete(kJobKinds, kJobKindNames, JobKind::kConfirm));
 static_assert(Complete(kMeasurementStatuses, kMeasurementStatusNames, MeasurementStatus::kNoisy));
 
 template <typename T, size_t N>
-absl::string_view NameIn(T value, const absl::string_view (&names)[N]) {
-  const size_t i = static_cast<size_t>(value);
-  return i < N ? names[i] : "";
+absl::string_view NameIn(T value, const Names<T> (&names)[N]) {
+  for (const auto& [v, name] : names) {
+    if (v == value) return name;
+  }
+  return "";
 }
 
 // The value of `all` named `text`; else DATA_LOSS naming `what` (what the

@@ -57,7 +57,7 @@ TEST(ProcessTest, ABodyThatThrowsEndsTheChildNotTheParent) {
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->process.signaled);
   EXPECT_EQ(r->process.exit_code, 124);
-  EXPECT_EQ(r->output, "the forked body threw");
+  EXPECT_EQ(r->output, "the forked body threw: thrown in the child");
 }
 
 TEST(TempDirTest, DefaultsToTmpdir) {
