@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
+#include "common/util/enum_names.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
 #include "common/util/process.h"
@@ -44,30 +45,24 @@ namespace worker {
 
 // Enums by name; a name this executable does not know is an error.
 template <typename E, size_t N>
-void EnumToJson(nlohmann::json& j, E value, const std::pair<E, const char*> (&names)[N]) {
-  for (const auto& [v, name] : names) {
-    if (v == value) j = name;
-  }
+void EnumToJson(nlohmann::json& j, E value, const EnumName<E> (&names)[N]) {
+  j = NameIn(value, names);
 }
 template <typename E, size_t N>
-void EnumFromJson(const nlohmann::json& j, E& value, const std::pair<E, const char*> (&names)[N]) {
+void EnumFromJson(const nlohmann::json& j, E& value, const EnumName<E> (&names)[N]) {
   const std::string text = j.get<std::string>();
-  for (const auto& [v, name] : names) {
-    if (text == name) {
-      value = v;
-      return;
-    }
-  }
-  throw std::invalid_argument("unknown name '" + text + "'");
+  const std::optional<E> v = ValueIn(text, names);
+  if (!v) throw std::invalid_argument("unknown name '" + text + "'");
+  value = *v;
 }
 
-constexpr std::pair<JobKind, const char*> kJobKinds[] = {{JobKind::kCandidate, "candidate"},
-                                                         {JobKind::kBaseline, "baseline"},
-                                                         {JobKind::kCalibrate, "calibrate"},
-                                                         {JobKind::kConfirm, "confirm"}};
-constexpr std::pair<JobPhase, const char*> kJobPhases[] = {
+constexpr EnumName<JobKind> kJobKinds[] = {{JobKind::kCandidate, "candidate"},
+                                           {JobKind::kBaseline, "baseline"},
+                                           {JobKind::kCalibrate, "calibrate"},
+                                           {JobKind::kConfirm, "confirm"}};
+constexpr EnumName<JobPhase> kJobPhases[] = {
     {JobPhase::kAll, "all"}, {JobPhase::kCompile, "compile"}, {JobPhase::kMeasure, "measure"}};
-constexpr std::pair<OutcomeStatus, const char*> kOutcomeStatuses[] = {
+constexpr EnumName<OutcomeStatus> kOutcomeStatuses[] = {
     {OutcomeStatus::kOk, "ok"},
     {OutcomeStatus::kCompileError, "compile_error"},
     {OutcomeStatus::kInvalidResult, "invalid_result"},
@@ -158,10 +153,8 @@ bool RecordValidation(const absl::StatusOr<Validation>& valid, JobOutcome& out) 
 }
 
 const char* OutcomeStatusName(OutcomeStatus s) {
-  for (const auto& [status, name] : kOutcomeStatuses) {
-    if (status == s) return name;
-  }
-  return "?";
+  const absl::string_view name = NameIn(s, kOutcomeStatuses);  // the table's literals end in NUL
+  return name.empty() ? "?" : name.data();
 }
 
 absl::StatusOr<std::string> JobSpecToJson(const JobSpec& spec) {

@@ -1,42 +1,36 @@
 #include "server/db/states.h"
 
 #include <iterator>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/enum_names.h"
 
 namespace fusor::db {
 namespace {
 
 // The database's text of each value.
-template <typename T>
-using Names = std::pair<T, absl::string_view>;
-constexpr Names<TaskState> kTaskStateNames[] = {
+constexpr EnumName<TaskState> kTaskStateNames[] = {
     {TaskState::kRunning, "running"}, {TaskState::kDone, "done"}, {TaskState::kFailed, "failed"}};
-constexpr Names<JobState> kJobStateNames[] = {{JobState::kQueued, "queued"},
-                                               {JobState::kLeased, "leased"},
-                                               {JobState::kDone, "done"},
-                                               {JobState::kFailed, "failed"}};
-constexpr Names<WorkerState> kWorkerStateNames[] = {{WorkerState::kAlive, "alive"}, {WorkerState::kLost, "lost"}};
-constexpr Names<SweepState> kSweepStateNames[] = {{SweepState::kRunning, "running"}, {SweepState::kDone, "done"}};
-constexpr Names<SweepChainState> kSweepChainStateNames[] = {{SweepChainState::kPending, "pending"},
-                                                            {SweepChainState::kTuning, "tuning"},
-                                                            {SweepChainState::kDone, "done"},
-                                                            {SweepChainState::kFailed, "failed"}};
-constexpr Names<JobKind> kJobKindNames[] = {
+constexpr EnumName<JobState> kJobStateNames[] = {
+    {JobState::kQueued, "queued"}, {JobState::kLeased, "leased"}, {JobState::kDone, "done"},
+    {JobState::kFailed, "failed"}};
+constexpr EnumName<WorkerState> kWorkerStateNames[] = {{WorkerState::kAlive, "alive"}, {WorkerState::kLost, "lost"}};
+constexpr EnumName<SweepState> kSweepStateNames[] = {{SweepState::kRunning, "running"}, {SweepState::kDone, "done"}};
+constexpr EnumName<SweepChainState> kSweepChainStateNames[] = {
+    {SweepChainState::kPending, "pending"}, {SweepChainState::kTuning, "tuning"},
+    {SweepChainState::kDone, "done"}, {SweepChainState::kFailed, "failed"}};
+constexpr EnumName<JobKind> kJobKindNames[] = {
     {JobKind::kCandidate, "candidate"}, {JobKind::kBaseline, "baseline"}, {JobKind::kConfirm, "confirm"}};
-constexpr Names<MeasurementStatus> kMeasurementStatusNames[] = {{MeasurementStatus::kOk, "ok"},
-                                                                {MeasurementStatus::kCompileError, "compile_error"},
-                                                                {MeasurementStatus::kInvalidResult, "invalid_result"},
-                                                                {MeasurementStatus::kTimeout, "timeout"},
-                                                                {MeasurementStatus::kCrash, "crash"},
-                                                                {MeasurementStatus::kRuntimeError, "runtime_error"},
-                                                                {MeasurementStatus::kNoisy, "noisy"}};
+constexpr EnumName<MeasurementStatus> kMeasurementStatusNames[] = {
+    {MeasurementStatus::kOk, "ok"}, {MeasurementStatus::kCompileError, "compile_error"},
+    {MeasurementStatus::kInvalidResult, "invalid_result"}, {MeasurementStatus::kTimeout, "timeout"},
+    {MeasurementStatus::kCrash, "crash"}, {MeasurementStatus::kRuntimeError, "runtime_error"},
+    {MeasurementStatus::kNoisy, "noisy"}};
 
 // Each k...s array and each name table has as many entries as its enum has
 // values, and every value of the array has a name.
 template <typename T, size_t N, size_t M>
-constexpr bool Complete(const T (&all)[N], const Names<T> (&names)[M], T last) {
+constexpr bool Complete(const T (&all)[N], const EnumName<T> (&names)[M], T last) {
   if (N != static_cast<size_t>(last) + 1 || M != N) return false;
   for (T value : all) {
     bool named = false;
@@ -53,13 +47,6 @@ static_assert(Complete(kSweepChainStates, kSweepChainStateNames, SweepChainState
 static_assert(Complete(kJobKinds, kJobKindNames, JobKind::kConfirm));
 static_assert(Complete(kMeasurementStatuses, kMeasurementStatusNames, MeasurementStatus::kNoisy));
 
-template <typename T, size_t N>
-absl::string_view NameIn(T value, const Names<T> (&names)[N]) {
-  for (const auto& [v, name] : names) {
-    if (v == value) return name;
-  }
-  return "";
-}
 
 // The value of `all` named `text`; else DATA_LOSS naming `what` (what the
 // text is, and where it is stored), the text and the names known.
