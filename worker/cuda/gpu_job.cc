@@ -107,11 +107,11 @@ codegen::DeviceLimits TargetLimits(const hw::TargetDesc& target) {
 // Device buffers for the chain's inputs and outputs, freed on scope exit.
 struct Buffers {
   gpu::Runtime& rt;
-  std::vector<CUdeviceptr> in, out;
+  std::vector<gpu::DevicePtr> in, out;
   std::vector<size_t> in_bytes, out_bytes;
   ~Buffers() {
-    for (CUdeviceptr p : in) rt.Free(p);
-    for (CUdeviceptr p : out) rt.Free(p);
+    for (gpu::DevicePtr p : in) rt.Free(p);
+    for (gpu::DevicePtr p : out) rt.Free(p);
   }
 };
 
@@ -138,8 +138,8 @@ JobOutcome MeasureProgram(gpu::Runtime& rt, const JobSpec& spec, const ir::Chain
   for (int t : chain.outputs) buf.out_bytes.push_back(chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype));
   for (size_t b : buf.in_bytes) buf.in.push_back(rt.Alloc(b, &why));
   for (size_t b : buf.out_bytes) buf.out.push_back(rt.Alloc(b, &why));
-  for (const std::vector<CUdeviceptr>* list : {&buf.in, &buf.out}) {
-    for (CUdeviceptr p : *list) {
+  for (const std::vector<gpu::DevicePtr>* list : {&buf.in, &buf.out}) {
+    for (gpu::DevicePtr p : *list) {
       if (p == 0) return FailedOutcome(OutcomeStatus::kRuntimeError, why);
     }
   }

@@ -1,9 +1,7 @@
 // The worker's CUDA backend: the GPU as a target, and the jobs (calibrate,
 // measure a candidate or the baseline) run in the job's child process on
-// gpu::Runtime.
-// Built only when the CUDA toolkit is present (FUSOR_HAVE_CUDA); otherwise
-// DescribeGpuTarget says the build lacks it and the worker serves its CPU
-// backend.
+// gpu::Runtime. Built everywhere: without a driver, DescribeGpuTarget says
+// so and the worker serves its CPU backend.
 #pragma once
 
 #include "absl/status/statusor.h"

@@ -10,37 +10,38 @@
 
 namespace fusor::gpu {
 
-// The driver entry points fusor uses, resolved by their versioned names
-// (cuda.h maps cuMemAlloc to cuMemAlloc_v2, ...), the newest first.
+// The driver entry points fusor uses (driver_api.h), resolved by their
+// versioned names (cuMemAlloc is cuMemAlloc_v2, ...), the newest first.
 struct Driver {
-  decltype(&::cuInit) init;
-  decltype(&::cuDriverGetVersion) driver_version;
-  decltype(&::cuDeviceGetCount) device_count;
-  decltype(&::cuDeviceGet) device_get;
-  decltype(&::cuDeviceGetName) device_name;
-  decltype(&::cuDeviceGetAttribute) attribute;
-  decltype(&::cuDeviceTotalMem) total_mem;
-  decltype(&::cuDevicePrimaryCtxRetain) primary_retain;
-  decltype(&::cuDevicePrimaryCtxRelease) primary_release;
-  decltype(&::cuCtxSetCurrent) set_current;
-  decltype(&::cuCtxSynchronize) synchronize;
-  decltype(&::cuMemAlloc) alloc;
-  decltype(&::cuMemFree) free;
-  decltype(&::cuMemcpyHtoD) htod;
-  decltype(&::cuMemcpyDtoH) dtoh;
-  decltype(&::cuMemsetD8) memset8;
-  decltype(&::cuModuleLoadData) module_load;
-  decltype(&::cuModuleUnload) module_unload;
-  decltype(&::cuModuleGetFunction) get_function;
-  decltype(&::cuFuncSetAttribute) func_set_attribute;
-  decltype(&::cuFuncGetAttribute) func_get_attribute;
-  decltype(&::cuLaunchKernel) launch;
-  decltype(&::cuEventCreate) event_create;
-  decltype(&::cuEventDestroy) event_destroy;
-  decltype(&::cuEventRecord) event_record;
-  decltype(&::cuEventSynchronize) event_synchronize;
-  decltype(&::cuEventElapsedTime) event_elapsed;
-  decltype(&::cuGetErrorString) error_string;
+  drv::InitFn init;
+  drv::DriverGetVersionFn driver_version;
+  drv::DeviceGetCountFn device_count;
+  drv::DeviceGetFn device_get;
+  drv::DeviceGetNameFn device_name;
+  drv::DeviceGetAttributeFn attribute;
+  drv::DeviceTotalMemFn total_mem;
+  drv::PrimaryCtxRetainFn primary_retain;
+  drv::PrimaryCtxReleaseFn primary_release;
+  drv::CtxSetCurrentFn set_current;
+  drv::CtxSynchronizeFn synchronize;
+  drv::MemAllocFn alloc;
+  drv::MemFreeFn free;
+  drv::MemcpyHtoDFn htod;
+  drv::MemcpyDtoHFn dtoh;
+  drv::MemsetD8Fn memset8;
+  drv::ModuleLoadDataFn module_load;
+  drv::ModuleUnloadFn module_unload;
+  drv::ModuleGetFunctionFn get_function;
+  drv::FuncSetAttributeFn func_set_attribute;
+  drv::FuncGetAttributeFn func_get_attribute;
+  drv::FuncGetParamInfoFn param_info = nullptr;  // optional
+  drv::LaunchKernelFn launch;
+  drv::EventCreateFn event_create;
+  drv::EventDestroyFn event_destroy;
+  drv::EventRecordFn event_record;
+  drv::EventSynchronizeFn event_synchronize;
+  drv::EventElapsedTimeFn event_elapsed;
+  drv::GetErrorStringFn error_string;
 };
 
 namespace {
@@ -87,12 +88,13 @@ const Driver* LoadDriver(std::string* why) {
               Resolve(h, d->event_synchronize, {"cuEventSynchronize"}) &&
               Resolve(h, d->event_elapsed, {"cuEventElapsedTime_v2", "cuEventElapsedTime"}) &&
               Resolve(h, d->error_string, {"cuGetErrorString"});
+    Resolve(h, d->param_info, {"cuFuncGetParamInfo"});
     if (!ok) {
       error = "the CUDA driver lacks an entry point fusor needs (driver too old?)";
       delete d;
       return;
     }
-    if (CUresult rc = d->init(0); rc != CUDA_SUCCESS) {
+    if (drv::Result rc = d->init(0); rc != drv::kSuccess) {
       const char* s = nullptr;
       d->error_string(rc, &s);
       error = std::string("cuInit failed: ") + (s ? s : "unknown error");
@@ -106,27 +108,46 @@ const Driver* LoadDriver(std::string* why) {
 }
 
 // Device-to-device copy, 16 bytes per thread and step.
+struct CopyArgs {
+  DevicePtr in, out;
+  long n;  // float4s
+};
 const char kCopySource[] = R"(
-extern "C" __global__ void fusor_copy(const float4* __restrict__ in, float4* __restrict__ out, long n) {
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) out[i] = in[i];
+struct FusorCopyArgs {
+  const float4* __restrict__ in;
+  float4* __restrict__ out;
+  long n;
+};
+extern "C" __global__ void fusor_copy(const FusorCopyArgs a) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < a.n; i += (long)gridDim.x * blockDim.x) {
+    a.out[i] = a.in[i];
+  }
 }
 )";
 
 // Independent f16 mma.sync chains per warp, on registers only.
+struct MmaRateArgs {
+  DevicePtr out;
+  int steps;
+};
 const char kMmaSource[] = R"(
 #include "fusor_device.h"
-extern "C" __global__ void __launch_bounds__(128, 1) fusor_mma_rate(float* out, int steps) {
+struct FusorMmaRateArgs {
+  float* out;
+  int steps;
+};
+extern "C" __global__ void __launch_bounds__(128, 1) fusor_mma_rate(const FusorMmaRateArgs args) {
   fusor_u32 a[4] = {0x3c003c00u + threadIdx.x, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
   fusor_u32 b[2] = {0x3c003c00u, 0x3c003c00u + blockIdx.x};
   float c[8][4] = {};
-  for (int s = 0; s < steps; ++s) {
+  for (int s = 0; s < args.steps; ++s) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) fusor_mma_m16n8k16_f16(c[i], a, b);
   }
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum += c[i][0] + c[i][1] + c[i][2] + c[i][3];
-  if (sum == 1234.5f) out[threadIdx.x] = sum;  // keeps the work alive
+  if (sum == 1234.5f) args.out[threadIdx.x] = sum;  // keeps the work alive
 }
 )";
 
@@ -169,6 +190,10 @@ constexpr int kComputeF32 = 68, kComputeF32Pedantic = 69, kComputeF32FastTf32 = 
 
 }  // namespace
 
+std::vector<BuiltinKernel> BuiltinKernels() {
+  return {{"fusor_copy", kCopySource, sizeof(CopyArgs)}, {"fusor_mma_rate", kMmaSource, sizeof(MmaRateArgs)}};
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -180,18 +205,18 @@ bool DescribeDevice(int ordinal, DeviceInfo* info, std::string* why) {
   const Driver* d = LoadDriver(why);
   if (d == nullptr) return false;
   int count = 0;
-  if (d->device_count(&count) != CUDA_SUCCESS || ordinal < 0 || ordinal >= count) {
+  if (d->device_count(&count) != drv::kSuccess || ordinal < 0 || ordinal >= count) {
     *why = "no GPU " + std::to_string(ordinal) + " (" + std::to_string(count) + " visible)";
     return false;
   }
-  CUdevice dev;
-  if (d->device_get(&dev, ordinal) != CUDA_SUCCESS) {
+  drv::Device dev;
+  if (d->device_get(&dev, ordinal) != drv::kSuccess) {
     *why = "cuDeviceGet failed";
     return false;
   }
   char name[256] = {};
   d->device_name(name, sizeof(name) - 1, dev);
-  auto attr = [&](CUdevice_attribute a) {
+  auto attr = [&](int a) {
     int v = 0;
     d->attribute(&v, a, dev);
     return v;
@@ -200,13 +225,13 @@ bool DescribeDevice(int ordinal, DeviceInfo* info, std::string* why) {
   d->total_mem(&total, dev);
   info->ordinal = ordinal;
   info->name = name;
-  info->arch = "sm_" + std::to_string(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)) +
-               std::to_string(attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR));
-  info->sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-  info->l2_bytes = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
-  info->shared_optin_bytes = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
-  info->max_threads_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK);
-  info->registers_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR);
+  info->arch = "sm_" + std::to_string(attr(drv::kAttrComputeCapabilityMajor)) +
+               std::to_string(attr(drv::kAttrComputeCapabilityMinor));
+  info->sm_count = attr(drv::kAttrMultiprocessorCount);
+  info->l2_bytes = attr(drv::kAttrL2CacheSize);
+  info->shared_optin_bytes = attr(drv::kAttrMaxSharedMemoryPerBlockOptin);
+  info->max_threads_per_block = attr(drv::kAttrMaxThreadsPerBlock);
+  info->registers_per_sm = attr(drv::kAttrMaxRegistersPerMultiprocessor);
   info->total_bytes = static_cast<int64_t>(total);
   d->driver_version(&info->driver_version);
   return true;
@@ -235,33 +260,33 @@ Runtime::~Runtime() {
   d_->primary_release(device_);
 }
 
-bool Runtime::Check(CUresult rc, const char* what, std::string* why) const {
-  if (rc == CUDA_SUCCESS) return true;
+bool Runtime::Check(drv::Result rc, const char* what, std::string* why) const {
+  if (rc == drv::kSuccess) return true;
   const char* s = nullptr;
   d_->error_string(rc, &s);
   *why = std::string(what) + ": " + (s ? s : "unknown CUDA error") + " (" + std::to_string(static_cast<int>(rc)) + ")";
   return false;
 }
 
-CUdeviceptr Runtime::Alloc(size_t bytes, std::string* why) {
-  CUdeviceptr p = 0;
+DevicePtr Runtime::Alloc(size_t bytes, std::string* why) {
+  DevicePtr p = 0;
   if (!Check(d_->alloc(&p, std::max<size_t>(bytes, 16)), "cuMemAlloc", why)) return 0;
   return p;
 }
 
-void Runtime::Free(CUdeviceptr p) {
+void Runtime::Free(DevicePtr p) {
   if (p != 0) d_->free(p);
 }
 
-bool Runtime::Upload(CUdeviceptr dst, const void* src, size_t bytes, std::string* why) {
+bool Runtime::Upload(DevicePtr dst, const void* src, size_t bytes, std::string* why) {
   return Check(d_->htod(dst, src, bytes), "cuMemcpyHtoD", why);
 }
 
-bool Runtime::Download(void* dst, CUdeviceptr src, size_t bytes, std::string* why) {
+bool Runtime::Download(void* dst, DevicePtr src, size_t bytes, std::string* why) {
   return Check(d_->dtoh(dst, src, bytes), "cuMemcpyDtoH", why);
 }
 
-bool Runtime::Fill(CUdeviceptr dst, unsigned char byte, size_t bytes, std::string* why) {
+bool Runtime::Fill(DevicePtr dst, unsigned char byte, size_t bytes, std::string* why) {
   return Check(d_->memset8(dst, byte, bytes), "cuMemsetD8", why);
 }
 
@@ -273,14 +298,25 @@ bool Runtime::Load(const std::string& cubin, const std::string& name, int64_t dy
     return false;
   }
   if (dynamic_shared > 48 * 1024 &&
-      !Check(d_->func_set_attribute(out->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+      !Check(d_->func_set_attribute(out->function, drv::kFuncMaxDynamicSharedSizeBytes,
                                     static_cast<int>(dynamic_shared)),
              "raising the kernel's dynamic shared memory limit", why)) {
     Unload(*out);
     return false;
   }
-  d_->func_get_attribute(&out->registers, CU_FUNC_ATTRIBUTE_NUM_REGS, out->function);
-  d_->func_get_attribute(&out->local_bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, out->function);
+  d_->func_get_attribute(&out->registers, drv::kFuncNumRegs, out->function);
+  d_->func_get_attribute(&out->local_bytes, drv::kFuncLocalSizeBytes, out->function);
+  out->name = name;
+  if (d_->param_info != nullptr) {
+    // The driver answers INVALID_VALUE past the last parameter.
+    size_t offset = 0, size = 0;
+    out->param_count = 0;
+    out->param_bytes = 0;
+    while (d_->param_info(out->function, out->param_count, &offset, &size) == drv::kSuccess) {
+      ++out->param_count;
+      out->param_bytes = offset + size;
+    }
+  }
   return true;
 }
 
@@ -289,14 +325,20 @@ void Runtime::Unload(Kernel& k) {
   k = Kernel();
 }
 
-bool Runtime::Launch(const Kernel& k, int64_t grid, int threads, int64_t dynamic_shared, const void* arg,
-                     size_t arg_bytes, std::string* why) {
-  (void)arg_bytes;  // the kernel's signature gives the size
-  void* params[] = {const_cast<void*>(arg)};
+bool Runtime::Launch(const Kernel& k, int64_t grid, int threads, int64_t dynamic_shared, const void* args,
+                     size_t args_bytes, std::string* why) {
+  if (k.param_count >= 0 && (k.param_count != 1 || k.param_bytes != args_bytes)) {
+    *why = "kernel " + k.name + " takes " + std::to_string(k.param_count) + " parameters (" +
+           std::to_string(k.param_bytes) + " bytes), not one struct of " + std::to_string(args_bytes) +
+           " bytes; not launched";
+    return false;
+  }
   if (grid <= 0 || grid > 0x7fffffff) {
     *why = "grid of " + std::to_string(grid) + " blocks cannot be launched";
     return false;
   }
+  // One parameter: the driver copies args_bytes from `args`.
+  void* params[] = {const_cast<void*>(args)};
   return Check(d_->launch(k.function, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(threads), 1, 1,
                           static_cast<unsigned>(dynamic_shared), nullptr, params, nullptr),
                "cuLaunchKernel", why);
@@ -306,9 +348,9 @@ bool Runtime::Synchronize(std::string* why) { return Check(d_->synchronize(), "k
 
 bool Runtime::Time(const std::function<bool(std::string*)>& run, const TimingPlan& plan, std::vector<double>* samples,
                    std::string* why) {
-  CUevent start = nullptr, stop = nullptr;
-  if (!Check(d_->event_create(&start, CU_EVENT_DEFAULT), "cuEventCreate", why) ||
-      !Check(d_->event_create(&stop, CU_EVENT_DEFAULT), "cuEventCreate", why)) {
+  drv::Event start = nullptr, stop = nullptr;
+  if (!Check(d_->event_create(&start, drv::kEventDefault), "cuEventCreate", why) ||
+      !Check(d_->event_create(&stop, drv::kEventDefault), "cuEventCreate", why)) {
     return false;
   }
   bool ok = true;
@@ -347,13 +389,10 @@ double Runtime::CopyBandwidth(double seconds, std::string* why) {
   Kernel k;
   if (!BuildAndLoad(kCopySource, "fusor_copy", &k, why)) return 0;
   const size_t bytes = static_cast<size_t>(std::min<int64_t>(info_.total_bytes / 8, int64_t{1} << 30)) / 16 * 16;
-  CUdeviceptr in = Alloc(bytes, why), out = in != 0 ? Alloc(bytes, why) : 0;
+  DevicePtr in = Alloc(bytes, why), out = in != 0 ? Alloc(bytes, why) : 0;
   double rate = 0;
   if (out != 0 && Fill(in, 0, bytes, why)) {
-    struct {
-      CUdeviceptr in, out;
-      long n;
-    } args{in, out, static_cast<long>(bytes / 16)};
+    const CopyArgs args{in, out, static_cast<long>(bytes / 16)};
     const int64_t grid = 4L * info_.sm_count;
     std::vector<double> samples;
     TimingPlan plan;
@@ -372,13 +411,10 @@ double Runtime::CopyBandwidth(double seconds, std::string* why) {
 double Runtime::MmaRate(double seconds, std::string* why) {
   Kernel k;
   if (!BuildAndLoad(kMmaSource, "fusor_mma_rate", &k, why)) return 0;
-  CUdeviceptr out = Alloc(4096, why);
+  DevicePtr out = Alloc(4096, why);
   double rate = 0;
   if (out != 0) {
-    struct {
-      CUdeviceptr out;
-      int steps;
-    } args{out, 4096};
+    const MmaRateArgs args{out, 4096};
     const int64_t grid = 8L * info_.sm_count;
     const int threads = 128;
     std::vector<double> samples;
@@ -444,13 +480,13 @@ bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, const 
 LoadedProgram::~LoadedProgram() {
   if (rt_ == nullptr) return;
   for (Runtime::Kernel& k : kernels_) rt_->Unload(k);
-  for (CUdeviceptr p : scratch_) rt_->Free(p);
+  for (DevicePtr p : scratch_) rt_->Free(p);
   if (cublas_ != nullptr) LoadCublas(nullptr)->destroy(cublas_);
 }
 
-bool LoadedProgram::Run(const std::vector<CUdeviceptr>& inputs, const std::vector<CUdeviceptr>& outputs,
+bool LoadedProgram::Run(const std::vector<DevicePtr>& inputs, const std::vector<DevicePtr>& outputs,
                         std::string* why) {
-  std::vector<CUdeviceptr> address(program_.buffers.size());
+  std::vector<DevicePtr> address(program_.buffers.size());
   for (size_t b = 0; b < program_.buffers.size(); ++b) {
     const codegen::ProgramBuffer& buf = program_.buffers[b];
     if (buf.input >= 0 && buf.input < static_cast<int>(inputs.size())) {
@@ -469,9 +505,9 @@ bool LoadedProgram::Run(const std::vector<CUdeviceptr>& inputs, const std::vecto
     const codegen::ProgramStep& step = program_.steps[i];
     if (!step.is_gemm) {
       const codegen::KernelStep& k = step.kernel;
-      std::vector<CUdeviceptr> args;
+      std::vector<DevicePtr> args;
       for (int a : k.args) args.push_back(address[a]);
-      if (!rt_->Launch(kernels_[i], k.grid, k.threads, k.shared_bytes, args.data(), args.size() * sizeof(CUdeviceptr),
+      if (!rt_->Launch(kernels_[i], k.grid, k.threads, k.shared_bytes, args.data(), args.size() * sizeof(DevicePtr),
                        why)) {
         *why = step.what + ": " + *why;
         return false;

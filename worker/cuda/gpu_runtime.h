@@ -9,19 +9,19 @@
 // faults ends that child and its context, never the worker.
 #pragma once
 
-#include <cuda.h>
-
-#include "common/codegen/cuda/nvrtc.h"
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/codegen/cuda/nvrtc.h"
 #include "common/codegen/cuda/program.h"
+#include "worker/cuda/driver_api.h"
 
 namespace fusor::gpu {
+
+using DevicePtr = drv::DevicePtr;
 
 struct DeviceInfo {
   int ordinal = 0;
@@ -68,25 +68,32 @@ class Runtime {
   codegen::DeviceLimits limits() const;
 
   // Device memory; 0 on failure.
-  CUdeviceptr Alloc(size_t bytes, std::string* why);
-  void Free(CUdeviceptr p);
-  bool Upload(CUdeviceptr dst, const void* src, size_t bytes, std::string* why);
-  bool Download(void* dst, CUdeviceptr src, size_t bytes, std::string* why);
-  bool Fill(CUdeviceptr dst, unsigned char byte, size_t bytes, std::string* why);
+  DevicePtr Alloc(size_t bytes, std::string* why);
+  void Free(DevicePtr p);
+  bool Upload(DevicePtr dst, const void* src, size_t bytes, std::string* why);
+  bool Download(void* dst, DevicePtr src, size_t bytes, std::string* why);
+  bool Fill(DevicePtr dst, unsigned char byte, size_t bytes, std::string* why);
 
   struct Kernel {
-    CUmodule module = nullptr;
-    CUfunction function = nullptr;
+    std::string name;
+    drv::Module module = nullptr;
+    drv::Function function = nullptr;
     int registers = 0;
     int local_bytes = 0;
+    // The parameter list as the driver reports it (cuFuncGetParamInfo);
+    // -1 where the driver is older than 12.4 and cannot say.
+    int param_count = -1;
+    size_t param_bytes = 0;
   };
   // Loads a cubin and finds `name`, allowing `dynamic_shared` bytes.
   bool Load(const std::string& cubin, const std::string& name, int64_t dynamic_shared, Kernel* out,
             std::string* why);
   void Unload(Kernel& k);
-  // One launch with one argument: `arg` (arg_bytes, by value).
-  bool Launch(const Kernel& k, int64_t grid, int threads, int64_t dynamic_shared, const void* arg,
-              size_t arg_bytes, std::string* why);
+  // One launch. Every kernel fusor launches takes one parameter, a struct
+  // passed by value: `args` (args_bytes). A kernel whose parameters the
+  // driver reports otherwise is refused rather than launched.
+  bool Launch(const Kernel& k, int64_t grid, int threads, int64_t dynamic_shared, const void* args,
+              size_t args_bytes, std::string* why);
   bool Synchronize(std::string* why);
 
   // Times `run` (which launches work on the default stream) with CUDA
@@ -102,17 +109,27 @@ class Runtime {
 
  private:
   Runtime() = default;
-  bool Check(CUresult rc, const char* what, std::string* why) const;
+  bool Check(drv::Result rc, const char* what, std::string* why) const;
   bool BuildAndLoad(const std::string& source, const std::string& name, Kernel* out, std::string* why);
 
   const Driver* d_ = nullptr;
   DeviceInfo info_;
-  CUdevice device_ = 0;
-  CUcontext context_ = nullptr;
-  CUdeviceptr flush_ = 0;
+  drv::Device device_ = 0;
+  drv::Context context_ = nullptr;
+  DevicePtr flush_ = 0;
   size_t flush_bytes_ = 0;
   std::string device_header_;
 };
+
+// The runtime's own kernels (calibration), each with the size of the one
+// argument struct the runtime passes it: tests compile them and check
+// that each takes exactly that (the launch contract above).
+struct BuiltinKernel {
+  const char* name;
+  const char* source;
+  size_t args_bytes;
+};
+std::vector<BuiltinKernel> BuiltinKernels();
 
 // A program (program.h) ready to run: its compiled kernels (CompileProgram)
 // loaded, scratch buffers allocated, cuBLAS loaded when a step needs it.
@@ -125,13 +142,13 @@ class LoadedProgram {
 
   // One run: `inputs` and `outputs` are device buffers in the chain's
   // order; ends with the work queued (not synchronized).
-  bool Run(const std::vector<CUdeviceptr>& inputs, const std::vector<CUdeviceptr>& outputs, std::string* why);
+  bool Run(const std::vector<DevicePtr>& inputs, const std::vector<DevicePtr>& outputs, std::string* why);
 
  private:
   Runtime* rt_ = nullptr;
   codegen::Program program_;
   std::vector<Runtime::Kernel> kernels_;  // per step (empty for GEMMs)
-  std::vector<CUdeviceptr> scratch_;      // per buffer (0 unless scratch)
+  std::vector<DevicePtr> scratch_;      // per buffer (0 unless scratch)
   void* cublas_ = nullptr;                // cublasHandle_t
 };
 

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,8 @@ struct Nvrtc::Api {
   int (*log)(Program, char*);
   int (*cubin_size)(Program, size_t*);
   int (*cubin)(Program, char*);
+  int (*ptx_size)(Program, size_t*);
+  int (*ptx)(Program, char*);
   int (*destroy)(Program*);
   const char* (*error_string)(int);
 };
@@ -62,7 +65,8 @@ const Nvrtc::Api* LoadApi(std::string* why) {
     bool ok = Resolve(h, "nvrtcVersion", api->version) && Resolve(h, "nvrtcCreateProgram", api->create) &&
               Resolve(h, "nvrtcCompileProgram", api->compile) && Resolve(h, "nvrtcGetProgramLogSize", api->log_size) &&
               Resolve(h, "nvrtcGetProgramLog", api->log) && Resolve(h, "nvrtcGetCUBINSize", api->cubin_size) &&
-              Resolve(h, "nvrtcGetCUBIN", api->cubin) && Resolve(h, "nvrtcDestroyProgram", api->destroy) &&
+              Resolve(h, "nvrtcGetCUBIN", api->cubin) && Resolve(h, "nvrtcGetPTXSize", api->ptx_size) &&
+              Resolve(h, "nvrtcGetPTX", api->ptx) && Resolve(h, "nvrtcDestroyProgram", api->destroy) &&
               Resolve(h, "nvrtcGetErrorString", api->error_string);
     if (ok) return api.release();
     dlclose(h);
@@ -129,7 +133,12 @@ NvrtcOutput Nvrtc::Compile(const std::string& source, const std::string& arch,
     api_->log(program, out.log.data());
     out.log.resize(std::strlen(out.log.c_str()));
   }
-  if (rc == 0 && api_->cubin_size(program, &size) == 0 && size > 0) {
+  const bool ptx_only = arch.rfind("compute_", 0) == 0;
+  if (rc == 0 && ptx_only && api_->ptx_size(program, &size) == 0 && size > 0) {
+    out.ptx.resize(size);
+    if (api_->ptx(program, out.ptx.data()) == 0) out.ok = true;
+    out.ptx.resize(std::strlen(out.ptx.c_str()));
+  } else if (rc == 0 && !ptx_only && api_->cubin_size(program, &size) == 0 && size > 0) {
     out.cubin.resize(size);
     if (api_->cubin(program, out.cubin.data()) == 0) out.ok = true;
   } else if (rc != 0) {
@@ -137,7 +146,7 @@ NvrtcOutput Nvrtc::Compile(const std::string& source, const std::string& arch,
   }
   api_->destroy(&program);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (out.ok) out.usage = ParsePtxasReport(out.log);
+  if (out.ok && !ptx_only) out.usage = ParsePtxasReport(out.log);
   return out;
 }
 
@@ -151,6 +160,31 @@ ResourceUsage ParsePtxasReport(const std::string& log) {
   int64_t smem = NumberBefore(log, " bytes smem");
   u.static_shared_bytes = smem < 0 ? 0 : smem;
   return u;
+}
+
+std::vector<int64_t> PtxEntryParamBytes(const std::string& ptx, const std::string& kernel) {
+  const std::string head = ".entry " + kernel + "(";
+  const size_t begin = ptx.find(head);
+  if (begin == std::string::npos) return {-1};
+  const size_t end = ptx.find(')', begin);
+  std::istringstream list(ptx.substr(begin + head.size(), end - begin - head.size()));
+  std::vector<int64_t> bytes;
+  std::string param;
+  while (std::getline(list, param, ',')) {
+    std::istringstream words(param);
+    std::string word;
+    int64_t size = -1;
+    while (words >> word) {
+      if (const size_t open = word.find('['); open != std::string::npos) {
+        size = std::strtoll(word.c_str() + open + 1, nullptr, 10);  // .b8 name[24]
+      } else if ((word.size() == 3 || word.size() == 4) && word[0] == '.' &&
+                 std::strchr("usbf", word[1]) != nullptr && std::isdigit(static_cast<unsigned char>(word[2]))) {
+        size = std::strtoll(word.c_str() + 2, nullptr, 10) / 8;  // .u64, .f32, ...
+      }
+    }
+    bytes.push_back(size);
+  }
+  return bytes;
 }
 
 DeviceLimits LimitsForArch(const std::string& arch) {

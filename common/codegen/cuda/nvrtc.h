@@ -26,7 +26,8 @@ struct NvrtcOutput {
   bool ok = false;
   std::string log;                   // NVRTC's log: errors, or ptxas -v
   std::string cubin;                 // the binary for `arch`
-  std::string arch;                  // e.g. "sm_90"
+  std::string ptx;                   // instead, for a virtual arch
+  std::string arch;                  // e.g. "sm_90", or "compute_90" for PTX
   std::vector<std::string> options;  // as passed to NVRTC
   double seconds = 0;
   ResourceUsage usage;
@@ -42,7 +43,8 @@ class Nvrtc {
   std::string Version() const;
 
   // Compiles `source` (CUDA C++, extern "C" kernels) to a cubin for `arch`
-  // (sm_80, sm_86, sm_89, sm_90, ...), with `headers` available to
+  // (sm_80, sm_86, sm_89, sm_90, ...), or to PTX for a virtual arch
+  // (compute_90), with `headers` available to
   // #include by name. Compile errors are in the outcome, never a Status.
   NvrtcOutput Compile(const std::string& source, const std::string& arch,
                       const std::vector<std::pair<std::string, std::string>>& headers) const;
@@ -53,6 +55,11 @@ class Nvrtc {
   explicit Nvrtc(const Api* api) : api_(api) {}
   const Api* api_;
 };
+
+// The size in bytes of each parameter of kernel `kernel` as the PTX
+// declares it (-1 for one it cannot read); {-1} when there is no such
+// entry. The launch contract (gpu_runtime.h) is one struct parameter.
+std::vector<int64_t> PtxEntryParamBytes(const std::string& ptx, const std::string& kernel);
 
 // Parses ptxas -v output (one kernel) into a resource report.
 ResourceUsage ParsePtxasReport(const std::string& log);
