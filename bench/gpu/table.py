@@ -20,20 +20,22 @@ def main(path):
             f = fields(line)
             torch[f["chain"]] = f
     print("\n".join(header))
-    cols = ["chain", "fused us", "unfused cuBLAS us", "speedup", "torch chain us", "SDPA us", "TB/s", "% copy BW",
-            "TFLOP/s", "% mma peak"]
+    cols = ["chain", "fused us", "unfused cuBLAS us", "vs cuBLAS", "torch chain us", "SDPA us", "vs PyTorch", "TB/s",
+            "% copy BW", "TFLOP/s", "% mma peak"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for name, r in sorted(results.items()):
         fused, base = float(r["fused_us"]), float(r["baseline_us"])
         t = torch.get(name, {})
         tm, sd = float(t.get("matmul_us", -1)), float(t.get("sdpa_us", -1))
+        peer = min([x for x in (tm, sd) if x > 0], default=-1)
         ok = fused > 0
         tbps = float(r["min_bytes"]) / (fused * 1e-6) / 1e12 if ok else 0
         tflops = float(r["flops"]) / (fused * 1e-6) / 1e12 if ok else 0
         cell = lambda v: f"{v:.1f}" if v > 0 else "-"
-        print(f"| {name} | {cell(fused)} | {cell(base)} | {base / fused if ok and base > 0 else 0:.2f}x | {cell(tm)} | "
-              f"{cell(sd)} | {tbps:.2f} | {100 * tbps * 1e12 / float(r['copy_Bps']):.0f}% | {tflops:.1f} | "
+        ratio = lambda v: f"{v / fused:.2f}x" if ok and v > 0 else "-"
+        print(f"| {name} | {cell(fused)} | {cell(base)} | {ratio(base)} | {cell(tm)} | {cell(sd)} | {ratio(peer)} | "
+              f"{tbps:.2f} | {100 * tbps * 1e12 / float(r['copy_Bps']):.0f}% | {tflops:.1f} | "
               f"{100 * tflops * 1e12 / float(r['mma_flops']):.0f}% |")
     return 0
 

@@ -1,7 +1,8 @@
 // The parts of the GPU device check (bench/gpu) that run without a GPU:
 // preparing candidates, baselines and references; building the runner from
 // its plain C++ sources as run.sh does on the GPU machine; the runner's
-// clean refusal without a driver (or, with one, a full pass); the table.
+// clean refusal without a driver, and its dry run (every candidate
+// compiled, every child supervised), or with a driver a full pass; the table.
 #include <filesystem>
 #include <fstream>
 
@@ -35,19 +36,27 @@ TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
     EXPECT_TRUE(codegen::ProgramFromText(Read(chain + "/" + name), &program, &why)) << name << ": " << why;
   }
 
-  if (std::filesystem::exists("/usr/local/cuda/include/cuda.h")) {
-    const std::string runner = dir->path() + "/fusor-gpu-check";
-    run = RunProcess({"c++", "-O1", "-std=c++17", "-I" + src, "-I/usr/local/cuda/include",
-                              src + "/bench/gpu/runner.cc", src + "/worker/cuda/gpu_runtime.cc",
-                              src + "/common/codegen/cuda/nvrtc.cc", src + "/common/codegen/cuda/program.cc", "-ldl",
-                              "-o", runner},
-                             log, 300);
-    ASSERT_TRUE(run.ok());
-    ASSERT_EQ(run->exit_code, 0) << ReadTail(log, 4000);
-    run = RunProcess({runner, prep, src + "/common/codegen/cuda/device/fusor_device.h", "0.05"}, log, 600);
+  // The runner builds as run.sh builds it on the GPU machine: no CUDA
+  // headers or libraries, no project libraries.
+  const std::string runner = dir->path() + "/fusor-gpu-check";
+  run = RunProcess({"c++", "-O1", "-std=c++17", "-I" + src, src + "/bench/gpu/runner.cc", src + "/bench/gpu/supervise.cc",
+                    src + "/worker/cuda/gpu_runtime.cc", src + "/common/codegen/cuda/nvrtc.cc",
+                    src + "/common/codegen/cuda/program.cc", "-ldl", "-lpthread", "-o", runner},
+                   log, 300);
+  ASSERT_TRUE(run.ok());
+  ASSERT_EQ(run->exit_code, 0) << ReadTail(log, 4000);
+  for (bool dry_run : {false, true}) {
+    std::vector<std::string> argv = {runner, prep, src + "/common/codegen/cuda/device/fusor_device.h", "--seconds",
+                                      "0.05", "--deadline", "120"};
+    // Compiles every candidate for sm_90 (where NVRTC is) and supervises
+    // the children, which find no device.
+    if (dry_run) argv.insert(argv.end(), {"--dry-run-arch", "sm_90"});
+    run = RunProcess(argv, log, 600);
     ASSERT_TRUE(run.ok());
     if (run->exit_code == 3) {
       EXPECT_NE(Read(log).find("no GPU"), std::string::npos) << Read(log);
+      EXPECT_EQ(Read(log).find("MEASURE conv1x1_relu_conv1x1 baseline FAIL") != std::string::npos, dry_run)
+          << Read(log);
     } else {
       EXPECT_EQ(run->exit_code, 0) << Read(log);  // a GPU: every chain measured and valid
       EXPECT_NE(Read(log).find("RESULT chain=conv1x1_relu_conv1x1"), std::string::npos);
@@ -58,12 +67,13 @@ TEST(GpuCheckTest, PreparesBuildsAndSummarizes) {
   std::ofstream(fake) << "DEVICE NVIDIA H200 sm_90 SMs=132\nCEILING copy_TBps=4.000 mma_f16_TFLOPs=600.0\n"
                       << "RESULT chain=c fused_us=10.000 baseline_us=25.000 flops=1e9 min_bytes=2e7 copy_Bps=4e12 "
                          "mma_flops=6e14 best=candidate_0\n"
-                      << "TORCH chain=c matmul_us=30.000 sdpa_us=-1.000 torch=2.5\n";
+                      << "TORCH chain=c matmul_us=30.000 sdpa_us=-1.000 sdpa=- torch=2.5\n";
   run = RunProcess({"python3", src + "/bench/gpu/table.py", fake}, log, 60);
   ASSERT_TRUE(run.ok());
   ASSERT_EQ(run->exit_code, 0) << Read(log);
   // 2e7 bytes in 10 us is 2 TB/s, half the copy bandwidth; 1e9 FLOP is 100 TFLOP/s.
-  EXPECT_NE(Read(log).find("| c | 10.0 | 25.0 | 2.50x | 30.0 | - | 2.00 | 50% | 100.0 | 17% |"), std::string::npos)
+  EXPECT_NE(Read(log).find("| c | 10.0 | 25.0 | 2.50x | 30.0 | - | 3.00x | 2.00 | 50% | 100.0 | 17% |"),
+            std::string::npos)
       << Read(log);
 }
 
