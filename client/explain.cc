@@ -24,6 +24,10 @@ std::string FormatExplain(const ir::Chain& chain, const hw::TargetDesc& target, 
   absl::StrAppendFormat(&out, "  %-38s %10d\n",
                         absl::StrFormat("+ %d other mappings on the best tilings", space.stats.mappings),
                         space.stats.mapped_schedules);
+  if (space.stats.register_resident > 0) {
+    absl::StrAppendFormat(&out, "  %-38s %10d\n", "+ register-resident kernels, ranked first",
+                          space.stats.register_resident);
+  }
   absl::StrAppendFormat(&out, "top %d by t_estm = (t_mem + t_comp) x alpha:\n", std::min<int>(top, space.ranked.size()));
   absl::StrAppendFormat(&out, "  %3s  %-44s %-10s %10s %10s %6s %10s  %s\n", "#", "schedule", "expr", "t_mem",
                         "t_comp", "alpha", "t_estm", "mapping");

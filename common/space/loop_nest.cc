@@ -69,8 +69,8 @@ bool ReadsAtPoint(const ir::Access& a, const std::vector<int>& index) {
 }
 
 // Why the nest cannot keep its intermediates in registers ("" when it
-// can): the warp that computes 16 rows of the first GEMM's tile must own
-// them through the elementwise ops and the online softmax, and feed them
+// can): the warp that computes 16 (or 32) rows of the first GEMM's tile
+// must own them through the elementwise ops and the online softmax, and feed them
 // as the A fragments of the second GEMM, whose 16 x h accumulator it keeps
 // across the stream loop.
 std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest) {
@@ -129,7 +129,24 @@ std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest
       if (chain.tensors[(*side)[0].tensor].producer >= 0) return "the GEMMs' other operands must be chain inputs";
     }
   }
-  if (first.rows_tile > 16 * WarpsOf(nest.schedule)) return "the row tile exceeds 16 rows per warp";
+  // A warp owns one row fragment of 16 rows, or two (32 rows) so that
+  // each B fragment it reads feeds two mma.
+  const int warps = WarpsOf(nest.schedule);
+  if (first.rows_pad > 32 * warps) return "the row tile exceeds 32 rows per warp";
+  if (first.rows_pad > 16 * warps && first.rows_pad % 32 != 0) {
+    return "with two row fragments per warp the row tile must be a multiple of 32";
+  }
+  // A thread's share of its warp's fragments: S and O (f32) and S's A
+  // operand, per row fragment; beyond 200 of the 255 registers ptxas
+  // would spill (the indices and the softmax state need the rest).
+  const int64_t fragments = first.rows_pad > 16 * warps ? 2 : 1;
+  int64_t k = 1;
+  for (int d : first.gemm.kdims) k *= chain.dims[d].extent;
+  const int64_t registers = fragments * (first.cols_pad / 2 + second.cols_pad / 2 +
+                                         (k + 15) / 16 * 16 * ir::DTypeBytes(chain.dtype) / 8);
+  if (registers > 200) {
+    return absl::StrCat("the warp's fragments need ", registers, " registers a thread (more than 200)");
+  }
   return "";
 }
 
@@ -202,8 +219,11 @@ std::optional<Schedule> RegisterResidentVariant(const ir::Chain& chain, const Sc
   s.warps = 16;
   auto nest = BuildLoopNest(chain, s, target);
   if (!nest.ok()) return std::nullopt;
+  // Two row fragments (32 rows) per warp where the row tile allows.
+  const int64_t rows = nest->ops[0].rows_pad;
+  const int64_t per_warp = rows % 32 == 0 ? 32 : 16;
   int warps = 1;
-  while (warps < 16 && 16 * warps < nest->ops[0].rows_tile) warps *= 2;
+  while (warps < 16 && per_warp * warps < rows) warps *= 2;
   s.warps = warps;
   if (!BuildLoopNest(chain, s, target).ok()) return std::nullopt;
   return Canonical(s, chain);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <string_view>
@@ -109,14 +110,19 @@ std::vector<bool> StreamCandidates(const ir::Chain& chain, const std::vector<int
   return out;
 }
 
-// Why a legal nest is pruned, or "" if it is kept.
+// Why a legal nest is pruned, or "" if it is kept. A nest whose
+// intermediates live in registers stages only the GEMMs' operands in
+// shared memory: its registers and shared memory are checked when it is
+// compiled (a kernel that spills or does not fit is rejected), not by the
+// intermediates and scratch rules.
 const char* Pruned(const LoopNest& nest, const SpaceOptions& options, int64_t budget, double min_padding) {
-  if (options.limit_intermediates &&
+  if (options.limit_intermediates && !nest.schedule.registers &&
       static_cast<double>(nest.intermediate_bytes) > options.intermediate_fraction * static_cast<double>(budget)) {
     return "intermediates";
   }
   if (options.limit_padding && nest.PaddingRatio() > (1 + options.max_padding) * min_padding) return "padding";
-  if (options.limit_scratch && static_cast<double>(nest.scratch_bytes) * options.scratch_margin > budget) {
+  if (options.limit_scratch && !nest.schedule.registers &&
+      static_cast<double>(nest.scratch_bytes) * options.scratch_margin > budget) {
     return "scratch";
   }
   return "";
@@ -283,6 +289,83 @@ void EnumerateVariant(const Variant& variant, const hw::TargetDesc& target, cons
 
 }  // namespace
 
+namespace {
+
+// CUDA: the register-resident kernels (schedule "registers", loop_nest.h)
+// of attention-shaped chains, with their own tiles: 16 to 128 rows per
+// block (small tiles fill the SMs on short sequences), a stream
+// (key/value) tile of 32, 64 or 128, a warp for every 16 or 32 rows (at
+// most 8), derived from the best-ranked schedules. They are
+// ranked first, by the model among themselves: a shared-memory kernel of
+// the same tiles moves the same global bytes but stages every
+// intermediate through shared memory and synchronizes around each op
+// (bench/RESULTS.md, "Static kernel figures": 50-140 SASS instructions
+// and 700-1200 shared bytes per mma against 13 and 128).
+// The tile of the schedule's innermost stream loop (1 without one).
+int64_t StreamTile(const Schedule& s) { return s.stream.empty() ? 1 : s.tile[s.stream.back()]; }
+
+void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options,
+                               Space& space) {
+  if (target.backend != hw::Backend::kCuda) return;
+  struct Found {
+    RankedSchedule ranked;
+    int64_t rows_per_warp;
+  };
+  std::vector<Found> found;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < std::min<size_t>(space.ranked.size(), 16); ++i) {
+    std::optional<Schedule> base = RegisterResidentVariant(chain, space.ranked[i].schedule, target);
+    if (!base) continue;
+    absl::StatusOr<LoopNest> nest = BuildLoopNest(chain, *base, target);
+    if (!nest.ok()) continue;
+    const int rows = nest->ops[0].gemm.rows[0], sd = nest->stream_dim;
+    const ir::Chain& nested = NestChain(chain, *nest);
+    const int64_t row_extent = nested.dims[rows].extent, stream_extent = nested.dims[sd].extent;
+    for (int64_t row_tile : {16, 32, 64, 128}) {
+      for (int64_t stream_tile : {32, 64, 128}) {
+        if (stream_tile >= stream_extent) continue;  // no stream loop left
+        Schedule s = *base;
+        s.tile[rows] = std::min(row_tile, row_extent);
+        s.tile[sd] = stream_tile;
+        if (s.tile[rows] < row_extent && std::find(s.block.begin(), s.block.end(), rows) == s.block.end()) {
+          s.block.push_back(rows);
+          std::sort(s.block.begin(), s.block.end());
+        }
+        const int64_t rows_pad = (s.tile[rows] + 15) / 16 * 16;
+        for (int64_t per_warp : {32, 16}) {
+          s.warps = static_cast<int>(std::max<int64_t>(1, (rows_pad + per_warp - 1) / per_warp));
+          if (s.warps > 8) continue;
+          absl::StatusOr<RankedSchedule> r = EvaluateSchedule(chain, target, s, options);
+          if (r.ok() && seen.insert(ScheduleToText(r->schedule, chain)).second) {
+            found.push_back({*std::move(r), rows_pad / s.warps});
+          }
+        }
+      }
+    }
+  }
+  if (found.empty()) return;
+  // The model cannot tell these launches apart (they move the same bytes
+  // and do the same work): between equal predictions, more rows a warp
+  // (each B fragment read from shared memory feeds two mma), then fewer
+  // stream steps (each costs a pair of barriers and a softmax rescale).
+  // Predictions within 1% of each other are equal here.
+  auto bucket = [](const Found& f) { return std::llround(std::log(f.ranked.prediction.t_estm_s) / std::log(1.01)); };
+  std::stable_sort(found.begin(), found.end(), [&](const Found& a, const Found& b) {
+    if (bucket(a) != bucket(b)) return bucket(a) < bucket(b);
+    if (a.rows_per_warp != b.rows_per_warp) return a.rows_per_warp > b.rows_per_warp;
+    return StreamTile(a.ranked.schedule) > StreamTile(b.ranked.schedule);
+  });
+  space.stats.register_resident = static_cast<int64_t>(found.size());
+  std::vector<RankedSchedule> ranked;
+  for (Found& f : found) ranked.push_back(std::move(f.ranked));
+  for (RankedSchedule& r : space.ranked) {
+    if (seen.insert(ScheduleToText(r.schedule, chain)).second) ranked.push_back(std::move(r));
+  }
+  space.ranked = std::move(ranked);
+}
+
+}  // namespace
+
 absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& target, const SpaceOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   Space space;
@@ -306,6 +389,7 @@ absl::StatusOr<Space> BuildSpace(const ir::Chain& chain, const hw::TargetDesc& t
     return a.prediction.t_estm_s < b.prediction.t_estm_s;
   });
   AddMappingAlternatives(variants, target, options, budget, space);
+  RankRegisterResidentFirst(chain, target, options, space);
   if (space.ranked.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no schedule survives pruning: ", space.stats.enumerated, " enumerated, ", counts.legal, " legal, ",

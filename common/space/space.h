@@ -65,6 +65,9 @@ struct SpaceStats {
   std::vector<SpaceStage> stages;  // in order: dedupe, legal, intermediates, padding, scratch
   int64_t mappings = 0;            // alternative mappings tried (over all sum ops)
   int64_t mapped_schedules = 0;    // schedules with an alternative mapping that survived the rules
+  // CUDA: register-resident kernels (intermediates in registers) with
+  // their own tiles, ranked ahead of the rest (space.cc)
+  int64_t register_resident = 0;
   double seconds = 0;              // to enumerate, prune and rank
 };
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,8 @@ class CudaEmitter : public NestWalker {
                      const std::string& r0, const std::string& kk);
   void LoadBFragment(const GemmLayout& l, const std::string& buf, const std::string& b, const std::string& bi,
                      const std::string& n0, const std::string& kk);
+  void LoadBFragmentPair(const GemmLayout& l, const std::string& buf, const std::string& b, const std::string& n0,
+                         const std::string& kk);
   void Mma(const GemmLayout& l, const std::string& c, const std::string& a, const std::string& b);
   void MmaTile(const space::OpNest& on);
   void TileProduct(const space::OpNest& on) override;
@@ -142,15 +145,20 @@ class CudaEmitter : public NestWalker {
   void ResetOnlineState(const space::OpNest& on) override;
   void EmitSoftmax(const ir::Op& op, const space::OpNest& on) override;
 
-  // The register-resident kernel's fragments per warp: S's accumulator
-  // (nfs fragments of 8 columns) and its mma's k steps (ks); O's
-  // accumulator (nfo) and its mma's k steps (kp).
+  // The register-resident kernel's fragments per warp: rf row fragments
+  // of 16 rows; per row fragment, S's accumulator (nfs fragments of 8
+  // columns) and its mma's k steps (ks), O's accumulator (nfo) and its
+  // mma's k steps (kp).
   struct RegisterFragments {
-    int64_t nfs = 0, ks = 0, nfo = 0, kp = 0;
+    int64_t rf = 1, nfs = 0, ks = 0, nfo = 0, kp = 0;
   };
   int LastOp() const { return static_cast<int>(chain_.ops.size()) - 1; }
   void StageStep(const space::OpNest& on);
-  std::string RegisterValue(int t) const;
+  std::string RegisterValue(int t, double scale) const;
+  void ForEachRowFragment(const RegisterFragments& f, const std::function<void()>& body);
+  void ForEachColumnBlock(const GemmLayout& l, int64_t count, const std::function<void(int)>& body);
+  void EmitFragmentMma(const GemmLayout& l, const RegisterFragments& f, const std::string& buf, const std::string& c,
+                       const std::string& a, int blocks);
   void EmitRegisterResident();
   void DefineRegisterStaging();
   void LoadQFragments(const RegisterFragments& f);

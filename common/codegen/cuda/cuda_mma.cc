@@ -41,6 +41,23 @@ void CudaEmitter::LoadBFragment(const GemmLayout& l, const std::string& buf, con
   }
 }
 
+// The B fragments of columns n0..n0+15 (two 8-column blocks) at reduction
+// kk.. into `b` (fusor_u32[4]: the first block's two, then the second's)
+// with one ldmatrix.x4; f16 and bf16.
+void CudaEmitter::LoadBFragmentPair(const GemmLayout& l, const std::string& buf, const std::string& b,
+                                    const std::string& n0, const std::string& kk) {
+  const std::string n = "(" + n0 + ")";
+  if (l.b.k_major) {
+    w_.Line(absl::StrCat("fusor_ldmatrix_x4(", b, ", ", buf, " + ",
+                         PackIndex(l.b, l, "0L", n + " + lane / 16 * 8 + lane % 8", kk + " + (lane / 8) % 2 * 8"),
+                         ");"));
+  } else {
+    w_.Line(absl::StrCat("fusor_ldmatrix_x4_trans(", b, ", ", buf, " + ",
+                         PackIndex(l.b, l, "0L", n + " + lane / 16 * 8", kk + " + (lane / 8) % 2 * 8 + lane % 8"),
+                         ");"));
+  }
+}
+
 void CudaEmitter::Mma(const GemmLayout& l, const std::string& c, const std::string& a, const std::string& b) {
   const char* fn = l.kind == MmaKind::kTF32  ? "fusor_mma_m16n8k8_tf32"
                    : l.kind == MmaKind::kF16 ? "fusor_mma_m16n8k16_f16"

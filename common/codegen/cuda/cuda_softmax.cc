@@ -1,10 +1,12 @@
 #include "common/codegen/cuda/cuda_emitter.h"
 
 #include <algorithm>
+#include <functional>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace fusor::codegen::cuda {
 
@@ -94,13 +96,28 @@ void CudaEmitter::EmitSoftmax(const Op& op, const space::OpNest& on) {
 //
 // Schedule "registers" (BuildLoopNest checked the shape: GEMM S, then
 // elementwise ops and an online softmax over S's points, then GEMM O over
-// the stream dim). Warp w owns rows 16w..16w+15 of the block's tile: S's
-// accumulator fragments stay in its registers, the elementwise ops and
-// the softmax run on them (row reductions across the 4 lanes of a
-// fragment row), and pairs of S fragments become the A fragments of O's
-// mma, whose accumulator lives in registers across the stream loop. Only
-// the GEMMs' other operands go through shared memory: S's A tile once,
-// S's B and O's B tile per stream step (prefetched with 2 stages).
+// the stream dim). Warp w owns rf row fragments of 16 rows (rf is 2 when
+// the row tile has 32 rows a warp, so that every B fragment read from
+// shared memory feeds two mma): S's accumulator fragments stay in its
+// registers, the elementwise ops and the softmax run on them (row
+// reductions across the 4 lanes of a fragment row, in base 2 with
+// log2(e) folded into the scores), and pairs of S fragments become the A
+// fragments of O's mma, whose accumulator lives in registers across the
+// stream loop. Only the GEMMs' other operands go through shared memory:
+// S's A tile once, S's B and O's B tile per stream step (prefetched with 2
+// stages), read two 8-column blocks at a time (ldmatrix.x4).
+
+namespace {
+
+constexpr double kLog2E = 1.4426950408889634;
+
+// True when the softmax reads S itself, unscaled and unmasked: log2(e)
+// then folds into S's scale, one multiply per score.
+bool ReadsScoresAlone(const ir::Expr& body, int scores) {
+  return body.kind == ir::Expr::Kind::kAccess && body.access.tensor == scores;
+}
+
+}  // namespace
 
 // Issues this stream step's tile of a B side: the current stage and the
 // next step's prefetch, or a plain staging that waits.
@@ -114,17 +131,25 @@ void CudaEmitter::StageStep(const space::OpNest& on) {
 }
 
 // The C expression of intermediate `t` at the current fragment element
-// (v_ of its dims defined): S's accumulator (scaled) or an elementwise
-// op's body over the earlier ones.
-std::string CudaEmitter::RegisterValue(int t) const {
+// (v_ of its dims defined): S's accumulator (scaled by `scale` more) or an
+// elementwise op's body over the earlier ones.
+std::string CudaEmitter::RegisterValue(int t, double scale) const {
   const int o = chain_.tensors[t].producer;
   if (o == 0) {
-    const double scale = nest_.ops[0].gemm.scale;
-    return scale == 1 ? "sf[f][e]" : absl::StrCat("sf[f][e] * ", FloatLit(scale));
+    scale *= nest_.ops[0].gemm.scale;
+    return scale == 1 ? "sf[fr][f][e]" : absl::StrCat("sf[fr][f][e] * ", FloatLit(scale));
   }
   return "(" + ExprToC(chain_.ops[o].body, [this](const Access& a) {
-           return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor) : x_.Load(a);
+           return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor, 1) : x_.Load(a);
          }) + ")";
+}
+
+// `body` once per row fragment fr of the warp (#pragma unroll).
+void CudaEmitter::ForEachRowFragment(const RegisterFragments& f, const std::function<void()>& body) {
+  w_.Line("#pragma unroll");
+  w_.Open(absl::StrCat("for (int fr = 0; fr < ", f.rf, "; ++fr)"));
+  body();
+  w_.Close();
 }
 
 void CudaEmitter::EmitRegisterResident() {
@@ -133,12 +158,17 @@ void CudaEmitter::EmitRegisterResident() {
   const space::OpNest& oon = nest_.ops[last];
   const GemmLayout& ls = gemm_[0];
   const GemmLayout& lo = gemm_[last];
-  const RegisterFragments f{son.cols_pad / 8, ls.k_pad / ls.kstep, oon.cols_pad / 8, lo.k_pad / lo.kstep};
+  RegisterFragments f;
+  f.rf = son.rows_pad > 16 * (threads_ / 32) ? 2 : 1;
+  f.nfs = son.cols_pad / 8;
+  f.ks = ls.k_pad / ls.kstep;
+  f.nfo = oon.cols_pad / 8;
+  f.kp = lo.k_pad / lo.kstep;
   DefineRegisterStaging();
-  w_.Line(absl::StrCat("// intermediates in registers: warp w owns rows 16w..16w+15 of the ",
-                       chain_.dims[son.gemm.rows[0]].name, " tile"));
+  w_.Line(absl::StrCat("// intermediates in registers: warp w owns rows ", 16 * f.rf, "w..", 16 * f.rf, "w+",
+                       16 * f.rf - 1, " of the ", chain_.dims[son.gemm.rows[0]].name, " tile"));
   w_.Line("const int g = lane / 4, t = lane % 4;");
-  w_.Line(absl::StrCat("const long r0 = warp * 16L;"));
+  w_.Line(absl::StrCat("const long r0 = warp * ", 16 * f.rf, "L;"));
   w_.Line(absl::StrCat("const bool has_rows = r0 < ", son.rows_pad, "L;"));
   w_.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once"));
   Pack(son, /*a_side=*/true);
@@ -151,9 +181,15 @@ void CudaEmitter::EmitRegisterResident() {
   if (pipeline) w_.Line("fusor_cp_async_commit();");
   Sync();
   LoadQFragments(f);
-  w_.Line(absl::StrCat("float of[", f.nfo, "][4];"));
-  w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f) of[f][0] = of[f][1] = of[f][2] = of[f][3] = 0.0f;"));
-  w_.Line("float row_max[2] = {-FUSOR_INFINITY, -FUSOR_INFINITY}, row_sum[2] = {0.0f, 0.0f};");
+  w_.Line(absl::StrCat("float of[", f.rf, "][", f.nfo, "][4];"));
+  w_.Line(absl::StrCat("// running max (base 2) and this lane's share of the row sums"));
+  w_.Line(absl::StrCat("float row_max[", f.rf, "][2], row_sum[", f.rf, "][2];"));
+  ForEachRowFragment(f, [&] {
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f) of[fr][f][0] = of[fr][f][1] = of[fr][f][2] = ",
+                         "of[fr][f][3] = 0.0f;"));
+    w_.Line("row_max[fr][0] = row_max[fr][1] = -FUSOR_INFINITY;");
+    w_.Line("row_sum[fr][0] = row_sum[fr][1] = 0.0f;");
+  });
 
   w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
   x_.OpenTileLoop(w_, sd);
@@ -206,92 +242,157 @@ void CudaEmitter::DefineRegisterStaging() {
   }
 }
 
-// The warp's A fragments of S (its 16 rows of the staged A tile), held
-// in registers for the whole stream loop.
+// The warp's A fragments of S (its rows of the staged A tile), held in
+// registers for the whole stream loop.
 void CudaEmitter::LoadQFragments(const RegisterFragments& f) {
   const GemmLayout& ls = gemm_[0];
-  w_.Line(absl::StrCat("fusor_u32 qf[", f.ks, "][4];"));
+  w_.Line(absl::StrCat("fusor_u32 qf[", f.rf, "][", f.ks, "][4];"));
   w_.Open("if (has_rows)");
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.ks, "; ++kq)"));
-  LoadAFragment(ls, "pa0", "qf[kq]", "0L", "r0", absl::StrCat("kq * ", ls.kstep, "L"));
+  ForEachRowFragment(f, [&] {
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.ks, "; ++kq)"));
+    LoadAFragment(ls, "pa0", "qf[fr][kq]", "0L", "r0 + 16 * fr", absl::StrCat("kq * ", ls.kstep, "L"));
+    w_.Close();
+  });
   w_.Close();
-  w_.Close();
+}
+
+// C[fr][f..] += A[fr] B for every row fragment fr: the B fragments of
+// `blocks` 8-column blocks from f on (1, or 2 with one ldmatrix.x4) at
+// reduction step kq, each read once for all row fragments.
+void CudaEmitter::EmitFragmentMma(const GemmLayout& l, const RegisterFragments& f, const std::string& buf,
+                                  const std::string& c, const std::string& a, int blocks) {
+  w_.Line(absl::StrCat("fusor_u32 b[", 2 * blocks, "];"));
+  const std::string kk = absl::StrCat("kq * ", l.kstep, "L");
+  if (blocks == 2) {
+    LoadBFragmentPair(l, buf, "b", "8 * f", kk);
+  } else {
+    LoadBFragment(l, buf, "b", "0L", "8 * f", kk);
+  }
+  ForEachRowFragment(f, [&] {
+    for (int j = 0; j < blocks; ++j) {
+      Mma(l, absl::StrCat(c, "[fr][f + ", j, "]"), a, j == 0 ? "b" : "b + 2");
+    }
+  });
+}
+
+// `body(blocks)` over S's or O's 8-column blocks f (#pragma unroll): in
+// pairs (blocks = 2) where ldmatrix.x4 applies (f16, bf16), then one at a
+// time.
+void CudaEmitter::ForEachColumnBlock(const GemmLayout& l, int64_t count, const std::function<void(int)>& body) {
+  const int64_t pairs = l.kind == MmaKind::kTF32 ? 0 : count / 2;
+  if (pairs > 0) {
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", 2 * pairs, "; f += 2)"));
+    body(2);
+    w_.Close();
+  }
+  if (2 * pairs < count) {
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = ", 2 * pairs, "; f < ", count, "; ++f)"));
+    body(1);
+    w_.Close();
+  }
 }
 
 // S = A B over the whole reduction, in registers.
 void CudaEmitter::EmitScoreMma(const RegisterFragments& f) {
   const GemmLayout& ls = gemm_[0];
-  w_.Line(absl::StrCat("float sf[", f.nfs, "][4];"));
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
-  w_.Line("sf[f][0] = sf[f][1] = sf[f][2] = sf[f][3] = 0.0f;");
-  w_.Line(absl::StrCat("if (8 * f >= ", n_.N(nest_.stream_dim), ") continue;  // columns this step did not stage"));
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.ks, "; ++kq)"));
-  w_.Line("fusor_u32 b[2];");
-  LoadBFragment(ls, "pb0", "b", "0L", "8 * f", absl::StrCat("kq * ", ls.kstep, "L"));
-  Mma(ls, "sf[f]", "qf[kq]", "b");
-  w_.Close();
-  w_.Close();
+  w_.Line(absl::StrCat("float sf[", f.rf, "][", f.nfs, "][4];"));
+  ForEachRowFragment(f, [&] {
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f) sf[fr][f][0] = sf[fr][f][1] = sf[fr][f][2] = ",
+                         "sf[fr][f][3] = 0.0f;"));
+  });
+  ForEachColumnBlock(ls, f.nfs, [&](int blocks) {
+    w_.Line(absl::StrCat("if (8 * f >= ", n_.N(nest_.stream_dim), ") continue;  // columns this step did not stage"));
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.ks, "; ++kq)"));
+    EmitFragmentMma(ls, f, "pb0", "sf", "qf[fr][kq]", blocks);
+    w_.Close();
+  });
 }
 
-// The elementwise ops and the softmax's input, element by element;
-// points outside the extents are -inf (they weigh nothing).
+// The elementwise ops and the softmax's input, element by element, times
+// log2(e); points outside the extents are -inf (they weigh nothing). The
+// bounds are checked only where a tile may be short.
 void CudaEmitter::EmitScoreOps(const RegisterFragments& f) {
   const int last = LastOp(), sd = nest_.stream_dim, rows_dim = nest_.ops[0].gemm.rows[0];
+  const space::OpNest& son = nest_.ops[0];
   int softmax = -1;
   for (int o = 1; o < last; ++o) softmax = chain_.ops[o].kind == OpKind::kSoftmax ? o : softmax;
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
-  w_.Line("#pragma unroll");
-  w_.Open("for (int e = 0; e < 4; ++e)");
-  w_.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
-  w_.Line("float x = -FUSOR_INFINITY;");
-  w_.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(sd), ")"));
-  for (int d : chain_.ops[0].index) {
-    const std::string within = d == rows_dim ? " + ri" : d == sd ? " + ci" : "";
-    w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
-  }
-  w_.Line(absl::StrCat("x = ", ExprToC(chain_.ops[softmax].body, [this](const Access& a) {
-                         return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor) : x_.Load(a);
-                       }),
-                       ";"));
-  w_.Close();
-  w_.Line("sf[f][e] = x;");
-  w_.Close();
-  w_.Close();
+  auto full = [&](int d, int64_t pad) {
+    return chain_.dims[d].extent % nest_.schedule.tile[d] == 0 && nest_.schedule.tile[d] == pad;
+  };
+  std::vector<std::string> bounds;
+  if (!full(rows_dim, son.rows_pad)) bounds.push_back(absl::StrCat("ri < ", n_.N(rows_dim)));
+  if (!full(sd, son.cols_pad)) bounds.push_back(absl::StrCat("ci < ", n_.N(sd)));
+  const ir::Expr& body = chain_.ops[softmax].body;
+  const std::string x =
+      ReadsScoresAlone(body, chain_.ops[0].output)
+          ? RegisterValue(chain_.ops[0].output, kLog2E)
+          : absl::StrCat("(", ExprToC(body, [this](const Access& a) {
+                           return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor, 1) : x_.Load(a);
+                         }),
+                         ") * ", FloatLit(kLog2E));
+  ForEachRowFragment(f, [&] {
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int e = 0; e < 4; ++e)");
+    w_.Line("const long ri = r0 + 16 * fr + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
+    if (!bounds.empty()) {
+      w_.Line("float x = -FUSOR_INFINITY;");
+      w_.Open(absl::StrCat("if (", absl::StrJoin(bounds, " && "), ")"));
+    } else {
+      w_.Line("float x;");
+      w_.Open("");
+    }
+    for (int d : chain_.ops[0].index) {
+      const std::string within = d == rows_dim ? " + ri" : d == sd ? " + ci" : "";
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+    }
+    w_.Line(absl::StrCat("x = ", x, ";"));
+    w_.Close();
+    w_.Line("sf[fr][f][e] = x;");
+    w_.Close();
+    w_.Close();
+  });
 }
 
-// Online softmax per fragment row (g and g + 8), across the 4 lanes that
-// hold it; O's accumulator is rescaled with it.
+// Online softmax per fragment row (g and g + 8 of each row fragment),
+// across the 4 lanes that hold it, branch-free: a row with no score yet
+// (max -inf) subtracts 0, and 2^-inf is 0. O's accumulator is rescaled;
+// each lane keeps its own share of the row sum (summed across the lanes
+// once, at the end).
 void CudaEmitter::EmitFragmentSoftmax(const RegisterFragments& f) {
-  w_.Line("#pragma unroll");
-  w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
-  w_.Line("float mx = -FUSOR_INFINITY;");
-  w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfs,
-                       "; ++f) mx = fmaxf(mx, fmaxf(sf[f][2 * h2], sf[f][2 * h2 + 1]));"));
-  w_.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 1));");
-  w_.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 2));");
-  w_.Line("const float m_new = fmaxf(row_max[h2], mx);");
-  w_.Line("const float rescale = m_new == -FUSOR_INFINITY ? 1.0f : expf(row_max[h2] - m_new);");
-  w_.Line("float total = 0.0f;");
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
-  w_.Line("#pragma unroll");
-  w_.Open("for (int c = 0; c < 2; ++c)");
-  w_.Line("const float p = m_new == -FUSOR_INFINITY ? 0.0f : expf(sf[f][2 * h2 + c] - m_new);");
-  w_.Line("sf[f][2 * h2 + c] = p;");
-  w_.Line("total += p;");
-  w_.Close();
-  w_.Close();
-  w_.Line("total += fusor_shfl_xor(total, 1);");
-  w_.Line("total += fusor_shfl_xor(total, 2);");
-  w_.Line("row_sum[h2] = row_sum[h2] * rescale + total;");
-  w_.Line("row_max[h2] = m_new;");
-  w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo,
-                       "; ++f) { of[f][2 * h2] *= rescale; of[f][2 * h2 + 1] *= rescale; }"));
-  w_.Close();
+  ForEachRowFragment(f, [&] {
+    w_.Line("#pragma unroll");
+    w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
+    w_.Line("float mx = row_max[fr][h2];");
+    w_.Line("#pragma unroll");
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfs,
+                         "; ++f) mx = fmaxf(mx, fmaxf(sf[fr][f][2 * h2], sf[fr][f][2 * h2 + 1]));"));
+    w_.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 1));");
+    w_.Line("mx = fmaxf(mx, fusor_shfl_xor(mx, 2));");
+    w_.Line("const float base = mx == -FUSOR_INFINITY ? 0.0f : mx;");
+    w_.Line("const float rescale = fusor_exp2(row_max[fr][h2] - base);");
+    w_.Line("float total = 0.0f;");
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int c = 0; c < 2; ++c)");
+    w_.Line("const float p = fusor_exp2(sf[fr][f][2 * h2 + c] - base);");
+    w_.Line("sf[fr][f][2 * h2 + c] = p;");
+    w_.Line("total += p;");
+    w_.Close();
+    w_.Close();
+    w_.Line("row_sum[fr][h2] = row_sum[fr][h2] * rescale + total;");
+    w_.Line("row_max[fr][h2] = mx;");
+    w_.Line("#pragma unroll");
+    w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo,
+                         "; ++f) { of[fr][f][2 * h2] *= rescale; of[fr][f][2 * h2 + 1] *= rescale; }"));
+    w_.Close();
+  });
 }
 
 // O += P V. f16/bf16: two S fragments (16 columns) are one A fragment.
@@ -301,34 +402,33 @@ void CudaEmitter::EmitFragmentSoftmax(const RegisterFragments& f) {
 void CudaEmitter::EmitProbabilityMma(const RegisterFragments& f) {
   const int last = LastOp();
   const GemmLayout& lo = gemm_[last];
-  const std::string mma_in = chain_.dtype == ir::DType::kBF16 ? "fusor_f32_to_bf16" : "fusor_f32_to_f16";
+  const std::string pack = chain_.dtype == ir::DType::kBF16 ? "fusor_pack_bf16x2" : "fusor_pack_f16x2";
   w_.Line("#pragma unroll");
   w_.Open(absl::StrCat("for (int kq = 0; kq < ", f.kp, "; ++kq)"));
   w_.Line(absl::StrCat("if (", lo.kstep, " * kq >= ", n_.N(nest_.stream_dim),
                        ") break;  // rows of B this step did not stage"));
-  w_.Line("fusor_u32 a[4];");
-  w_.Line("#pragma unroll");
-  w_.Open("for (int i = 0; i < 4; ++i)");
-  if (lo.kind == MmaKind::kTF32) {
-    w_.Line("const int e = 2 * (i % 2), src = g * 4 + t / 2 + 2 * (i / 2);");
-    w_.Line("const float lo = fusor_shfl(sf[kq][e], src), hi = fusor_shfl(sf[kq][e + 1], src);");
-    w_.Line("a[i] = fusor_bits(fusor_round_tf32(t % 2 ? hi : lo));");
-  } else {
-    w_.Line("const int f = 2 * kq + i / 2, e = 2 * (i % 2);");
-    w_.Line(absl::StrCat("a[i] = f < ", f.nfs, " ? (fusor_u32)", mma_in, "(sf[f][e]) | ((fusor_u32)", mma_in,
-                         "(sf[f][e + 1]) << 16) : 0u;"));
-  }
-  w_.Close();
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
-  w_.Line("fusor_u32 b[2];");
-  LoadBFragment(lo, absl::StrCat("pb", last), "b", "0L", "8 * f", absl::StrCat("kq * ", lo.kstep, "L"));
-  Mma(lo, "of[f]", "a", "b");
-  w_.Close();
+  w_.Line(absl::StrCat("fusor_u32 a[", f.rf, "][4];"));
+  ForEachRowFragment(f, [&] {
+    w_.Line("#pragma unroll");
+    w_.Open("for (int q = 0; q < 4; ++q)");
+    if (lo.kind == MmaKind::kTF32) {
+      w_.Line("const int e = 2 * (q % 2), src = g * 4 + t / 2 + 2 * (q / 2);");
+      w_.Line("const float lo = fusor_shfl(sf[fr][kq][e], src), hi = fusor_shfl(sf[fr][kq][e + 1], src);");
+      w_.Line("a[fr][q] = fusor_bits(fusor_round_tf32(t % 2 ? hi : lo));");
+    } else {
+      w_.Line("const int f = 2 * kq + q / 2, e = 2 * (q % 2);");
+      w_.Line(absl::StrCat("a[fr][q] = f < ", f.nfs, " ? ", pack, "(sf[fr][f][e], sf[fr][f][e + 1]) : 0u;"));
+    }
+    w_.Close();
+  });
+  ForEachColumnBlock(lo, f.nfo, [&](int blocks) {
+    EmitFragmentMma(lo, f, absl::StrCat("pb", last), "of", "a[fr]", blocks);
+  });
   w_.Close();
 }
 
-// After the stream loop: O = accumulator / row sum, to global memory.
+// After the stream loop: O = accumulator times the reciprocal of the row
+// sum (summed across the row's 4 lanes), to global memory.
 void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
   const int last = LastOp();
   const space::OpNest& oon = nest_.ops[last];
@@ -336,23 +436,33 @@ void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
   const Op& oop = chain_.ops[last];
   w_.Line(absl::StrCat("// ", chain_.tensors[oop.output].name, " is complete"));
   w_.Open("if (has_rows)");
-  w_.Line("#pragma unroll");
-  w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
-  w_.Line("#pragma unroll");
-  w_.Open("for (int e = 0; e < 4; ++e)");
-  w_.Line("const long ri = r0 + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
-  w_.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(cols_dim), ")"));
-  for (int d : oop.index) {
-    const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
-    w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
-  }
-  std::string value = "of[f][e] / row_sum[e / 2]";
-  if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
-  w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
-                       StoreConvert(chain_.dtype, value), ";"));
-  w_.Close();
-  w_.Close();
-  w_.Close();
+  ForEachRowFragment(f, [&] {
+    w_.Line("float inv[2];");
+    w_.Line("#pragma unroll");
+    w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
+    w_.Line("float total = row_sum[fr][h2];");
+    w_.Line("total += fusor_shfl_xor(total, 1);");
+    w_.Line("total += fusor_shfl_xor(total, 2);");
+    w_.Line("inv[h2] = 1.0f / total;");
+    w_.Close();
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int e = 0; e < 4; ++e)");
+    w_.Line("const long ri = r0 + 16 * fr + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
+    w_.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(cols_dim), ")"));
+    for (int d : oop.index) {
+      const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
+      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+    }
+    std::string value = "of[fr][f][e] * inv[e / 2]";
+    if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
+    w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
+                         StoreConvert(chain_.dtype, value), ";"));
+    w_.Close();
+    w_.Close();
+    w_.Close();
+  });
   w_.Close();
 }
 

@@ -52,6 +52,32 @@ out E
                    (2.0 * 18 * 32 * 32 * 8 + 2.0 * 18 * 16 * 32 * 16) / (1e9 * 0.5));
 }
 
+// On a GPU, tiles of an input that other blocks already read come from
+// the L2 at twice the memory's rate, when the inputs fit in half the L2;
+// the first read of every element comes from memory.
+TEST(CostModelTest, GpuReReadsOfSmallInputsComeFromTheL2) {
+  auto chain = ir::ParseChainText(R"(
+dim m=64 n=64 k=32 h=32
+in A[m,k] B[k,n] D[n,h]
+C[m,n] = sum(k) A[m,k] * B[k,n]
+E[m,h] = sum(n) C[m,n] * D[n,h]
+out E
+)");
+  auto schedule = space::ParseSchedule("m=16 / n=32 / - / cuda warps=1", *chain);
+  ASSERT_TRUE(schedule.ok()) << schedule.status();
+  hw::TargetDesc gpu = *hw::LookupDevice("h100");
+  gpu.bandwidth_bytes_per_s = 1e12;  // calibrated W and P
+  gpu.peak_flops = 1e15;
+  auto nest = space::BuildLoopNest(*chain, *schedule, gpu);
+  ASSERT_TRUE(nest.ok()) << nest.status();
+  // f32: A 8 KiB read once; B 8 KiB and D 8 KiB read by each of the 4 row
+  // blocks (3 of the 4 reads from the L2); E 8 KiB stored.
+  const double kib = 8192;
+  EXPECT_DOUBLE_EQ(Predict(*nest, gpu, *chain).t_mem_s, (kib + 2 * (kib + 3 * kib / 2) + kib) / 1e12);
+  gpu.l2_bytes = 16 * 1024;  // inputs no longer fit in half of it: every read from memory
+  EXPECT_DOUBLE_EQ(Predict(*nest, gpu, *chain).t_mem_s, (kib + 2 * 4 * kib + kib) / 1e12);
+}
+
 // alpha: on a CPU the exact waves of blocks over the cores; on a GPU
 // MCFuser's (N_block + N_SM) / N_block.
 TEST(CostModelTest, AlphaChargesTheLastWaveAndEstimatesApply) {

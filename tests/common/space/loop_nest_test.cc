@@ -212,7 +212,11 @@ TEST(LoopNestTest, RegisterResidentIntermediates) {
   EXPECT_THAT(std::string(nest(*attention, "b=1 m=16 / n=16 / O(h=8) / cuda registers").status().message()),
               HasSubstr("no op may have own loops"));
   EXPECT_THAT(std::string(nest(*attention, "b=1 / n=16 / - / cuda warps=1 registers").status().message()),
-              HasSubstr("exceeds 16 rows per warp"));
+              HasSubstr("exceeds 32 rows per warp"));
+  // Two row fragments per warp take whole pairs of fragments.
+  EXPECT_TRUE(nest(*attention, "b=1 m=32 / n=16 / - / cuda warps=1 registers").ok());
+  EXPECT_THAT(std::string(nest(*attention, "b=1 / n=16 / - / cuda warps=2 registers").status().message()),
+              HasSubstr("multiple of 32"));
   EXPECT_THAT(std::string(nest(*attention, "b=1 m=16 / - / - / cuda registers").status().message()),
               HasSubstr("needs a stream loop"));
   auto gemm = ir::ParseChainText(testing::kGemmChain);

@@ -40,6 +40,18 @@ FUSOR_INLINE float fusor_round_tf32(float f) {
   return __uint_as_float(t);
 }
 FUSOR_INLINE fusor_u32 fusor_bits(float f) { return __float_as_uint(f); }
+/* Two floats rounded into one register of f16 (bf16) pairs, lo in the low
+   half: an mma operand, in one instruction. */
+FUSOR_INLINE fusor_u32 fusor_pack_f16x2(float lo, float hi) {
+  fusor_u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+FUSOR_INLINE fusor_u32 fusor_pack_bf16x2(float lo, float hi) {
+  fusor_u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 
 /* ---------------------------------------------------------- functions --- */
 FUSOR_INLINE float fusor_relu(float x) { return x > 0.0f ? x : 0.0f; }
@@ -48,6 +60,13 @@ FUSOR_INLINE float fusor_gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 FUSOR_INLINE float fusor_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* 2^x in one MUFU.EX2 (relative error about 2^-22; 2^-inf = 0): the
+   online softmax works in base 2, log2(e) folded into its input. */
+FUSOR_INLINE float fusor_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 /* ------------------------------------------------------------ threads --- */
 FUSOR_INLINE int fusor_lane() { return (int)(threadIdx.x & 31u); }

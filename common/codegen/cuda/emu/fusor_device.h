@@ -324,6 +324,13 @@ inline dim3 ThreadIdx() { return dim3{static_cast<unsigned>(t_block->current), 1
 inline void __syncthreads() { fusor_emu::BlockBarrier(); }
 
 /* ------------------------------------------------------- conversions --- */
+FUSOR_INLINE float fusor_exp2(float x) { return exp2f(x); }
+FUSOR_INLINE fusor_u32 fusor_pack_f16x2(float lo, float hi) {
+  return (fusor_u32)fusor_f32_to_f16(lo) | ((fusor_u32)fusor_f32_to_f16(hi) << 16);
+}
+FUSOR_INLINE fusor_u32 fusor_pack_bf16x2(float lo, float hi) {
+  return (fusor_u32)fusor_f32_to_bf16(lo) | ((fusor_u32)fusor_f32_to_bf16(hi) << 16);
+}
 FUSOR_INLINE float fusor_round_tf32(float f) {
   fusor_u32 x;
   memcpy(&x, &f, 4);

@@ -393,7 +393,9 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
 
 // FlashAttention's layout: S, the mask, the softmax and P in each warp's
 // registers, O's accumulator too; non-divisible extents, a row tile short
-// of the warps' rows, 1 and 2 stages, f16, bf16 and f32.
+// of the warps' rows, one and two row fragments per warp, B fragments in
+// pairs and alone, 1 and 2 stages, f16, bf16 and f32; and extents the
+// tiles divide (no bounds checks).
 TEST(CudaEmulationTest, AttentionWithIntermediatesInRegisters) {
   for (const char* schedule : {"b=1 m=16 / n=16 / - / cuda registers", "b=1 m=24 / n=32 / - / cuda warps=2 registers",
                                "b=1 m=20 / n=16 / - / cuda stages=1 registers",
@@ -402,6 +404,32 @@ TEST(CudaEmulationTest, AttentionWithIntermediatesInRegisters) {
     CheckSchedule(testing::kMaskedF16Attention, schedule);
     CheckSchedule(kBf16Attention, schedule);
     CheckSchedule(kAttention, schedule);  // f32: tf32 fragments, re-laid out by shuffles
+  }
+  // Two row fragments per warp, the last tile short.
+  for (const char* schedule :
+       {"b=1 m=32 / n=32 / - / cuda warps=1 registers", "b=1 m=32 / n=16 / - / cuda warps=1 stages=1 registers"}) {
+    SCOPED_TRACE(schedule);
+    CheckSchedule(testing::kMaskedF16Attention, schedule);
+    CheckSchedule(kAttention, schedule);
+  }
+  CheckSchedule(kBf16Attention, "b=1 / n=16 / - / cuda warps=1 registers");
+  constexpr char kDivisible[] = R"(
+chain attn_tiles
+dtype f16
+dim b=2 m=128 n=128 k=32 h=32
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.125
+P[b,m,n] = softmax(n) S[b,m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+  for (const char* schedule : {"b=1 m=64 / n=32 / - / cuda warps=2 registers", "b=1 m=32 / n=64 / - / cuda warps=2 registers"}) {
+    SCOPED_TRACE(schedule);
+    CheckSchedule(kDivisible, schedule);
+    auto kernel = Emit(Parse(kDivisible), *space::ParseSchedule(schedule, Parse(kDivisible)), Gpu());
+    ASSERT_TRUE(kernel.ok());
+    EXPECT_EQ(kernel->source.find("float x = -FUSOR_INFINITY;"), std::string::npos) << "no bounds checks";
+    EXPECT_NE(kernel->source.find("fusor_ldmatrix_x4("), std::string::npos) << "B fragments in pairs";
   }
   ir::Chain chain = Parse(testing::kMaskedF16Attention);
   auto schedule = space::ParseSchedule("b=1 m=16 / n=16 / - / cuda registers", chain);
