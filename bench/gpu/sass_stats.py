@@ -201,7 +201,8 @@ def kernel_row(cubin, nvdisasm):
 
 
 def markdown(rows):
-    cols = ["chain", "label", "regs", "spills (B)", "smem/block (KB)", "blocks/SM", "grid", "waves", "HMMA in loop",
+    cols = ["chain", "label", "regs", "spills (B)", "smem/block (KB)", "blocks/SM", "grid", "grid/SMs", "waves",
+            "HMMA in loop",
             "instr/HMMA", "LDS+LDSM B/HMMA", "STS B/HMMA", "BAR", "MUFU", "div/mod"]
     num = lambda v: "-" if v is None else f"{v:g}"
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -210,7 +211,8 @@ def markdown(rows):
         cells = [r.get("chain", "?"), r.get("label", "?"), r["registers"],
                  f"{r.get('spill_store_bytes', 0)}/{r.get('spill_load_bytes', 0)}",
                  f"{r['shared_bytes_per_block'] / 1024:.1f}", f"{r['blocks_per_sm']} ({r['occupancy_limiter']})",
-                 r["grid"], "-" if r["waves"] is None else f"{r['waves']:.2f}",
+                 r["grid"], f"{r['grid'] / r.get('sm_count', 132):.2f}",
+                 "-" if r["waves"] is None else f"{r['waves']:.2f}",
                  f"{s['hmma']}" + ("" if s["loop"] else " (no loop)"), num(s["instr_per_hmma"]),
                  num(s["smem_read_per_hmma"]), num(s["smem_write_per_hmma"]), s["bar"], s["mufu"],
                  f"{s['divmod']} (fn {s['divmod_function']})"]
@@ -223,6 +225,7 @@ def main(argv=None):
     ap.add_argument("dir", type=Path)
     ap.add_argument("--json", type=Path, help="also write every figure to this file")
     ap.add_argument("--nvdisasm", help="the nvdisasm binary (default: PATH, /usr/local/cuda/bin, the PyPI wheel)")
+    ap.add_argument("--label", help="only the kernels with this label (e.g. candidate_0: the model's pick)")
     args = ap.parse_args(argv)
     nvdisasm = find_nvdisasm(args.nvdisasm)
     if not nvdisasm:
@@ -230,6 +233,8 @@ def main(argv=None):
               "; install it with `pip install nvidia-cuda-nvdisasm` or pass --nvdisasm PATH", file=sys.stderr)
         return 2
     cubins = sorted(c for c in args.dir.glob("*.cubin") if c.with_suffix(".json").exists())
+    if args.label:
+        cubins = [c for c in cubins if json.loads(c.with_suffix(".json").read_text()).get("label") == args.label]
     if not cubins:
         print(f"error: no <stem>.cubin with <stem>.json in {args.dir}", file=sys.stderr)
         return 2

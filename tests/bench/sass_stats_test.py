@@ -162,7 +162,7 @@ class CommandLineTest(unittest.TestCase):
             run = self.run_script(d, "--json", d / "out.json")
             self.assertEqual(run.returncode, 0, run.stderr)
             row = json.loads((d / "out.json").read_text())[0]
-        self.assertIn("| test_chain | loop | 40 | 0/0 | 6.0 | 12 (registers) | 2000 | 1.26 |", run.stdout)
+        self.assertIn("| test_chain | loop | 40 | 0/0 | 6.0 | 12 (registers) | 2000 | 15.15 | 1.26 |", run.stdout)
         self.assertEqual(row["sass"]["smem_read_per_hmma"], 384.0)  # set by the source, whatever the compiler
         self.assertEqual((row["sass"]["bar"], row["sass"]["mufu"]), (2, 4))
 
