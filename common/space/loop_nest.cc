@@ -70,13 +70,13 @@ bool ReadsAtPoint(const ir::Access& a, const std::vector<int>& index) {
 
 // Why the nest cannot keep its intermediates in registers ("" when it
 // can): the warp that computes 16 (or 32) rows of the first GEMM's tile
-// must own them through the elementwise ops and the online softmax, and feed them
-// as the A fragments of the second GEMM, whose 16 x h accumulator it keeps
-// across the stream loop.
+// must own them through the elementwise ops and the online softmax (if
+// any), and feed them as the A fragments of the second GEMM, whose
+// accumulator for those rows it keeps across the stream loop.
 std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest) {
   const int sd = nest.stream_dim, last = static_cast<int>(chain.ops.size()) - 1;
   if (sd < 0) return "needs a stream loop";
-  if (last < 2) return "needs GEMM, softmax, GEMM";
+  if (last < 1) return "needs two GEMMs";
   const OpNest& first = nest.ops[0];
   const OpNest& second = nest.ops[last];
   for (const OpNest* on : {&first, &second}) {
@@ -100,28 +100,30 @@ std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest
     const ir::Op& op = chain.ops[o];
     if (op.kind == ir::OpKind::kSum) return "only elementwise ops and one softmax may sit between the GEMMs";
     if (op.kind == ir::OpKind::kSoftmax) {
-      if (softmax >= 0 || !nest.ops[o].online) return "needs one softmax, online along the stream loop";
+      if (softmax >= 0 || !nest.ops[o].online) return "needs at most one softmax, online along the stream loop";
       softmax = o;
     }
     if (op.index != point) return "the ops between the GEMMs must span the first GEMM's points";
   }
-  if (softmax < 0 || second.online_softmax != softmax) return "needs one softmax, online along the stream loop";
+  if (second.online_softmax != softmax) return "needs at most one softmax, online along the stream loop";
+  // The last GEMM's A operand: the softmax's result, else the op before it.
+  const int feed = softmax >= 0 ? softmax : last - 1;
   // Every intermediate is read at the point it was produced; the last GEMM
-  // reads only the softmax's result (checked below).
+  // reads only the feed (checked below).
   for (int o = 0; o < last; ++o) {
     const int t = chain.ops[o].output;
     if (chain.tensors[t].role == ir::TensorRole::kOutput) return "an intermediate is a chain output";
     bool elsewhere = false;
     for (int r = o + 1; r <= last; ++r) {
       ir::ForEachAccess(chain.ops[r].body, [&](const ir::Access& a) {
-        if (a.tensor == t) elsewhere |= r == last ? o != softmax : !ReadsAtPoint(a, point);
+        if (a.tensor == t) elsewhere |= r == last ? o != feed : !ReadsAtPoint(a, point);
       });
     }
     if (elsewhere) return "an intermediate is read at another point";
   }
   const ir::Access& p = second.gemm.a_side[0];
-  if (p.tensor != chain.ops[softmax].output || !ReadsAtPoint(p, point)) {
-    return "the last GEMM must read the softmax's result at its points";
+  if (p.tensor != chain.ops[feed].output || !ReadsAtPoint(p, point)) {
+    return "the last GEMM must read the softmax's result (or the op before it) at its points";
   }
   for (const OpNest* on : {&first, &second}) {
     for (const std::vector<ir::Access>* side : {&on->gemm.a_side, &on->gemm.b_side}) {

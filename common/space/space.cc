@@ -292,7 +292,7 @@ void EnumerateVariant(const Variant& variant, const hw::TargetDesc& target, cons
 namespace {
 
 // CUDA: the register-resident kernels (schedule "registers", loop_nest.h)
-// of attention-shaped chains, with their own tiles: 16 to 128 rows per
+// of attention and GEMM chains, with their own tiles: 16 to 128 rows per
 // block (small tiles fill the SMs on short sequences), a stream
 // (key/value) tile of 32, 64 or 128, a warp for every 16 or 32 rows (at
 // most 8), derived from the best-ranked schedules. They are

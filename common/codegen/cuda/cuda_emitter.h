@@ -153,6 +153,7 @@ class CudaEmitter : public NestWalker {
     int64_t rf = 1, nfs = 0, ks = 0, nfo = 0, kp = 0;
   };
   int LastOp() const { return static_cast<int>(chain_.ops.size()) - 1; }
+  int SoftmaxOp() const;
   void StageStep(const space::OpNest& on);
   std::string RegisterValue(int t, double scale) const;
   void ForEachRowFragment(const RegisterFragments& f, const std::function<void()>& body);

@@ -95,8 +95,8 @@ void CudaEmitter::EmitSoftmax(const Op& op, const space::OpNest& on) {
 // ---------------------------------------------- registers (FlashAttention)
 //
 // Schedule "registers" (BuildLoopNest checked the shape: GEMM S, then
-// elementwise ops and an online softmax over S's points, then GEMM O over
-// the stream dim). Warp w owns rf row fragments of 16 rows (rf is 2 when
+// elementwise ops and at most one online softmax over S's points, then
+// GEMM O over the stream dim; FlashAttention, or a GEMM chain). Warp w owns rf row fragments of 16 rows (rf is 2 when
 // the row tile has 32 rows a warp, so that every B fragment read from
 // shared memory feeds two mma): S's accumulator fragments stay in its
 // registers, the elementwise ops and the softmax run on them (row
@@ -144,6 +144,14 @@ std::string CudaEmitter::RegisterValue(int t, double scale) const {
          }) + ")";
 }
 
+// The online softmax between the GEMMs, or -1.
+int CudaEmitter::SoftmaxOp() const {
+  for (int o = 1; o < LastOp(); ++o) {
+    if (chain_.ops[o].kind == OpKind::kSoftmax) return o;
+  }
+  return -1;
+}
+
 // `body` once per row fragment fr of the warp (#pragma unroll).
 void CudaEmitter::ForEachRowFragment(const RegisterFragments& f, const std::function<void()>& body) {
   w_.Line("#pragma unroll");
@@ -181,14 +189,19 @@ void CudaEmitter::EmitRegisterResident() {
   if (pipeline) w_.Line("fusor_cp_async_commit();");
   Sync();
   LoadQFragments(f);
+  const bool softmax = SoftmaxOp() >= 0;
   w_.Line(absl::StrCat("float of[", f.rf, "][", f.nfo, "][4];"));
-  w_.Line(absl::StrCat("// running max (base 2) and this lane's share of the row sums"));
-  w_.Line(absl::StrCat("float row_max[", f.rf, "][2], row_sum[", f.rf, "][2];"));
+  if (softmax) {
+    w_.Line(absl::StrCat("// running max (base 2) and this lane's share of the row sums"));
+    w_.Line(absl::StrCat("float row_max[", f.rf, "][2], row_sum[", f.rf, "][2];"));
+  }
   ForEachRowFragment(f, [&] {
     w_.Line(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f) of[fr][f][0] = of[fr][f][1] = of[fr][f][2] = ",
                          "of[fr][f][3] = 0.0f;"));
-    w_.Line("row_max[fr][0] = row_max[fr][1] = -FUSOR_INFINITY;");
-    w_.Line("row_sum[fr][0] = row_sum[fr][1] = 0.0f;");
+    if (softmax) {
+      w_.Line("row_max[fr][0] = row_max[fr][1] = -FUSOR_INFINITY;");
+      w_.Line("row_sum[fr][0] = row_sum[fr][1] = 0.0f;");
+    }
   });
 
   w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
@@ -204,7 +217,7 @@ void CudaEmitter::EmitRegisterResident() {
   w_.Open("if (has_rows)");
   EmitScoreMma(f);
   EmitScoreOps(f);
-  EmitFragmentSoftmax(f);
+  if (softmax) EmitFragmentSoftmax(f);
   EmitProbabilityMma(f);
   w_.Close();  // has_rows
   Sync();      // the next step's staging reuses these buffers
@@ -312,28 +325,31 @@ void CudaEmitter::EmitScoreMma(const RegisterFragments& f) {
   });
 }
 
-// The elementwise ops and the softmax's input, element by element, times
-// log2(e); points outside the extents are -inf (they weigh nothing). The
-// bounds are checked only where a tile may be short.
+// The elementwise ops, element by element, up to the softmax's input
+// (times log2(e)) or, without a softmax, the last GEMM's A operand; points
+// outside the extents are -inf before a softmax, else 0 (they weigh
+// nothing). The bounds are checked only where a tile may be short.
 void CudaEmitter::EmitScoreOps(const RegisterFragments& f) {
-  const int last = LastOp(), sd = nest_.stream_dim, rows_dim = nest_.ops[0].gemm.rows[0];
+  const int sd = nest_.stream_dim, rows_dim = nest_.ops[0].gemm.rows[0];
   const space::OpNest& son = nest_.ops[0];
-  int softmax = -1;
-  for (int o = 1; o < last; ++o) softmax = chain_.ops[o].kind == OpKind::kSoftmax ? o : softmax;
+  const int softmax = SoftmaxOp();
   auto full = [&](int d, int64_t pad) {
     return chain_.dims[d].extent % nest_.schedule.tile[d] == 0 && nest_.schedule.tile[d] == pad;
   };
   std::vector<std::string> bounds;
   if (!full(rows_dim, son.rows_pad)) bounds.push_back(absl::StrCat("ri < ", n_.N(rows_dim)));
   if (!full(sd, son.cols_pad)) bounds.push_back(absl::StrCat("ci < ", n_.N(sd)));
-  const ir::Expr& body = chain_.ops[softmax].body;
-  const std::string x =
-      ReadsScoresAlone(body, chain_.ops[0].output)
-          ? RegisterValue(chain_.ops[0].output, kLog2E)
-          : absl::StrCat("(", ExprToC(body, [this](const Access& a) {
-                           return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor, 1) : x_.Load(a);
-                         }),
-                         ") * ", FloatLit(kLog2E));
+  std::string x;
+  if (softmax < 0) {
+    x = RegisterValue(chain_.ops[LastOp() - 1].output, 1);
+  } else if (const ir::Expr& body = chain_.ops[softmax].body; ReadsScoresAlone(body, chain_.ops[0].output)) {
+    x = RegisterValue(chain_.ops[0].output, kLog2E);
+  } else {
+    x = absl::StrCat("(", ExprToC(body, [this](const Access& a) {
+                       return chain_.tensors[a.tensor].producer >= 0 ? RegisterValue(a.tensor, 1) : x_.Load(a);
+                     }),
+                     ") * ", FloatLit(kLog2E));
+  }
   ForEachRowFragment(f, [&] {
     w_.Line("#pragma unroll");
     w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfs, "; ++f)"));
@@ -341,7 +357,7 @@ void CudaEmitter::EmitScoreOps(const RegisterFragments& f) {
     w_.Open("for (int e = 0; e < 4; ++e)");
     w_.Line("const long ri = r0 + 16 * fr + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
     if (!bounds.empty()) {
-      w_.Line("float x = -FUSOR_INFINITY;");
+      w_.Line(softmax >= 0 ? "float x = -FUSOR_INFINITY;" : "float x = 0.0f;");
       w_.Open(absl::StrCat("if (", absl::StrJoin(bounds, " && "), ")"));
     } else {
       w_.Line("float x;");
@@ -427,24 +443,27 @@ void CudaEmitter::EmitProbabilityMma(const RegisterFragments& f) {
   w_.Close();
 }
 
-// After the stream loop: O = accumulator times the reciprocal of the row
-// sum (summed across the row's 4 lanes), to global memory.
+// After the stream loop: O = accumulator (times the reciprocal of the row
+// sum, summed across the row's 4 lanes, after a softmax), to global memory.
 void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
   const int last = LastOp();
   const space::OpNest& oon = nest_.ops[last];
   const int rows_dim = nest_.ops[0].gemm.rows[0], cols_dim = oon.gemm.cols[0];
   const Op& oop = chain_.ops[last];
   w_.Line(absl::StrCat("// ", chain_.tensors[oop.output].name, " is complete"));
+  const bool softmax = SoftmaxOp() >= 0;
   w_.Open("if (has_rows)");
   ForEachRowFragment(f, [&] {
-    w_.Line("float inv[2];");
-    w_.Line("#pragma unroll");
-    w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
-    w_.Line("float total = row_sum[fr][h2];");
-    w_.Line("total += fusor_shfl_xor(total, 1);");
-    w_.Line("total += fusor_shfl_xor(total, 2);");
-    w_.Line("inv[h2] = 1.0f / total;");
-    w_.Close();
+    if (softmax) {
+      w_.Line("float inv[2];");
+      w_.Line("#pragma unroll");
+      w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
+      w_.Line("float total = row_sum[fr][h2];");
+      w_.Line("total += fusor_shfl_xor(total, 1);");
+      w_.Line("total += fusor_shfl_xor(total, 2);");
+      w_.Line("inv[h2] = 1.0f / total;");
+      w_.Close();
+    }
     w_.Line("#pragma unroll");
     w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
     w_.Line("#pragma unroll");
@@ -455,7 +474,7 @@ void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
       const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
       w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
     }
-    std::string value = "of[fr][f][e] * inv[e / 2]";
+    std::string value = softmax ? "of[fr][f][e] * inv[e / 2]" : "of[fr][f][e]";
     if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
     w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
                          StoreConvert(chain_.dtype, value), ";"));

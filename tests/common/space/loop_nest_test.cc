@@ -200,7 +200,7 @@ TEST(LoopNestTest, OnlineSoftmaxAlongTheStreamLoop) {
   EXPECT_EQ(TilingExpression(nest.schedule, *chain), "bmn");
 }
 
-// Intermediates in registers: attention-shaped chains only, whole rows
+// Intermediates in registers: attention and GEMM chains, whole rows
 // (no own loops), rows within the warps; the variant sizes the warps.
 TEST(LoopNestTest, RegisterResidentIntermediates) {
   const hw::TargetDesc gpu = *hw::LookupDevice("h200");
@@ -219,14 +219,18 @@ TEST(LoopNestTest, RegisterResidentIntermediates) {
               HasSubstr("multiple of 32"));
   EXPECT_THAT(std::string(nest(*attention, "b=1 m=16 / - / - / cuda registers").status().message()),
               HasSubstr("needs a stream loop"));
+  // A GEMM chain too (no softmax), unless its intermediate is an output.
   auto gemm = ir::ParseChainText(testing::kGemmChain);
-  EXPECT_THAT(std::string(nest(*gemm, "m=16 / n=16 / - / cuda registers").status().message()),
-              HasSubstr("cannot live in registers"));
+  EXPECT_TRUE(nest(*gemm, "m=16 / n=16 / - / cuda registers").ok());
+  auto both = ir::ParseChainText(std::string(testing::kGemmChain).replace(std::string(testing::kGemmChain).find("out E"), 5, "out C E"));
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_THAT(std::string(nest(*both, "m=16 / n=16 / - / cuda registers").status().message()),
+              HasSubstr("an intermediate is a chain output"));
 
   auto variant = RegisterResidentVariant(*attention, *ParseSchedule("b=1 / n=16 / O(h=8)", *attention), gpu);
   ASSERT_TRUE(variant.has_value());
   EXPECT_EQ(ScheduleToText(*variant, *attention), "b=1 / n=16 / - / cuda registers");  // 33 rows: 4 warps
-  EXPECT_FALSE(RegisterResidentVariant(*gemm, *ParseSchedule("m=16 / n=16 / -", *gemm), gpu).has_value());
+  EXPECT_FALSE(RegisterResidentVariant(*both, *ParseSchedule("m=16 / n=16 / -", *both), gpu).has_value());
 }
 
 // A split stream loop: the parts are blocks; what runs outside the loop
@@ -752,10 +756,10 @@ TEST(CheckRegistersTest, OnlyWhenTheScheduleAsks) {
   const hw::TargetDesc gpu = *hw::LookupDevice("h200");
   auto attention = ir::ParseChainText(testing::kMaskedF16Attention);
   EXPECT_EQ(PhaseError(Phase::kCheckRegisters, *attention, "b=1 m=16 / n=16 / - / cuda registers", gpu), "");
-  auto chain = ir::ParseChainText(testing::kGemmChain);
-  EXPECT_EQ(PhaseError(Phase::kCheckRegisters, *chain, "m=16 / n=16 / - / cuda registers", gpu),
-            "schedule: intermediates cannot live in registers: needs GEMM, softmax, GEMM");
-  EXPECT_EQ(PhaseError(Phase::kCheckRegisters, *chain, "m=16 / n=16 / -", gpu), "");
+  auto chain = ir::ParseChainText(testing::kConvChain);
+  EXPECT_EQ(PhaseError(Phase::kCheckRegisters, *chain, "n=1 / p=3 / - / cuda registers", gpu),
+            "schedule: intermediates cannot live in registers: every reduced dim must be on the intrinsic");
+  EXPECT_EQ(PhaseError(Phase::kCheckRegisters, *chain, "n=1 / p=3 / -", gpu), "");
 }
 
 }  // namespace

@@ -448,6 +448,20 @@ out O
   EXPECT_NE(RunKernelEmulated(chain, unwaited), "");
 }
 
+// GEMM chains in registers too: the first GEMM's tile, through the
+// elementwise ops (bias and GELU), is the second GEMM's A operand; no
+// softmax, so nothing is rescaled.
+TEST(CudaEmulationTest, GemmChainsWithIntermediatesInRegisters) {
+  CheckSchedule(testing::kGemmChain, "m=32 / n=16 / - / cuda warps=1 registers");  // f32: tf32
+  CheckSchedule(testing::kGemmChain, "m=16 / n=32 / - / cuda stages=1 registers");
+  CheckSchedule(kFfn, "m=16 / f=16 / - / cuda registers");  // f16, extents no tile divides
+  CheckSchedule(kFfn, "- / f=32 / - / cuda warps=1 registers");
+  ir::Chain chain = Parse(kFfn);
+  auto kernel = Emit(chain, *space::ParseSchedule("m=16 / f=16 / - / cuda registers", chain), Gpu());
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ(kernel->source.find("row_sum"), std::string::npos) << "no softmax state";
+}
+
 TEST(CudaEmulationTest, GemmChainF32) {
   CheckSchedule(testing::kGemmChain, "m=32 / n=32 / C(k=16) E(h=16)");
   CheckSchedule(testing::kGemmChain, "m=64 h=32 / n=16 / - / cuda warps=2 stages=1");
