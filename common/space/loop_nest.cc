@@ -221,14 +221,17 @@ std::optional<Schedule> RegisterResidentVariant(const ir::Chain& chain, const Sc
   s.warps = 16;
   auto nest = BuildLoopNest(chain, s, target);
   if (!nest.ok()) return std::nullopt;
-  // Two row fragments (32 rows) per warp where the row tile allows.
+  // Two row fragments (32 rows) per warp where the row tile and the
+  // registers allow, else one.
   const int64_t rows = nest->ops[0].rows_pad;
-  const int64_t per_warp = rows % 32 == 0 ? 32 : 16;
-  int warps = 1;
-  while (warps < 16 && per_warp * warps < rows) warps *= 2;
-  s.warps = warps;
-  if (!BuildLoopNest(chain, s, target).ok()) return std::nullopt;
-  return Canonical(s, chain);
+  for (int64_t per_warp : {32, 16}) {
+    if (rows % per_warp != 0 && per_warp == 32) continue;
+    int warps = 1;
+    while (warps < 16 && per_warp * warps < rows) warps *= 2;
+    s.warps = warps;
+    if (BuildLoopNest(chain, s, target).ok()) return Canonical(s, chain);
+  }
+  return std::nullopt;
 }
 
 std::vector<const hw::Intrinsic*> UsableIntrinsics(const ir::Chain& chain, const hw::TargetDesc& target) {

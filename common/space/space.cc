@@ -301,6 +301,41 @@ namespace {
 // intermediate through shared memory and synchronizes around each op
 // (bench/RESULTS.md, "Static kernel figures": 50-140 SASS instructions
 // and 700-1200 shared bytes per mma against 13 and 128).
+// `schedule` with the first and last GEMMs mapped with one row dim and
+// one column dim each (the register-resident kernel's form), every other
+// dim of their points a block dim of tile 1: grouped-query attention's
+// query heads then each take a block rather than a row dim. Empty for a
+// regrouped schedule.
+std::vector<Schedule> SingleRowMappings(const ir::Chain& chain, const hw::TargetDesc& target, const Schedule& schedule) {
+  const int last = static_cast<int>(chain.ops.size()) - 1;
+  if (!schedule.regroup.empty() || last < 1) return {};
+  auto single = [](const mapping::Mapping& m) { return m.axes[0].size() == 1 && m.axes[1].size() == 1; };
+  std::vector<mapping::Mapping> firsts = Alternatives(chain, target, 0, 8), lasts = Alternatives(chain, target, last, 8);
+  if (std::optional<mapping::Mapping> d = DefaultMappingFor(chain, 0, target)) firsts.push_back(*d);
+  if (std::optional<mapping::Mapping> d = DefaultMappingFor(chain, last, target)) lasts.push_back(*d);
+  std::vector<Schedule> out;
+  for (const mapping::Mapping& a : firsts) {
+    for (const mapping::Mapping& b : lasts) {
+      if (!single(a) || !single(b) || a.axes[0] != b.axes[0]) continue;
+      Schedule s = schedule;
+      s.maps.assign(chain.ops.size(), {});
+      s.maps[0] = a;
+      s.maps[last] = b;
+      for (int op : {0, last}) {
+        const mapping::Mapping& m = op == 0 ? a : b;
+        for (int d : chain.ops[op].index) {
+          if (Contains(m.axes[0], d) || Contains(m.axes[1], d)) continue;
+          s.tile[d] = 1;
+          if (!Contains(s.block, d)) s.block.push_back(d);
+        }
+      }
+      std::sort(s.block.begin(), s.block.end());
+      out.push_back(Canonical(s, chain));
+    }
+  }
+  return out;
+}
+
 // The tile of the schedule's innermost stream loop (1 without one).
 int64_t StreamTile(const Schedule& s) { return s.stream.empty() ? 1 : s.tile[s.stream.back()]; }
 
@@ -313,10 +348,18 @@ void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& tar
   };
   std::vector<Found> found;
   std::set<std::string> seen;
+  std::vector<Schedule> bases;
   for (size_t i = 0; i < std::min<size_t>(space.ranked.size(), 16); ++i) {
-    std::optional<Schedule> base = RegisterResidentVariant(chain, space.ranked[i].schedule, target);
-    if (!base) continue;
-    absl::StatusOr<LoopNest> nest = BuildLoopNest(chain, *base, target);
+    if (std::optional<Schedule> base = RegisterResidentVariant(chain, space.ranked[i].schedule, target)) {
+      bases.push_back(*base);
+    } else if (i < 4) {
+      for (const Schedule& s : SingleRowMappings(chain, target, space.ranked[i].schedule)) {
+        if (std::optional<Schedule> b = RegisterResidentVariant(chain, s, target)) bases.push_back(*b);
+      }
+    }
+  }
+  for (const Schedule& base : bases) {
+    absl::StatusOr<LoopNest> nest = BuildLoopNest(chain, base, target);
     if (!nest.ok()) continue;
     const int rows = nest->ops[0].gemm.rows[0], sd = nest->stream_dim;
     const ir::Chain& nested = NestChain(chain, *nest);
@@ -324,7 +367,7 @@ void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& tar
     for (int64_t row_tile : {16, 32, 64, 128}) {
       for (int64_t stream_tile : {32, 64, 128}) {
         if (stream_tile >= stream_extent) continue;  // no stream loop left
-        Schedule s = *base;
+        Schedule s = base;
         s.tile[rows] = std::min(row_tile, row_extent);
         s.tile[sd] = stream_tile;
         if (s.tile[rows] < row_extent && std::find(s.block.begin(), s.block.end(), rows) == s.block.end()) {

@@ -448,6 +448,31 @@ out O
   EXPECT_NE(RunKernelEmulated(chain, unwaited), "");
 }
 
+// Grouped-query attention in registers: each query head of a group a
+// block of its own (r a block dim of tile 1), both GEMMs on the query
+// rows m alone; the key/value heads are shared through the index.
+TEST(CudaEmulationTest, GroupedQueryAttentionWithIntermediatesInRegisters) {
+  constexpr char kGrouped[] = R"(
+chain gqa
+dtype f16
+dim b=1 g=2 r=3 m=40 n=48 d=32 e=16
+in Q[b,g,r,m,d] K[b,g,n,d] V[b,g,n,e]
+S[b,g,r,m,n] = sum(d) Q[b,g,r,m,d] * K[b,g,n,d] * 0.17
+P[b,g,r,m,n] = softmax(n) S[b,g,r,m,n]
+O[b,g,r,m,e] = sum(n) P[b,g,r,m,n] * V[b,g,n,e]
+out O
+)";
+  CheckSchedule(kGrouped,
+                "g=1 r=1 m=32 / n=16 / - / S=mma.sync.m16n8k16.f16[i=m j=n k=d] O=mma.sync.m16n8k16.f16[i=m j=e k=n] "
+                "/ cuda warps=1 registers");
+  auto space = space::BuildSpace(Parse(kGrouped), Gpu("h200"));
+  ASSERT_TRUE(space.ok()) << space.status();
+  ASSERT_GT(space->stats.register_resident, 0);
+  EXPECT_TRUE(space->ranked[0].schedule.registers);
+  SCOPED_TRACE(space::ScheduleToText(space->ranked[0].schedule, Parse(kGrouped)));
+  EXPECT_EQ(RunEmulated(Parse(kGrouped), space->ranked[0].schedule, Gpu("h200")), "");
+}
+
 // GEMM chains in registers too: the first GEMM's tile, through the
 // elementwise ops (bias and GELU), is the second GEMM's A operand; no
 // softmax, so nothing is rescaled.
