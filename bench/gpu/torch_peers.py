@@ -7,17 +7,22 @@ run, the median kept.
 
 Prints one line per chain:
   TORCH chain=<name> matmul_us=<t> sdpa_us=<t|-1> sdpa=<flash|default|->
+
+    torch_peers.py CHAIN_FILE...               on the GPU
+    torch_peers.py --cpu-check CHAIN_FILE...   no GPU: builds every peer on the CPU, small shapes
 """
 import math
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+DEVICE = "cuda"
 
 
 def parse(path):
@@ -101,10 +106,10 @@ def attention(dtype, d, inputs, ops, rand):
 
 
 def peers(name, dtype, d, inputs, ops):
-    g = torch.Generator(device="cuda").manual_seed(1)
+    g = torch.Generator(device=DEVICE).manual_seed(1)
 
     def rand(*shape):
-        return (torch.rand(*shape, device="cuda", generator=g) * 2 - 1).to(dtype)
+        return (torch.rand(*shape, device=DEVICE, generator=g) * 2 - 1).to(dtype)
 
     torch.backends.cuda.matmul.allow_tf32 = True  # as fusor's f32 kernels (tf32 tensor cores)
     if any("softmax" in op for op in ops):
@@ -125,12 +130,30 @@ def peers(name, dtype, d, inputs, ops):
 
 
 def main():
-    if not torch.cuda.is_available():
+    global DEVICE, timed
+    paths = sys.argv[1:]
+    cpu_check = "--cpu-check" in paths
+    if cpu_check:
+        # Before a GPU is lent: every peer built and SDPA checked against the
+        # matmul chain on the CPU, with sequence and batch dims cut down;
+        # the times are one untimed-warm-up run each, not a benchmark.
+        paths.remove("--cpu-check")
+        DEVICE = "cpu"
+
+        def timed(fn, seconds=0):
+            fn()
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e6
+    elif not torch.cuda.is_available():
         print("TORCH unavailable: no CUDA device")
         return 1
     status = 0
-    for path in sys.argv[1:]:
+    for path in paths:
         name, dtype, dims, inputs, ops = parse(path)
+        if cpu_check:
+            dims = {k: min(v, 64) if k in ("m", "n") else min(v, 4) if k in ("b", "g", "r") else v
+                    for k, v in dims.items()}
         try:
             matmul_us, sdpa_us, backend = peers(name, dtype, dims, inputs, ops)
         except Exception as e:  # one chain's failure is its own row
