@@ -173,9 +173,10 @@ class McfuserSearch : public SearchStrategy {
       children.push_back(parent);
       children.back().registers = false;
     }
+    // 3 - stages flips 1 and 2; a third stage is tried after the warps.
     for (const auto& [w, st] : {std::pair{warps, 3 - stages}, std::pair{warps * 2, stages}, std::pair{warps / 2, stages},
-                                std::pair{warps * 2, 3 - stages}, std::pair{warps / 2, 3 - stages}}) {
-      if (w < 1 || w > 16) continue;
+                                std::pair{warps, 3}, std::pair{warps * 2, 3 - stages}, std::pair{warps / 2, 3 - stages}}) {
+      if (st < 1 || (st == stages && w == warps) || w < 1 || w > 16) continue;
       children.push_back(parent);
       children.back().warps = w;
       children.back().stages = st;

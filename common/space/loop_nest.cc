@@ -503,6 +503,10 @@ absl::StatusOr<LoopNest> StartNest(const ir::Chain& chain, const Schedule& input
   if ((s.warps > 0 || s.stages > 0 || s.registers) && target.backend != hw::Backend::kCuda) {
     return Illegal("warps, stages and registers apply to CUDA targets only");
   }
+  // A third stage keeps two steps in flight only where each step is one
+  // commit group: the register-resident kernel stages its per-step tiles
+  // together; a shared-memory nest commits per op.
+  if (s.stages == 3 && !s.registers) return Illegal("three stages apply to intermediates in registers only");
   LoopNest nest;
   nest.schedule = s;
   nest.trips.resize(num_dims);

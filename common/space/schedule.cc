@@ -72,8 +72,8 @@ absl::StatusOr<Schedule> ParseLaunch(absl::string_view text, Schedule s) {
       }
       s.warps = value;
     } else if (kv.first == "stages") {
-      if (!absl::SimpleAtoi(kv.second, &value) || value < 1 || value > 2) {
-        return Error(absl::StrCat("stages must be 1 or 2, got '", kv.second, "'"));
+      if (!absl::SimpleAtoi(kv.second, &value) || value < 1 || value > 3) {
+        return Error(absl::StrCat("stages must be 1, 2 or 3, got '", kv.second, "'"));
       }
       s.stages = value;
     } else {

@@ -21,13 +21,14 @@
 //
 // On a CUDA target the schedule also says how a block runs: its warps,
 // the cp.async stages of operand tiles that change with every step of a
-// loop (2 prefetches the next step's tile while this one is multiplied, 1
-// waits for each), and where the intermediates live: in shared memory
-// (the default) or, for attention-shaped chains (GEMM, elementwise ops, an
-// online softmax along the stream loop, GEMM), in each warp's registers
-// ("registers": FlashAttention's layout; BuildLoopNest says when it
-// applies). The model cannot rank these; the search measures them around
-// the best tilings.
+// loop (2 prefetches the next step's tile while this one is multiplied, 3
+// the next two, 1 waits for each), and where the intermediates live: in
+// shared memory (the default) or, for attention and GEMM chains (GEMM,
+// elementwise ops, at most one online softmax along the stream loop,
+// GEMM), in each warp's registers ("registers": FlashAttention's layout;
+// BuildLoopNest says when it applies). The model cannot rank these: on a
+// GPU the register-resident kernels are ranked first (space.cc), and the
+// search measures the other launches around the best it has measured.
 //
 // Text form (one tile size per dim; "-" for an empty level; the mappings
 // and the launch optional, the launch only where it is not the default;
@@ -65,7 +66,7 @@ struct Schedule {
   std::vector<int64_t> tile;           // per dim, in [1, extent]
   std::vector<mapping::Mapping> maps;  // per op; intrinsic == nullptr: the default
   int warps = 0;   // CUDA: warps per block; 0: kDefaultWarps
-  int stages = 0;  // CUDA: 1 or 2; 0: kDefaultStages
+  int stages = 0;  // CUDA: 1, 2 or 3 (cp.async pipeline depth); 0: kDefaultStages
   bool registers = false;  // CUDA: intermediates in registers, not shared memory
 
   bool operator==(const Schedule& other) const = default;

@@ -47,8 +47,8 @@ struct SideLayout {
   int64_t offset = 0;
   int contiguous = -1;  // cp.async: the dim contiguous in global memory along a staged row
   // Staged anew at every step of one loop (the stream loop, or the own
-  // loop it sits just inside) with cp.async: two buffers, the next step's
-  // tile prefetched into one while the other is read.
+  // loop it sits just inside) with cp.async: one buffer per stage (2 or
+  // 3), the tiles of the next steps prefetched while this one is read.
   bool pipelined = false;
   int loop_dim = -1;  // the loop it is prefetched across
   int64_t stage_elems = 0;
@@ -119,8 +119,10 @@ class CudaEmitter : public NestWalker {
   void DefineStage(int d);
   std::string StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const;
   void CurrentStage(const space::OpNest& on, bool a_side);
-  void FirstStage(const space::OpNest& on, bool a_side);
+  void FirstStages(const std::vector<std::pair<const space::OpNest*, bool>>& sides,
+                   const std::function<void(const space::OpNest&)>& ranges);
   void Prefetch(const space::OpNest& on, bool a_side);
+  void CommitAndWaitForThisStep();
 
   const char* HoistedNote() const override { return ": operands staged once, outside the stream loop"; }
   void OpenStreamLoop() override;

@@ -45,7 +45,7 @@ absl::Status CudaEmitter::Layout() {
         side.pipelined = stages_ >= 2 && side.loop_dim >= 0 && side.contiguous >= 0 && !hoisted && !per_point;
         side.stage_elems = RoundUp(side.bytes, 16) / g.elem_bytes;
         side.offset = bytes;
-        bytes += RoundUp(side.bytes, 16) * (side.pipelined ? 2 : 1);
+        bytes += RoundUp(side.bytes, 16) * (side.pipelined ? stages_ : 1);
       };
       stage(g.a, on.a_depth, on.a_hoisted, on.a_per_point);
       stage(g.b, on.b_depth, on.b_hoisted, on.b_per_point);
@@ -171,7 +171,7 @@ absl::Status CudaEmitter::RegisterLayout() {
     side.pipelined = per_step && stages_ >= 2 && side.contiguous >= 0;
     side.stage_elems = RoundUp(side.bytes, 16) / elem_bytes;
     side.offset = offset;
-    offset += RoundUp(side.bytes, 16) * (side.pipelined ? 2 : 1);
+    offset += RoundUp(side.bytes, 16) * (side.pipelined ? stages_ : 1);
   };
   place(gemm_[0].a, gemm_[0].elem_bytes, false);
   place(gemm_[0].b, gemm_[0].elem_bytes, true);

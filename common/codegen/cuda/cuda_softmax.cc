@@ -180,13 +180,12 @@ void CudaEmitter::EmitRegisterResident() {
   w_.Line(absl::StrCat("const bool has_rows = r0 < ", son.rows_pad, "L;"));
   w_.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once"));
   Pack(son, /*a_side=*/true);
-  bool pipeline = false;
+  std::vector<std::pair<const space::OpNest*, bool>> sides;
   for (const space::OpNest* on : {&son, &oon}) {
-    if (!SideOf(*on, false).pipelined) continue;
-    FirstStage(*on, false);
-    pipeline = true;
+    if (SideOf(*on, false).pipelined) sides.push_back({on, false});
   }
-  if (pipeline) w_.Line("fusor_cp_async_commit();");
+  const bool pipeline = !sides.empty();
+  FirstStages(sides, [](const space::OpNest&) {});
   Sync();
   LoadQFragments(f);
   const bool softmax = SoftmaxOp() >= 0;
@@ -209,10 +208,7 @@ void CudaEmitter::EmitRegisterResident() {
   if (pipeline) DefineStage(sd);
   StageStep(son);
   StageStep(oon);
-  if (pipeline) {
-    w_.Line("fusor_cp_async_commit();");
-    w_.Line("fusor_cp_async_wait<1>();");
-  }
+  if (pipeline) CommitAndWaitForThisStep();
   Sync();
   w_.Open("if (has_rows)");
   EmitScoreMma(f);

@@ -120,9 +120,9 @@ void CudaEmitter::PackAsync(const space::OpNest& on, const SideLayout& side, con
   w_.Close();
 }
 
-// Which of the two buffers the current step of `d`'s loop reads.
+// Which of the stages_ buffers the current step of `d`'s loop reads.
 void CudaEmitter::DefineStage(int d) {
-  w_.Line(absl::StrCat("const long ", StageVar(d), " = (", n_.O(d), " / ", s_.tile[d], "L) % 2L;"));
+  w_.Line(absl::StrCat("const long ", StageVar(d), " = (", n_.O(d), " / ", s_.tile[d], "L) % ", stages_, "L;"));
 }
 
 std::string CudaEmitter::StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const {
@@ -136,54 +136,70 @@ void CudaEmitter::CurrentStage(const space::OpNest& on, bool a_side) {
   w_.Line(StagePointer(on, a_side, StageVar(side.loop_dim)));
 }
 
-// Before the loop: the first step's tile into stage 0 (the caller commits).
-void CudaEmitter::FirstStage(const space::OpNest& on, bool a_side) {
-  const int d = SideOf(on, a_side).loop_dim;
-  w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on.op].output].name,
-                       ": the first ", chain_.dims[d].name, " step's tile, into stage 0"));
-  w_.Open("");
-  w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", x_.RangeOf(d, "0L"), ";"));
-  w_.Line(StagePointer(on, a_side, "0L"));
-  Stage(on, a_side, /*wait=*/false);
-  w_.Close();
+// Before the loop: the first stages_ - 1 steps' tiles of `sides`, step k
+// into stage k, each step one commit group (so that the loop's wait
+// retires exactly the step it reads). Around `ranges`, which defines the
+// ranges the staging reads.
+void CudaEmitter::FirstStages(const std::vector<std::pair<const space::OpNest*, bool>>& sides,
+                              const std::function<void(const space::OpNest&)>& ranges) {
+  for (int k = 0; k + 1 < stages_; ++k) {
+    for (const auto& [on, a_side] : sides) {
+      const int d = SideOf(*on, a_side).loop_dim;
+      const std::string origin = absl::StrCat(k * s_.tile[d], "L");
+      w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on->op].output].name, ": ",
+                           chain_.dims[d].name, " step ", k, "'s tile, into stage ", k));
+      w_.Open(k == 0 ? "" : absl::StrCat("if (", origin, " < ", chain_.dims[d].extent, "L)"));
+      ranges(*on);
+      w_.Line(absl::StrCat("const long ", n_.O(d), " = ", origin, ", ", n_.N(d), " = ", x_.RangeOf(d, origin), ";"));
+      w_.Line(StagePointer(*on, a_side, absl::StrCat(k, "L")));
+      Stage(*on, a_side, /*wait=*/false);
+      w_.Close();
+    }
+    w_.Line("fusor_cp_async_commit();");
+  }
 }
 
-// Issues the cp.async copies of the next step's tile of one side into
-// the other stage (nothing after the last step).
+// Issues the cp.async copies of the tile stages_ - 1 steps ahead of one
+// side into the stage it will be read from (nothing past the last step).
 void CudaEmitter::Prefetch(const space::OpNest& on, bool a_side) {
   const int d = SideOf(on, a_side).loop_dim;
-  w_.Line(absl::StrCat("// prefetch ", a_side ? "A" : "B", " of the next ", chain_.dims[d].name, " step"));
+  const int ahead = stages_ - 1;
+  w_.Line(absl::StrCat("// prefetch ", a_side ? "A" : "B", " of the ", chain_.dims[d].name, " step ", ahead,
+                       " ahead"));
   w_.Open("");
-  w_.Line(absl::StrCat("const long next_origin = ", n_.O(d), " + ", s_.tile[d], "L;"));
+  w_.Line(absl::StrCat("const long next_origin = ", n_.O(d), " + ", ahead * s_.tile[d], "L;"));
   w_.Open(absl::StrCat("if (next_origin < ", chain_.dims[d].extent, "L)"));
   w_.Line(absl::StrCat("const long ", n_.O(d), " = next_origin, ", n_.N(d), " = ", x_.RangeOf(d, "next_origin"),
                        ";"));
-  w_.Line(StagePointer(on, a_side, absl::StrCat("1L - ", StageVar(d))));
+  w_.Line(StagePointer(on, a_side, absl::StrCat("(", StageVar(d), " + ", ahead, "L) % ", stages_, "L")));
   Stage(on, a_side, /*wait=*/false);
   w_.Close();
   w_.Close();
 }
 
-// Tiles pipelined across the stream loop: the first step's before it.
+// In the loop, after this step's prefetch is issued: commit it, and wait
+// for this step's tiles (committed stages_ - 1 steps earlier) while the
+// later steps' stay in flight.
+void CudaEmitter::CommitAndWaitForThisStep() {
+  w_.Line("fusor_cp_async_commit();");
+  w_.Line(absl::StrCat("fusor_cp_async_wait<", stages_ - 1, ">();"));
+}
+
+// Tiles pipelined across the stream loop: the first steps' before it.
 void CudaEmitter::OpenStreamLoop() {
   const int sd = nest_.stream_dim;
-  bool pipeline = false;
+  std::vector<std::pair<const space::OpNest*, bool>> sides;
   for (const space::OpNest& on : nest_.ops) {
     if (!on.gemm.ok || on.region != space::Region::kStream) continue;
     for (bool a_side : {true, false}) {
       const SideLayout& side = SideOf(on, a_side);
-      if (!side.pipelined || side.loop_dim != sd || DepthOf(on, a_side) != 0) continue;
-      w_.Open("");
-      x_.DefineFullRanges(w_, on);
-      FirstStage(on, a_side);
-      w_.Close();
-      pipeline = true;
+      if (side.pipelined && side.loop_dim == sd && DepthOf(on, a_side) == 0) sides.push_back({&on, a_side});
     }
   }
-  if (pipeline) w_.Line("fusor_cp_async_commit();");
+  FirstStages(sides, [this](const space::OpNest& on) { x_.DefineFullRanges(w_, on); });
   Sync();
   x_.OpenTileLoop(w_, sd);
-  if (pipeline) DefineStage(sd);
+  if (!sides.empty()) DefineStage(sd);
 }
 
 // The accumulator cleared inside the output loops, and the tiles staged
@@ -213,27 +229,19 @@ void CudaEmitter::StageAtLevel(const space::OpNest& on, int level) {
       Pack(on, a_side);
     }
   }
-  if (prefetched) {
-    // This step's tile (committed one step earlier) has landed; the
-    // next step's stays in flight.
-    w_.Line("fusor_cp_async_commit();");
-    w_.Line("fusor_cp_async_wait<1>();");
-  }
+  if (prefetched) CommitAndWaitForThisStep();
   if (staged) Sync();
 }
 
-// Tiles pipelined across this own loop: the first step's before it.
+// Tiles pipelined across this own loop: the first steps' before it.
 void CudaEmitter::OpenOwnLoop(const space::OpNest& on, int level) {
-  bool first = false;
+  std::vector<std::pair<const space::OpNest*, bool>> sides;
   for (bool a_side : {true, false}) {
-    if (on.gemm.ok && SideOf(on, a_side).pipelined && DepthOf(on, a_side) == level + 1) {
-      FirstStage(on, a_side);
-      first = true;
-    }
+    if (on.gemm.ok && SideOf(on, a_side).pipelined && DepthOf(on, a_side) == level + 1) sides.push_back({&on, a_side});
   }
-  if (first) w_.Line("fusor_cp_async_commit();");
+  FirstStages(sides, [](const space::OpNest&) {});
   x_.OpenTileLoop(w_, on.loops[level]);
-  if (first) DefineStage(on.loops[level]);
+  if (!sides.empty()) DefineStage(on.loops[level]);
 }
 
 }  // namespace fusor::codegen::cuda

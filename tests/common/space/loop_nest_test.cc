@@ -213,6 +213,10 @@ TEST(LoopNestTest, RegisterResidentIntermediates) {
               HasSubstr("no op may have own loops"));
   EXPECT_THAT(std::string(nest(*attention, "b=1 / n=16 / - / cuda warps=1 registers").status().message()),
               HasSubstr("exceeds 32 rows per warp"));
+  // A third cp.async stage only with intermediates in registers.
+  EXPECT_TRUE(nest(*attention, "b=1 m=16 / n=16 / - / cuda stages=3 registers").ok());
+  EXPECT_THAT(std::string(nest(*attention, "b=1 m=16 / n=16 / - / cuda stages=3").status().message()),
+              HasSubstr("three stages apply to intermediates in registers only"));
   // Two row fragments per warp take whole pairs of fragments.
   EXPECT_TRUE(nest(*attention, "b=1 m=32 / n=16 / - / cuda warps=1 registers").ok());
   EXPECT_THAT(std::string(nest(*attention, "b=1 / n=16 / - / cuda warps=2 registers").status().message()),

@@ -67,7 +67,7 @@ TEST(ScheduleTest, RejectsMalformedText) {
   for (const char* bad : {"m=16", "m=16 / -", "m=0 / - / -", "m=65 / - / -", "q=4 / - / -", "m=16 m=16 / - / -",
                           "m=16 / - / C(m=8)", "m=x / - / -", "- / - / Q(k=16)", "- / - / A(k=16)",
                           "- / - / C(k=16", "m=16 / m=16 / -", "- / - / C(k=16) C(n=16)",
-                          "m=16 / - / - / cuda warps=3", "m=16 / - / - / cuda stages=3", "m=16 / - / - / cuda x=1",
+                          "m=16 / - / - / cuda warps=3", "m=16 / - / - / cuda stages=4", "m=16 / - / - / cuda x=1",
                           "m=16 / - / - / cuda warps=8 / cuda stages=1"}) {
     EXPECT_TRUE(absl::IsInvalidArgument(ParseSchedule(bad, *chain).status())) << bad;
   }

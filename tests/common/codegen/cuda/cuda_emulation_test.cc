@@ -356,7 +356,8 @@ TEST(CudaEmulationTest, MaskedBf16AttentionAndEpilogues) {
 
 // Tiles that change with every step of the stream loop (or of the own
 // loop they sit in) are prefetched one step ahead with cp.async into a
-// second stage. The emulation performs a copy only
+// second stage (two steps ahead into a third with stages=3, for the
+// register-resident kernel). The emulation performs a copy only
 // when a wait retires it, so a kernel that read the tile before waiting
 // would fail: dropping the wait must be caught.
 TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
@@ -365,7 +366,7 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   ASSERT_TRUE(schedule.ok());
   auto kernel = Emit(chain, *schedule, Gpu());
   ASSERT_TRUE(kernel.ok()) << kernel.status();
-  ASSERT_NE(kernel->source.find("prefetch B of the next n step"), std::string::npos) << kernel->source;
+  ASSERT_NE(kernel->source.find("prefetch B of the n step 1 ahead"), std::string::npos) << kernel->source;
   EXPECT_EQ(RunKernelEmulated(chain, *kernel), "");
   CudaKernel unwaited = *kernel;
   const std::string wait = "fusor_cp_async_wait<1>();";
@@ -376,7 +377,7 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   ASSERT_TRUE(own_loop.ok());
   auto by_h = Emit(chain, *own_loop, Gpu());
   ASSERT_TRUE(by_h.ok()) << by_h.status();
-  const size_t at = by_h->source.find("prefetch B of the next h step");
+  const size_t at = by_h->source.find("prefetch B of the h step 1 ahead");
   ASSERT_NE(at, std::string::npos) << by_h->source;
   EXPECT_EQ(RunKernelEmulated(chain, *by_h), "");
   CudaKernel unwaited_h = *by_h;
@@ -389,6 +390,20 @@ TEST(CudaEmulationTest, PipelinesStreamTilesAndCatchesAMissingWait) {
   EXPECT_EQ(unpipelined->source.find("prefetch"), std::string::npos);
   EXPECT_LT(unpipelined->shared_bytes, kernel->shared_bytes);
   EXPECT_EQ(RunKernelEmulated(chain, *unpipelined), "");
+  // Three stages: two steps in flight, each its own commit group; the
+  // wait keeps one pending, and dropping it is caught.
+  for (const char* text : {"b=1 m=32 / n=16 / - / cuda warps=1 stages=3 registers",
+                           "b=1 m=16 / n=24 / - / cuda stages=3 registers"}) {
+    SCOPED_TRACE(text);
+    auto three = Emit(chain, *space::ParseSchedule(text, chain), Gpu());
+    ASSERT_TRUE(three.ok()) << three.status();
+    EXPECT_NE(three->source.find("step 2 ahead"), std::string::npos);
+    EXPECT_EQ(RunKernelEmulated(chain, *three), "");
+    const std::string wait2 = "fusor_cp_async_wait<2>();";
+    CudaKernel unwaited3 = *three;
+    unwaited3.source.replace(unwaited3.source.find(wait2), wait2.size(), "");
+    EXPECT_NE(RunKernelEmulated(chain, unwaited3), "");
+  }
 }
 
 // FlashAttention's layout: S, the mask, the softmax and P in each warp's
