@@ -10,7 +10,7 @@
 #
 # Through the device tool: carry ["build/gpu-prep"] and run
 # `bench/gpu/run.sh build/gpu-prep "$OUT"`; the log comes back in
-# $OUT/log.txt. About 3 minutes on an H200; DEADLINE_S (default 240) bounds
+# $OUT/log.txt. At most about 5.5 minutes: DEADLINE_S (default 200) bounds
 # the measuring, ITEM_TIMEOUT_S (default 30) each kernel.
 #
 # It builds the runner (fusor's CUDA backend in plain C++ over the driver,
@@ -53,7 +53,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 say "fusor: candidates and unfused baselines"
 status=0
 "$OUT/fusor-gpu-check" "$PREP" common/codegen/cuda/device/fusor_device.h --seconds "${SECONDS_PER_KERNEL:-0.2}" \
-  --deadline "${DEADLINE_S:-240}" --item-timeout "${ITEM_TIMEOUT_S:-30}" 2>&1 | tee -a "$LOG" || status=$?
+  --deadline "${DEADLINE_S:-200}" --item-timeout "${ITEM_TIMEOUT_S:-30}" 2>&1 | tee -a "$LOG" || status=$?
 
 say "PyTorch peers"
 chains=()
@@ -63,7 +63,7 @@ for d in "$PREP"/*/; do
     grep -q "^chain $name\$" "$f" && chains+=("$f")
   done
 done
-timeout 120 "$PYTHON" bench/gpu/torch_peers.py "${chains[@]}" 2>&1 | tee -a "$LOG" || status=$?
+timeout 90 "$PYTHON" bench/gpu/torch_peers.py "${chains[@]}" 2>&1 | tee -a "$LOG" || status=$?
 
 say "summary"
 "$PYTHON" bench/gpu/table.py "$LOG" | tee -a "$LOG"
