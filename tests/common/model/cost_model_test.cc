@@ -5,6 +5,7 @@
 #include "common/ir/parse.h"
 #include "common/hw/devices.h"
 #include "common/space/schedule.h"
+#include "tests/test_chains.h"
 
 namespace fusor::model {
 namespace {
@@ -56,13 +57,7 @@ out E
 // the L2 at twice the memory's rate, when the inputs fit in half the L2;
 // the first read of every element comes from memory.
 TEST(CostModelTest, GpuReReadsOfSmallInputsComeFromTheL2) {
-  auto chain = ir::ParseChainText(R"(
-dim m=64 n=64 k=32 h=32
-in A[m,k] B[k,n] D[n,h]
-C[m,n] = sum(k) A[m,k] * B[k,n]
-E[m,h] = sum(n) C[m,n] * D[n,h]
-out E
-)");
+  auto chain = ir::ParseChainText(testing::kGemmChain);
   auto schedule = space::ParseSchedule("m=16 / n=32 / - / cuda warps=1", *chain);
   ASSERT_TRUE(schedule.ok()) << schedule.status();
   hw::TargetDesc gpu = *hw::LookupDevice("h100");
