@@ -392,7 +392,9 @@ void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& tar
   // (each B fragment read from shared memory feeds two mma), then fewer
   // stream steps (each costs a pair of barriers and a softmax rescale).
   // Predictions within 1% of each other are equal here.
-  auto bucket = [](const Found& f) { return std::llround(std::log(f.ranked.prediction.t_estm_s) / std::log(1.01)); };
+  auto bucket = [](const Found& f) {
+    return std::llround(std::log(std::max(f.ranked.prediction.t_estm_s, 1e-30)) / std::log(1.01));
+  };
   std::stable_sort(found.begin(), found.end(), [&](const Found& a, const Found& b) {
     if (bucket(a) != bucket(b)) return bucket(a) < bucket(b);
     if (a.rows_per_warp != b.rows_per_warp) return a.rows_per_warp > b.rows_per_warp;
