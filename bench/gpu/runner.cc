@@ -197,11 +197,11 @@ std::string MeasureOne(Runtime& gpu, const Item& item, const Manifest& m,
   return "";
 }
 
-// Errors after which the child's CUDA context may be unusable (a launch
-// or execution failure): the child stops and a new one takes the next item.
-bool Recoverable(const std::string& error) {
-  return error.rfind("rejected: ", 0) == 0 || error.rfind("invalid: ", 0) == 0;
-}
+// Only a kernel refused before it ran leaves the child as it was. After a
+// launch or execution failure the context may be unusable, and after
+// wrong output the inputs may have been overwritten: the child stops and
+// a new one (fresh context, inputs uploaded again) takes the next item.
+bool Recoverable(const std::string& error) { return error.rfind("rejected: ", 0) == 0; }
 
 // The child's side of a chain: its own context and buffers, then items
 // from `from` on.
@@ -322,6 +322,14 @@ int main(int argc, char** argv) {
     Manifest m;
     if (!ReadManifest(dir + "/manifest.txt", &m)) continue;
     const std::string raw = Read(dir + "/expected.f32");
+    int64_t outputs = 0;
+    for (int64_t elements : m.outputs) outputs += elements;
+    if (static_cast<int64_t>(raw.size()) != 4 * outputs) {
+      std::printf("CHAIN %s: skipped: expected.f32 holds %zu bytes, not the %lld of its outputs\n", name.c_str(),
+                  raw.size(), static_cast<long long>(4 * outputs));
+      ++failures;
+      continue;
+    }
     std::vector<float> expected(raw.size() / 4);
     std::memcpy(expected.data(), raw.data(), expected.size() * 4);
     std::vector<Item> items;
@@ -333,6 +341,12 @@ int main(int argc, char** argv) {
     }
     items.emplace_back().name = "baseline";
     items.back().text = Read(dir + "/baseline.prog");
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (deadline_s > 0 && elapsed >= deadline_s) {
+      std::printf("CHAIN %s: skipped: the run's deadline passed\n", name.c_str());
+      ++failures;
+      continue;
+    }
     CompileItems(items, device, header);
     fusor::bench::SuperviseOptions options;
     options.item_timeout_s = item_timeout_s;
@@ -354,6 +368,7 @@ int main(int argc, char** argv) {
       if (outcomes[i].state == fusor::bench::ItemOutcome::State::kDone) {
         std::istringstream line(outcomes[i].text);
         line >> verdict >> us >> rel;
+        if (line.fail() || (verdict == "ok" && !(us > 0))) verdict = "FAIL";  // unreadable, or no samples
         std::getline(line >> std::ws, rest);
       } else {
         // A compile error says more than the fate of the child that never ran it.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -63,11 +64,16 @@ int RunChild(int from, int count, const SuperviseOptions& options, Clock::time_p
   while (true) {
     double wait_s = options.item_timeout_s - Since(last_word);
     if (options.deadline_s > 0) wait_s = std::min(wait_s, options.deadline_s - Since(start));
-    if (wait_s <= 0) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = poll(&p, 1, wait_s <= 0 ? 0 : static_cast<int>(std::min(wait_s, 3600.0) * 1000) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0 && wait_s <= 0) {  // nothing said in time (a last word is read first)
       kill(pid, SIGKILL);
       killed = true;
       const bool deadline = options.deadline_s > 0 && Since(start) >= options.deadline_s;
-      const int item = current >= 0 ? current : next;  // hung between items: charged to the next
+      // Hung between items: charged to the next only if this child has
+      // not finished one yet (its setup hangs); else the next child tries it.
+      const int item = current >= 0 ? current : next == from ? from : count;
       if (item < count) {
         std::ostringstream timeout;
         timeout << "no report within " << options.item_timeout_s << " s; killed";
@@ -77,10 +83,11 @@ int RunChild(int from, int count, const SuperviseOptions& options, Clock::time_p
       }
       break;
     }
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(std::min(wait_s, 3600.0) * 1000) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;
+    if (ready == 0) continue;
+    if (ready < 0) {  // cannot watch the child: end it, charged like a crash
+      kill(pid, SIGKILL);
+      break;
+    }
     char chunk[4096];
     const ssize_t n = read(fds[0], chunk, sizeof(chunk));
     if (n < 0 && errno == EINTR) continue;

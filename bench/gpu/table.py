@@ -34,9 +34,10 @@ def main(path):
         tflops = float(r["flops"]) / (fused * 1e-6) / 1e12 if ok else 0
         cell = lambda v: f"{v:.1f}" if v > 0 else "-"
         ratio = lambda v: f"{v / fused:.2f}x" if ok and v > 0 else "-"
+        share = lambda v, ceiling: f"{100 * v / ceiling:.0f}%" if ok and ceiling > 0 else "-"  # no calibration: -
         print(f"| {name} | {cell(fused)} | {cell(base)} | {ratio(base)} | {cell(tm)} | {cell(sd)} | {ratio(peer)} | "
-              f"{tbps:.2f} | {100 * tbps * 1e12 / float(r['copy_Bps']):.0f}% | {tflops:.1f} | "
-              f"{100 * tflops * 1e12 / float(r['mma_flops']):.0f}% |")
+              f"{tbps:.2f} | {share(tbps * 1e12, float(r['copy_Bps']))} | {tflops:.1f} | "
+              f"{share(tflops * 1e12, float(r['mma_flops']))} |")
     return 0
 
 

@@ -172,11 +172,13 @@ class McfuserSearch : public SearchStrategy {
     } else {
       children.push_back(parent);
       children.back().registers = false;
+      children.back().stages = std::min(stages, 2);  // three stages need registers
     }
-    // 3 - stages flips 1 and 2; a third stage is tried after the warps.
-    for (const auto& [w, st] : {std::pair{warps, 3 - stages}, std::pair{warps * 2, stages}, std::pair{warps / 2, stages},
-                                std::pair{warps, 3}, std::pair{warps * 2, 3 - stages}, std::pair{warps / 2, 3 - stages}}) {
-      if (st < 1 || (st == stages && w == warps) || w < 1 || w > 16) continue;
+    // 3 - stages flips 1 and 2 (from 3: 2); a third stage is tried after the warps.
+    const int flipped = stages == 3 ? 2 : 3 - stages;
+    for (const auto& [w, st] : {std::pair{warps, flipped}, std::pair{warps * 2, stages}, std::pair{warps / 2, stages},
+                                std::pair{warps, 3}, std::pair{warps * 2, flipped}, std::pair{warps / 2, flipped}}) {
+      if ((st == stages && w == warps) || w < 1 || w > 16) continue;
       children.push_back(parent);
       children.back().warps = w;
       children.back().stages = st;

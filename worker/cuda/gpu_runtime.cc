@@ -308,14 +308,17 @@ bool Runtime::Load(const std::string& cubin, const std::string& name, int64_t dy
   d_->func_get_attribute(&out->local_bytes, drv::kFuncLocalSizeBytes, out->function);
   out->name = name;
   if (d_->param_info != nullptr) {
-    // The driver answers INVALID_VALUE past the last parameter.
+    // The driver answers INVALID_VALUE past the last parameter; any other
+    // error means it cannot say, and the launch goes unchecked.
     size_t offset = 0, size = 0;
     out->param_count = 0;
     out->param_bytes = 0;
-    while (d_->param_info(out->function, out->param_count, &offset, &size) == drv::kSuccess) {
+    drv::Result rc;
+    while ((rc = d_->param_info(out->function, out->param_count, &offset, &size)) == drv::kSuccess) {
       ++out->param_count;
       out->param_bytes = offset + size;
     }
+    if (rc != drv::kInvalidValue) out->param_count = -1;
   }
   return true;
 }

@@ -105,7 +105,7 @@ void CudaEmitter::EmitSoftmax(const Op& op, const space::OpNest& on) {
 // fragments of O's mma, whose accumulator lives in registers across the
 // stream loop. Only the GEMMs' other operands go through shared memory:
 // S's A tile once, S's B and O's B tile per stream step (prefetched with 2
-// stages), read two 8-column blocks at a time (ldmatrix.x4).
+// or 3 stages), read two 8-column blocks at a time (ldmatrix.x4).
 
 namespace {
 
