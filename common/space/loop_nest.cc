@@ -134,14 +134,14 @@ std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest
   // A warp owns one row fragment of 16 rows, or two (32 rows) so that
   // each B fragment it reads feeds two mma.
   const int warps = WarpsOf(nest.schedule);
+  const int64_t fragments = RowFragmentsPerWarp(first.rows_pad, warps);
   if (first.rows_pad > 32 * warps) return "the row tile exceeds 32 rows per warp";
-  if (first.rows_pad > 16 * warps && first.rows_pad % 32 != 0) {
+  if (fragments == 2 && first.rows_pad % 32 != 0) {
     return "with two row fragments per warp the row tile must be a multiple of 32";
   }
   // A thread's share of its warp's fragments: S and O (f32) and S's A
   // operand, per row fragment; beyond 200 of the 255 registers ptxas
   // would spill (the indices and the softmax state need the rest).
-  const int64_t fragments = first.rows_pad > 16 * warps ? 2 : 1;
   int64_t k = 1;
   for (int d : first.gemm.kdims) k *= chain.dims[d].extent;
   const int64_t registers = fragments * (first.cols_pad / 2 + second.cols_pad / 2 +
@@ -225,7 +225,7 @@ std::optional<Schedule> RegisterResidentVariant(const ir::Chain& chain, const Sc
   // registers allow, else one.
   const int64_t rows = nest->ops[0].rows_pad;
   for (int64_t per_warp : {32, 16}) {
-    if (rows % per_warp != 0 && per_warp == 32) continue;
+    if (rows % per_warp != 0) continue;  // 32 a warp needs whole pairs of fragments
     int warps = 1;
     while (warps < 16 && per_warp * warps < rows) warps *= 2;
     s.warps = warps;

@@ -164,9 +164,14 @@ NestContext MakeNestContext(const ir::Chain& chain, const hw::TargetDesc& target
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& schedule,
                                        const hw::TargetDesc& target, const NestContext* context = nullptr);
 
+// The register-resident kernel's row fragments of 16 rows per warp: 2
+// when the padded row tile has more rows than 16 a warp, else 1.
+inline int RowFragmentsPerWarp(int64_t rows_pad, int warps) { return rows_pad > 16 * warps ? 2 : 1; }
+
 // `schedule` with its intermediates in registers (schedule.h): no own
-// loops, and warps enough for the row tile's 16-row groups (a power of
-// two up to 16); nullopt when BuildLoopNest would refuse it.
+// loops, and warps enough for the row tile at 32 rows a warp where the
+// registers allow, else 16 (a power of two up to 16); nullopt when
+// BuildLoopNest would refuse it.
 std::optional<Schedule> RegisterResidentVariant(const ir::Chain& chain, const Schedule& schedule,
                                                 const hw::TargetDesc& target);
 

@@ -301,37 +301,50 @@ namespace {
 // intermediate through shared memory and synchronizes around each op
 // (bench/RESULTS.md, "CUDA kernels by static measure": 48-144 SASS
 // instructions and 720-1216 shared bytes per mma against 9.3 and 128).
-// `schedule` with the first and last GEMMs mapped with one row dim and
-// one column dim each (the register-resident kernel's form), every other
-// dim of their points a block dim of tile 1: grouped-query attention's
-// query heads then each take a block rather than a row dim. Empty for a
-// regrouped schedule.
-std::vector<Schedule> SingleRowMappings(const ir::Chain& chain, const hw::TargetDesc& target, const Schedule& schedule) {
+// The pairs of mappings of the first and last GEMMs (alternatives and
+// defaults) with one row dim and one column dim each, the same row dim:
+// the register-resident kernel's form.
+std::vector<std::pair<mapping::Mapping, mapping::Mapping>> SingleRowMappingPairs(const ir::Chain& chain,
+                                                                               const hw::TargetDesc& target) {
   const int last = static_cast<int>(chain.ops.size()) - 1;
-  if (!schedule.regroup.empty() || last < 1) return {};
+  if (last < 1) return {};
   auto single = [](const mapping::Mapping& m) { return m.axes[0].size() == 1 && m.axes[1].size() == 1; };
   std::vector<mapping::Mapping> firsts = Alternatives(chain, target, 0, 8), lasts = Alternatives(chain, target, last, 8);
   if (std::optional<mapping::Mapping> d = DefaultMappingFor(chain, 0, target)) firsts.push_back(*d);
   if (std::optional<mapping::Mapping> d = DefaultMappingFor(chain, last, target)) lasts.push_back(*d);
-  std::vector<Schedule> out;
+  std::vector<std::pair<mapping::Mapping, mapping::Mapping>> pairs;
   for (const mapping::Mapping& a : firsts) {
     for (const mapping::Mapping& b : lasts) {
-      if (!single(a) || !single(b) || a.axes[0] != b.axes[0]) continue;
-      Schedule s = schedule;
-      s.maps.assign(chain.ops.size(), {});
-      s.maps[0] = a;
-      s.maps[last] = b;
-      for (int op : {0, last}) {
-        const mapping::Mapping& m = op == 0 ? a : b;
-        for (int d : chain.ops[op].index) {
-          if (Contains(m.axes[0], d) || Contains(m.axes[1], d)) continue;
-          s.tile[d] = 1;
-          if (!Contains(s.block, d)) s.block.push_back(d);
-        }
-      }
-      std::sort(s.block.begin(), s.block.end());
-      out.push_back(Canonical(s, chain));
+      if (single(a) && single(b) && a.axes[0] == b.axes[0]) pairs.push_back({a, b});
     }
+  }
+  return pairs;
+}
+
+// `schedule` with each of `pairs` on its first and last GEMMs, every other
+// dim of their points a block dim of tile 1: grouped-query attention's
+// query heads then each take a block rather than a row dim. Empty for a
+// regrouped schedule.
+std::vector<Schedule> WithSingleRowMappings(const ir::Chain& chain, const Schedule& schedule,
+                                            const std::vector<std::pair<mapping::Mapping, mapping::Mapping>>& pairs) {
+  const int last = static_cast<int>(chain.ops.size()) - 1;
+  if (!schedule.regroup.empty()) return {};
+  std::vector<Schedule> out;
+  for (const auto& [a, b] : pairs) {
+    Schedule s = schedule;
+    s.maps.assign(chain.ops.size(), {});
+    s.maps[0] = a;
+    s.maps[last] = b;
+    for (int op : {0, last}) {
+      const mapping::Mapping& m = op == 0 ? a : b;
+      for (int d : chain.ops[op].index) {
+        if (Contains(m.axes[0], d) || Contains(m.axes[1], d)) continue;
+        s.tile[d] = 1;
+        if (!Contains(s.block, d)) s.block.push_back(d);
+      }
+    }
+    std::sort(s.block.begin(), s.block.end());
+    out.push_back(Canonical(s, chain));
   }
   return out;
 }
@@ -350,11 +363,13 @@ void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& tar
   std::vector<Found> found;
   std::set<std::string> seen;
   std::vector<Schedule> bases;
+  std::optional<std::vector<std::pair<mapping::Mapping, mapping::Mapping>>> pairs;  // made when first needed
   for (size_t i = 0; i < std::min<size_t>(space.ranked.size(), 16); ++i) {
     if (std::optional<Schedule> base = RegisterResidentVariant(chain, space.ranked[i].schedule, target)) {
       bases.push_back(*base);
     } else if (i < 4) {
-      for (const Schedule& s : SingleRowMappings(chain, target, space.ranked[i].schedule)) {
+      if (!pairs) pairs = SingleRowMappingPairs(chain, target);
+      for (const Schedule& s : WithSingleRowMappings(chain, space.ranked[i].schedule, *pairs)) {
         if (std::optional<Schedule> b = RegisterResidentVariant(chain, s, target)) bases.push_back(*b);
       }
     }

@@ -167,7 +167,7 @@ void CudaEmitter::EmitRegisterResident() {
   const GemmLayout& ls = gemm_[0];
   const GemmLayout& lo = gemm_[last];
   RegisterFragments f;
-  f.rf = son.rows_pad > 16 * (threads_ / 32) ? 2 : 1;
+  f.rf = space::RowFragmentsPerWarp(son.rows_pad, threads_ / 32);
   f.nfs = son.cols_pad / 8;
   f.ks = ls.k_pad / ls.kstep;
   f.nfo = oon.cols_pad / 8;
