@@ -51,7 +51,9 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, co
   const double p = rates.peak_flops;
   // GPU: blocks that read the same tiles of a chain input find them in the
   // L2 after the first read when the inputs fit in half of it; those
-  // re-reads are charged at kL2Rate times the memory bandwidth.
+  // re-reads are charged at kL2Rate times the memory bandwidth, and so are
+  // a split loop's partial sums, read back in the launch that wrote them,
+  // when they fit.
   const bool gpu = target.backend != hw::Backend::kCpu;
   double input_bytes = 0;
   for (int t : chain.inputs) input_bytes += static_cast<double>(chain.tensors[t].NumElements()) * ir::DTypeBytes(chain.dtype);
@@ -64,7 +66,9 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, co
     }
     const double bytes = s.bytes * s.executions;
     const bool input = s.tensor >= 0 && chain.tensors[s.tensor].role == ir::TensorRole::kInput;
-    if (rereads_in_l2 && s.kind == space::StmtKind::kLoad && input) {
+    if (gpu && s.partials && target.l2_bytes > 0 && bytes <= 0.5 * static_cast<double>(target.l2_bytes)) {
+      pred.t_mem_s += bytes / (kL2Rate * w);
+    } else if (rereads_in_l2 && s.kind == space::StmtKind::kLoad && input) {
       const double once = std::min(bytes, static_cast<double>(chain.tensors[s.tensor].NumElements()) *
                                               ir::DTypeBytes(chain.dtype));
       pred.t_mem_s += once / w + (bytes - once) / (kL2Rate * w);

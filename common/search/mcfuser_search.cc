@@ -153,7 +153,7 @@ class McfuserSearch : public SearchStrategy {
   }
 
   // Up to `count` unproposed launches (intermediates in registers or not,
-  // stages, warps) of the best measured schedule on a CUDA target, one
+  // stages, warps, the stream loop's split) of the best measured schedule on a CUDA target, one
   // change at a time first, added to the space as they are made (those
   // BuildLoopNest refuses are skipped).
   std::vector<int> LaunchVariants(int count) {
@@ -173,6 +173,8 @@ class McfuserSearch : public SearchStrategy {
       children.push_back(parent);
       children.back().registers = false;
       children.back().stages = std::min(stages, 2);  // three stages need registers
+      // In shared memory an online softmax does not split.
+      if (!space::BuildLoopNest(*task_.chain, children.back(), task_.target).ok()) children.back().split = 1;
     }
     // 3 - stages flips 1 and 2 (from 3: 2); a third stage is tried after the warps.
     const int flipped = stages == 3 ? 2 : 3 - stages;
@@ -182,6 +184,12 @@ class McfuserSearch : public SearchStrategy {
       children.push_back(parent);
       children.back().warps = w;
       children.back().stages = st;
+    }
+    // Its stream loop split in twice or half as many parts.
+    for (const int split : {parent.split * 2, parent.split / 2}) {
+      if (split < 1 || parent.stream.empty()) continue;
+      children.push_back(parent);
+      children.back().split = split;
     }
     for (const space::Schedule& child : children) {
       if (static_cast<int>(out.size()) >= count) break;

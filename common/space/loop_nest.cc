@@ -156,10 +156,18 @@ std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest
 // can): its accumulated results must be chain outputs nothing reads, and
 // nothing may need them within a block.
 std::string SplitProblem(const ir::Chain& chain, const hw::TargetDesc& target, const LoopNest& nest) {
-  if (target.backend != hw::Backend::kCpu) return "only on a CPU";
   const int sd = nest.stream_dim;
   if (sd < 0) return "there is no stream loop";
   if (nest.schedule.split > nest.trips[sd]) return "more parts than the loop has steps";
+  if (target.backend != hw::Backend::kCpu) {
+    // On a GPU the tile's last part to finish combines the parts; every
+    // part has steps, so every part's block stages a first tile. The
+    // register-resident kernel also combines softmax row states; a nest
+    // in shared memory follows the rules below.
+    const int64_t per_part = (nest.trips[sd] + nest.schedule.split - 1) / nest.schedule.split;
+    if ((nest.schedule.split - 1) * per_part >= nest.trips[sd]) return "a part would have no steps";
+    if (nest.schedule.registers) return "";
+  }
   bool accumulated = false;
   for (const OpNest& on : nest.ops) {
     const ir::Op& op = chain.ops[on.op];
@@ -748,6 +756,7 @@ absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& targe
     const double elements = static_cast<double>(out.NumElements());
     AddStatement(chain, nest, StmtKind::kLoad, on.op, output, elements * 4 * split, 0, {});
     nest.statements.back().label = absl::StrCat("L(", out.name, " partials)");
+    nest.statements.back().partials = true;
     AddStatement(chain, nest, StmtKind::kStore, on.op, output, elements * ir::DTypeBytes(chain.dtype), 0, {});
   }
   return absl::OkStatus();

@@ -25,10 +25,12 @@
 //    the model charges for it.
 //  - A softmax along the stream dim is computed online: a running max and
 //    sum per row, and the consuming sum rescales its accumulator.
-//  - A split stream loop (CPU) runs its parts in separate blocks: whatever
+//  - A split stream loop runs its parts in separate blocks: whatever
 //    runs outside it is recomputed per part, and each result accumulated
 //    along it (a chain output, read by nothing) is written as a partial
-//    sum per part, summed into the output after every block is done.
+//    sum per part, summed into the output after every block is done (on
+//    a GPU, register-resident kernels only: a tile's last part to finish
+//    combines them, rescaling by the parts' softmax row states).
 #pragma once
 
 #include <cstdint>
@@ -81,6 +83,7 @@ struct Statement {
   std::vector<int> loops;  // LP_set: dims whose loops enclose it
   double executions = 0;   // product of the trip counts of `loops`
   double rate = 1;         // compute: the fraction of the target's P it runs at
+  bool partials = false;   // load: a split loop's partial sums, written in the same launch
 };
 
 struct OpNest {

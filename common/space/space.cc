@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/hw/devices.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::space {
@@ -134,8 +135,20 @@ std::vector<int> SplitOptions(const Schedule& schedule, const ir::Chain& chain, 
   std::vector<int> out = {1};
   bool looped = false;  // a stream loop of more than one step
   for (int d : schedule.stream) looped = looped || schedule.tile[d] < chain.dims[d].extent;
-  if (!looped || target.backend != hw::Backend::kCpu) return out;
-  for (int parts = 2; parts <= std::min(target.compute_units, 8); parts *= 2) out.push_back(parts);
+  if (!looped) return out;
+  if (target.backend == hw::Backend::kCpu) {
+    for (int parts = 2; parts <= std::min(target.compute_units, 8); parts *= 2) out.push_back(parts);
+    return out;
+  }
+  int64_t blocks = 1;
+  for (int d : schedule.block) blocks *= (chain.dims[d].extent + schedule.tile[d] - 1) / schedule.tile[d];
+  const int sd = schedule.stream.back();
+  const int64_t steps = (chain.dims[sd].extent + schedule.tile[sd] - 1) / schedule.tile[sd];
+  const int64_t units = std::max(hw::RatesFor(target).compute_units, 1);
+  const int64_t min_steps = schedule.registers ? 1 : 4;
+  for (int parts = 2; parts <= 32 && blocks * parts / 2 < units && min_steps * parts <= steps; parts *= 2) {
+    out.push_back(parts);
+  }
   return out;
 }
 
@@ -374,6 +387,14 @@ void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& tar
       }
     }
   }
+  // When the best are all of another form (gemm_chain's regrouped nests
+  // have no stream loop), the first further down that has one.
+  for (size_t i = 16; bases.empty() && i < std::min<size_t>(space.ranked.size(), 4096); ++i) {
+    if (!space.ranked[i].schedule.regroup.empty() || space.ranked[i].schedule.stream.empty()) continue;
+    if (std::optional<Schedule> base = RegisterResidentVariant(chain, space.ranked[i].schedule, target)) {
+      bases.push_back(*base);
+    }
+  }
   std::set<std::string> seen_bases;
   for (const Schedule& base : bases) {
     if (!seen_bases.insert(ScheduleToText(base, chain)).second) continue;
@@ -393,12 +414,18 @@ void RankRegisterResidentFirst(const ir::Chain& chain, const hw::TargetDesc& tar
           std::sort(s.block.begin(), s.block.end());
         }
         const int64_t rows_pad = (s.tile[rows] + 15) / 16 * 16;
+        // A grid short of one block per multiprocessor also tries its
+        // stream loop split.
+        const std::vector<int> splits = SplitOptions(s, nested, target);
         for (int64_t per_warp : {32, 16}) {
           s.warps = static_cast<int>(std::max<int64_t>(1, (rows_pad + per_warp - 1) / per_warp));
           if (s.warps > 8) continue;
-          absl::StatusOr<RankedSchedule> r = EvaluateSchedule(chain, target, s, options);
-          if (r.ok() && seen.insert(ScheduleToText(r->schedule, chain)).second) {
-            found.push_back({*std::move(r), rows_pad / s.warps});
+          for (int parts : splits) {
+            s.split = parts;
+            absl::StatusOr<RankedSchedule> r = EvaluateSchedule(chain, target, s, options);
+            if (r.ok() && seen.insert(ScheduleToText(r->schedule, chain)).second) {
+              found.push_back({*std::move(r), rows_pad / s.warps});
+            }
           }
         }
       }

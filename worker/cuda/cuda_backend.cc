@@ -60,6 +60,12 @@ class Cuda final : public Backend {
                       {"block", {kernel.threads, 1, 1}},
                       {"dynamic_shared_bytes", kernel.shared_bytes},
                       {"note", "above 48 KiB, raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first"}};
+    if (kernel.workspace_bytes > 0) {
+      meta["launch"]["workspace"] = {
+          {"bytes", kernel.workspace_bytes},
+          {"note", "pass as args.work; zero-fill it once before the first launch (each launch leaves it zeroed); "
+                   "launches sharing one workspace must not overlap"}};
+    }
     std::string why;
     if (const codegen::Nvrtc* nvrtc = codegen::Nvrtc::Get(&why)) {
       codegen::NvrtcOutput built = nvrtc->Compile(kernel.source, target.arch, {{"fusor_device.h", header}});

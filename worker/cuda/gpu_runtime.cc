@@ -476,6 +476,7 @@ bool LoadedProgram::Prepare(Runtime& rt, const codegen::Program& program, const 
     if (buf.input >= 0 || buf.output >= 0) continue;
     scratch_[b] = rt.Alloc(static_cast<size_t>(buf.bytes), why);
     if (scratch_[b] == 0) return false;
+    if (buf.zeroed && !rt.Fill(scratch_[b], 0, static_cast<size_t>(buf.bytes), why)) return false;
   }
   return true;
 }

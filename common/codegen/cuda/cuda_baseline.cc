@@ -219,6 +219,10 @@ Program FusedProgram(const ir::Chain& chain, const CudaKernel& kernel) {
                          static_cast<int>(i)});
     k.args.push_back(static_cast<int>(p.buffers.size()) - 1);
   }
+  if (kernel.workspace_bytes > 0) {
+    p.buffers.push_back({kernel.workspace_bytes, -1, -1, /*zeroed=*/true});
+    k.args.push_back(static_cast<int>(p.buffers.size()) - 1);
+  }
   ProgramStep step;
   step.what = "fused kernel";
   step.kernel = std::move(k);

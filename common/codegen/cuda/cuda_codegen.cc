@@ -1,6 +1,8 @@
 #include "common/codegen/cuda/cuda_codegen.h"
 
+#include <algorithm>
 #include <cctype>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +28,8 @@ CudaEmitter::CudaEmitter(const Chain& chain, const space::LoopNest& nest)
 
 absl::StatusOr<CudaKernel> CudaEmitter::Emit(const std::string& schedule_text, const std::string& mapping) {
   RETURN_IF_ERROR(s_.registers ? RegisterLayout() : Layout());
+  // A split kernel's block counts itself in through a word of shared memory.
+  if (nest_.split > 1) shared_bytes_ = std::max<int64_t>(shared_bytes_, 16);
   const std::string type = StorageType();
   std::string head = absl::StrCat(
       "// fusor fused CUDA kernel for chain '", chain_.name, "'\n", "// schedule: ", schedule_text, "  (",
@@ -35,7 +39,7 @@ absl::StatusOr<CudaKernel> CudaEmitter::Emit(const std::string& schedule_text, c
   for (const Op& op : chain_.ops) absl::StrAppend(&head, "//   ", ir::OpToString(op, chain_), "\n");
   head += "#include \"fusor_device.h\"\n\n";
   absl::StrAppend(&head, "struct FusorArgs {\n  const void* in[", chain_.inputs.size(), "];\n  void* out[",
-                  chain_.outputs.size(), "];\n};\n\n");
+                  chain_.outputs.size(), "];\n", nest_.split > 1 ? "  void* work;\n" : "", "};\n\n");
 
   Writer& w = w_;
   // At least one block per multiprocessor: ptxas may then use up to 255
@@ -58,8 +62,10 @@ absl::StatusOr<CudaKernel> CudaEmitter::Emit(const std::string& schedule_text, c
     EmitRegisterResident();
   } else {
     DeclareSharedPointers();
-    x_.DefineBlockOrigins(w, "blockIdx.x");
+    if (nest_.split > 1) DefineSplitPart();
+    x_.DefineBlockOrigins(w, TileIndex());
     WalkBlock();
+    if (nest_.split > 1) EmitSharedSplitCombine();
   }
   w.Close();
 
@@ -68,6 +74,7 @@ absl::StatusOr<CudaKernel> CudaEmitter::Emit(const std::string& schedule_text, c
   k.grid = nest_.num_blocks;
   k.threads = threads_;
   k.shared_bytes = shared_bytes_;
+  k.workspace_bytes = workspace_bytes_;
   return k;
 }
 
@@ -84,6 +91,51 @@ void CudaEmitter::Decompose(const std::string& flat, const std::vector<int>& dim
     }
     w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
   }
+}
+
+// A split stream loop: this block's part, and the range part_lo..part_hi
+// of the stream dim it runs.
+void CudaEmitter::DefineSplitPart() {
+  const int sd = nest_.stream_dim;
+  const int64_t extent = chain_.dims[sd].extent;
+  const int64_t per_part = (nest_.trips[sd] + nest_.split - 1) / nest_.split * s_.tile[sd];
+  w_.Line(absl::StrCat("// split: part blockIdx.x % ", nest_.split, " of the ", chain_.dims[sd].name,
+                       " loop, for tile blockIdx.x / ", nest_.split));
+  w_.Line(absl::StrCat("const long part = blockIdx.x % ", nest_.split, "L, tile_id = ", TileIndex(), ";"));
+  w_.Line(absl::StrCat("const long part_lo = part * ", per_part, "L, part_hi = part_lo + ", per_part, "L < ", extent,
+                       "L ? part_lo + ", per_part, "L : ", extent, "L;"));
+  w_.Line("(void)tile_id;");
+}
+
+// The stream loop over this block's range of the stream dim.
+void CudaEmitter::OpenStreamTiles() {
+  const int sd = nest_.stream_dim;
+  if (nest_.split == 1) {
+    x_.OpenTileLoop(w_, sd);
+    return;
+  }
+  w_.Open(absl::StrCat("for (long ", n_.O(sd), " = part_lo; ", n_.O(sd), " < part_hi; ", n_.O(sd), " += ",
+                       s_.tile[sd], "L)"));
+  w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
+}
+
+// Each block writes its part to the workspace and counts itself in on its
+// tile's counter (a fence first, so that the tile's last block sees every
+// part); the last block reads the parts past L1.
+void CudaEmitter::CountInAndCombine(int64_t counters, const std::function<void()>& combine) {
+  w_.Line(absl::StrCat("unsigned* const arrivals = (unsigned*)((float*)args.work + ", counters, "L);"));
+  w_.Line("fusor_fence();  // this block's part is visible before it counts itself in");
+  Sync();
+  w_.Line("unsigned* const arrived = (unsigned*)fusor_smem;  // shared memory is free now");
+  w_.Line("if (tid == 0) *arrived = fusor_arrive(arrivals + tile_id);");
+  Sync();
+  w_.Open(absl::StrCat("if (*arrived == ", nest_.split - 1, "u)"));
+  w_.Line(absl::StrCat("// the tile's last part to finish combines the ", nest_.split, " parts"));
+  w_.Line("fusor_fence();");
+  w_.Line("const float* const work = (const float*)args.work;");
+  combine();
+  w_.Line("if (tid == 0) arrivals[tile_id] = 0u;  // ready for the next launch");
+  w_.Close();
 }
 
 void CudaEmitter::OpenParallelPoints(const std::vector<int>& dims) {
@@ -126,11 +178,12 @@ using emit::FloatLit;
 using emit::Writer;
 using ir::Chain;
 
-// 32-bit index arithmetic (cheaper on a GPU) when every tensor and the
-// grid fit in it: `long` becomes `int` and literals lose their L, outside
-// comments.
-bool IndexFits32(const Chain& chain, const space::LoopNest& nest) {
+// 32-bit index arithmetic (cheaper on a GPU) when every tensor, the
+// workspace and the grid fit in it: `long` becomes `int` and literals lose
+// their L, outside comments.
+bool IndexFits32(const Chain& chain, const space::LoopNest& nest, int64_t workspace_bytes) {
   constexpr int64_t kLimit = int64_t{1} << 31;
+  if (workspace_bytes / 4 >= kLimit) return false;
   for (const ir::Tensor& t : chain.tensors) {
     if (t.NumElements() >= kLimit) return false;
   }
@@ -185,13 +238,16 @@ absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& written, const s
   // A regrouped schedule runs the regrouped chain: same inputs and outputs.
   const ir::Chain& chain = space::NestChain(written, nest);
   ASSIGN_OR_RETURN(CudaKernel k, cuda::CudaEmitter(chain, nest).Emit(schedule_text, mapping));
-  if (IndexFits32(chain, nest)) k.source = NarrowIndices(k.source);
+  if (IndexFits32(chain, nest, k.workspace_bytes)) k.source = NarrowIndices(k.source);
   nlohmann::json meta = {{"kernel", k.kernel_name},
                          {"language", "cuda"},
                          {"grid", k.grid},
                          {"threads", k.threads},
                          {"shared_bytes", k.shared_bytes},
-                         {"arguments", "struct { const void* in[]; void* out[]; } by value"},
+                         {"arguments", k.workspace_bytes > 0
+                                           ? "struct { const void* in[]; void* out[]; void* work; } by value"
+                                           : "struct { const void* in[]; void* out[]; } by value"},
+                         {"workspace_bytes", k.workspace_bytes},
                          {"inputs", emit::TensorsJson(chain, chain.inputs)},
                          {"outputs", emit::TensorsJson(chain, chain.outputs)},
                          {"schedule", schedule_text},
@@ -257,6 +313,10 @@ static void fusor_gemm(const char* dtype, int ta, int tb, long m, long n, long k
       w.Line(absl::StrCat("buf[", i, "] = (void*)inputs[", b.input, "];"));
     } else if (b.output >= 0) {
       w.Line(absl::StrCat("buf[", i, "] = outputs[", b.output, "];"));
+    } else if (b.zeroed) {
+      // Zero-filled once and kept across runs, as on the device.
+      w.Line(absl::StrCat("static void* const zeroed", i, " = calloc(1, ", b.bytes, ");"));
+      w.Line(absl::StrCat("buf[", i, "] = zeroed", i, ";"));
     } else {
       w.Line(absl::StrCat("buf[", i, "] = malloc(", b.bytes, ");"));
       w.Line(absl::StrCat("memset(buf[", i, "], 0xff, ", b.bytes, ");"));
@@ -286,7 +346,8 @@ static void fusor_gemm(const char* dtype, int ta, int tb, long m, long n, long k
     w.Close();
   }
   for (size_t i = 0; i < program.buffers.size(); ++i) {
-    if (program.buffers[i].input < 0 && program.buffers[i].output < 0) w.Line(absl::StrCat("free(buf[", i, "]);"));
+    const ProgramBuffer& b = program.buffers[i];
+    if (b.input < 0 && b.output < 0 && !b.zeroed) w.Line(absl::StrCat("free(buf[", i, "]);"));
   }
   w.Line("return rc;");
   w.Close();

@@ -48,8 +48,15 @@ struct CudaKernel {
   int64_t grid = 1;          // blocks (1-D)
   int threads = 128;         // per block
   int64_t shared_bytes = 0;  // dynamic shared memory per block
+  // A split stream loop's global workspace (0: none): each part's share
+  // of the result, the softmax row states, and one arrival counter per
+  // tile. It is zero-filled once before the first launch; each launch
+  // leaves its counters at zero, so launches that share it must not
+  // overlap.
+  int64_t workspace_bytes = 0;
   // The argument is one struct by value: {const void* in[...]; void* out[...]}
-  // with inputs and outputs in the chain's declaration order.
+  // with inputs and outputs in the chain's declaration order, then
+  // `void* work` when there is a workspace.
   std::string metadata_json;
 };
 
@@ -96,7 +103,9 @@ absl::string_view CudaEmulationHeader();
 // that runs a program's exact kernel sources through the emulation header,
 // its GEMM steps as host loops with the semantics of GemmStep (cuBLAS runs
 // only on a GPU): compile it with CompileKernel and validate it as any CPU
-// kernel. A fused kernel runs as FusedProgram(chain, kernel).
+// kernel. A fused kernel runs as FusedProgram(chain, kernel). Scratch is
+// filled with 0xff for every run, except zeroed scratch (a workspace),
+// zero-filled once and kept across runs as on the device.
 KernelSource ProgramEmulationHarness(const Program& program);
 
 }  // namespace fusor::codegen

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/codegen/cuda/cuda_codegen.h"
 #include "common/codegen/nest_walker.h"
 #include "common/ir/chain.h"
@@ -87,6 +88,16 @@ class CudaEmitter : public NestWalker {
   // for (p = tid; p < count; p += threads) over the points of `dims`.
   void OpenParallelPoints(const std::vector<int>& dims);
   void ZeroShared(const std::string& ptr, int64_t floats);
+  // A split stream loop (space::SplitProblem): this block's part and
+  // tile, the loop over the part's steps, and after it the part's share
+  // handed over: `combine` runs in the tile's last block to arrive, whose
+  // counter at `counters` (floats into the workspace) it then resets.
+  std::string TileIndex() const {
+    return nest_.split > 1 ? absl::StrCat("blockIdx.x / ", nest_.split, "L") : "blockIdx.x";
+  }
+  void DefineSplitPart();
+  void OpenStreamTiles();
+  void CountInAndCombine(int64_t counters, const std::function<void()>& combine);
 
   void ZeroAccumulated(const space::OpNest& on) override;
   void EmitMap(const ir::Op& op, const space::OpNest& on) override;
@@ -116,6 +127,12 @@ class CudaEmitter : public NestWalker {
     return gemm_[on.op].kind == MmaKind::kTF32 ? "float" : "fusor_u16";
   }
   std::string StageVar(int d) const { return "stage_" + chain_.dims[d].name; }
+  // Where this block's loop over `d` begins and ends: the part_lo and
+  // part_hi of a split stream loop, else the whole extent.
+  bool SplitLoop(int d) const { return nest_.split > 1 && d == nest_.stream_dim; }
+  std::string LoopEnd(int d) const {
+    return SplitLoop(d) ? "part_hi" : absl::StrCat(chain_.dims[d].extent, "L");
+  }
   void DefineStage(int d);
   std::string StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const;
   void CurrentStage(const space::OpNest& on, bool a_side);
@@ -170,11 +187,18 @@ class CudaEmitter : public NestWalker {
   void EmitFragmentSoftmax(const RegisterFragments& f);
   void EmitProbabilityMma(const RegisterFragments& f);
   void EmitRegisterStore(const RegisterFragments& f);
+  void EmitSplitStore(const RegisterFragments& f);
+  void EmitSplitCombine();
 
   // -------------------------------------- epilogue (cuda_epilogue.cc) ---
 
   void StoreSum(const ir::Op& op, const space::OpNest& on) override;
   void WriteComplete(const space::OpNest& on, bool output) override;
+  // A split stream loop in shared memory: the workspace offset (floats)
+  // of each accumulated output's parts, and after the walk, the tile's
+  // last part summing them into the outputs.
+  int64_t SplitPartsOffset(int op) const;
+  void EmitSharedSplitCombine();
 
   const int threads_;
   const int stages_;
@@ -182,6 +206,7 @@ class CudaEmitter : public NestWalker {
   std::vector<int64_t> temp_offset_;   // per op
   std::vector<GemmLayout> gemm_;       // per op
   int64_t shared_bytes_ = 0;
+  int64_t workspace_bytes_ = 0;
 };
 
 }  // namespace fusor::codegen::cuda

@@ -172,6 +172,7 @@ void CudaEmitter::EmitRegisterResident() {
   f.ks = ls.k_pad / ls.kstep;
   f.nfo = oon.cols_pad / 8;
   f.kp = lo.k_pad / lo.kstep;
+  if (nest_.split > 1) DefineSplitPart();
   DefineRegisterStaging();
   w_.Line(absl::StrCat("// intermediates in registers: warp w owns rows ", 16 * f.rf, "w..", 16 * f.rf, "w+",
                        16 * f.rf - 1, " of the ", chain_.dims[son.gemm.rows[0]].name, " tile"));
@@ -203,8 +204,8 @@ void CudaEmitter::EmitRegisterResident() {
     }
   });
 
-  w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name));
-  x_.OpenTileLoop(w_, sd);
+  w_.Line(absl::StrCat("// stream loop over ", chain_.dims[sd].name, nest_.split > 1 ? ", this part of it" : ""));
+  OpenStreamTiles();
   if (pipeline) DefineStage(sd);
   StageStep(son);
   StageStep(oon);
@@ -218,7 +219,11 @@ void CudaEmitter::EmitRegisterResident() {
   w_.Close();  // has_rows
   Sync();      // the next step's staging reuses these buffers
   w_.Close();  // stream loop
-  EmitRegisterStore(f);
+  if (nest_.split > 1) {
+    EmitSplitStore(f);
+  } else {
+    EmitRegisterStore(f);
+  }
 }
 
 // The staging buffers of the GEMMs' shared-memory operands (S's A and B,
@@ -236,7 +241,7 @@ void CudaEmitter::DefineRegisterStaging() {
     w_.Line(absl::StrCat(stage_type, "* const ", name, op, side->pipelined ? "_stages" : "", " = (", stage_type,
                          "*)(fusor_smem + ", side->offset, ");"));
   }
-  x_.DefineBlockOrigins(w_, "blockIdx.x");
+  x_.DefineBlockOrigins(w_, TileIndex());
   std::vector<int> dims;
   for (const space::OpNest* on : {&son, &oon}) {
     const Op& op = chain_.ops[on->op];
@@ -478,6 +483,101 @@ void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
     w_.Close();
     w_.Close();
   });
+  w_.Close();
+}
+
+// ------------------------------------------------- split stream loop
+//
+// Block b runs part b % split of the stream loop for tile b / split. It
+// writes its share of O (f32, before normalization) and, after a softmax,
+// each row's running max (base 2) and sum into the workspace, then counts
+// itself in on the tile's counter. The part that arrives last reads every
+// part back and writes O: with a softmax, each part weighted by
+// 2^(its max - the rows' max), over the weighted sums. Workspace:
+//   [tiles][split][rows_pad][cols_pad] partial O,
+//   [tiles][split][rows_pad][2] row max and sum (after a softmax),
+//   [tiles] arrival counters (zero between launches).
+
+void CudaEmitter::EmitSplitStore(const RegisterFragments& f) {
+  const int last = LastOp();
+  const int64_t rows = nest_.ops[0].rows_pad, cols = nest_.ops[last].cols_pad;
+  const int64_t tiles = nest_.num_blocks / nest_.split;
+  const bool softmax = SoftmaxOp() >= 0;
+  const int64_t part_floats = nest_.num_blocks * rows * cols, state_floats = softmax ? nest_.num_blocks * rows * 2 : 0;
+  workspace_bytes_ = (part_floats + state_floats) * 4 + tiles * 4;
+  w_.Line(absl::StrCat("// this part's share of ", chain_.tensors[chain_.ops[last].output].name, " to the workspace"));
+  w_.Open("");
+  w_.Line(absl::StrCat("float* const part_o = (float*)args.work + blockIdx.x * ", rows * cols, "L;"));
+  if (softmax) {
+    w_.Line(absl::StrCat("float* const part_state = (float*)args.work + ", part_floats, "L + blockIdx.x * ",
+                         rows * 2, "L;"));
+  }
+  w_.Open("if (has_rows)");
+  ForEachRowFragment(f, [&] {
+    if (softmax) {
+      w_.Line("#pragma unroll");
+      w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
+      w_.Line("float total = row_sum[fr][h2];");
+      w_.Line("total += fusor_shfl_xor(total, 1);");
+      w_.Line("total += fusor_shfl_xor(total, 2);");
+      w_.Open("if (t == 0)");
+      w_.Line("const long ri = r0 + 16 * fr + g + 8 * h2;");
+      w_.Line("part_state[2 * ri] = row_max[fr][h2];");
+      w_.Line("part_state[2 * ri + 1] = total;");
+      w_.Close();
+      w_.Close();
+    }
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int f = 0; f < ", f.nfo, "; ++f)"));
+    w_.Line("#pragma unroll");
+    w_.Open("for (int e = 0; e < 4; ++e)");
+    w_.Line(absl::StrCat("part_o[(r0 + 16 * fr + g + 8 * (e / 2)) * ", cols, "L + 8 * f + 2 * t + e % 2] = of[fr][f][e];"));
+    w_.Close();
+    w_.Close();
+  });
+  w_.Close();  // has_rows
+  w_.Close();
+  CountInAndCombine(part_floats + state_floats, [this] { EmitSplitCombine(); });
+}
+
+// The last part's block: O from every part's share, each element by one
+// thread.
+void CudaEmitter::EmitSplitCombine() {
+  const int last = LastOp(), split = nest_.split;
+  const space::OpNest& oon = nest_.ops[last];
+  const int rows_dim = nest_.ops[0].gemm.rows[0], cols_dim = oon.gemm.cols[0];
+  const Op& oop = chain_.ops[last];
+  const int64_t rows = nest_.ops[0].rows_pad, cols = oon.cols_pad;
+  const bool softmax = SoftmaxOp() >= 0;
+  w_.Open(absl::StrCat("for (long p = tid; p < ", rows * cols, "L; p += ", threads_, ")"));
+  w_.Line(absl::StrCat("const long ri = p / ", cols, "L, ci = p % ", cols, "L;"));
+  w_.Line(absl::StrCat("if (ri >= ", n_.N(rows_dim), " || ci >= ", n_.N(cols_dim), ") continue;"));
+  w_.Line(absl::StrCat("const float* const o = work + tile_id * ", split * rows * cols, "L + ri * ", cols, "L + ci;"));
+  if (softmax) {
+    w_.Line(absl::StrCat("const float* const state = work + ", nest_.num_blocks * rows * cols, "L + tile_id * ",
+                         split * rows * 2, "L + 2 * ri;"));
+    w_.Line("float mx = -FUSOR_INFINITY;");
+    w_.Line(absl::StrCat("for (int q = 0; q < ", split, "; ++q) mx = fmaxf(mx, fusor_load_cg(state + q * ", rows * 2,
+                         "L));"));
+    w_.Line("const float base = mx == -FUSOR_INFINITY ? 0.0f : mx;");
+    w_.Line("float num = 0.0f, den = 0.0f;");
+    w_.Open(absl::StrCat("for (int q = 0; q < ", split, "; ++q)"));
+    w_.Line(absl::StrCat("const float weight = fusor_exp2(fusor_load_cg(state + q * ", rows * 2, "L) - base);"));
+    w_.Line(absl::StrCat("num += weight * fusor_load_cg(o + q * ", rows * cols, "L);"));
+    w_.Line(absl::StrCat("den += weight * fusor_load_cg(state + q * ", rows * 2, "L + 1);"));
+    w_.Close();
+  } else {
+    w_.Line("float num = 0.0f;");
+    w_.Line(absl::StrCat("for (int q = 0; q < ", split, "; ++q) num += fusor_load_cg(o + q * ", rows * cols, "L);"));
+  }
+  for (int d : oop.index) {
+    const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
+    w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
+  }
+  std::string value = softmax ? "num / den" : "num";
+  if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
+  w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
+                       StoreConvert(chain_.dtype, value), ";"));
   w_.Close();
 }
 

@@ -122,7 +122,8 @@ void CudaEmitter::PackAsync(const space::OpNest& on, const SideLayout& side, con
 
 // Which of the stages_ buffers the current step of `d`'s loop reads.
 void CudaEmitter::DefineStage(int d) {
-  w_.Line(absl::StrCat("const long ", StageVar(d), " = (", n_.O(d), " / ", s_.tile[d], "L) % ", stages_, "L;"));
+  const std::string step = SplitLoop(d) ? absl::StrCat("(", n_.O(d), " - part_lo)") : n_.O(d);
+  w_.Line(absl::StrCat("const long ", StageVar(d), " = (", step, " / ", s_.tile[d], "L) % ", stages_, "L;"));
 }
 
 std::string CudaEmitter::StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const {
@@ -145,10 +146,11 @@ void CudaEmitter::FirstStages(const std::vector<std::pair<const space::OpNest*, 
   for (int k = 0; k + 1 < stages_; ++k) {
     for (const auto& [on, a_side] : sides) {
       const int d = SideOf(*on, a_side).loop_dim;
-      const std::string origin = absl::StrCat(k * s_.tile[d], "L");
+      const std::string origin =
+          SplitLoop(d) ? absl::StrCat("(part_lo + ", k * s_.tile[d], "L)") : absl::StrCat(k * s_.tile[d], "L");
       w_.Line(absl::StrCat("// ", a_side ? "A" : "B", " of ", chain_.tensors[chain_.ops[on->op].output].name, ": ",
                            chain_.dims[d].name, " step ", k, "'s tile, into stage ", k));
-      w_.Open(k == 0 ? "" : absl::StrCat("if (", origin, " < ", chain_.dims[d].extent, "L)"));
+      w_.Open(k == 0 ? "" : absl::StrCat("if (", origin, " < ", LoopEnd(d), ")"));
       ranges(*on);
       w_.Line(absl::StrCat("const long ", n_.O(d), " = ", origin, ", ", n_.N(d), " = ", x_.RangeOf(d, origin), ";"));
       w_.Line(StagePointer(*on, a_side, absl::StrCat(k, "L")));
@@ -168,7 +170,7 @@ void CudaEmitter::Prefetch(const space::OpNest& on, bool a_side) {
                        " ahead"));
   w_.Open("");
   w_.Line(absl::StrCat("const long next_origin = ", n_.O(d), " + ", ahead * s_.tile[d], "L;"));
-  w_.Open(absl::StrCat("if (next_origin < ", chain_.dims[d].extent, "L)"));
+  w_.Open(absl::StrCat("if (next_origin < ", LoopEnd(d), ")"));
   w_.Line(absl::StrCat("const long ", n_.O(d), " = next_origin, ", n_.N(d), " = ", x_.RangeOf(d, "next_origin"),
                        ";"));
   w_.Line(StagePointer(on, a_side, absl::StrCat("(", StageVar(d), " + ", ahead, "L) % ", stages_, "L")));
@@ -198,7 +200,7 @@ void CudaEmitter::OpenStreamLoop() {
   }
   FirstStages(sides, [this](const space::OpNest& on) { x_.DefineFullRanges(w_, on); });
   Sync();
-  x_.OpenTileLoop(w_, sd);
+  OpenStreamTiles();
   if (!sides.empty()) DefineStage(sd);
 }
 

@@ -21,8 +21,10 @@ bool GetText(std::istringstream& in, std::string* text) {
 std::string ProgramToText(const Program& p) {
   std::ostringstream out;
   out.precision(17);
-  out << "fusor-program 1\n" << p.buffers.size() << " buffers\n";
-  for (const ProgramBuffer& b : p.buffers) out << b.bytes << " " << b.input << " " << b.output << "\n";
+  out << "fusor-program 2\n" << p.buffers.size() << " buffers\n";
+  for (const ProgramBuffer& b : p.buffers) {
+    out << b.bytes << " " << b.input << " " << b.output << " " << b.zeroed << "\n";
+  }
   out << p.steps.size() << " steps\n";
   for (const ProgramStep& s : p.steps) {
     out << (s.is_gemm ? "gemm " : "kernel ");
@@ -53,11 +55,11 @@ bool ProgramFromText(const std::string& text, Program* p, std::string* why) {
     *why = "malformed program: " + what;
     return false;
   };
-  if (!(in >> magic >> version) || magic != "fusor-program" || version != 1) return fail("header");
+  if (!(in >> magic >> version) || magic != "fusor-program" || version != 2) return fail("header");
   if (!(in >> count >> word) || word != "buffers") return fail("buffer count");
   p->buffers.assign(count, {});
   for (ProgramBuffer& b : p->buffers) {
-    if (!(in >> b.bytes >> b.input >> b.output)) return fail("buffer");
+    if (!(in >> b.bytes >> b.input >> b.output >> b.zeroed)) return fail("buffer");
   }
   if (!(in >> count >> word) || word != "steps") return fail("step count");
   p->steps.assign(count, {});

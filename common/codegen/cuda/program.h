@@ -18,6 +18,9 @@ struct ProgramBuffer {
   int64_t bytes = 0;
   int input = -1;   // index among the chain's inputs, or
   int output = -1;  // among its outputs; neither: scratch
+  // Scratch filled with zeros once, when it is allocated: a split kernel's
+  // workspace, whose counters each launch leaves at zero again.
+  bool zeroed = false;
 };
 
 // Row-major C[m, n] = alpha * A[m, k] * B[k, n] per batch, each operand

@@ -269,7 +269,13 @@ out G
 )");
   EXPECT_THAT(error(*epilogue, "m=16 / n=16x2 / -", Avx512()), HasSubstr("what accumulates along it is not an output"));
   EXPECT_THAT(error(*chain, "m=16 / n=32x4 / -", Avx512()), HasSubstr("more parts than the loop has steps"));
-  EXPECT_THAT(error(*chain, "m=16 / n=16x2 / -", *hw::LookupDevice("h100")), HasSubstr("only on a CPU"));
+  // A GPU splits a nest in shared memory by the same rules, a
+  // register-resident one with its softmax too; no part may be empty.
+  const hw::TargetDesc gpu = *hw::LookupDevice("h100");
+  EXPECT_TRUE(BuildLoopNest(*chain, *ParseSchedule("m=16 / n=16x2 / -", *chain), gpu).ok());
+  EXPECT_THAT(error(*attention, "b=1 / n=16x2 / -", gpu), HasSubstr("a softmax is online along it"));
+  EXPECT_TRUE(BuildLoopNest(*attention, *ParseSchedule("b=1 m=16 / n=16x2 / - / cuda registers", *attention), gpu).ok());
+  EXPECT_THAT(error(*chain, "m=16 / n=16x3 / -", gpu), HasSubstr("a part would have no steps"));  // 4 steps: 2, 2, 0
 }
 
 TEST(LoopNestTest, RejectsIllegalNests) {
@@ -738,6 +744,7 @@ TEST(SplitStreamLoopTest, PartsRunWhatIsOutsideAndAddThePartials) {
   }
   const Statement& partials = nest.statements[before.statements.size()];
   EXPECT_EQ(partials.label, "L(E partials)");
+  EXPECT_TRUE(partials.partials);
   EXPECT_DOUBLE_EQ(partials.bytes, 64.0 * 32 * 4 * 2);
   EXPECT_TRUE(partials.loops.empty());
   const Statement& store = nest.statements.back();
@@ -752,8 +759,8 @@ TEST(SplitStreamLoopTest, PartsRunWhatIsOutsideAndAddThePartials) {
   EXPECT_EQ(whole.statements.size(), statements);
   EXPECT_EQ(whole.num_blocks, 4);
 
-  EXPECT_EQ(PhaseError(Phase::kSplitStreamLoop, *chain, "m=16 / n=16x2 / -", *hw::LookupDevice("h100")),
-            "schedule: the stream loop cannot be split: only on a CPU");
+  EXPECT_EQ(PhaseError(Phase::kSplitStreamLoop, *chain, "m=16 / n=16x3 / -", *hw::LookupDevice("h100")),
+            "schedule: the stream loop cannot be split: a part would have no steps");
 }
 
 TEST(CheckRegistersTest, OnlyWhenTheScheduleAsks) {

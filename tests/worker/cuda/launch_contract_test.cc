@@ -76,7 +76,11 @@ TEST_F(LaunchContractTest, FusedBaselineAndReferenceKernelsTakeOneStruct) {
     ASSERT_TRUE(space.ok()) << space.status();
     ASSERT_FALSE(space->ranked.empty());
     std::vector<space::Schedule> schedules = {space->ranked[0].schedule};
-    if (auto r = space::RegisterResidentVariant(*chain, schedules[0], target)) schedules.push_back(*r);
+    if (auto r = space::RegisterResidentVariant(*chain, schedules[0], target)) {
+      schedules.push_back(*r);
+      schedules.push_back(*r);  // its stream loop split in two: the workspace is one more pointer
+      schedules.back().split = 2;
+    }
     for (const space::Schedule& schedule : schedules) {
       auto nest = space::BuildLoopNest(*chain, schedule, target);
       ASSERT_TRUE(nest.ok()) << nest.status();

@@ -74,6 +74,13 @@ FUSOR_INLINE int fusor_warp() { return (int)(threadIdx.x >> 5); }
 FUSOR_INLINE float fusor_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 FUSOR_INLINE float fusor_shfl(float v, int src_lane) { return __shfl_sync(0xffffffffu, v, src_lane); }
 
+/* A split kernel's parts meet in global memory: each block writes its part,
+   fences, and counts itself in; the tile's last block reads the parts past
+   L1 (which other SMs' writes do not reach). */
+FUSOR_INLINE void fusor_fence() { __threadfence(); }
+FUSOR_INLINE unsigned fusor_arrive(unsigned* counter) { return atomicAdd(counter, 1u); }
+FUSOR_INLINE float fusor_load_cg(const float* p) { return __ldcg(p); }
+
 /* ------------------------------------------------------ memory moves --- */
 FUSOR_INLINE fusor_u32 fusor_smem_addr(const void* p) { return (fusor_u32)__cvta_generic_to_shared(p); }
 

@@ -367,6 +367,14 @@ FUSOR_INLINE float fusor_shfl(float v, int src_lane) {
   return other;
 }
 
+FUSOR_INLINE void fusor_fence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+FUSOR_INLINE unsigned fusor_arrive(unsigned* counter) { return __atomic_fetch_add(counter, 1u, __ATOMIC_SEQ_CST); }
+FUSOR_INLINE float fusor_load_cg(const float* p) {
+  float v;
+  __atomic_load(p, &v, __ATOMIC_RELAXED);
+  return v;
+}
+
 /* ------------------------------------------------------ memory moves --- */
 FUSOR_INLINE void fusor_cp_async16(void* smem, const void* gmem, int src_bytes) {
   if (((uintptr_t)smem | (uintptr_t)gmem) % 16 != 0 || src_bytes < 0 || src_bytes > 16) {

@@ -49,8 +49,9 @@ std::string CompileWithNvrtc(const KernelStep& kernel) {
   return "";
 }
 
-// Emits, compiles for the emulation and validates; returns "" or what failed.
 // Compiles `kernel` for the emulation and validates it; "" or what failed.
+// A kernel with a workspace runs on a second input set too, with the
+// workspace the first run left.
 std::string RunKernelEmulated(const ir::Chain& chain, const CudaKernel& kernel) {
   auto dir = TempDir::Create("/tmp", "fusor-cuda-emu-test-");
   if (!dir.ok()) return dir.status().ToString();
@@ -58,9 +59,12 @@ std::string RunKernelEmulated(const ir::Chain& chain, const CudaKernel& kernel) 
   if (!compiled.ok) return absl::StrCat("compile failed: ", compiled.error, "\n", kernel.source);
   auto loaded = worker::LoadedKernel::Open(compiled.so_path, "fusor_run");
   if (!loaded.ok()) return loaded.status().ToString();
-  auto v = worker::ValidateKernel(*loaded, chain, 11, 2, CudaTolerance(chain.dtype));
-  if (!v.ok()) return absl::StrCat(v.status().ToString(), "\n", kernel.source);
-  if (!v->ok) return absl::StrCat(v->detail, "\n", kernel.source);
+  for (uint64_t seed : {11, 12}) {
+    if (seed == 12 && kernel.workspace_bytes == 0) break;
+    auto v = worker::ValidateKernel(*loaded, chain, seed, 2, CudaTolerance(chain.dtype));
+    if (!v.ok()) return absl::StrCat(v.status().ToString(), "\n", kernel.source);
+    if (!v->ok) return absl::StrCat("input set ", seed, ": ", v->detail, "\n", kernel.source);
+  }
   return "";
 }
 
@@ -502,6 +506,57 @@ TEST(CudaEmulationTest, GemmChainsWithIntermediatesInRegisters) {
   EXPECT_EQ(kernel->source.find("row_sum"), std::string::npos) << "no softmax state";
 }
 
+// The stream loop split among blocks: each writes its part to the
+// workspace and the tile's last part combines them (rescaled by the parts'
+// softmax row states after a softmax). Parts of unequal length, 2 and 3
+// stages, f16, bf16 and f32 (tf32). The emulation harness keeps the
+// workspace across runs as the device does, so a counter not reset for
+// the next launch fails the second validation set.
+TEST(CudaEmulationTest, SplitStreamLoopsCombineInTheKernel) {
+  for (const char* schedule : {"b=1 m=16 / n=16x2 / - / cuda registers", "b=1 m=24 / n=16x3 / - / cuda warps=1 stages=3 registers"}) {
+    SCOPED_TRACE(schedule);
+    CheckSchedule(testing::kMaskedF16Attention, schedule);  // n=47: parts of 32 and 15, or 16, 16 and 15
+    CheckSchedule(kBf16Attention, schedule);
+  }
+  CheckSchedule(kAttention, "b=1 m=16 h=24 / n=16x3 / - / cuda warps=1 registers");  // f32, n=72: 32, 32, 8
+  CheckSchedule(testing::kGemmChain, "m=32 / n=16x4 / - / cuda warps=1 registers");
+  CheckSchedule(kFfn, "m=16 / f=16x2 / - / cuda stages=3 registers");  // GELU between the GEMMs, f=72: 48 and 24
+  // In shared memory, GEMM chains only: the parts' sums are added up.
+  CheckSchedule(kFfn, "m=16 o=16 / f=16x3 / -");
+  CheckSchedule(testing::kGemmChain, "m=32 / n=16x2 / - / cuda stages=1");
+  CheckSchedule(kBf16Chain, "b=1 m=16 / n=16x2 / -");  // C is an output too, written by each part
+
+  ir::Chain chain = Parse(testing::kMaskedF16Attention);
+  auto kernel = Emit(chain, *space::ParseSchedule("b=1 m=16 / n=16x3 / - / cuda registers", chain), Gpu());
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ(kernel->grid, 2 * 3 * 3);  // b, m tiles, parts
+  // Per tile and part: 16 rows x 24 columns of O, 16 rows of (max, sum); a counter per tile.
+  EXPECT_EQ(kernel->workspace_bytes, (6 * 3 * 16 * 24 + 6 * 3 * 16 * 2) * 4 + 6 * 4);
+  const Program program = FusedProgram(chain, *kernel);
+  ASSERT_EQ(program.buffers.size(), 6u);  // Q, K, V, mask, O, then the workspace
+  EXPECT_TRUE(program.buffers.back().zeroed);
+  Program again;
+  std::string why;
+  ASSERT_TRUE(ProgramFromText(ProgramToText(program), &again, &why)) << why;
+  EXPECT_TRUE(again.buffers.back().zeroed);
+  EXPECT_EQ(program.steps[0].kernel.args.size(), 6u);
+  // A counter left as the launch found it breaks the next launch.
+  CudaKernel unreset = *kernel;
+  const std::string reset = "if (tid == 0) arrivals[tile_id] = 0u;";
+  ASSERT_NE(unreset.source.find(reset), std::string::npos);
+  unreset.source.replace(unreset.source.find(reset), reset.size(), "");
+  EXPECT_NE(RunKernelEmulated(chain, unreset), "");
+
+  // In shared memory an online softmax does not split; no part is empty.
+  auto shared = space::BuildLoopNest(chain, *space::ParseSchedule("b=1 m=16 / n=16x2 / -", chain), Gpu());
+  ASSERT_FALSE(shared.ok());
+  EXPECT_NE(shared.status().message().find("a softmax is online along it"), std::string::npos);
+  ir::Chain f32 = Parse(kAttention);
+  auto empty_part = space::BuildLoopNest(f32, *space::ParseSchedule("b=1 m=16 / n=16x4 / - / cuda registers", f32), Gpu());
+  ASSERT_FALSE(empty_part.ok());
+  EXPECT_NE(empty_part.status().message().find("a part would have no steps"), std::string::npos);
+}
+
 TEST(CudaEmulationTest, GemmChainF32) {
   CheckSchedule(testing::kGemmChain, "m=32 / n=32 / C(k=16) E(h=16)");
   CheckSchedule(testing::kGemmChain, "m=64 h=32 / n=16 / - / cuda warps=2 stages=1");
@@ -542,7 +597,7 @@ TEST(CudaEmulationTest, UnfusedBaselinePrograms) {
   }
   Program bad;
   std::string why;
-  EXPECT_FALSE(ProgramFromText("fusor-program 1\n1 buffers\n16 0 -1\n1 steps\nkernel 1\nx\nk 1 32 0 1 5 0\n", &bad,
+  EXPECT_FALSE(ProgramFromText("fusor-program 2\n1 buffers\n16 0 -1 0\n1 steps\nkernel 1\nx\nk 1 32 0 1 5 0\n", &bad,
                                &why));
   EXPECT_NE(why.find("kernel argument"), std::string::npos) << why;
 }
