@@ -118,6 +118,7 @@ class CudaEmitter : public NestWalker {
   std::string PackConvert(const GemmLayout& l, const std::string& v) const;
   void PackAsync(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own,
                  const std::string& buf);
+  int64_t FullTileBatch(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own) const;
 
   const SideLayout& SideOf(const space::OpNest& on, bool a_side) const {
     return a_side ? gemm_[on.op].a : gemm_[on.op].b;

@@ -179,14 +179,18 @@ void CudaEmitter::EmitRegisterResident() {
   w_.Line("const int g = lane / 4, t = lane % 4;");
   w_.Line(absl::StrCat("const long r0 = warp * ", 16 * f.rf, "L;"));
   w_.Line(absl::StrCat("const bool has_rows = r0 < ", son.rows_pad, "L;"));
-  w_.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once"));
-  Pack(son, /*a_side=*/true);
   std::vector<std::pair<const space::OpNest*, bool>> sides;
   for (const space::OpNest* on : {&son, &oon}) {
     if (SideOf(*on, false).pipelined) sides.push_back({on, false});
   }
   const bool pipeline = !sides.empty();
+  // With a pipeline, A's copies join the first step's group: one wait
+  // for A and the first B tiles together.
+  w_.Line(absl::StrCat("// A of ", chain_.tensors[chain_.ops[0].output].name, ", staged once",
+                       pipeline ? ", in the first step's copy group" : ""));
+  Stage(son, /*a_side=*/true, /*wait=*/!pipeline);
   FirstStages(sides, [](const space::OpNest&) {});
+  if (pipeline) w_.Line(absl::StrCat("fusor_cp_async_wait<", stages_ - 2, ">();  // A and step 0's tiles"));
   Sync();
   LoadQFragments(f);
   const bool softmax = SoftmaxOp() >= 0;

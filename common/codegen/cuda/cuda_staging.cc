@@ -89,6 +89,11 @@ std::string CudaEmitter::PackConvert(const GemmLayout& l, const std::string& v) 
   return v;
 }
 
+// A thread's copies of one full tile unrolled at most: each may keep its
+// offsets in registers (with 1 warp and a 64 x 64 f32 tile, 32 of them
+// made the register-resident picks spill).
+constexpr int64_t kMaxUnrolledCopies = 8;
+
 // 16-byte cp.async chunks along the staged rows (8 16-bit or 4 f32
 // elements each), the tail of a row and the padding rows zero-filled.
 void CudaEmitter::PackAsync(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own,
@@ -101,6 +106,29 @@ void CudaEmitter::PackAsync(const space::OpNest& on, const SideLayout& side, con
   const Access& a = (&side == &l.a ? g.a_side : g.b_side)[0];  // the side's one global access
   const int c = side.contiguous;
   const int chunk = 16 / l.elem_bytes;  // elements per 16-byte copy
+  const int64_t nb = FullTileBatch(on, side, own);
+  const int64_t rows_n = side.k_major ? side.own_pad : l.k_pad, chunks_n = (side.k_major ? l.k_pad : side.own_pad) / chunk;
+  const int64_t total = nb * rows_n * chunks_n, iterations = (total + threads_ - 1) / threads_;
+  if (nb > 0 && iterations <= kMaxUnrolledCopies) {
+    // Every step's tile fills its pads: each thread's copies are full, at
+    // offsets fixed but for the loops' origins, a few of them (unrolled,
+    // their offsets may stay in registers across the loop).
+    w_.Line("#pragma unroll");
+    w_.Open(absl::StrCat("for (int it = 0; it < ", iterations, "; ++it)"));
+    w_.Line(absl::StrCat("const long p = tid + it * ", threads_, "L;"));
+    if (total % threads_ != 0) w_.Line(absl::StrCat("if (p >= ", total, "L) break;"));
+    w_.Line(absl::StrCat("const long chunk = p % ", chunks_n, "L, y = (p / ", chunks_n, "L) % ", rows_n,
+                         "L, bi = p / ", chunks_n * rows_n, "L;"));
+    w_.Line(absl::StrCat("const long e0 = chunk * ", chunk, "L;"));
+    Decompose("bi", g.batch);
+    Decompose("y", other);
+    w_.Line(absl::StrCat("const long ", n_.I(c), " = e0, ", n_.V(c), " = ", n_.O(c), " + e0;"));
+    const std::string at = side.k_major ? PackIndex(side, l, "bi", "y", "e0") : PackIndex(side, l, "bi", "e0", "y");
+    w_.Line(absl::StrCat("fusor_cp_async16(", buf, " + ", at, ", ", n_.Global(a.tensor), " + ", GlobalOffset(a, n_),
+                         ", 16);"));
+    w_.Close();
+    return;
+  }
   const std::string chunks = absl::StrCat("(", row_pad, " / ", chunk, "L)");
   w_.Open(absl::StrCat("for (long p = tid; p < nb * ", rows, " * ", chunks, "; p += ", threads_, ")"));
   w_.Line(absl::StrCat("const long chunk = p % ", chunks, ", y = (p / ", chunks, ") % ", rows, ", bi = p / (",
@@ -118,6 +146,22 @@ void CudaEmitter::PackAsync(const space::OpNest& on, const SideLayout& side, con
   const std::string at = side.k_major ? PackIndex(side, l, "bi", "y", "e0") : PackIndex(side, l, "bi", "e0", "y");
   w_.Line(absl::StrCat("fusor_cp_async16(", buf, " + ", at, ", src, (int)valid * ", l.elem_bytes, ");"));
   w_.Close();
+}
+
+// The tile's batch points when a side's tile has the same extents at
+// every step and they fill its pads (own and k), else 0.
+int64_t CudaEmitter::FullTileBatch(const space::OpNest& on, const SideLayout& side, const std::vector<int>& own) const {
+  const space::GemmForm& g = on.gemm;
+  auto fixed = [&](const std::vector<int>& dims) -> int64_t {
+    int64_t count = 1;
+    for (int d : dims) {
+      if (chain_.dims[d].extent % s_.tile[d] != 0) return 0;
+      count *= s_.tile[d];
+    }
+    return count;
+  };
+  if (fixed(own) != side.own_pad || fixed(g.kdims) != gemm_[on.op].k_pad) return 0;
+  return fixed(g.batch);
 }
 
 // Which of the stages_ buffers the current step of `d`'s loop reads.

@@ -449,6 +449,7 @@ out O
     ASSERT_TRUE(kernel.ok());
     EXPECT_EQ(kernel->source.find("float x = -FUSOR_INFINITY;"), std::string::npos) << "no bounds checks";
     EXPECT_NE(kernel->source.find("fusor_ldmatrix_x4("), std::string::npos) << "B fragments in pairs";
+    EXPECT_NE(kernel->source.find("for (int it = 0; it < "), std::string::npos) << "full tiles: constant copies";
   }
   ir::Chain chain = Parse(testing::kMaskedF16Attention);
   auto schedule = space::ParseSchedule("b=1 m=16 / n=16 / - / cuda registers", chain);
@@ -460,11 +461,14 @@ out O
   auto shared = Emit(chain, *space::ParseSchedule("b=1 m=16 / n=16 / -", chain), Gpu());
   ASSERT_TRUE(shared.ok());
   EXPECT_LT(kernel->shared_bytes, shared->shared_bytes);
-  // A dropped wait is caught here too.
-  CudaKernel unwaited = *kernel;
-  const std::string wait = "fusor_cp_async_wait<1>();";
-  unwaited.source.replace(unwaited.source.find(wait), wait.size(), "");
-  EXPECT_NE(RunKernelEmulated(chain, unwaited), "");
+  // A dropped wait is caught here too: in the loop, or before A's
+  // fragments are read (A's copies travel with the first step's tiles).
+  for (const std::string wait : {"fusor_cp_async_wait<1>();", "fusor_cp_async_wait<0>();  // A and step 0's tiles"}) {
+    CudaKernel unwaited = *kernel;
+    ASSERT_NE(unwaited.source.find(wait), std::string::npos) << wait;
+    unwaited.source.replace(unwaited.source.find(wait), wait.size(), "");
+    EXPECT_NE(RunKernelEmulated(chain, unwaited), "") << wait;
+  }
 }
 
 // Grouped-query attention in registers: each query head of a group a
