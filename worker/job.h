@@ -46,7 +46,8 @@ struct JobSpec {
   std::string blas_dir;  // where the baseline's libopenblas is; empty: the linker's default
   double compile_timeout_s = 120;
   double run_timeout_s = 120;  // validation + timing, after compiling
-  uint64_t seed = 1;
+  uint64_t seed = 1;          // of the validation inputs (TaskInputSeed: one of the task's sets)
+  std::string reference_dir;  // where references are kept across jobs (CachedReference); empty: nowhere
   int device = 0;  // CUDA targets: the GPU's ordinal
 };
 

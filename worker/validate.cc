@@ -1,12 +1,21 @@
 #include "worker/validate.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <random>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "common/codegen/cpu/prelude.h"
+#include "common/ir/parse.h"
 #include "common/ir/reference.h"
+#include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::worker {
@@ -105,6 +114,90 @@ std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t s
     inputs.push_back(std::move(values));
   }
   return inputs;
+}
+
+namespace {
+
+constexpr char kReferenceMagic[] = "fusor-reference 1\n";
+
+// The outputs in `path`, when it holds exactly `chain`'s.
+std::optional<Outputs> ReadReference(const std::string& path, const ir::Chain& chain) {
+  std::ifstream in(path, std::ios::binary);
+  std::string magic(sizeof(kReferenceMagic) - 1, '\0');
+  if (!in.read(magic.data(), static_cast<std::streamsize>(magic.size())) || magic != kReferenceMagic) {
+    return std::nullopt;
+  }
+  Outputs out;
+  for (int t : chain.outputs) {
+    std::vector<double> values(static_cast<size_t>(chain.tensors[t].NumElements()));
+    if (!in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(double)))) {
+      return std::nullopt;
+    }
+    out.push_back(std::move(values));
+  }
+  if (in.peek() != std::char_traits<char>::eof()) return std::nullopt;
+  return out;
+}
+
+// Removes the least recently used files of `dir` until they fit in
+// `max_bytes`, never `keep`.
+void EvictReferences(const std::string& dir, int64_t max_bytes, const std::string& keep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> files;
+  int64_t total = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    total += static_cast<int64_t>(e.file_size(ec));
+    files.push_back({e.last_write_time(ec), e.path()});
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [when, path] : files) {
+    if (total <= max_bytes) break;
+    if (path == fs::path(keep)) continue;
+    const int64_t bytes = static_cast<int64_t>(fs::file_size(path, ec));
+    if (fs::remove(path, ec)) total -= bytes;
+  }
+}
+
+}  // namespace
+
+uint64_t TaskInputSeed(const std::string& task_id, int64_t set) {
+  const std::string digest = Sha256Hex(absl::StrCat(task_id, "/", set % kInputSets));
+  return std::stoull(digest.substr(0, 15), nullptr, 16);
+}
+
+absl::StatusOr<Outputs> CachedReference(const ir::Chain& chain, uint64_t seed,
+                                        const std::vector<std::vector<double>>& rounded_inputs,
+                                        const std::string& dir, int64_t max_bytes) {
+  if (dir.empty()) return ir::EvaluateReference(chain, rounded_inputs);
+  namespace fs = std::filesystem;
+  const std::string path =
+      absl::StrCat(dir, "/", Sha256Hex(absl::StrCat(ir::ChainToJson(chain), "\n", seed)).substr(0, 32), ".ref");
+  std::error_code ec;
+  if (std::optional<Outputs> kept = ReadReference(path, chain)) {
+    fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used
+    return *std::move(kept);
+  }
+  ASSIGN_OR_RETURN(Outputs computed, ir::EvaluateReference(chain, rounded_inputs));
+  // Written aside and renamed: a job reading it sees all of it or nothing.
+  fs::create_directories(dir, ec);
+  const std::string partial = absl::StrCat(path, ".", getpid(), ".part");
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out.write(kReferenceMagic, sizeof(kReferenceMagic) - 1);
+    for (const std::vector<double>& values : computed) {
+      out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(double)));
+    }
+    if (!out) {
+      fs::remove(partial, ec);
+      return computed;  // not kept; the result stands
+    }
+  }
+  fs::rename(partial, path, ec);
+  if (ec) fs::remove(partial, ec);
+  EvictReferences(dir, max_bytes, path);
+  return computed;
 }
 
 absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,

@@ -40,6 +40,24 @@ absl::StatusOr<Validation> ValidateRun(const RunFn& run, const ir::Chain& chain,
 // rounds to float).
 std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values);
 
+// The float64 reference on RandomInputs(chain, seed) rounded to the
+// chain's dtype (`rounded_inputs`), kept as a file in `dir`, one per chain
+// and seed: a task validates every candidate on a few input sets of its
+// own (TaskInputSeed), so each set's reference is computed by the first
+// job that needs it and read back by the others, each in its own child.
+// The files are bounded to `max_bytes` in all, the least recently used
+// removed first. A file that does not read back as the chain's outputs is
+// computed again; an empty `dir` keeps nothing.
+inline constexpr int64_t kReferenceCacheBytes = int64_t{512} << 20;
+absl::StatusOr<Outputs> CachedReference(const ir::Chain& chain, uint64_t seed,
+                                        const std::vector<std::vector<double>>& rounded_inputs,
+                                        const std::string& dir, int64_t max_bytes = kReferenceCacheBytes);
+
+// The seed of input set `set` of a task (of kInputSets, the set picked by
+// the job): the same for every job of the task, on any worker.
+inline constexpr int kInputSets = 3;
+uint64_t TaskInputSeed(const std::string& task_id, int64_t set);
+
 // Fresh random inputs, uniform in [-1, 1], one buffer per chain input; the
 // last input a sum of 1024 or more terms reduces over is scaled by
 // 1 / sqrt(terms), so that chains of long sums stay in the f16 range.

@@ -10,6 +10,7 @@
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
 #include "worker/backend.h"
+#include "worker/validate.h"
 #include "common/util/process.h"
 
 namespace fusor::worker {
@@ -48,6 +49,14 @@ void Worker::Stop() {
 }
 
 absl::Status Worker::Prepare() {
+  if (!references_) {
+    auto dir = TempDir::Create(options_.scratch_dir, "fusor-references-");
+    if (dir.ok()) {
+      references_.emplace(std::move(*dir));
+    } else {
+      Log()->warn("references are computed for every job: {}", std::string(dir.status().message()));
+    }
+  }
   MachineOptions machine;
   machine.compiler = options_.compiler;
   machine.scratch_dir = options_.scratch_dir;
@@ -257,7 +266,10 @@ Worker::Pending Worker::Start(const v1::Job& job) {
   spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
   // A confirmation times the candidate and two baselines.
   if (spec.kind == JobKind::kConfirm) spec.run_timeout_s *= 3;
-  spec.seed = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  // The validation inputs: one of the task's few sets, so that their
+  // references are computed once (a candidate is timed on other inputs).
+  spec.seed = TaskInputSeed(job.task_id(), job.has_candidate() ? job.candidate().id() : 0);
+  if (references_) spec.reference_dir = references_->path();
   spec.device = options_.gpu;
   if (options_.compile_ahead > 0) {
     auto dir = TempDir::Create(options_.scratch_dir, "fusor-compiled-");

@@ -119,12 +119,13 @@ JobOutcome RunCpu(const JobSpec& spec, const ir::Chain& chain, const std::string
   const Json entries = Json::parse(*text, nullptr, false);
   if (!entries.is_array() || entries.empty()) return FailedOutcome(OutcomeStatus::kRuntimeError, "compiled.json is malformed");
   const int threads = std::max(1, spec.target.compute_units);
-  // Every kernel is checked on the same inputs, against one reference.
+  // Every kernel is checked on the same inputs, against one reference,
+  // computed once for every job on this input set of the task.
   const std::vector<std::vector<double>> inputs = RandomInputs(chain, spec.seed);
   std::optional<Outputs> expected;
   const ReferenceFn reference = [&](const std::vector<std::vector<double>>& rounded) -> absl::StatusOr<Outputs> {
     if (!expected) {
-      ASSIGN_OR_RETURN(Outputs computed, ir::EvaluateReference(chain, rounded));
+      ASSIGN_OR_RETURN(Outputs computed, CachedReference(chain, spec.seed, rounded, spec.reference_dir));
       expected = std::move(computed);
     }
     return *expected;

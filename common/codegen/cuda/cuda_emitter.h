@@ -188,6 +188,7 @@ class CudaEmitter : public NestWalker {
   void EmitFragmentSoftmax(const RegisterFragments& f);
   void EmitProbabilityMma(const RegisterFragments& f);
   void EmitRegisterStore(const RegisterFragments& f);
+  void StoreOutputElement(const std::string& value);
   void EmitSplitStore(const RegisterFragments& f);
   void EmitSplitCombine();
 

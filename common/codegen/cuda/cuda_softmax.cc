@@ -475,14 +475,7 @@ void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
     w_.Open("for (int e = 0; e < 4; ++e)");
     w_.Line("const long ri = r0 + 16 * fr + g + 8 * (e / 2), ci = 8 * f + 2 * t + e % 2;");
     w_.Open(absl::StrCat("if (ri < ", n_.N(rows_dim), " && ci < ", n_.N(cols_dim), ")"));
-    for (int d : oop.index) {
-      const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
-      w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
-    }
-    std::string value = softmax ? "of[fr][f][e] * inv[e / 2]" : "of[fr][f][e]";
-    if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
-    w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
-                         StoreConvert(chain_.dtype, value), ";"));
+    StoreOutputElement(softmax ? "of[fr][f][e] * inv[e / 2]" : "of[fr][f][e]");
     w_.Close();
     w_.Close();
     w_.Close();
@@ -547,10 +540,9 @@ void CudaEmitter::EmitSplitStore(const RegisterFragments& f) {
 // The last part's block: O from every part's share, each element by one
 // thread.
 void CudaEmitter::EmitSplitCombine() {
-  const int last = LastOp(), split = nest_.split;
-  const space::OpNest& oon = nest_.ops[last];
+  const int split = nest_.split;
+  const space::OpNest& oon = nest_.ops[LastOp()];
   const int rows_dim = nest_.ops[0].gemm.rows[0], cols_dim = oon.gemm.cols[0];
-  const Op& oop = chain_.ops[last];
   const int64_t rows = nest_.ops[0].rows_pad, cols = oon.cols_pad;
   const bool softmax = SoftmaxOp() >= 0;
   w_.Open(absl::StrCat("for (long p = tid; p < ", rows * cols, "L; p += ", threads_, ")"));
@@ -574,15 +566,24 @@ void CudaEmitter::EmitSplitCombine() {
     w_.Line("float num = 0.0f;");
     w_.Line(absl::StrCat("for (int q = 0; q < ", split, "; ++q) num += fusor_load_cg(o + q * ", rows * cols, "L);"));
   }
+  StoreOutputElement(softmax ? "num / den" : "num");
+  w_.Close();
+}
+
+// The last GEMM's output at row ri and column ci of the tile: `value`
+// times the GEMM's scale, to global memory.
+void CudaEmitter::StoreOutputElement(const std::string& value) {
+  const int last = LastOp();
+  const space::OpNest& oon = nest_.ops[last];
+  const int rows_dim = nest_.ops[0].gemm.rows[0], cols_dim = oon.gemm.cols[0];
+  const Op& oop = chain_.ops[last];
   for (int d : oop.index) {
     const std::string within = d == rows_dim ? " + ri" : d == cols_dim ? " + ci" : "";
     w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
   }
-  std::string value = softmax ? "num / den" : "num";
-  if (oon.gemm.scale != 1) value = absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale));
+  const std::string scaled = oon.gemm.scale != 1 ? absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale)) : value;
   w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
-                       StoreConvert(chain_.dtype, value), ";"));
-  w_.Close();
+                       StoreConvert(chain_.dtype, scaled), ";"));
 }
 
 }  // namespace fusor::codegen::cuda
