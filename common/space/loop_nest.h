@@ -29,8 +29,8 @@
 //    runs outside it is recomputed per part, and each result accumulated
 //    along it (a chain output, read by nothing) is written as a partial
 //    sum per part, summed into the output after every block is done (on
-//    a GPU, register-resident kernels only: a tile's last part to finish
-//    combines them, rescaling by the parts' softmax row states).
+//    a GPU by the tile's last part to finish; a register-resident kernel
+//    may split an online softmax too, rescaling by the parts' row states).
 #pragma once
 
 #include <cstdint>

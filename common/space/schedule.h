@@ -61,8 +61,8 @@ struct Schedule {
   // The stream loop's range is divided among this many blocks, each
   // running its part; what accumulates along it is summed across them at
   // the end (split-K: every core busy when the other dims give few blocks).
-  // On a GPU only for register-resident kernels, whose parts' results
-  // (and softmax row states) are combined by the tile's last block.
+  // On a GPU the tile's last block to finish combines the parts (a
+  // register-resident kernel's with their softmax row states).
   int split = 1;
   std::vector<std::vector<int>> own;   // per op: dim ids, outermost first
   std::vector<int64_t> tile;           // per dim, in [1, extent]

@@ -85,11 +85,11 @@ struct Space {
 // The splits of the stream loop among blocks considered for `schedule`: 1,
 // and with a stream loop 2, 4, ... up to the cores (at most 8) on a CPU;
 // on a GPU 2, 4, ... 32 while the blocks of the split before it are fewer
-// than the multiprocessors and, in shared memory, each part keeps two
-// steps or more (one to compute while the next one's tiles load: a nest
-// of one step a part runs its own loops' tiles unpipelined, 6-30 times
-// the SASS instructions per mma of its unsplit sibling on conv_chain and
-// gemm_chain).
+// than the multiprocessors and, in shared memory, each part keeps four
+// steps or more (its first tiles, partial sums and combine are paid per
+// part; the split nests the model picked for conv_chain and gemm_chain
+// with one or two steps a part had 6-36 times the SASS instructions per
+// mma of their unsplit picks).
 std::vector<int> SplitOptions(const Schedule& schedule, const ir::Chain& chain, const hw::TargetDesc& target);
 
 // The tile sizes considered for `dim` on `target`.
