@@ -78,7 +78,7 @@ inline void from_json(const nlohmann::json& j, JobPhase& p) { EnumFromJson(j, p,
 inline void to_json(nlohmann::json& j, OutcomeStatus s) { EnumToJson(j, s, kOutcomeStatuses); }
 inline void from_json(const nlohmann::json& j, OutcomeStatus& s) { EnumFromJson(j, s, kOutcomeStatuses); }
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobSpec, kind, phase, artifact_dir, chain_json, schedule_text, mapping, target,
-                                   timing, compiler, blas_dir, compile_timeout_s, run_timeout_s, seed, reference_dir,
+                                   timing, compiler, blas_dir, compile_timeout_s, run_timeout_s, seed, cache_dir,
                                    device)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(JobOutcome, status, error, samples_s, median_s, spread, max_abs_error,
                                    max_rel_error, compile_s, compile_flags, code_bytes, resources_json,

@@ -49,12 +49,13 @@ void Worker::Stop() {
 }
 
 absl::Status Worker::Prepare() {
-  if (!references_) {
-    auto dir = TempDir::Create(options_.scratch_dir, "fusor-references-");
+  if (!cache_) {
+    auto dir = TempDir::Create(options_.scratch_dir, "fusor-cache-");
     if (dir.ok()) {
-      references_.emplace(std::move(*dir));
+      cache_.emplace(std::move(*dir));
     } else {
-      Log()->warn("references are computed for every job: {}", std::string(dir.status().message()));
+      Log()->warn("nothing is kept across jobs (references, the precompiled preamble): {}",
+                  std::string(dir.status().message()));
     }
   }
   MachineOptions machine;
@@ -269,7 +270,7 @@ Worker::Pending Worker::Start(const v1::Job& job) {
   // The validation inputs: one of the task's few sets, so that their
   // references are computed once (a candidate is timed on other inputs).
   spec.seed = TaskInputSeed(job.task_id(), job.has_candidate() ? job.candidate().id() : 0);
-  if (references_) spec.reference_dir = references_->path();
+  if (cache_) spec.cache_dir = cache_->path();
   spec.device = options_.gpu;
   if (options_.compile_ahead > 0) {
     auto dir = TempDir::Create(options_.scratch_dir, "fusor-compiled-");

@@ -98,7 +98,7 @@ class Worker {
   std::condition_variable cv_;
   grpc::ClientContext* lease_ctx_ = nullptr;  // the Lease call in flight, guarded by mu_
   std::set<std::string> held_leases_;          // received, not yet reported; guarded by mu_
-  std::optional<TempDir> references_;          // float64 references kept across jobs (CachedReference)
+  std::optional<TempDir> cache_;               // kept across jobs: references, the precompiled preamble
   std::thread heartbeat_;
 };
 

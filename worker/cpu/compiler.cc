@@ -1,24 +1,80 @@
 #include "worker/cpu/compiler.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
+#include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/util/process.h"
+#include "common/util/sha256.h"
 
 namespace fusor::worker {
+namespace {
+
+// `kernel`'s source with its preamble replaced by an #include of the
+// precompiled copy in `pch_dir` (built here first when it is not there
+// yet); the source as it is when it has no preamble or the copy cannot be
+// built.
+std::string WithPrecompiledPreamble(const codegen::KernelSource& kernel, const std::string& compiler,
+                                    const std::vector<std::string>& flags, double timeout_s,
+                                    const std::string& pch_dir) {
+  const std::string preamble = codegen::CpuKernelPreamble();
+  const size_t at = kernel.source.find(preamble);
+  if (at == std::string::npos) return kernel.source;
+  // Only comments may come before it (a precompiled header must come first).
+  for (absl::string_view line : absl::StrSplit(absl::string_view(kernel.source).substr(0, at), '\n')) {
+    if (!line.empty() && !absl::StartsWith(line, "//")) return kernel.source;
+  }
+  const std::string key = Sha256Hex(absl::StrCat(compiler, "\n", absl::StrJoin(flags, " "), "\n", preamble));
+  const std::string header = absl::StrCat(pch_dir, "/fusor_preamble_", key.substr(0, 16), ".h");
+  std::error_code ec;
+  if (!std::filesystem::exists(header + ".gch", ec)) {
+    // Written aside and renamed, so that another job sees all of it or nothing.
+    std::filesystem::create_directories(pch_dir, ec);
+    const std::string part = absl::StrCat(header, ".", getpid());
+    {
+      std::ofstream f(part);
+      f << preamble;
+      if (!f) return kernel.source;
+    }
+    std::filesystem::rename(part, header, ec);
+    std::vector<std::string> argv = {compiler};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"-x", "c++-header", "-o", part + ".gch", header});
+    auto run = RunProcess(argv, part + ".log", timeout_s);
+    std::filesystem::remove(part + ".log", ec);
+    if (!run.ok() || run->timed_out || run->signaled || run->exit_code != 0) {
+      std::filesystem::remove(part + ".gch", ec);
+      return kernel.source;
+    }
+    std::filesystem::rename(part + ".gch", header + ".gch", ec);
+    if (ec) return kernel.source;
+  }
+  return absl::StrCat(kernel.source.substr(0, at), "#include \"", header, "\"\n",
+                      kernel.source.substr(at + preamble.size()));
+}
+
+}  // namespace
 
 CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
-                             const std::string& compiler, double timeout_s, const std::string& lib_dir) {
+                             const std::string& compiler, double timeout_s, const std::string& lib_dir,
+                             const std::string& pch_dir) {
   CompileOutcome out;
   const std::string src = workdir + "/kernel.cc";
   const std::string so = workdir + "/kernel.so";
   const std::string log = workdir + "/compile.log";
+  std::vector<std::string> pic_flags = kernel.compile_flags;
+  pic_flags.insert(pic_flags.end(), {"-shared", "-fPIC"});
   std::vector<std::pair<std::string, std::string>> files = kernel.extra_files;
-  files.emplace_back("kernel.cc", kernel.source);
+  const std::string source =
+      pch_dir.empty() ? kernel.source : WithPrecompiledPreamble(kernel, compiler, pic_flags, timeout_s, pch_dir);
+  files.emplace_back("kernel.cc", source);
   for (const auto& [name, text] : files) {
     const std::string path = workdir + "/" + name;
     std::ofstream f(path);
@@ -29,8 +85,8 @@ CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::str
     }
   }
   std::vector<std::string> argv = {compiler};
-  argv.insert(argv.end(), kernel.compile_flags.begin(), kernel.compile_flags.end());
-  argv.insert(argv.end(), {"-shared", "-fPIC"});
+  argv.insert(argv.end(), pic_flags.begin(), pic_flags.end());
+  if (source != kernel.source) argv.push_back("-Winvalid-pch");  // a header it cannot use says so in the log
   out.flags = absl::StrJoin(std::vector<std::string>(argv.begin() + 1, argv.end()), " ");
   std::vector<std::string> link;
   if (!kernel.link_libs.empty() && !lib_dir.empty()) link = {"-L" + lib_dir, "-Wl,-rpath," + lib_dir};

@@ -22,8 +22,16 @@ struct CompileOutcome {
 // link libraries are searched first in `lib_dir` (when not empty), which is
 // also the run-time path. Never fails as a Status: a compile error, a
 // missing compiler or a timeout is reported in the outcome.
+//
+// With `pch_dir`, a kernel that starts with codegen::CpuKernelPreamble()
+// (after its title comment) includes a copy of it there instead, compiled
+// once as a precompiled header for this compiler and these flags (GCC
+// takes it from the .gch beside it; 0.5 s -> 0.24 s for the FFN block's
+// kernel). The object code is the same; when the header cannot be built
+// the kernel compiles as written.
 CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
-                             const std::string& compiler, double timeout_s, const std::string& lib_dir = "");
+                             const std::string& compiler, double timeout_s, const std::string& lib_dir = "",
+                             const std::string& pch_dir = "");
 
 // The first line of `compiler --version`, e.g. "c++ (Debian 12.2.0-14) 12.2.0".
 absl::StatusOr<std::string> CompilerVersion(const std::string& compiler, const std::string& workdir);

@@ -50,6 +50,11 @@ JobOutcome CalibrateCpu(const JobSpec& spec, const std::string& dir) {
 
 constexpr char kFused[] = "fused";
 
+// A directory of the worker's cache for jobs (spec.cache_dir), or "".
+std::string CacheSubdir(const JobSpec& spec, const std::string& name) {
+  return spec.cache_dir.empty() ? "" : spec.cache_dir + "/" + name;
+}
+
 // Generates the candidate's fused kernel and compiles it into `dir`; or,
 // for the baseline, the unfused chain through each BLAS the machine has,
 // each into its own subdirectory; a confirmation has both. dir/compiled.json
@@ -77,7 +82,8 @@ JobOutcome BuildCpu(const JobSpec& spec, const ir::Chain& chain, const std::stri
     if (sub != dir && mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) {
       return FailedOutcome(OutcomeStatus::kRuntimeError, absl::StrCat("cannot create ", sub, ": ", strerror(errno)));
     }
-    CompileOutcome compiled = CompileKernel(*kernel, sub, spec.compiler, spec.compile_timeout_s, spec.blas_dir);
+    CompileOutcome compiled = CompileKernel(*kernel, sub, spec.compiler, spec.compile_timeout_s, spec.blas_dir,
+                                            CacheSubdir(spec, "preamble"));
     // A confirmation's compile record is its candidate's.
     if (spec.kind != JobKind::kConfirm || name == kFused) out.compile_s += compiled.seconds;
     if (!compiled.ok) {
@@ -125,7 +131,7 @@ JobOutcome RunCpu(const JobSpec& spec, const ir::Chain& chain, const std::string
   std::optional<Outputs> expected;
   const ReferenceFn reference = [&](const std::vector<std::vector<double>>& rounded) -> absl::StatusOr<Outputs> {
     if (!expected) {
-      ASSIGN_OR_RETURN(Outputs computed, CachedReference(chain, spec.seed, rounded, spec.reference_dir));
+      ASSIGN_OR_RETURN(Outputs computed, CachedReference(chain, spec.seed, rounded, CacheSubdir(spec, "references")));
       expected = std::move(computed);
     }
     return *expected;

@@ -29,6 +29,11 @@ struct KernelSource {
   std::vector<std::pair<std::string, std::string>> extra_files;
 };
 
+// The text every emitted CPU kernel starts with after its title comment
+// (headers, the prelude, the SIMD helpers), the same in every kernel: a
+// worker compiles it once as a precompiled header (worker/cpu/compiler.h).
+std::string CpuKernelPreamble();
+
 // The fused kernel for `chain` under `nest` (from BuildLoopNest).
 // `schedule_text` and `mapping` go into the header comment and metadata.
 absl::StatusOr<KernelSource> EmitCpuFusedKernel(const ir::Chain& chain, const space::LoopNest& nest,

@@ -1,6 +1,7 @@
 #include "common/codegen/cpu/cpu_emit.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/codegen/cpu/cpu_codegen.h"
 #include "common/codegen/cpu/prelude.h"
 
 namespace fusor::codegen::cpu {
@@ -13,17 +14,7 @@ const std::vector<std::string>& CompileFlags() {
 
 std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
 
-std::string Preamble(const std::string& title_comment) {
-  std::string s = title_comment;
-  s += "#define FUSOR_KERNEL 1\n";
-  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n";
-  s += "#if defined(__AVX512F__) || defined(__F16C__)\n#include <immintrin.h>\n#endif\n\n";
-  s += std::string(CpuPreludeSource());
-  s += "\n";
-  s += std::string(CpuSimdSource());
-  s += "\n";
-  return s;
-}
+std::string Preamble(const std::string& title_comment) { return title_comment + CpuKernelPreamble(); }
 
 void DeclareArguments(emit::Writer& w, const ir::Chain& chain, const emit::Names& n) {
   const std::string type = StorageType(chain.dtype);
@@ -111,3 +102,18 @@ void VectorLoop(emit::Writer& w, const std::string& var, const std::string& coun
 }
 
 }  // namespace fusor::codegen::cpu
+
+namespace fusor::codegen {
+
+std::string CpuKernelPreamble() {
+  std::string s = "#define FUSOR_KERNEL 1\n";
+  s += "#include <stdint.h>\n#include <stdlib.h>\n#include <string.h>\n#include <math.h>\n";
+  s += "#if defined(__AVX512F__) || defined(__F16C__)\n#include <immintrin.h>\n#endif\n\n";
+  s += std::string(CpuPreludeSource());
+  s += "\n";
+  s += std::string(CpuSimdSource());
+  s += "\n";
+  return s;
+}
+
+}  // namespace fusor::codegen

@@ -5,11 +5,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
+#include "common/space/loop_nest.h"
+#include "common/space/schedule.h"
+#include "tests/test_chains.h"
+#include "absl/strings/str_cat.h"
 #include "worker/cpu/compiler.h"
+#include "worker/cpu/cpu_target.h"
 #include "common/util/process.h"
 
 namespace fusor::worker {
@@ -33,6 +40,56 @@ Validation ValidateSource(const std::string& body) {
   auto v = ValidateKernel(*loaded, *chain, 3, 1);
   EXPECT_TRUE(v.ok());
   return *v;
+}
+
+// A worker compiles the preamble every emitted kernel starts with once,
+// as a precompiled header: the kernel includes it instead, and validates.
+TEST(CompileKernelTest, IncludesThePrecompiledPreambleOnceBuilt) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  ASSERT_TRUE(chain.ok());
+  auto work = TempDir::Create("/tmp", "fusor-pch-");
+  ASSERT_TRUE(work.ok());
+  auto cpu = DescribeCpu("c++", work->path());  // this machine: the kernel is built for it
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const std::string schedule = "m=16 / n=16 / -";
+  auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), *cpu);
+  ASSERT_TRUE(nest.ok()) << nest.status();
+  auto kernel = codegen::EmitCpuFusedKernel(*chain, *nest, schedule, "m");
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  const std::string pch = work->path() + "/preamble";
+  std::filesystem::file_time_type built;
+  for (int round = 0; round < 2; ++round) {
+    const std::string dir = absl::StrCat(work->path(), "/k", round);
+    std::filesystem::create_directories(dir);
+    CompileOutcome c = CompileKernel(*kernel, dir, "c++", 120, "", pch);
+    ASSERT_TRUE(c.ok) << c.error;
+    std::ifstream in(dir + "/kernel.cc");
+    const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_THAT(written, HasSubstr("#include \"" + pch + "/fusor_preamble_"));
+    EXPECT_EQ(written.find("#include <immintrin.h>"), std::string::npos);
+    std::ifstream log(dir + "/compile.log");
+    const std::string said((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(said, "") << "the precompiled header is used";
+    std::vector<std::filesystem::path> gch;
+    for (const auto& e : std::filesystem::directory_iterator(pch)) {
+      if (e.path().extension() == ".gch") gch.push_back(e.path());
+    }
+    ASSERT_EQ(gch.size(), 1u);
+    if (round == 0) built = std::filesystem::last_write_time(gch[0]);
+    EXPECT_EQ(std::filesystem::last_write_time(gch[0]), built) << "built once";
+    auto loaded = LoadedKernel::Open(c.so_path, "fusor_run");
+    ASSERT_TRUE(loaded.ok());
+    auto v = ValidateKernel(*loaded, *chain, 5, 1);
+    ASSERT_TRUE(v.ok());
+    EXPECT_TRUE(v->ok) << v->detail;
+  }
+  // A source without the preamble compiles as written.
+  codegen::KernelSource plain;
+  plain.source = "extern \"C\" int fusor_plain() { return 1; }\n";
+  CompileOutcome c = CompileKernel(plain, work->path(), "c++", 60, "", pch);
+  ASSERT_TRUE(c.ok) << c.error;
+  std::ifstream in(work->path() + "/kernel.cc");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), plain.source);
 }
 
 TEST(ValidateKernelTest, AcceptsACorrectKernel) {
