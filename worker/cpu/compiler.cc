@@ -34,6 +34,8 @@ std::string WithPrecompiledPreamble(const codegen::KernelSource& kernel, const s
   const std::string key = Sha256Hex(absl::StrCat(compiler, "\n", absl::StrJoin(flags, " "), "\n", preamble));
   const std::string header = absl::StrCat(pch_dir, "/fusor_preamble_", key.substr(0, 16), ".h");
   std::error_code ec;
+  // A compiler that could not build it once is not asked again.
+  if (std::filesystem::exists(header + ".failed", ec)) return kernel.source;
   if (!std::filesystem::exists(header + ".gch", ec)) {
     // Written aside and renamed, so that another job sees all of it or nothing.
     std::filesystem::create_directories(pch_dir, ec);
@@ -51,6 +53,7 @@ std::string WithPrecompiledPreamble(const codegen::KernelSource& kernel, const s
     std::filesystem::remove(part + ".log", ec);
     if (!run.ok() || run->timed_out || run->signaled || run->exit_code != 0) {
       std::filesystem::remove(part + ".gch", ec);
+      std::ofstream(header + ".failed") << "the precompiled header could not be built\n";
       return kernel.source;
     }
     std::filesystem::rename(part + ".gch", header + ".gch", ec);

@@ -83,6 +83,26 @@ TEST(CompileKernelTest, IncludesThePrecompiledPreambleOnceBuilt) {
     ASSERT_TRUE(v.ok());
     EXPECT_TRUE(v->ok) << v->detail;
   }
+  // A compiler that cannot build the header compiles the kernel as
+  // written, and is asked for the header once.
+  const std::string fussy = work->path() + "/fussy-c++";
+  {
+    std::ofstream script(fussy);
+    script << "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = c++-header ] && echo x >> \"$0.tries\" && exit 1; done\n"
+           << "exec c++ \"$@\"\n";
+  }
+  std::filesystem::permissions(fussy, std::filesystem::perms::owner_all);
+  for (int round = 0; round < 2; ++round) {
+    const std::string dir = absl::StrCat(work->path(), "/f", round);
+    std::filesystem::create_directories(dir);
+    CompileOutcome c = CompileKernel(*kernel, dir, fussy, 120, "", pch);
+    ASSERT_TRUE(c.ok) << c.error;
+    std::ifstream in(dir + "/kernel.cc");
+    EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), kernel->source);
+  }
+  std::ifstream tries(fussy + ".tries");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(tries)), std::istreambuf_iterator<char>()), "x\n");
+
   // A source without the preamble compiles as written.
   codegen::KernelSource plain;
   plain.source = "extern \"C\" int fusor_plain() { return 1; }\n";
