@@ -187,6 +187,7 @@ class CudaEmitter : public NestWalker {
   void EmitScoreOps(const RegisterFragments& f);
   void EmitFragmentSoftmax(const RegisterFragments& f);
   void EmitProbabilityMma(const RegisterFragments& f);
+  void OpenRowTotals();
   void EmitRegisterStore(const RegisterFragments& f);
   void StoreOutputElement(const std::string& value);
   void EmitSplitStore(const RegisterFragments& f);

@@ -448,6 +448,16 @@ void CudaEmitter::EmitProbabilityMma(const RegisterFragments& f) {
   w_.Close();
 }
 
+// A loop over the fragment row pair (h2: rows g and g + 8) with `total`,
+// the row's sum of the lanes' shares; the caller closes it.
+void CudaEmitter::OpenRowTotals() {
+  w_.Line("#pragma unroll");
+  w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
+  w_.Line("float total = row_sum[fr][h2];");
+  w_.Line("total += fusor_shfl_xor(total, 1);");
+  w_.Line("total += fusor_shfl_xor(total, 2);");
+}
+
 // After the stream loop: O = accumulator (times the reciprocal of the row
 // sum, summed across the row's 4 lanes, after a softmax), to global memory.
 void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
@@ -461,11 +471,7 @@ void CudaEmitter::EmitRegisterStore(const RegisterFragments& f) {
   ForEachRowFragment(f, [&] {
     if (softmax) {
       w_.Line("float inv[2];");
-      w_.Line("#pragma unroll");
-      w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
-      w_.Line("float total = row_sum[fr][h2];");
-      w_.Line("total += fusor_shfl_xor(total, 1);");
-      w_.Line("total += fusor_shfl_xor(total, 2);");
+      OpenRowTotals();
       w_.Line("inv[h2] = 1.0f / total;");
       w_.Close();
     }
@@ -512,11 +518,7 @@ void CudaEmitter::EmitSplitStore(const RegisterFragments& f) {
   w_.Open("if (has_rows)");
   ForEachRowFragment(f, [&] {
     if (softmax) {
-      w_.Line("#pragma unroll");
-      w_.Open("for (int h2 = 0; h2 < 2; ++h2)");
-      w_.Line("float total = row_sum[fr][h2];");
-      w_.Line("total += fusor_shfl_xor(total, 1);");
-      w_.Line("total += fusor_shfl_xor(total, 2);");
+      OpenRowTotals();
       w_.Open("if (t == 0)");
       w_.Line("const long ri = r0 + 16 * fr + g + 8 * h2;");
       w_.Line("part_state[2 * ri] = row_max[fr][h2];");

@@ -71,6 +71,23 @@ TEST(CostModelTest, GpuReReadsOfSmallInputsComeFromTheL2) {
   EXPECT_DOUBLE_EQ(Predict(*nest, gpu, *chain).t_mem_s, (kib + 2 * (kib + 3 * kib / 2) + kib) / 1e12);
   gpu.l2_bytes = 16 * 1024;  // inputs no longer fit in half of it: every read from memory
   EXPECT_DOUBLE_EQ(Predict(*nest, gpu, *chain).t_mem_s, (kib + 2 * 4 * kib + kib) / 1e12);
+
+  // A split loop's partial sums (E's 8 KiB, twice) are read back in the
+  // launch that wrote them: from the L2, when they fit in half of it.
+  gpu.l2_bytes = 50 << 20;
+  auto split = space::BuildLoopNest(*chain, *space::ParseSchedule("m=16 / n=32x2 / - / cuda warps=1", *chain), gpu);
+  ASSERT_TRUE(split.ok()) << split.status();
+  space::LoopNest from_memory = *split;
+  int partials = 0;
+  for (space::Statement& s : from_memory.statements) {
+    if (!s.partials) continue;
+    ++partials;
+    EXPECT_DOUBLE_EQ(s.bytes * s.executions, 2 * kib);
+    s.partials = false;
+  }
+  ASSERT_EQ(partials, 1);
+  EXPECT_DOUBLE_EQ(Predict(from_memory, gpu, *chain).t_mem_s - Predict(*split, gpu, *chain).t_mem_s,
+                   2 * kib / 1e12 - 2 * kib / 2e12);
 }
 
 // alpha: on a CPU the exact waves of blocks over the cores; on a GPU

@@ -14,6 +14,7 @@
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
 #include "common/ir/regroup.h"
+#include "tests/test_chains.h"
 
 namespace fusor::space {
 namespace {
@@ -240,6 +241,25 @@ out O
   hw::TargetDesc host;
   host.compute_units = 2;
   EXPECT_EQ(BuildSpace(*chain, host)->stats.register_resident, 0);
+}
+
+// On a GPU a stream loop is split while the grid is short of the SMs:
+// register-resident kernels down to one step a part, nests in shared
+// memory only with four steps a part or more.
+TEST(SplitOptionsTest, AGpuSplitsShortGridsOnly) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);  // m=64 n=64
+  ASSERT_TRUE(chain.ok());
+  const hw::TargetDesc h200 = *hw::LookupDevice("h200");  // 132 SMs
+  Schedule s = *ParseSchedule("m=16 / n=16 / - / cuda registers", *chain);  // 4 blocks, 4 steps
+  EXPECT_EQ(SplitOptions(s, *chain, h200), (std::vector<int>{1, 2, 4}));
+  s.registers = false;
+  EXPECT_EQ(SplitOptions(s, *chain, h200), (std::vector<int>{1}));
+  s = *ParseSchedule("m=16 / n=8 / -", *chain);  // 8 steps: two parts of four
+  EXPECT_EQ(SplitOptions(s, *chain, h200), (std::vector<int>{1, 2}));
+  hw::TargetDesc small = h200;
+  small.compute_units = 4;  // the 4 blocks already fill it
+  s.registers = true;
+  EXPECT_EQ(SplitOptions(s, *chain, small), (std::vector<int>{1}));
 }
 
 TEST(SpaceTest, ConvChainWithDimsNoLoopUses) {
