@@ -2,10 +2,15 @@
 //   space       generate + place + prune + rank, with schedules/s
 //   fidelity    measure schedules spread over the ranked space; Spearman
 //               rank correlation of t_estm with the measured median, and
-//               how far the model's top-1 is from the best measured
+//               how far the model's top-1 is from the best measured;
+//               --save keeps the measurements for `learned`
 //   convergence the default search against a much longer one: how many
 //               candidates and seconds until within 5% of the long
-//               search's best, against measuring the whole pruned space
+//               search's best, against measuring the whole pruned space;
+//               --learn-from ranks the default search with a learned model
+//   learned     leave one chain out over saved fidelity measurements: the
+//               learned model (trained on the other chains) against the
+//               analytical one, by Spearman and top-1
 // Candidates are measured exactly as a worker does (isolated child,
 // validation first, median of repeats).
 #include <algorithm>
@@ -17,9 +22,11 @@
 #include <sstream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
 #include "common/ir/parse.h"
+#include "common/model/learned_model.h"
 #include "common/search/search_strategy.h"
 #include "common/space/space.h"
 #include "worker/cpu/cpu_target.h"
@@ -35,6 +42,7 @@ struct Bench {
   fusor::ir::Chain chain;
   fusor::hw::TargetDesc target;
   std::string self, scratch = "/tmp", blas_dir;
+  std::string cache_dir;  // references and the precompiled preamble, kept as a worker keeps them
   double time_budget_s = 0.2;
 
   // Median seconds of one schedule (0 if it failed) and the wall time spent.
@@ -45,6 +53,7 @@ struct Bench {
     spec.schedule_text = schedule;
     spec.target = target;
     spec.blas_dir = blas_dir;
+    spec.cache_dir = cache_dir;
     spec.timing.time_budget_s = time_budget_s;
     spec.timing.max_repeats = 50;
     spec.timing.rotate_bytes = 2 * std::max(target.l2_bytes * target.compute_units, target.l3_bytes);
@@ -59,34 +68,10 @@ struct Bench {
   }
 };
 
-std::vector<double> Ranks(const std::vector<double>& v) {
-  std::vector<size_t> idx(v.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
-  std::vector<double> r(v.size());
-  for (size_t i = 0; i < idx.size();) {
-    size_t j = i;
-    while (j + 1 < idx.size() && v[idx[j + 1]] == v[idx[i]]) ++j;
-    for (size_t k = i; k <= j; ++k) r[idx[k]] = (i + j) / 2.0;  // ties share their mean rank
-    i = j + 1;
-  }
-  return r;
-}
-
-double Spearman(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> ra = Ranks(a), rb = Ranks(b);
-  double ma = std::accumulate(ra.begin(), ra.end(), 0.0) / ra.size();
-  double mb = std::accumulate(rb.begin(), rb.end(), 0.0) / rb.size();
-  double num = 0, da = 0, db = 0;
-  for (size_t i = 0; i < ra.size(); ++i) {
-    num += (ra[i] - ma) * (rb[i] - mb);
-    da += (ra[i] - ma) * (ra[i] - ma);
-    db += (rb[i] - mb) * (rb[i] - mb);
-  }
-  return num / std::sqrt(da * db);
-}
-
-int Fidelity(const Bench& b, int samples) {
+// `save`: where each measured schedule is appended as a JSON line (the
+// chain, the schedule, its median and the W and P it was predicted with),
+// the data the learned mode reads.
+int Fidelity(const Bench& b, int samples, const std::string& save) {
   auto space = fusor::space::BuildSpace(b.chain, b.target);
   if (!space.ok()) return std::cerr << space.status() << "\n", 1;
   const size_t n = space->ranked.size();
@@ -106,20 +91,31 @@ int Fidelity(const Bench& b, int samples) {
     predicted.push_back(space->ranked[i].prediction.t_estm_s);
     measured.push_back(median);
     if (i == 0) top1 = median;
+    if (!save.empty()) {
+      std::ofstream(save, std::ios::app) << nlohmann::json{{"chain", fusor::ir::ChainToJson(b.chain)},
+                                                           {"schedule", text},
+                                                           {"median_s", median},
+                                                           {"bandwidth_bytes_per_s", b.target.bandwidth_bytes_per_s},
+                                                           {"peak_flops", b.target.peak_flops}}
+                                                .dump()
+                                         << "\n";
+    }
     if (best == 0 || median < best) best = median;
     std::cerr << absl::StrFormat("  #%-5zu %-44s predicted %9.3f ms  measured %9.3f ms\n", i + 1, text,
                                  space->ranked[i].prediction.t_estm_s * 1e3, median * 1e3);
   }
   std::cout << absl::StrFormat("| %s | %zu of %zu | %.2f | %.3f ms | %.3f ms | %.2fx |\n", b.chain.name,
-                               measured.size(), n, Spearman(predicted, measured), top1 * 1e3, best * 1e3,
+                               measured.size(), n, fusor::model::Spearman(predicted, measured), top1 * 1e3, best * 1e3,
                                best > 0 ? top1 / best : 0);
   return 0;
 }
 
 // Runs a search measuring for real; returns (median, seconds since start) per candidate.
-std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int patience) {
+std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int patience,
+                                              std::shared_ptr<const fusor::model::CostModel> model = nullptr) {
   fusor::search::McfuserSearchOptions options;
   options.patience = patience;
+  options.cost_model = std::move(model);
   auto s = fusor::search::MakeMcfuserSearch(options);
   std::vector<std::pair<double, double>> trace;
   if (!s->Initialize({&b.chain, b.target, budget}).ok()) return trace;
@@ -138,7 +134,9 @@ std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int pa
   return trace;
 }
 
-int Convergence(const Bench& b, int budget, int long_budget) {
+// `model`: what ranks the default search (null: the analytical model);
+// the long search ranks with the analytical one.
+int Convergence(const Bench& b, int budget, int long_budget, std::shared_ptr<const fusor::model::CostModel> model) {
   auto space = fusor::space::BuildSpace(b.chain, b.target);
   if (!space.ok()) return std::cerr << space.status() << "\n", 1;
   auto long_trace = Search(b, long_budget, 1000);
@@ -146,7 +144,7 @@ int Convergence(const Bench& b, int budget, int long_budget) {
   for (auto [m, t] : long_trace) {
     if (m > 0 && (best_long == 0 || m < best_long)) best_long = m;
   }
-  auto trace = Search(b, budget, fusor::search::McfuserSearchOptions().patience);
+  auto trace = Search(b, budget, fusor::search::McfuserSearchOptions().patience, std::move(model));
   double best = 0;
   int reached_n = -1;
   double reached_s = 0;
@@ -167,6 +165,59 @@ int Convergence(const Bench& b, int budget, int long_budget) {
   return 0;
 }
 
+// Leave one chain out over what `fidelity --save` wrote: for each chain,
+// the learned model trained on the others ranks its schedules, against
+// the analytical model. `features_csv`: every sample's features and times.
+// The samples of what `fidelity --save` wrote to `files`, with their
+// features on `cpu` (at the W and P they were predicted with).
+absl::StatusOr<std::vector<fusor::model::Sample>> LoadSamples(const fusor::hw::TargetDesc& cpu,
+                                                              const std::vector<std::string>& files) {
+  std::vector<fusor::model::Sample> samples;
+  for (const std::string& file : files) {
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      auto chain = fusor::ir::ParseChainJson(j.at("chain").get<std::string>());
+      if (!chain.ok()) return chain.status();
+      fusor::hw::TargetDesc target = cpu;
+      target.bandwidth_bytes_per_s = j.at("bandwidth_bytes_per_s").get<double>();
+      target.peak_flops = j.at("peak_flops").get<double>();
+      auto sample = fusor::model::MakeSample(*chain, j.at("schedule").get<std::string>(), target,
+                                             j.at("median_s").get<double>(), chain->name);
+      if (!sample.ok()) return sample.status();
+      samples.push_back(*sample);
+    }
+  }
+  return samples;
+}
+
+int Learned(const fusor::hw::TargetDesc& cpu, const std::vector<std::string>& files, double lambda,
+            const std::string& features_csv) {
+  auto loaded = LoadSamples(cpu, files);
+  if (!loaded.ok()) return std::cerr << loaded.status() << "\n", 1;
+  const std::vector<fusor::model::Sample>& samples = *loaded;
+  if (!features_csv.empty()) {
+    std::ofstream out(features_csv);
+    out << "group,analytical_s,measured_s";
+    for (const std::string& f : fusor::model::FeatureNames()) out << "," << f;
+    out << "\n";
+    for (const auto& s : samples) {
+      out << s.group << "," << s.analytical_s << "," << s.measured_s;
+      for (double f : s.features) out << "," << f;
+      out << "\n";
+    }
+  }
+  fusor::model::TrainOptions options;
+  options.lambda = lambda;
+  std::cout << "| chain held out | measured | Spearman analytical | Spearman learned | top-1 / best, analytical | "
+               "top-1 / best, learned |\n|---|---|---|---|---|---|\n";
+  for (const auto& h : fusor::model::LeaveOneGroupOut(samples, options)) {
+    std::cout << absl::StrFormat("| %s | %d | %.2f | %.2f | %.2fx | %.2fx |\n", h.group, h.samples,
+                                 h.spearman_analytical, h.spearman_learned, h.top1_analytical, h.top1_learned);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -174,14 +225,32 @@ int main(int argc, char** argv) {
   CLI::App app{"fusor search benchmarks"};
   std::string mode, file;
   int samples = 60, budget = 16, long_budget = 64;
+  std::string save, features_csv;
+  std::vector<std::string> more;
+  double lambda = fusor::model::TrainOptions().lambda;
   Bench b;
   b.blas_dir = FUSOR_OPENBLAS_DIR;
-  app.add_option("mode", mode, "space | fidelity | convergence")->required();
-  app.add_option("chain", file, "chain file")->required();
+  app.add_option("mode", mode, "space | fidelity | convergence | learned")->required();
+  app.add_option("chain", file, "chain file (learned: a file fidelity --save wrote)")->required();
+  app.add_option("more", more, "learned: more such files");
+  app.add_option("--save", save, "fidelity: append each measured schedule to this file (JSON lines)");
+  app.add_option("--lambda", lambda, "learned: ridge penalty")->capture_default_str();
+  app.add_option("--features-csv", features_csv, "learned: write every sample's features here");
+  std::vector<std::string> learn_from;
+  app.add_option("--learn-from", learn_from,
+                 "convergence: rank the default search with a model learned from these files (fidelity --save), "
+                 "leaving this chain out");
   app.add_option("--samples", samples, "fidelity: schedules to measure")->capture_default_str();
   app.add_option("--budget", budget, "convergence: the default search's budget")->capture_default_str();
   app.add_option("--long-budget", long_budget, "convergence: the long search's budget")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  auto dir = fusor::TempDir::Create("/tmp", "fusor-bench-");
+  auto target = fusor::worker::DescribeCpu("c++", dir->path());
+  if (!target.ok()) return std::cerr << target.status() << "\n", 1;
+  if (mode == "learned") {
+    more.insert(more.begin(), file);
+    return Learned(*target, more, lambda, features_csv);
+  }
   std::ifstream in(file);
   std::stringstream text;
   text << in.rdbuf();
@@ -189,9 +258,7 @@ int main(int argc, char** argv) {
   if (!chain.ok()) return std::cerr << chain.status() << "\n", 1;
   b.chain = *chain;
   b.self = fusor::CurrentExecutable("fusor-bench-search");
-  auto dir = fusor::TempDir::Create("/tmp", "fusor-bench-");
-  auto target = fusor::worker::DescribeCpu("c++", dir->path());
-  if (!target.ok()) return std::cerr << target.status() << "\n", 1;
+  b.cache_dir = dir->path();
   b.target = *target;
   if (mode == "space") {
     auto space = fusor::space::BuildSpace(b.chain, b.target);
@@ -209,8 +276,19 @@ int main(int argc, char** argv) {
   JobOutcome out = fusor::worker::RunJobIsolated(cal, b.self, b.scratch);
   b.target.bandwidth_bytes_per_s = out.bandwidth_bytes_per_s;
   b.target.peak_flops = out.peak_flops;
-  if (mode == "fidelity") return Fidelity(b, samples);
-  if (mode == "convergence") return Convergence(b, budget, long_budget);
+  if (mode == "fidelity") return Fidelity(b, samples, save);
+  if (mode == "convergence") {
+    std::shared_ptr<const fusor::model::CostModel> model;
+    if (!learn_from.empty()) {
+      auto samples = LoadSamples(b.target, learn_from);
+      if (!samples.ok()) return std::cerr << samples.status() << "\n", 1;
+      std::erase_if(*samples, [&](const fusor::model::Sample& s) { return s.group == b.chain.name; });
+      auto learned = fusor::model::LearnedModel::Train(*samples);
+      if (!learned.ok()) return std::cerr << learned.status() << "\n", 1;
+      model = *learned;
+    }
+    return Convergence(b, budget, long_budget, std::move(model));
+  }
   std::cerr << "unknown mode " << mode << "\n";
   return 2;
 }

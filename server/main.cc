@@ -62,6 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-sweeps-per-client", options.max_sweeps_per_client,
                  "running sweeps one client may have started (0: no limit)")
       ->capture_default_str();
+  bool no_learning = false;
+  app.add_flag("--no-learning", no_learning,
+               "rank with the analytical cost model only: no model is learned from the database's measurements");
   app.add_option("--time-budget", time_budget_s, "seconds of timed repeats per candidate")->capture_default_str();
   double max_spread = fusor::kMaxSpread;
   app.add_option("--max-spread", max_spread,
@@ -85,6 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  options.learn.enabled = !no_learning;
   if (!fusor::SetLogLevel(log_level)) {
     std::cerr << "unknown log level '" << log_level << "'\n";
     return 2;

@@ -112,7 +112,7 @@ MeasureOptions WithDefaults(MeasureOptions m) {
 }  // namespace
 
 Scheduler::Scheduler(SchedulerOptions options, std::optional<FileLock> lock, std::unique_ptr<db::TuningDb> db)
-    : options_(std::move(options)), lock_(std::move(lock)), db_(std::move(db)) {
+    : options_(std::move(options)), lock_(std::move(lock)), db_(std::move(db)), models_(*db_, options_.learn) {
   std::random_device rd;
   id_state_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(NowMs());
 }
@@ -143,6 +143,11 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
   // Workers of a previous run count as lost until they heartbeat again.
   RETURN_IF_ERROR(s->db_->MarkLostWorkers(NowMs() + 1).status());
   RETURN_IF_ERROR(s->ResumeTasks());
+  // Tasks start with what the database has taught: a database from before
+  // learned models, or measured since the last training, trains now.
+  ASSIGN_OR_RETURN(std::vector<db::TargetRow> targets, s->db_->ListTargets());
+  for (const db::TargetRow& t : targets) s->train_wanted_.insert(t.fingerprint);
+  s->TrainCostModels();
   s->reaper_ = std::thread([p = s.get()] { p->ReaperLoop(); });
   return s;
 }
@@ -455,7 +460,9 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->row.peak_flops = request.target.peak_flops;
   task->chain = request.canonical.chain;
   task->target = request.target;
-  task->strategy = search::MakeMcfuserSearch();
+  ASSIGN_OR_RETURN(auto model, models_.Current(fp));
+  task->row.cost_model_id = model.first;
+  task->strategy = search::MakeMcfuserSearch({.cost_model = std::move(model.second)});
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, budget}));
   const space::SpaceStats stats = task->strategy->Stats();
   task->row.space_size = stats.enumerated;
@@ -892,6 +899,10 @@ absl::Status Scheduler::Finalize(Task& task) {
   }
   RETURN_IF_ERROR(db_->FinishTask(task.row.id, task.row.state, task.row.error, now));
   task.row.finished_ms = now;
+  {
+    std::lock_guard<std::mutex> lock(train_mu_);
+    train_wanted_.insert(task.row.target_fp);
+  }
   if (task.row.state == TaskState::kDone) {
     ASSIGN_OR_RETURN(TuneResult r, ResultFromBest(task.row.workload_key, task.row.target_fp, false));
     // Report this task's work, whichever task found the best kernel.
@@ -920,7 +931,8 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
     task->target.bandwidth_bytes_per_s = row.bandwidth_bytes_per_s;
     task->target.peak_flops = row.peak_flops;
   }
-  task->strategy = search::MakeMcfuserSearch();
+  ASSIGN_OR_RETURN(std::shared_ptr<const model::CostModel> model, models_.ById(row.cost_model_id));
+  task->strategy = search::MakeMcfuserSearch({.cost_model = std::move(model)});
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {
@@ -932,6 +944,23 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
   Task* raw = task.get();
   tasks_[row.id] = std::move(task);
   return raw;
+}
+
+void Scheduler::TrainCostModels() {
+  std::set<std::string> wanted;
+  {
+    std::lock_guard<std::mutex> lock(train_mu_);
+    wanted.swap(train_wanted_);
+  }
+  for (const std::string& fp : wanted) {
+    absl::StatusOr<hw::TargetDesc> target = TargetOf(fp);
+    absl::StatusOr<std::string> did = target.ok() ? models_.MaybeTrain(fp, *target) : target.status();
+    if (!did.ok()) {
+      Log()->error("[target={}] training the learned cost model failed: {}", fp, did.status().ToString());
+    } else if (!did->empty()) {
+      Log()->info("[target={}] learned cost model: {}", fp, *did);
+    }
+  }
 }
 
 absl::Status Scheduler::ResumeTasks() {
@@ -960,6 +989,7 @@ void Scheduler::ReaperLoop() {
       reaper_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.reaper_interval), [this] { return stop_.load(); });
     }
     if (stop_) break;
+    TrainCostModels();
     const int64_t now = NowMs();
     auto touched = db_->ExpireLeases(now, options_.max_attempts);
     if (!touched.ok()) {

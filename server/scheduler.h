@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "common/util/files.h"
 #include "common/search/search_strategy.h"
 #include "server/db/tuning_db.h"
+#include "server/learned_models.h"
 #include "worker/backend.h"
 
 namespace fusor::server {
@@ -82,6 +84,8 @@ struct SchedulerOptions {
   int max_tasks_per_client = 8;
   int max_candidates_per_client = 2048;
   int max_sweeps_per_client = 2;
+  // Learned cost models (server/learned_models.h).
+  LearnOptions learn;
   // Every network call needs a bearer token of the right role (server/auth).
   bool require_tokens = false;
   MeasureOptions measure;
@@ -289,6 +293,11 @@ class Scheduler {
   absl::StatusOr<ReportReceipt> Report(const JobReport& report);
 
   db::TuningDb& db() { return *db_; }
+  // Trains the learned cost model of each target that finished a task
+  // since the last call (every target, on start) when it has enough new
+  // measurements; the reaper calls it, and tests may.
+  void TrainCostModels();
+  LearnedModels& cost_models() { return models_; }
 
   // Cache lookups on behalf of requests (tune, compile, lookup, a sweep's
   // chains), for the metrics; not persisted.
@@ -330,6 +339,9 @@ class Scheduler {
   const SchedulerOptions options_;
   std::optional<FileLock> lock_;  // one scheduler per database file
   std::unique_ptr<db::TuningDb> db_;
+  LearnedModels models_;
+  std::mutex train_mu_;
+  std::set<std::string> train_wanted_;  // targets to train (TrainCostModels)
 
   std::mutex mu_;
   std::condition_variable task_cv_;

@@ -196,6 +196,17 @@ const std::vector<Migration>& SchemaMigrations() {
          return db.Exec("ALTER TABLE tasks ADD COLUMN bandwidth_bytes_per_s REAL NOT NULL DEFAULT 0;"
                         "ALTER TABLE tasks ADD COLUMN peak_flops REAL NOT NULL DEFAULT 0;");
        }},
+      // A new table and a column with a default: older fusor goes on reading
+      // and writing (its tasks rank with the analytical model).
+      {9, 1, "cost_models: learned cost models per target; tasks.cost_model_id: the one a task ranks with",
+       [](Database& db) {
+         return db.Exec(
+             "CREATE TABLE cost_models(id INTEGER PRIMARY KEY, target_fp TEXT NOT NULL, model_json TEXT NOT NULL, "
+             "samples INTEGER NOT NULL, workloads INTEGER NOT NULL, spearman_analytical REAL NOT NULL, "
+             "spearman_learned REAL NOT NULL, created_ms INTEGER NOT NULL);"
+             "CREATE INDEX cost_models_by_target ON cost_models(target_fp, id);"
+             "ALTER TABLE tasks ADD COLUMN cost_model_id INTEGER NOT NULL DEFAULT 0;");
+       }},
   };
   return *migrations;
 }

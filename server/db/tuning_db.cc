@@ -33,7 +33,7 @@ absl::StatusOr<JobRow> ReadJob(const Statement& s) {
 
 constexpr char kTaskColumns[] =
     "id, workload_key, target_fp, salt, state, budget, batch_size, space_size, space_after_pruning, error, "
-    "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops";
+    "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops, cost_model_id";
 
 absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   TaskRow t;
@@ -52,6 +52,7 @@ absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   t.client = s.Text(12);
   t.bandwidth_bytes_per_s = s.Double(13);
   t.peak_flops = s.Double(14);
+  t.cost_model_id = s.Int(15);
   return t;
 }
 
@@ -285,11 +286,11 @@ absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms) {
 absl::Status TuningDb::InsertTask(const TaskRow& t) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO tasks(", kTaskColumns,
-                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
   s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, Name(t.state)).Bind(6, t.budget);
   s.Bind(7, t.batch_size).Bind(8, t.space_size).Bind(9, t.space_after_pruning).Bind(10, t.error);
   s.Bind(11, t.created_ms).Bind(12, t.finished_ms).Bind(13, t.client).Bind(14, t.bandwidth_bytes_per_s);
-  s.Bind(15, t.peak_flops);
+  s.Bind(15, t.peak_flops).Bind(16, t.cost_model_id);
   return s.Run();
 }
 

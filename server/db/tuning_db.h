@@ -68,6 +68,37 @@ struct TaskRow {
   // after its target was calibrated again. 0 in tasks of older fusor.
   double bandwidth_bytes_per_s = 0;
   double peak_flops = 0;
+  // The learned cost model the task ranks with (cost_models.id), 0 for the
+  // analytical one: a resumed task replays the same ranking after the model
+  // was trained again.
+  int64_t cost_model_id = 0;
+};
+
+// A learned cost model of a target (common/model/learned_model.h) and what
+// it was trained on and scored: Spearman's rank correlation, averaged over
+// the workloads, of each model's predictions with the measured times when
+// the workload is left out of training.
+struct CostModelRow {
+  int64_t id = 0;
+  std::string target_fp;
+  std::string model_json;
+  int samples = 0;
+  int workloads = 0;
+  double spearman_analytical = 0;
+  double spearman_learned = 0;
+  int64_t created_ms = 0;
+};
+
+// A trusted measurement of a candidate, with what the learned model needs
+// to rebuild its nest: the workload's chain, the schedule and the W and P
+// its task ranked with (0 in tasks of older fusor).
+struct TrainingRow {
+  std::string workload_key;
+  std::string chain_json;
+  std::string schedule;
+  double median_s = 0;
+  double bandwidth_bytes_per_s = 0;
+  double peak_flops = 0;
 };
 
 struct CandidateRow {
@@ -309,6 +340,14 @@ class TuningDb {
   // recomputed. INVALID_ARGUMENT naming the line for a malformed one.
   absl::StatusOr<ImportStats> ImportRecords(const std::vector<std::string>& lines, int64_t now_ms);
   absl::StatusOr<DbMetrics> Metrics(int recent = 200);
+  // Learned cost models (server/db/cost_models.cc). Insert returns the id.
+  absl::StatusOr<int64_t> InsertCostModel(const CostModelRow& row);
+  absl::StatusOr<CostModelRow> GetCostModel(int64_t id);  // NOT_FOUND if unknown
+  absl::StatusOr<std::optional<CostModelRow>> LatestCostModel(const std::string& target_fp);
+  // Every trusted candidate measurement (status ok) of the target, oldest first.
+  absl::StatusOr<std::vector<TrainingRow>> TrainingRows(const std::string& target_fp);
+  // How many TrainingRows would return.
+  absl::StatusOr<int64_t> CountTrainingRows(const std::string& target_fp);
   absl::Status InsertToken(const TokenRow& token);
   absl::StatusOr<std::vector<TokenRow>> ListTokens();
   // NOT_FOUND for an unknown id; revoking twice keeps the first time.

@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <memory>
 #include <set>
 #include <tuple>
@@ -123,6 +125,29 @@ TEST(McfuserSearchTest, StopsAfterRoundsWithoutImprovement) {
   std::vector<std::string> order = Drive(*s, 2, [&](const CandidateSpec&) { return ++calls == 1 ? 1e-6 : 1.0; });
   EXPECT_EQ(order.size(), 2u * 3);  // round 1, then two stale rounds
   EXPECT_TRUE(s->Done());
+}
+
+// The confidence bound: when every candidate measures what the model
+// predicted (times one factor), the model's error is nil and nothing
+// unproposed is predicted faster than the best measured: the search stops
+// after two rounds and 8 candidates, far below its budget and patience.
+// With errors of a factor up to 2 around the predictions it goes on.
+TEST(McfuserSearchTest, StopsWhenNothingLeftIsExpectedToBeatTheBest) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  McfuserSearchOptions options;
+  options.patience = 100;
+  auto exact = MakeMcfuserSearch(options);
+  ASSERT_TRUE(exact->Initialize({&*chain, Cpu(), 100}).ok());
+  EXPECT_EQ(Drive(*exact, 4, [](const CandidateSpec& c) { return 3 * c.prediction.t_estm_s; }).size(), 8u);
+  EXPECT_TRUE(exact->Done());
+  auto noisy = MakeMcfuserSearch(options);
+  ASSERT_TRUE(noisy->Initialize({&*chain, Cpu(), 40}).ok());
+  int calls = 0;
+  const auto order = Drive(*noisy, 4, [&](const CandidateSpec& c) {
+    constexpr double kErrors[] = {1.0, 1.9, 0.6, 1.4, 0.8, 2.0, 1.2, 0.5};
+    return c.prediction.t_estm_s * kErrors[calls++ % 8];
+  });
+  EXPECT_GT(order.size(), 8u);
 }
 
 TEST(McfuserSearchTest, FailsClearlyWhenNothingFits) {

@@ -1,0 +1,165 @@
+#include "common/model/learned_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "common/ir/parse.h"
+#include "common/space/loop_nest.h"
+#include "common/space/space.h"
+#include "tests/test_chains.h"
+
+namespace fusor::model {
+namespace {
+
+constexpr int kOwnLoops = 17;  // FeatureNames()[17]
+constexpr int kPadding = 2;
+
+// Samples of `groups` workloads whose measured times follow the analytical
+// ones times exp(0.8 * own_loops - 1.2 * padding), plus a level per
+// workload and a little noise: a pattern the analytical model misses.
+std::vector<Sample> Synthetic(int groups, int per_group, uint64_t seed = 7) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::vector<Sample> out;
+  for (int g = 0; g < groups; ++g) {
+    const double level = 2.0 * normal(rng);
+    for (int i = 0; i < per_group; ++i) {
+      Sample s;
+      s.group = "w" + std::to_string(g);
+      for (size_t j = 0; j < FeatureNames().size(); ++j) s.features.push_back(normal(rng));
+      s.analytical_s = 1e-3 * std::exp(0.3 * normal(rng));
+      s.measured_s = s.analytical_s *
+                     std::exp(level + 0.8 * s.features[kOwnLoops] - 1.2 * s.features[kPadding] + 0.05 * normal(rng));
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+TEST(LearnedModelTest, FeatureNamesMatchTheFeatures) {
+  EXPECT_EQ(FeatureNames()[kOwnLoops], "own_loops");
+  EXPECT_EQ(FeatureNames()[kPadding], "log_padding");
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  hw::TargetDesc target;
+  target.compute_units = 2;
+  target.isa_features = {"avx2", "fma"};
+  target.vector_lanes_f32 = 8;
+  auto sample = MakeSample(*chain, "m=16 / - / C(n=32) E(h=16 n=32)", target, 1e-3, "g");
+  ASSERT_TRUE(sample.ok()) << sample.status();
+  EXPECT_EQ(sample->features.size(), FeatureNames().size());
+  EXPECT_DOUBLE_EQ(sample->features[kOwnLoops], 3);  // C's n, E's h and n
+  EXPECT_FALSE(MakeSample(*chain, "m=16 / - / bogus", target, 1e-3, "g").ok());
+}
+
+TEST(LearnedModelTest, LearnsWhatTheAnalyticalModelMissesAndRanksHeldOutWorkloads) {
+  const std::vector<Sample> samples = Synthetic(4, 30);
+  auto model = LearnedModel::Train(samples);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->samples(), 120);
+  EXPECT_EQ((*model)->groups(), 4);
+  // The correction follows the pattern: one more own loop, about 0.8 more in log time.
+  std::vector<double> f(FeatureNames().size(), 0.0);
+  const double base = (*model)->LogCorrection(f);
+  f[kOwnLoops] = 1;
+  EXPECT_NEAR((*model)->LogCorrection(f) - base, 0.8, 0.1);
+  const std::vector<HeldOut> held = LeaveOneGroupOut(samples);
+  ASSERT_EQ(held.size(), 4u);
+  for (const HeldOut& h : held) {
+    EXPECT_TRUE(h.trained);
+    EXPECT_EQ(h.samples, 30);
+    EXPECT_GT(h.spearman_learned, 0.95) << h.group;
+    EXPECT_LT(h.spearman_analytical, 0.5) << h.group;
+    EXPECT_LT(h.top1_learned, 1.1) << h.group;
+    EXPECT_GE(h.top1_analytical, 1.0) << h.group;
+  }
+}
+
+TEST(LearnedModelTest, RefusesTooLittleDataAndFallsBackToTheAnalyticalRanking) {
+  auto few_groups = LearnedModel::Train(Synthetic(2, 40));
+  EXPECT_EQ(few_groups.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(few_groups.status().message().find("2 workloads"), std::string::npos) << few_groups.status();
+  EXPECT_EQ(LearnedModel::Train(Synthetic(4, 10)).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Three workloads: each held-out one leaves two, not enough; the
+  // learned ranking is then the analytical one.
+  for (const HeldOut& h : LeaveOneGroupOut(Synthetic(3, 30))) {
+    EXPECT_FALSE(h.trained);
+    EXPECT_DOUBLE_EQ(h.spearman_learned, h.spearman_analytical);
+  }
+}
+
+TEST(LearnedModelTest, PersistsAsJson) {
+  const std::vector<Sample> samples = Synthetic(3, 20);
+  auto model = LearnedModel::Train(samples);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto back = LearnedModel::FromJson((*model)->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)->samples(), 60);
+  EXPECT_EQ((*back)->groups(), 3);
+  for (const Sample& s : samples) EXPECT_DOUBLE_EQ((*back)->LogCorrection(s.features), (*model)->LogCorrection(s.features));
+  EXPECT_EQ(LearnedModel::FromJson("not json").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LearnedModel::FromJson("{}").status().code(), absl::StatusCode::kInvalidArgument);
+  std::string other = (*model)->ToJson();
+  other.replace(other.find("own_loops"), 9, "own_loopz");
+  EXPECT_NE(LearnedModel::FromJson(other).status().message().find("other features"), std::string::npos);
+}
+
+// On real nests: the learned prediction is the analytical one scaled by
+// the correction, and a space ranked with the model follows it.
+TEST(LearnedModelTest, CorrectsTheAnalyticalPredictionOfANest) {
+  auto chain = ir::ParseChainText(testing::kGemmChain);
+  hw::TargetDesc target;
+  target.compute_units = 2;
+  target.isa_features = {"avx2", "fma"};
+  target.vector_lanes_f32 = 8;
+  target.bandwidth_bytes_per_s = 1e10;
+  target.peak_flops = 1e11;
+  auto space = space::BuildSpace(*chain, target);
+  ASSERT_TRUE(space.ok()) << space.status();
+  // Measured: analytical times exp(own loops), for three copies of the chain.
+  std::vector<Sample> samples;
+  for (const std::string group : {"a", "b", "c"}) {
+    for (size_t i = 0; i < space->ranked.size() && i < 40; ++i) {
+      const std::string text = space::ScheduleToText(space->ranked[i].schedule, *chain);
+      auto first = MakeSample(*chain, text, target, 1, group);
+      ASSERT_TRUE(first.ok()) << first.status();
+      auto s = MakeSample(*chain, text, target, first->analytical_s * std::exp(first->features[kOwnLoops]), group);
+      samples.push_back(*s);
+    }
+  }
+  auto model = LearnedModel::Train(samples);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::string text = space::ScheduleToText(space->ranked[0].schedule, *chain);
+  auto nest = space::BuildLoopNest(*chain, space->ranked[0].schedule, target);
+  ASSERT_TRUE(nest.ok());
+  const Prediction analytical = model::Predict(*nest, target, *chain);
+  const Prediction learned = (*model)->Predict(*nest, target, *chain);
+  const double c = std::exp((*model)->LogCorrection(NestFeatures(*nest, target, *chain, analytical)));
+  EXPECT_DOUBLE_EQ(learned.t_estm_s, analytical.t_estm_s * c);
+  EXPECT_DOUBLE_EQ(learned.alpha, analytical.alpha);
+  space::SpaceOptions options;
+  options.model = model->get();
+  auto ranked = space::BuildSpace(*chain, target, options);
+  ASSERT_TRUE(ranked.ok());
+  for (size_t i = 1; i < ranked->ranked.size(); ++i) {
+    EXPECT_LE(ranked->ranked[i - 1].prediction.t_estm_s, ranked->ranked[i].prediction.t_estm_s);
+  }
+  // The learned ranking puts fewer own loops first than the analytical one did.
+  auto features_of = [&](const space::Schedule& s) {
+    auto n = space::BuildLoopNest(*chain, s, target);
+    return NestFeatures(*n, target, *chain, model::Predict(*n, target, *chain))[kOwnLoops];
+  };
+  EXPECT_LE(features_of(ranked->ranked[0].schedule), features_of(space->ranked[0].schedule));
+}
+
+TEST(LearnedModelTest, SpearmanRanksWithTies) {
+  EXPECT_DOUBLE_EQ(Spearman({1, 2, 3, 4}, {10, 20, 30, 40}), 1);
+  EXPECT_DOUBLE_EQ(Spearman({1, 2, 3, 4}, {4, 3, 2, 1}), -1);
+  EXPECT_DOUBLE_EQ(Spearman({1, 1, 1}, {1, 2, 3}), 0);  // constant side
+  EXPECT_DOUBLE_EQ(Spearman({1}, {1}), 0);
+  EXPECT_NEAR(Spearman({1, 2, 2, 3}, {1, 2, 3, 4}), 0.9487, 1e-4);
+}
+
+}  // namespace
+}  // namespace fusor::model
