@@ -7,7 +7,7 @@
 //   convergence the default search against a much longer one: how many
 //               candidates and seconds until within 5% of the long
 //               search's best, against measuring the whole pruned space;
-//               --learn-from ranks the default search with a learned model
+//               --learn-from also runs it ranked by a learned model
 //   learned     leave one chain out over saved fidelity measurements: the
 //               learned model (trained on the other chains) against the
 //               analytical one, by Spearman and top-1
@@ -111,10 +111,13 @@ int Fidelity(const Bench& b, int samples, const std::string& save) {
 }
 
 // Runs a search measuring for real; returns (median, seconds since start) per candidate.
+// `patience` 0: the search stops only at its budget (or the space's end).
 std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int patience,
                                               std::shared_ptr<const fusor::model::CostModel> model = nullptr) {
   fusor::search::McfuserSearchOptions options;
-  options.patience = patience;
+  options.patience = patience > 0 ? patience : budget;
+  options.stop_at_bound = patience > 0;
+  const std::string name = model ? model->name() : "analytical";
   options.cost_model = std::move(model);
   auto s = fusor::search::MakeMcfuserSearch(options);
   std::vector<std::pair<double, double>> trace;
@@ -126,6 +129,9 @@ std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int pa
     std::vector<fusor::search::MeasuredResult> results;
     for (const auto& c : batch) {
       double median = b.Measure(c.schedule_text).first;
+      std::cerr << absl::StrFormat("  %s %-50s predicted %9.3f ms  measured %9.3f ms\n",
+                                   name, c.schedule_text,
+                                   c.prediction.t_estm_s * 1e3, median * 1e3);
       trace.push_back({median, std::chrono::duration<double>(Clock::now() - start).count()});
       results.push_back({c.schedule_text, median > 0, median});
     }
@@ -134,40 +140,40 @@ std::vector<std::pair<double, double>> Search(const Bench& b, int budget, int pa
   return trace;
 }
 
-// `model`: what ranks the default search (null: the analytical model);
-// the long search ranks with the analytical one.
-int Convergence(const Bench& b, int budget, int long_budget, std::shared_ptr<const fusor::model::CostModel> model) {
+// The long search ranks with the analytical model; the default search
+// with each of `models` (null: the analytical model), one row each.
+int Convergence(const Bench& b, int budget, int long_budget,
+                const std::vector<std::shared_ptr<const fusor::model::CostModel>>& models) {
   auto space = fusor::space::BuildSpace(b.chain, b.target);
   if (!space.ok()) return std::cerr << space.status() << "\n", 1;
-  auto long_trace = Search(b, long_budget, 1000);
+  auto long_trace = Search(b, long_budget, 0);
   double best_long = 0, spent_long = long_trace.empty() ? 0 : long_trace.back().second;
   for (auto [m, t] : long_trace) {
     if (m > 0 && (best_long == 0 || m < best_long)) best_long = m;
   }
-  auto trace = Search(b, budget, fusor::search::McfuserSearchOptions().patience, std::move(model));
-  double best = 0;
-  int reached_n = -1;
-  double reached_s = 0;
-  for (size_t i = 0; i < trace.size(); ++i) {
-    if (trace[i].first > 0 && (best == 0 || trace[i].first < best)) best = trace[i].first;
-    if (reached_n < 0 && best > 0 && best <= 1.05 * best_long) {
-      reached_n = static_cast<int>(i + 1);
-      reached_s = trace[i].second;
-    }
-  }
   const double per_candidate = long_trace.empty() ? 0 : spent_long / long_trace.size();
-  std::cout << absl::StrFormat("| %s | %.3f ms (%zu measured, %.0f s) | %.3f ms after %zu (%.0f s) | %s | %.0f s |\n",
-                               b.chain.name, best_long * 1e3, long_trace.size(), spent_long, best * 1e3, trace.size(),
-                               trace.empty() ? 0 : trace.back().second,
-                               reached_n > 0 ? absl::StrFormat("%d candidates, %.0f s", reached_n, reached_s)
-                                             : std::string("not reached"),
-                               per_candidate * space->ranked.size());
+  for (const auto& model : models) {
+    auto trace = Search(b, budget, fusor::search::McfuserSearchOptions().patience, model);
+    double best = 0;
+    int reached_n = -1;
+    double reached_s = 0;
+    for (size_t i = 0; i < trace.size(); ++i) {
+      if (trace[i].first > 0 && (best == 0 || trace[i].first < best)) best = trace[i].first;
+      if (reached_n < 0 && best > 0 && best <= 1.05 * best_long) {
+        reached_n = static_cast<int>(i + 1);
+        reached_s = trace[i].second;
+      }
+    }
+    std::cout << absl::StrFormat(
+        "| %s | %s | %.3f ms (%zu measured, %.0f s) | %.3f ms after %zu (%.0f s), %+.1f%% | %s | %.0f s |\n",
+        b.chain.name, model ? model->name() : "analytical", best_long * 1e3, long_trace.size(), spent_long,
+        best * 1e3, trace.size(), trace.empty() ? 0 : trace.back().second, best_long > 0 ? (best / best_long - 1) * 100 : 0,
+        reached_n > 0 ? absl::StrFormat("%d candidates, %.0f s", reached_n, reached_s) : std::string("not reached"),
+        per_candidate * space->ranked.size());
+  }
   return 0;
 }
 
-// Leave one chain out over what `fidelity --save` wrote: for each chain,
-// the learned model trained on the others ranks its schedules, against
-// the analytical model. `features_csv`: every sample's features and times.
 // The samples of what `fidelity --save` wrote to `files`, with their
 // features on `cpu` (at the W and P they were predicted with).
 absl::StatusOr<std::vector<fusor::model::Sample>> LoadSamples(const fusor::hw::TargetDesc& cpu,
@@ -278,16 +284,16 @@ int main(int argc, char** argv) {
   b.target.peak_flops = out.peak_flops;
   if (mode == "fidelity") return Fidelity(b, samples, save);
   if (mode == "convergence") {
-    std::shared_ptr<const fusor::model::CostModel> model;
+    std::vector<std::shared_ptr<const fusor::model::CostModel>> models = {nullptr};
     if (!learn_from.empty()) {
       auto samples = LoadSamples(b.target, learn_from);
       if (!samples.ok()) return std::cerr << samples.status() << "\n", 1;
       std::erase_if(*samples, [&](const fusor::model::Sample& s) { return s.group == b.chain.name; });
       auto learned = fusor::model::LearnedModel::Train(*samples);
       if (!learned.ok()) return std::cerr << learned.status() << "\n", 1;
-      model = *learned;
+      models.push_back(*learned);
     }
-    return Convergence(b, budget, long_budget, std::move(model));
+    return Convergence(b, budget, long_budget, models);
   }
   std::cerr << "unknown mode " << mode << "\n";
   return 2;

@@ -52,8 +52,12 @@ class Backend {
   // One line for the log: the machine and what the worker will do.
   virtual std::string Summary(const hw::TargetDesc& target) const = 0;
   // How many jobs a worker compiles ahead of the one being measured, by
-  // default: only where compiling does not disturb the timing.
+  // default.
   virtual int DefaultCompileAhead() const = 0;
+  // Whether jobs may compile while another is measured: false where the
+  // compiler would take cores from the measurement (a CPU); the jobs
+  // compiled ahead then compile together before the next measurement.
+  virtual bool CompilesDuringMeasurement() const = 0;
 
   // In a job's child process (worker/job.h). Calibrate measures W and P;
   // Build emits and compiles the job's kernel (or baseline) into `dir`;

@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
                  "length of each calibration microbenchmark (0: skip, the model then uses defaults)")
       ->capture_default_str();
   app.add_option("--compile-ahead", options.compile_ahead,
-                 "jobs compiled while another is measured (-1: 2 on a GPU, 0 on a CPU, where compiling would "
-                 "disturb the measurement)")
+                 "jobs compiled ahead of the measurement (-1: 2 on a GPU, while another is measured; 3 on a CPU, "
+                 "together before the next measurement, never beside one)")
       ->check(CLI::Range(-1, 8))
       ->capture_default_str();
   std::string token = Env("FUSOR_TOKEN");

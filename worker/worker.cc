@@ -79,8 +79,10 @@ absl::Status Worker::Prepare() {
     ASSIGN_OR_RETURN(target_, backend->Describe(machine));
   }
   if (options_.compile_ahead < 0) options_.compile_ahead = backend->DefaultCompileAhead();
+  compile_during_measurement_ = backend->CompilesDuringMeasurement();
   RETURN_IF_ERROR(Calibrate());
-  Log()->info("{}; compiling {} job(s) ahead of the measurement", backend->Summary(target_), options_.compile_ahead);
+  Log()->info("{}; compiling {} job(s) ahead of the measurement{}", backend->Summary(target_), options_.compile_ahead,
+              compile_during_measurement_ ? "" : ", never while one runs");
   return absl::OkStatus();
 }
 
@@ -217,6 +219,13 @@ absl::Status Worker::Run() {
       }
     }
     if (pending.empty() || stop_) continue;
+    // Where compiling would disturb the timing, what compiles ahead
+    // finishes before the measurement starts.
+    if (!compile_during_measurement_) {
+      for (Pending& p : pending) {
+        if (p.compiled.valid()) p.compiled.wait();
+      }
+    }
     Finish(pending.front());
     pending.pop_front();
   }

@@ -1,8 +1,9 @@
 // fusor-worker's daemon logic: describe and calibrate this machine,
 // register with the scheduler, then lease jobs, run each in an isolated
-// child process and report what it measured. On a GPU the next jobs
-// compile in their own children while the device measures the current
-// one (compile_ahead); measurements never overlap. Workers dial out; the
+// child process and report what it measured. The next jobs compile in
+// their own children ahead of the measurement (compile_ahead): on a GPU
+// while the device measures the current one, on a CPU together before it
+// (never beside it); measurements never overlap. Workers dial out; the
 // scheduler never connects to them.
 #pragma once
 
@@ -38,9 +39,9 @@ struct WorkerOptions {
   std::string scratch_dir = "/tmp";
   std::string self_exe;           // this executable; runs jobs as `self_exe __run-job DIR`
   double calibration_s = 0.4;     // per microbenchmark; 0 skips calibration
-  // Jobs compiled (each in its own child) while the device measures
-  // another; -1: 2 on a GPU, 0 on a CPU, whose cores the compiler would
-  // take from the measurement.
+  // Jobs compiled (each in its own child) ahead of the measurement; -1: 2
+  // on a GPU (while the device measures another), 3 on a CPU (together,
+  // before the next measurement: its cores are the measurement's).
   int compile_ahead = -1;
   absl::Duration lease_wait = absl::Seconds(5);
   wire::RetryPolicy rpc;
@@ -85,6 +86,7 @@ class Worker {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   WorkerOptions options_;
   hw::TargetDesc target_;
+  bool compile_during_measurement_ = true;  // Backend::CompilesDuringMeasurement
   // The current registration; written by Register on the Run thread while
   // the heartbeat thread reads it, so guarded by mu_.
   std::string worker_id_;

@@ -1,7 +1,9 @@
 #include "common/ir/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -114,6 +116,35 @@ void ForEachPoint(const std::vector<int>& dims, const Chain& chain, std::vector<
   }
 }
 
+// Runs fn(w, rest) on threads that split the largest of `dims` among
+// them: w is a thread's copy of `v` with that dim set (fn iterates `rest`,
+// the other dims, itself). One thread for small work.
+template <typename Fn>
+void ParallelOver(const std::vector<int>& dims, const Chain& chain, const std::vector<int64_t>& v, Fn&& fn) {
+  if (dims.empty()) {
+    std::vector<int64_t> w = v;
+    fn(w, dims);
+    return;
+  }
+  const int split = *std::max_element(dims.begin(), dims.end(), [&](int a, int b) {
+    return chain.dims[a].extent < chain.dims[b].extent;
+  });
+  std::vector<int> rest;
+  for (int d : dims) {
+    if (d != split) rest.push_back(d);
+  }
+  const int64_t extent = chain.dims[split].extent;
+  const int64_t threads = std::min<int64_t>(extent, std::max(1u, std::thread::hardware_concurrency()));
+  auto part = [&](int64_t t) {
+    std::vector<int64_t> w = v;
+    for (w[split] = t; w[split] < extent; w[split] += threads) fn(w, rest);
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(part, t);
+  part(0);
+  for (std::thread& t : pool) t.join();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
@@ -157,32 +188,43 @@ absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
     if (op.kind == OpKind::kSum) {
       double scale = 1;
       std::vector<const FlatAccess*> factors;
-      bool product = ProductFactors(body, scale, factors);
-      int inner = op.reduce.back();
-      std::vector<int> outer_reduce(op.reduce.begin(), op.reduce.end() - 1);
-      int64_t inner_extent = chain.dims[inner].extent;
-      ForEachPoint(op.index, chain, v, [&] {
-        double acc = 0;
-        ForEachPoint(outer_reduce, chain, v, [&] {
-          if (product) {
-            v[inner] = 0;
-            std::vector<int64_t> off(factors.size());
-            std::vector<int64_t> step(factors.size());
+      const bool product = ProductFactors(body, scale, factors);
+      const int inner = op.reduce.back();
+      const std::vector<int> outer_reduce(op.reduce.begin(), op.reduce.end() - 1);
+      const int64_t inner_extent = chain.dims[inner].extent;
+      // Each output point is summed in the same order whichever thread
+      // computes it: the result does not depend on the threads.
+      ParallelOver(op.index, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
+        std::vector<int64_t> off(factors.size()), step(factors.size());
+        ForEachPoint(rest, chain, w, [&] {
+          double acc = 0;
+          ForEachPoint(outer_reduce, chain, w, [&] {
+            if (!product) {
+              for (w[inner] = 0; w[inner] < inner_extent; ++w[inner]) acc += Eval(body, w);
+              return;
+            }
+            w[inner] = 0;
             for (size_t f = 0; f < factors.size(); ++f) {
               off[f] = factors[f]->base;
-              for (size_t d = 0; d < v.size(); ++d) off[f] += factors[f]->stride[d] * v[d];
+              for (size_t d = 0; d < w.size(); ++d) off[f] += factors[f]->stride[d] * w[d];
               step[f] = factors[f]->stride[inner];
+            }
+            if (factors.size() == 2) {  // the common case, as the loop below computes it
+              const double* a = factors[0]->data + off[0];
+              const double* b = factors[1]->data + off[1];
+              for (int64_t i = 0; i < inner_extent; ++i) acc += scale * a[i * step[0]] * b[i * step[1]];
+              return;
             }
             for (int64_t i = 0; i < inner_extent; ++i) {
               double p = scale;
               for (size_t f = 0; f < factors.size(); ++f) p *= factors[f]->data[off[f] + i * step[f]];
               acc += p;
             }
-          } else {
-            for (v[inner] = 0; v[inner] < inner_extent; ++v[inner]) acc += Eval(body, v);
-          }
+          });
+          int64_t at = 0;
+          for (int d : op.index) at += out_stride[d] * w[d];
+          out[at] = acc;
         });
-        out[out_offset()] = acc;
       });
     } else if (op.kind == OpKind::kMap) {
       ForEachPoint(op.index, chain, v, [&] { out[out_offset()] = Eval(body, v); });

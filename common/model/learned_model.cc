@@ -195,8 +195,14 @@ absl::StatusOr<std::shared_ptr<const LearnedModel>> LearnedModel::Train(const st
   const double n = static_cast<double>(samples.size());
   model->mean_.assign(d, 0);
   model->scale_.assign(d, 1);
+  model->low_ = samples[0].features;
+  model->high_ = samples[0].features;
   for (const Sample& s : samples) {
-    for (size_t j = 0; j < d; ++j) model->mean_[j] += s.features[j] / n;
+    for (size_t j = 0; j < d; ++j) {
+      model->mean_[j] += s.features[j] / n;
+      model->low_[j] = std::min(model->low_[j], s.features[j]);
+      model->high_[j] = std::max(model->high_[j], s.features[j]);
+    }
   }
   for (size_t j = 0; j < d; ++j) {
     double var = 0;
@@ -235,10 +241,9 @@ absl::StatusOr<std::shared_ptr<const LearnedModel>> LearnedModel::Train(const st
 double LearnedModel::LogCorrection(const std::vector<double>& features) const {
   double y = bias_;
   for (size_t j = 0; j < weights_.size() && j < features.size(); ++j) {
-    y += weights_[j] * (features[j] - mean_[j]) / scale_[j];
+    y += weights_[j] * (std::clamp(features[j], low_[j], high_[j]) - mean_[j]) / scale_[j];
   }
-  // Bounded: a nest unlike anything measured is not scaled beyond 100x.
-  return std::clamp(y, -4.6, 4.6);
+  return std::clamp(y, -3.0, 3.0);
 }
 
 Prediction LearnedModel::Predict(const space::LoopNest& nest, const hw::TargetDesc& target,
@@ -257,6 +262,8 @@ std::string LearnedModel::ToJson() const {
   j["features"] = FeatureNames();
   j["mean"] = mean_;
   j["scale"] = scale_;
+  j["low"] = low_;
+  j["high"] = high_;
   j["weights"] = weights_;
   j["bias"] = bias_;
   j["samples"] = samples_;
@@ -275,6 +282,8 @@ absl::StatusOr<std::shared_ptr<const LearnedModel>> LearnedModel::FromJson(const
     }
     model->mean_ = j.at("mean").get<std::vector<double>>();
     model->scale_ = j.at("scale").get<std::vector<double>>();
+    model->low_ = j.at("low").get<std::vector<double>>();
+    model->high_ = j.at("high").get<std::vector<double>>();
     model->weights_ = j.at("weights").get<std::vector<double>>();
     model->bias_ = j.at("bias").get<double>();
     model->samples_ = j.at("samples").get<int>();
@@ -284,6 +293,7 @@ absl::StatusOr<std::shared_ptr<const LearnedModel>> LearnedModel::FromJson(const
   }
   const size_t d = FeatureNames().size();
   if (model->mean_.size() != d || model->scale_.size() != d || model->weights_.size() != d ||
+      model->low_.size() != d || model->high_.size() != d ||
       std::any_of(model->scale_.begin(), model->scale_.end(), [](double s) { return !(s > 0); })) {
     return absl::InvalidArgumentError("a learned model's vectors do not match its features");
   }

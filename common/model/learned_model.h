@@ -8,6 +8,10 @@
 // measured often must not pull the weights towards its own level; b is
 // then the mean residual over every sample, so that times stay absolute.
 //
+// A feature is clipped to the range it had in training, and the
+// correction to a factor of 20 either way: the search takes the minimum
+// over a whole space, where a linear model's extrapolations would win.
+//
 // The features (NestFeatures) are what the analytical model leaves out or
 // folds into one number: the shares of memory and compute, the last wave,
 // padding, blocks against cores, the stream loop and its split, scratch
@@ -72,6 +76,7 @@ class LearnedModel final : public CostModel {
 
  private:
   std::vector<double> mean_, scale_, weights_;
+  std::vector<double> low_, high_;  // each feature's range in training: beyond it, clipped
   double bias_ = 0;
   int samples_ = 0, groups_ = 0;
 };

@@ -119,12 +119,12 @@ class McfuserSearch : public SearchStrategy {
     }
     ++rounds_;
     stale_rounds_ = improved ? 0 : stale_rounds_ + 1;
-    at_floor_ = AtTheModelsFloor();
+    at_bound_ = AtTheConfidenceBound();
   }
 
   bool Done() const override {
     return num_proposed_ >= task_.budget || num_proposed_ >= static_cast<int>(space_.ranked.size()) ||
-           (rounds_ >= 2 && stale_rounds_ >= options_.patience) || at_floor_;
+           (rounds_ >= 2 && stale_rounds_ >= options_.patience) || at_bound_;
   }
 
   space::SpaceStats Stats() const override { return space_.stats; }
@@ -132,22 +132,16 @@ class McfuserSearch : public SearchStrategy {
  private:
   bool Exhaustive() const { return static_cast<int>(space_.ranked.size()) <= options_.exhaustive_limit; }
 
-  // The confidence bound: the model's error on this task is the spread
-  // (root mean square) of the measured candidates' log(measured /
-  // predicted) around their median; an unproposed schedule could measure
-  // as fast as its score divided by e^(2 spread) (about 1 in 40 when the
-  // errors are normal). When the best measured is at or below that for
-  // every unproposed schedule, measuring more is not expected to find a
-  // faster one. Needs two rounds and 8 candidates measured.
-  bool AtTheModelsFloor() const {
+  // The confidence bound (McfuserSearchOptions::stop_at_bound).
+  bool AtTheConfidenceBound() const {
     std::vector<double> errors;
     for (const Measured& m : measured_) {
       if (m.median_s > 0) errors.push_back(std::log(m.ratio) - typical_log_ratio_);
     }
-    if (rounds_ < 2 || errors.size() < 8 || best_s_ <= 0) return false;
+    if (!options_.stop_at_bound || rounds_ < 2 || errors.size() < 8 || best_s_ <= 0) return false;
     double square = 0;
     for (double e : errors) square += e * e;
-    const double spread = std::sqrt(square / static_cast<double>(errors.size() - 1));
+    const double spread = std::max(options_.min_error_spread, std::sqrt(square / static_cast<double>(errors.size() - 1)));
     const double bound = best_s_ * std::exp(2 * spread);
     for (size_t i = 0; i < proposed_.size(); ++i) {
       if (!proposed_[i] && Score(static_cast<int>(i)) < bound) return false;
@@ -362,7 +356,7 @@ class McfuserSearch : public SearchStrategy {
   double best_s_ = 0;
   int rounds_ = 0;
   int stale_rounds_ = 0;
-  bool at_floor_ = false;  // AtTheModelsFloor after the last results
+  bool at_bound_ = false;  // AtTheConfidenceBound after the last results
   std::mt19937_64 rng_;
 };
 

@@ -61,13 +61,24 @@ class SearchStrategy {
 // measurements: each tiling expression's predictions are scaled by how far
 // its measured candidates were from their predictions, so schedules the
 // model over-rated sink. Stops at the budget, when the space is exhausted,
-// or after `patience` rounds without a better measurement.
+// after `patience` rounds without a better measurement, or at the
+// confidence bound: the model's error on the task is taken as the spread
+// (root mean square) of the measured candidates' log(measured / predicted)
+// around their median, but at least `min_error_spread`; when every
+// unproposed schedule's score divided by e^(2 x that spread) is still no
+// faster than the best measured (after two rounds and 8 measured), nothing
+// left is expected to beat it. The floor on the spread is there because
+// the candidates a search measures are alike: on the CPU their spread
+// around the model was 0.02-0.12 while across each chain's space it was
+// 0.18-0.38 (bench/RESULTS.md, "A cost model learned from the database").
 struct McfuserSearchOptions {
   // What ranks the space and selects children; null: the analytical model.
   std::shared_ptr<const model::CostModel> cost_model;
   space::SpaceOptions space;  // its `model` is set from cost_model
   int exhaustive_limit = 64;
   int patience = 4;
+  bool stop_at_bound = true;
+  double min_error_spread = 0.25;
   int population = 64;
   uint64_t seed = 1;
 };

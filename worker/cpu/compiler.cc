@@ -1,5 +1,7 @@
 #include "worker/cpu/compiler.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +18,25 @@
 
 namespace fusor::worker {
 namespace {
+
+// Blocks until this process holds an exclusive flock on `path` (created if
+// needed); released when destroyed or when the process dies. Without the
+// file, nothing is held.
+class BlockingLock {
+ public:
+  explicit BlockingLock(const std::string& path) : fd_(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    while (fd_ >= 0 && flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  ~BlockingLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+  BlockingLock(const BlockingLock&) = delete;
+  BlockingLock& operator=(const BlockingLock&) = delete;
+
+ private:
+  int fd_;
+};
 
 // `kernel`'s source with its preamble replaced by an #include of the
 // precompiled copy in `pch_dir` (built here first when it is not there
@@ -37,27 +58,33 @@ std::string WithPrecompiledPreamble(const codegen::KernelSource& kernel, const s
   // A compiler that could not build it once is not asked again.
   if (std::filesystem::exists(header + ".failed", ec)) return kernel.source;
   if (!std::filesystem::exists(header + ".gch", ec)) {
-    // Written aside and renamed, so that another job sees all of it or nothing.
+    // One job builds it; the others (compiling ahead, together) wait for it.
     std::filesystem::create_directories(pch_dir, ec);
-    const std::string part = absl::StrCat(header, ".", getpid());
-    {
-      std::ofstream f(part);
-      f << preamble;
-      if (!f) return kernel.source;
+    BlockingLock building(header + ".lock");
+    if (std::filesystem::exists(header + ".failed", ec)) return kernel.source;
+    if (!std::filesystem::exists(header + ".gch", ec)) {
+      // Written aside and renamed, so that a job that did not wait (an
+      // older worker's) sees all of it or nothing.
+      const std::string part = absl::StrCat(header, ".", getpid());
+      {
+        std::ofstream f(part);
+        f << preamble;
+        if (!f) return kernel.source;
+      }
+      std::filesystem::rename(part, header, ec);
+      std::vector<std::string> argv = {compiler};
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      argv.insert(argv.end(), {"-x", "c++-header", "-o", part + ".gch", header});
+      auto run = RunProcess(argv, part + ".log", timeout_s);
+      std::filesystem::remove(part + ".log", ec);
+      if (!run.ok() || run->timed_out || run->signaled || run->exit_code != 0) {
+        std::filesystem::remove(part + ".gch", ec);
+        std::ofstream(header + ".failed") << "the precompiled header could not be built\n";
+        return kernel.source;
+      }
+      std::filesystem::rename(part + ".gch", header + ".gch", ec);
+      if (ec) return kernel.source;
     }
-    std::filesystem::rename(part, header, ec);
-    std::vector<std::string> argv = {compiler};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    argv.insert(argv.end(), {"-x", "c++-header", "-o", part + ".gch", header});
-    auto run = RunProcess(argv, part + ".log", timeout_s);
-    std::filesystem::remove(part + ".log", ec);
-    if (!run.ok() || run->timed_out || run->signaled || run->exit_code != 0) {
-      std::filesystem::remove(part + ".gch", ec);
-      std::ofstream(header + ".failed") << "the precompiled header could not be built\n";
-      return kernel.source;
-    }
-    std::filesystem::rename(part + ".gch", header + ".gch", ec);
-    if (ec) return kernel.source;
   }
   return absl::StrCat(kernel.source.substr(0, at), "#include \"", header, "\"\n",
                       kernel.source.substr(at + preamble.size()));

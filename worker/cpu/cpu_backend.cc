@@ -231,7 +231,10 @@ class Cpu final : public Backend {
   }
 
   // Compiling beside a CPU measurement would take the cores it times.
-  int DefaultCompileAhead() const override { return 0; }
+  // A round of the search is 4 jobs: they compile together, two at a
+  // time on two cores, before the first is measured.
+  int DefaultCompileAhead() const override { return 3; }
+  bool CompilesDuringMeasurement() const override { return false; }
 
   JobOutcome Calibrate(const JobSpec& spec, const std::string& dir) const override { return CalibrateCpu(spec, dir); }
   JobOutcome Build(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) const override {

@@ -34,6 +34,7 @@ class Cuda final : public Backend {
 
   // NVRTC runs on the CPU while the GPU measures.
   int DefaultCompileAhead() const override { return 2; }
+  bool CompilesDuringMeasurement() const override { return true; }
 
   JobOutcome Calibrate(const JobSpec& spec, const std::string&) const override { return CalibrateCudaJob(spec); }
   JobOutcome Build(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) const override {

@@ -17,7 +17,7 @@ constexpr int kOwnLoops = 17;  // FeatureNames()[17]
 constexpr int kPadding = 2;
 
 // Samples of `groups` workloads whose measured times follow the analytical
-// ones times exp(0.8 * own_loops - 1.2 * padding), plus a level per
+// ones times exp(0.4 * own_loops - 0.6 * padding), plus a level per
 // workload and a little noise: a pattern the analytical model misses.
 std::vector<Sample> Synthetic(int groups, int per_group, uint64_t seed = 7) {
   std::mt19937_64 rng(seed);
@@ -31,7 +31,7 @@ std::vector<Sample> Synthetic(int groups, int per_group, uint64_t seed = 7) {
       for (size_t j = 0; j < FeatureNames().size(); ++j) s.features.push_back(normal(rng));
       s.analytical_s = 1e-3 * std::exp(0.3 * normal(rng));
       s.measured_s = s.analytical_s *
-                     std::exp(level + 0.8 * s.features[kOwnLoops] - 1.2 * s.features[kPadding] + 0.05 * normal(rng));
+                     std::exp(level + 0.4 * s.features[kOwnLoops] - 0.6 * s.features[kPadding] + 0.03 * normal(rng));
       out.push_back(s);
     }
   }
@@ -59,17 +59,22 @@ TEST(LearnedModelTest, LearnsWhatTheAnalyticalModelMissesAndRanksHeldOutWorkload
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->samples(), 120);
   EXPECT_EQ((*model)->groups(), 4);
-  // The correction follows the pattern: one more own loop, about 0.8 more in log time.
+  // The correction follows the pattern: one more own loop, about 0.4 more in log time.
   std::vector<double> f(FeatureNames().size(), 0.0);
   const double base = (*model)->LogCorrection(f);
   f[kOwnLoops] = 1;
-  EXPECT_NEAR((*model)->LogCorrection(f) - base, 0.8, 0.1);
+  EXPECT_NEAR((*model)->LogCorrection(f) - base, 0.4, 0.05);
+  // Beyond the range seen in training a feature is clipped.
+  f[kOwnLoops] = 100;
+  const double far = (*model)->LogCorrection(f);
+  f[kOwnLoops] = 1000;
+  EXPECT_DOUBLE_EQ((*model)->LogCorrection(f), far);
   const std::vector<HeldOut> held = LeaveOneGroupOut(samples);
   ASSERT_EQ(held.size(), 4u);
   for (const HeldOut& h : held) {
     EXPECT_TRUE(h.trained);
     EXPECT_EQ(h.samples, 30);
-    EXPECT_GT(h.spearman_learned, 0.95) << h.group;
+    EXPECT_GT(h.spearman_learned, 0.9) << h.group;
     EXPECT_LT(h.spearman_analytical, 0.5) << h.group;
     EXPECT_LT(h.top1_learned, 1.1) << h.group;
     EXPECT_GE(h.top1_analytical, 1.0) << h.group;

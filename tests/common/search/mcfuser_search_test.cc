@@ -128,26 +128,38 @@ TEST(McfuserSearchTest, StopsAfterRoundsWithoutImprovement) {
 }
 
 // The confidence bound: when every candidate measures what the model
-// predicted (times one factor), the model's error is nil and nothing
-// unproposed is predicted faster than the best measured: the search stops
-// after two rounds and 8 candidates, far below its budget and patience.
-// With errors of a factor up to 2 around the predictions it goes on.
+// predicted (times one factor) and the model's error is taken as nil,
+// nothing unproposed is predicted faster than the best measured: the
+// search stops after two rounds and 8 candidates, far below its budget and
+// patience. With the default floor on the error (many schedules score
+// within e^0.5 of the best), or with errors of a factor up to 2, it goes on.
 TEST(McfuserSearchTest, StopsWhenNothingLeftIsExpectedToBeatTheBest) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
+  auto exactly = [](const CandidateSpec& c) { return 3 * c.prediction.t_estm_s; };
   McfuserSearchOptions options;
   options.patience = 100;
+  options.min_error_spread = 0;
   auto exact = MakeMcfuserSearch(options);
   ASSERT_TRUE(exact->Initialize({&*chain, Cpu(), 100}).ok());
-  EXPECT_EQ(Drive(*exact, 4, [](const CandidateSpec& c) { return 3 * c.prediction.t_estm_s; }).size(), 8u);
+  EXPECT_EQ(Drive(*exact, 4, exactly).size(), 8u);
   EXPECT_TRUE(exact->Done());
   auto noisy = MakeMcfuserSearch(options);
   ASSERT_TRUE(noisy->Initialize({&*chain, Cpu(), 40}).ok());
   int calls = 0;
-  const auto order = Drive(*noisy, 4, [&](const CandidateSpec& c) {
-    constexpr double kErrors[] = {1.0, 1.9, 0.6, 1.4, 0.8, 2.0, 1.2, 0.5};
-    return c.prediction.t_estm_s * kErrors[calls++ % 8];
-  });
-  EXPECT_GT(order.size(), 8u);
+  EXPECT_GT(Drive(*noisy, 4, [&](const CandidateSpec& c) {
+              constexpr double kErrors[] = {1.0, 1.9, 0.6, 1.4, 0.8, 2.0, 1.2, 0.5};
+              return c.prediction.t_estm_s * kErrors[calls++ % 8];
+            }).size(),
+            8u);
+  options.min_error_spread = McfuserSearchOptions().min_error_spread;
+  auto floored = MakeMcfuserSearch(options);
+  ASSERT_TRUE(floored->Initialize({&*chain, Cpu(), 40}).ok());
+  EXPECT_GT(Drive(*floored, 4, exactly).size(), 8u);
+  options.stop_at_bound = false;
+  options.min_error_spread = 0;
+  auto off = MakeMcfuserSearch(options);
+  ASSERT_TRUE(off->Initialize({&*chain, Cpu(), 40}).ok());
+  EXPECT_EQ(Drive(*off, 4, exactly).size(), 40u);
 }
 
 TEST(McfuserSearchTest, FailsClearlyWhenNothingFits) {
