@@ -194,38 +194,66 @@ absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
       const int64_t inner_extent = chain.dims[inner].extent;
       // Each output point is summed in the same order whichever thread
       // computes it: the result does not depend on the threads.
-      ParallelOver(op.index, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
-        std::vector<int64_t> off(factors.size()), step(factors.size());
-        ForEachPoint(rest, chain, w, [&] {
-          double acc = 0;
-          ForEachPoint(outer_reduce, chain, w, [&] {
-            if (!product) {
-              for (w[inner] = 0; w[inner] < inner_extent; ++w[inner]) acc += Eval(body, w);
-              return;
-            }
-            w[inner] = 0;
-            for (size_t f = 0; f < factors.size(); ++f) {
-              off[f] = factors[f]->base;
-              for (size_t d = 0; d < w.size(); ++d) off[f] += factors[f]->stride[d] * w[d];
-              step[f] = factors[f]->stride[inner];
-            }
-            if (factors.size() == 2) {  // the common case, as the loop below computes it
-              const double* a = factors[0]->data + off[0];
-              const double* b = factors[1]->data + off[1];
-              for (int64_t i = 0; i < inner_extent; ++i) acc += scale * a[i * step[0]] * b[i * step[1]];
-              return;
-            }
-            for (int64_t i = 0; i < inner_extent; ++i) {
-              double p = scale;
-              for (size_t f = 0; f < factors.size(); ++f) p *= factors[f]->data[off[f] + i * step[f]];
-              acc += p;
-            }
+      const int lane = op.index.empty() ? -1 : op.index.back();
+      if (product && factors.size() == 2 && lane >= 0) {
+        // A product of two: a row of points along the output's last dim at
+        // once, under the reduction loops, so that the loads run along the
+        // row (each point still sums in the order of the loop below).
+        const FlatAccess& fa = *factors[0];
+        const FlatAccess& fb = *factors[1];
+        const int64_t n = chain.dims[lane].extent;
+        const std::vector<int> rows(op.index.begin(), op.index.end() - 1);
+        ParallelOver(rows, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
+          std::vector<double> acc(n);
+          ForEachPoint(rest, chain, w, [&] {
+            std::fill(acc.begin(), acc.end(), 0.0);
+            w[lane] = 0;
+            ForEachPoint(outer_reduce, chain, w, [&] {
+              w[inner] = 0;
+              int64_t oa = fa.base, ob = fb.base;
+              for (size_t d = 0; d < w.size(); ++d) {
+                oa += fa.stride[d] * w[d];
+                ob += fb.stride[d] * w[d];
+              }
+              for (int64_t i = 0; i < inner_extent; ++i) {
+                const double* a = fa.data + oa + i * fa.stride[inner];
+                const double* b = fb.data + ob + i * fb.stride[inner];
+                for (int64_t j = 0; j < n; ++j) acc[j] += scale * a[j * fa.stride[lane]] * b[j * fb.stride[lane]];
+              }
+            });
+            int64_t at = 0;
+            for (int d : op.index) at += out_stride[d] * w[d];
+            for (int64_t j = 0; j < n; ++j) out[at + j * out_stride[lane]] = acc[j];
           });
-          int64_t at = 0;
-          for (int d : op.index) at += out_stride[d] * w[d];
-          out[at] = acc;
         });
-      });
+      } else {
+        ParallelOver(op.index, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
+          std::vector<int64_t> off(factors.size()), step(factors.size());
+          ForEachPoint(rest, chain, w, [&] {
+            double acc = 0;
+            ForEachPoint(outer_reduce, chain, w, [&] {
+              if (!product) {
+                for (w[inner] = 0; w[inner] < inner_extent; ++w[inner]) acc += Eval(body, w);
+                return;
+              }
+              w[inner] = 0;
+              for (size_t f = 0; f < factors.size(); ++f) {
+                off[f] = factors[f]->base;
+                for (size_t d = 0; d < w.size(); ++d) off[f] += factors[f]->stride[d] * w[d];
+                step[f] = factors[f]->stride[inner];
+              }
+              for (int64_t i = 0; i < inner_extent; ++i) {
+                double p = scale;
+                for (size_t f = 0; f < factors.size(); ++f) p *= factors[f]->data[off[f] + i * step[f]];
+                acc += p;
+              }
+            });
+            int64_t at = 0;
+            for (int d : op.index) at += out_stride[d] * w[d];
+            out[at] = acc;
+          });
+        });
+      }
     } else if (op.kind == OpKind::kMap) {
       ForEachPoint(op.index, chain, v, [&] { out[out_offset()] = Eval(body, v); });
     } else {

@@ -108,9 +108,9 @@ std::vector<double> NestFeatures(const space::LoopNest& nest, const hw::TargetDe
       scalar_time += t;
     }
   }
-  // Over the sum ops on an intrinsic, weighted by their FLOPs: how much of
-  // the micro-kernel's register block the tile fills, its reduction depth
-  // and its area.
+  // Over the sum ops on an intrinsic, weighted by their accumulator's
+  // size: how much of the micro-kernel's register block the tile fills,
+  // its reduction depth and its area.
   double fill = 0, k_tile = 0, area = 0, weight = 0;
   int own_loops = 0;
   for (const space::OpNest& on : nest.ops) {

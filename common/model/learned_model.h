@@ -14,9 +14,11 @@
 //
 // The features (NestFeatures) are what the analytical model leaves out or
 // folds into one number: the shares of memory and compute, the last wave,
-// padding, blocks against cores, the stream loop and its split, scratch
-// against the caches, the work a micro-kernel call does, packing, the
-// accumulators' extra traffic and the scalar code's share.
+// padding, blocks against cores, the stream loop (its steps and split),
+// scratch against the caches, the FLOPs a micro-kernel call does, inputs
+// re-read and outputs re-written, a split loop's partial sums, the scalar
+// code's share, the tiles against the micro-kernel's register block, own
+// loops, and on a GPU registers, warps and stages.
 #pragma once
 
 #include <memory>
