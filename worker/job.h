@@ -47,8 +47,8 @@ struct JobSpec {
   double compile_timeout_s = 120;
   double run_timeout_s = 120;  // validation + timing, after compiling
   uint64_t seed = 1;          // of the validation inputs (TaskInputSeed: one of the task's sets)
-  // What the worker keeps across jobs (empty: nothing): references/ (CachedReference) and
-  // preamble/ (CompileKernel's precompiled preamble).
+  // What the worker keeps across jobs (empty: nothing): references/ (CachedReference),
+  // preamble/ (CompileKernel's precompiled preamble) and objects/ (its compiled kernels).
   std::string cache_dir;
   int device = 0;  // CUDA targets: the GPU's ordinal
 };

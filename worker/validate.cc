@@ -14,6 +14,7 @@
 #include "common/codegen/cpu/prelude.h"
 #include "common/ir/parse.h"
 #include "common/ir/reference.h"
+#include "common/util/files.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
 
@@ -138,27 +139,6 @@ std::optional<Outputs> ReadReference(const std::string& path, const ir::Chain& c
   return out;
 }
 
-// Removes the least recently used files of `dir` until they fit in
-// `max_bytes`, never `keep`.
-void EvictReferences(const std::string& dir, int64_t max_bytes, const std::string& keep) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::vector<std::pair<fs::file_time_type, fs::path>> files;
-  int64_t total = 0;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    if (!e.is_regular_file(ec)) continue;
-    total += static_cast<int64_t>(e.file_size(ec));
-    files.push_back({e.last_write_time(ec), e.path()});
-  }
-  std::sort(files.begin(), files.end());
-  for (const auto& [when, path] : files) {
-    if (total <= max_bytes) break;
-    if (path == fs::path(keep)) continue;
-    const int64_t bytes = static_cast<int64_t>(fs::file_size(path, ec));
-    if (fs::remove(path, ec)) total -= bytes;
-  }
-}
-
 }  // namespace
 
 uint64_t TaskInputSeed(const std::string& task_id, int64_t set) {
@@ -195,7 +175,7 @@ absl::StatusOr<Outputs> CachedReference(const ir::Chain& chain, uint64_t seed,
   }
   fs::rename(partial, path, ec);
   if (ec) fs::remove(partial, ec);
-  EvictReferences(dir, max_bytes, path);
+  EvictLeastRecentlyUsed(dir, max_bytes, path);
   return computed;
 }
 

@@ -4,11 +4,14 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace fusor {
 
@@ -18,6 +21,25 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+void EvictLeastRecentlyUsed(const std::string& dir, int64_t max_bytes, const std::string& keep) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> files;
+  int64_t total = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    total += static_cast<int64_t>(e.file_size(ec));
+    files.push_back({e.last_write_time(ec), e.path()});
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [when, path] : files) {
+    if (total <= max_bytes) break;
+    if (path == fs::path(keep)) continue;
+    const int64_t bytes = static_cast<int64_t>(fs::file_size(path, ec));
+    if (fs::remove(path, ec)) total -= bytes;
+  }
 }
 
 absl::Status WriteFile(const std::string& path, const std::string& bytes) {

@@ -1,7 +1,8 @@
-// Whole-file reads and writes with errors as Status, and an exclusive lock
-// on a file.
+// Whole-file reads and writes with errors as Status, a least-recently-used
+// bound on a cache directory, and an exclusive lock on a file.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -13,6 +14,10 @@ namespace fusor {
 absl::StatusOr<std::string> ReadFile(const std::string& path);
 // INTERNAL when `path` cannot be written.
 absl::Status WriteFile(const std::string& path, const std::string& bytes);
+
+// Removes the least recently written files of `dir` until they fit in
+// `max_bytes`, never `keep` (caches of files touched on every use).
+void EvictLeastRecentlyUsed(const std::string& dir, int64_t max_bytes, const std::string& keep);
 
 // An exclusive advisory lock (flock) on `path`, created if needed, with this
 // process's id written in it; released when destroyed or when the process

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/util/files.h"
 #include "common/util/process.h"
 #include "common/util/sha256.h"
 
@@ -94,7 +95,8 @@ std::string WithPrecompiledPreamble(const codegen::KernelSource& kernel, const s
 
 CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::string& workdir,
                              const std::string& compiler, double timeout_s, const std::string& lib_dir,
-                             const std::string& pch_dir) {
+                             const std::string& pch_dir, const std::string& object_dir) {
+  namespace fs = std::filesystem;
   CompileOutcome out;
   const std::string src = workdir + "/kernel.cc";
   const std::string so = workdir + "/kernel.so";
@@ -124,6 +126,21 @@ CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::str
   for (const std::string& l : link) absl::StrAppend(&out.flags, " ", l);
   argv.insert(argv.end(), {"-o", so, src});
   argv.insert(argv.end(), link.begin(), link.end());
+  std::string kept;
+  std::error_code ec;
+  if (!object_dir.empty()) {
+    std::string key = absl::StrCat(compiler, "\n", out.flags);
+    for (const auto& [name, text] : files) absl::StrAppend(&key, "\n", name, "\n", text.size(), "\n", text);
+    kept = absl::StrCat(object_dir, "/", Sha256Hex(key).substr(0, 32), ".so");
+    if (fs::exists(kept, ec) && fs::copy_file(kept, so, fs::copy_options::overwrite_existing, ec) && !ec) {
+      fs::last_write_time(kept, fs::file_time_type::clock::now(), ec);  // recently used
+      out.ok = true;
+      out.cached = true;
+      out.so_path = so;
+      out.code_bytes = static_cast<int64_t>(fs::file_size(so, ec));
+      return out;
+    }
+  }
 
   auto run = RunProcess(argv, log, timeout_s);
   if (!run.ok()) {
@@ -148,6 +165,16 @@ CompileOutcome CompileKernel(const codegen::KernelSource& kernel, const std::str
   out.ok = true;
   out.so_path = so;
   out.code_bytes = st.st_size;
+  if (!kept.empty()) {
+    // Copied aside and renamed: a job reading it sees all of it or nothing.
+    fs::create_directories(object_dir, ec);
+    const std::string part = absl::StrCat(kept, ".", getpid(), ".part");
+    if (fs::copy_file(so, part, fs::copy_options::overwrite_existing, ec) && !ec) {
+      fs::rename(part, kept, ec);
+      if (ec) fs::remove(part, ec);
+      EvictLeastRecentlyUsed(object_dir, kObjectCacheBytes, kept);
+    }
+  }
   return out;
 }
 

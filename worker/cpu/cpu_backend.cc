@@ -83,8 +83,9 @@ JobOutcome BuildCpu(const JobSpec& spec, const ir::Chain& chain, const std::stri
       return FailedOutcome(OutcomeStatus::kRuntimeError, absl::StrCat("cannot create ", sub, ": ", strerror(errno)));
     }
     CompileOutcome compiled = CompileKernel(*kernel, sub, spec.compiler, spec.compile_timeout_s, spec.blas_dir,
-                                            CacheSubdir(spec, "preamble"));
-    // A confirmation's compile record is its candidate's.
+                                            CacheSubdir(spec, "preamble"), CacheSubdir(spec, "objects"));
+    // A confirmation's compile record is its candidate's (0 s when the
+    // worker kept the candidate's object, as it does).
     if (spec.kind != JobKind::kConfirm || name == kFused) out.compile_s += compiled.seconds;
     if (!compiled.ok) {
       // A baseline goes on with the BLAS that did compile (the machine may

@@ -112,6 +112,42 @@ TEST(CompileKernelTest, IncludesThePrecompiledPreambleOnceBuilt) {
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), plain.source);
 }
 
+// A worker keeps what it compiled: the same kernel again is copied from
+// the object cache (a confirmation compiles its candidate again); another
+// source or other flags compile.
+TEST(CompileKernelTest, CopiesAKernelCompiledBeforeFromTheObjectCache) {
+  auto cache = TempDir::Create("/tmp", "fusor-objects-");
+  ASSERT_TRUE(cache.ok());
+  const std::string objects = cache->path() + "/objects";
+  codegen::KernelSource k;
+  k.source = "extern \"C\" int fusor_answer() { return 42; }\n";
+  k.compile_flags = {"-O1"};
+  auto compile = [&](const codegen::KernelSource& kernel, int answer) {
+    auto dir = TempDir::Create("/tmp", "fusor-compile-");
+    CompileOutcome c = CompileKernel(kernel, dir->path(), "c++", 60, "", "", objects);
+    EXPECT_TRUE(c.ok) << c.error;
+    auto loaded = LoadedKernel::Open(c.so_path, "fusor_answer");
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    if (loaded.ok()) EXPECT_EQ(reinterpret_cast<int (*)()>(loaded->Symbol("fusor_answer"))(), answer);
+    return c;
+  };
+  CompileOutcome first = compile(k, 42);
+  EXPECT_FALSE(first.cached);
+  EXPECT_GT(first.seconds, 0);
+  CompileOutcome again = compile(k, 42);
+  EXPECT_TRUE(again.cached);
+  EXPECT_EQ(again.seconds, 0);
+  EXPECT_EQ(again.code_bytes, first.code_bytes);
+  EXPECT_EQ(again.flags, first.flags);
+  codegen::KernelSource other = k;
+  other.compile_flags = {"-O2"};
+  EXPECT_FALSE(compile(other, 42).cached);
+  other = k;
+  other.source = "extern \"C\" int fusor_answer() { return 7; }  // another\n";
+  EXPECT_FALSE(compile(other, 7).cached);
+  EXPECT_TRUE(compile(other, 7).cached);
+}
+
 TEST(ValidateKernelTest, AcceptsACorrectKernel) {
   Validation v = ValidateSource("for (int i = 0; i < 64; ++i) o[i] = (a[i] > 0 ? a[i] : 0) * 2;");
   EXPECT_TRUE(v.ok) << v.detail;
