@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/ir/parse.h"
+#include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "server/scheduler.h"
 
@@ -26,8 +27,18 @@ absl::StatusOr<std::pair<int64_t, std::shared_ptr<const model::CostModel>>> Lear
     if (inserted && latest) tried_at_.emplace(target_fp, latest->samples);
     id = it->second;
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const model::CostModel> m, ById(id));
-  return std::pair{id, std::move(m)};
+  absl::StatusOr<std::shared_ptr<const model::CostModel>> m = ById(id);
+  if (!m.ok()) {
+    // A model this build cannot read (trained on other features, say) is
+    // not used, and a new one is trained when there is data for it.
+    Logger("scheduler")->warn("[target={}] {}; new tasks rank with the analytical model", target_fp,
+                              m.status().ToString());
+    std::lock_guard<std::mutex> lock(mu_);
+    current_[target_fp] = 0;
+    tried_at_[target_fp] = 0;
+    return std::pair<int64_t, std::shared_ptr<const model::CostModel>>{0, nullptr};
+  }
+  return std::pair{id, *std::move(m)};
 }
 
 absl::StatusOr<std::shared_ptr<const model::CostModel>> LearnedModels::ById(int64_t id) {

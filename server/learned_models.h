@@ -40,7 +40,8 @@ class LearnedModels {
   LearnedModels(db::TuningDb& db, LearnOptions options) : db_(db), options_(std::move(options)) {}
 
   // The model new tasks on the target rank with, and its id: (0, null) for
-  // the analytical model.
+  // the analytical model, also when the stored one cannot be read (then
+  // logged, and trained again).
   absl::StatusOr<std::pair<int64_t, std::shared_ptr<const model::CostModel>>> Current(const std::string& target_fp);
   // The model stored under `id` (null for 0); NOT_FOUND or DATA_LOSS when
   // it is missing or unreadable.

@@ -233,17 +233,25 @@ absl::StatusOr<std::shared_ptr<const LearnedModel>> LearnedModel::Train(const st
   }
   model->weights_ = SolveRidge(std::move(a), std::move(b), options.lambda);
   double residual = 0;
-  for (const Sample& s : samples) residual += (std::log(s.measured_s / s.analytical_s) - model->LogCorrection(s.features)) / n;
+  for (const Sample& s : samples) residual += (std::log(s.measured_s / s.analytical_s) - model->Linear(s.features)) / n;
   model->bias_ = residual;
+  if (!std::isfinite(model->bias_) ||
+      !std::all_of(model->weights_.begin(), model->weights_.end(), [](double w) { return std::isfinite(w); })) {
+    return absl::FailedPreconditionError("the measurements gave a model with non-finite weights");
+  }
   return std::shared_ptr<const LearnedModel>(std::move(model));
 }
 
-double LearnedModel::LogCorrection(const std::vector<double>& features) const {
-  double y = bias_;
+double LearnedModel::Linear(const std::vector<double>& features) const {
+  double y = 0;
   for (size_t j = 0; j < weights_.size() && j < features.size(); ++j) {
     y += weights_[j] * (std::clamp(features[j], low_[j], high_[j]) - mean_[j]) / scale_[j];
   }
-  return std::clamp(y, -3.0, 3.0);
+  return y;
+}
+
+double LearnedModel::LogCorrection(const std::vector<double>& features) const {
+  return std::clamp(bias_ + Linear(features), -3.0, 3.0);
 }
 
 Prediction LearnedModel::Predict(const space::LoopNest& nest, const hw::TargetDesc& target,
@@ -297,6 +305,13 @@ absl::StatusOr<std::shared_ptr<const LearnedModel>> LearnedModel::FromJson(const
       std::any_of(model->scale_.begin(), model->scale_.end(), [](double s) { return !(s > 0); })) {
     return absl::InvalidArgumentError("a learned model's vectors do not match its features");
   }
+  bool finite = std::isfinite(model->bias_);
+  for (size_t j = 0; j < d; ++j) {
+    finite = finite && std::isfinite(model->mean_[j]) && std::isfinite(model->scale_[j]) &&
+             std::isfinite(model->weights_[j]) && std::isfinite(model->low_[j]) && std::isfinite(model->high_[j]) &&
+             model->low_[j] <= model->high_[j];
+  }
+  if (!finite) return absl::InvalidArgumentError("a learned model has non-finite values or empty ranges");
   return std::shared_ptr<const LearnedModel>(std::move(model));
 }
 

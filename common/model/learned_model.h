@@ -77,6 +77,8 @@ class LearnedModel final : public CostModel {
   int groups() const { return groups_; }
 
  private:
+  // w . z of the features, clipped to their training range (no bias, not bounded).
+  double Linear(const std::vector<double>& features) const;
   std::vector<double> mean_, scale_, weights_;
   std::vector<double> low_, high_;  // each feature's range in training: beyond it, clipped
   double bias_ = 0;

@@ -134,14 +134,20 @@ class McfuserSearch : public SearchStrategy {
 
   // The confidence bound (McfuserSearchOptions::stop_at_bound).
   bool AtTheConfidenceBound() const {
-    std::vector<double> errors;
+    // A GPU's launch variants of the best are made as the search goes and
+    // the model cannot rank them: there the bound does not stop a search.
+    if (!options_.stop_at_bound || task_.target.backend == hw::Backend::kCuda) return false;
+    std::vector<double> logs;
     for (const Measured& m : measured_) {
-      if (m.median_s > 0) errors.push_back(std::log(m.ratio) - typical_log_ratio_);
+      if (m.median_s > 0) logs.push_back(std::log(m.ratio));
     }
-    if (!options_.stop_at_bound || rounds_ < 2 || errors.size() < 8 || best_s_ <= 0) return false;
+    if (rounds_ < 2 || logs.size() < 8 || best_s_ <= 0) return false;
+    std::vector<double> sorted = logs;
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    const double median = sorted[sorted.size() / 2];
     double square = 0;
-    for (double e : errors) square += e * e;
-    const double spread = std::max(options_.min_error_spread, std::sqrt(square / static_cast<double>(errors.size() - 1)));
+    for (double l : logs) square += (l - median) * (l - median);
+    const double spread = std::max(options_.min_error_spread, std::sqrt(square / static_cast<double>(logs.size())));
     const double bound = best_s_ * std::exp(2 * spread);
     for (size_t i = 0; i < proposed_.size(); ++i) {
       if (!proposed_[i] && Score(static_cast<int>(i)) < bound) return false;

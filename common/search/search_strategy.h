@@ -62,9 +62,10 @@ class SearchStrategy {
 // its measured candidates were from their predictions, so schedules the
 // model over-rated sink. Stops at the budget, when the space is exhausted,
 // after `patience` rounds without a better measurement, or at the
-// confidence bound: the model's error on the task is taken as the spread
-// (root mean square) of the measured candidates' log(measured / predicted)
-// around their median, but at least `min_error_spread`; when every
+// confidence bound (not on a GPU, whose launch variants the model cannot
+// rank): the model's error on the task is taken as the spread (root mean
+// square) of the measured candidates' log(measured / predicted) around
+// their median (failures left out), but at least `min_error_spread`; when every
 // unproposed schedule's score divided by e^(2 x that spread) is still no
 // faster than the best measured (after two rounds and 8 measured), nothing
 // left is expected to beat it. The floor on the spread is there because

@@ -12,6 +12,7 @@
 
 #include "common/ir/parse.h"
 #include "common/model/learned_model.h"
+#include "server/db/sqlite.h"
 #include "server/scheduler.h"
 #include "tests/test_chains.h"
 
@@ -150,6 +151,22 @@ TEST_F(LearnedModelsTest, LearnsFromTheDatabaseAndKeepsTheModelAcrossRestarts) {
   Finish(running);
   Finish(again);
   EXPECT_EQ(scheduler_->db().GetTask(running)->cost_model_id, id);
+
+  // A stored model this build cannot read (trained on other features, say)
+  // is not used: the scheduler trains a new one from the measurements, and
+  // tasks tune with it.
+  scheduler_.reset();
+  {
+    auto raw = db::Database::Open((dir_ / "tuning.db").string());
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    ASSERT_TRUE((*raw)->Exec("UPDATE cost_models SET model_json = '{\"kind\": \"ridge\", \"features\": []}'").ok());
+  }
+  Open();
+  const int64_t retrained = scheduler_->cost_models().Current(fp_)->first;
+  EXPECT_GT(retrained, id);
+  auto [after, after_model] = Start(testing::kGemmChain, 8);
+  EXPECT_EQ(after_model, retrained);
+  Finish(after);
 }
 
 TEST_F(LearnedModelsTest, CanBeTurnedOff) {
