@@ -72,7 +72,12 @@ absl::StatusOr<std::string> LearnedModels::MaybeTrain(const std::string& target_
   int skipped = 0;
   for (const db::TrainingRow& r : rows) {
     auto it = chains.find(r.workload_key);
-    if (it == chains.end()) it = chains.emplace(r.workload_key, ir::ParseChainJson(r.chain_json)).first;
+    if (it == chains.end()) {
+      absl::StatusOr<db::WorkloadRow> w = db_.GetWorkload(r.workload_key);
+      it = chains.emplace(r.workload_key, w.ok() ? ir::ParseChainJson(w->chain_json)
+                                                 : absl::StatusOr<ir::Chain>(w.status()))
+               .first;
+    }
     if (!it->second.ok()) {
       ++skipped;
       continue;

@@ -49,14 +49,44 @@ absl::Status WriteFile(const std::string& path, const std::string& bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
+namespace {
+
+absl::StatusOr<int> OpenLockFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const std::string message = "cannot open lock file " + path + ": " + std::strerror(errno);
-    if (errno == EACCES || errno == EPERM || errno == EROFS) return absl::PermissionDeniedError(message);
-    if (errno == ENOENT || errno == ENOTDIR) return absl::NotFoundError(message);
-    return absl::UnavailableError(message);
+  if (fd >= 0) return fd;
+  const std::string message = "cannot open lock file " + path + ": " + std::strerror(errno);
+  if (errno == EACCES || errno == EPERM || errno == EROFS) return absl::PermissionDeniedError(message);
+  if (errno == ENOENT || errno == ENOTDIR) return absl::NotFoundError(message);
+  return absl::UnavailableError(message);
+}
+
+// The holder's pid in the file; should it not be written, the lock holds
+// all the same.
+void WritePid(int fd) {
+  const std::string pid = std::to_string(getpid());
+  if (ftruncate(fd, 0) == 0 && pwrite(fd, pid.data(), pid.size(), 0) < 0) errno = 0;
+}
+
+}  // namespace
+
+absl::StatusOr<FileLock> FileLock::Wait(const std::string& path) {
+  absl::StatusOr<int> fd = OpenLockFile(path);
+  if (!fd.ok()) return fd.status();
+  while (flock(*fd, LOCK_EX) != 0) {
+    if (errno != EINTR) {
+      const std::string message = "cannot lock " + path + ": " + std::strerror(errno);
+      close(*fd);
+      return absl::UnavailableError(message);
+    }
   }
+  WritePid(*fd);
+  return FileLock(*fd);
+}
+
+absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
+  absl::StatusOr<int> opened = OpenLockFile(path);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char buf[32] = {0};
     const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
@@ -64,9 +94,7 @@ absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path) {
     const std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?";
     return absl::FailedPreconditionError("process " + holder + " holds " + path);
   }
-  const std::string pid = std::to_string(getpid());
-  // Should the pid not be written, the lock holds all the same.
-  if (ftruncate(fd, 0) == 0 && pwrite(fd, pid.data(), pid.size(), 0) < 0) errno = 0;
+  WritePid(fd);
   return FileLock(fd);
 }
 

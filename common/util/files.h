@@ -27,6 +27,9 @@ class FileLock {
   // FAILED_PRECONDITION naming the holder's pid when another process holds
   // it; PERMISSION_DENIED, NOT_FOUND or UNAVAILABLE when the file cannot be opened.
   static absl::StatusOr<FileLock> Acquire(const std::string& path);
+  // Waits until no other process holds it; errors as Acquire's for a file
+  // that cannot be opened.
+  static absl::StatusOr<FileLock> Wait(const std::string& path);
   FileLock(FileLock&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
   FileLock& operator=(FileLock&&) = delete;
   ~FileLock();

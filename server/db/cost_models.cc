@@ -29,7 +29,6 @@ constexpr char kTrainingFrom[] = R"sql(
 FROM measurements m
 JOIN candidates c ON c.id = m.candidate_id
 JOIN tasks t ON t.id = m.task_id
-JOIN workloads w ON w.key = m.workload_key
 WHERE m.target_fp = ?1 AND m.kind = ?2 AND m.status = ?3 AND m.median_s > 0
 )sql";
 
@@ -68,7 +67,7 @@ absl::StatusOr<std::optional<CostModelRow>> TuningDb::LatestCostModel(const std:
 
 absl::StatusOr<std::vector<TrainingRow>> TuningDb::TrainingRows(const std::string& target_fp) {
   Reader db = Read();
-  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT w.key, w.chain_json, c.schedule, m.median_s, "
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT m.workload_key, c.schedule, m.median_s, "
                                                          "t.bandwidth_bytes_per_s, t.peak_flops ",
                                                          kTrainingFrom, " ORDER BY m.id")));
   s.Bind(1, target_fp).Bind(2, Name(JobKind::kCandidate)).Bind(3, Name(MeasurementStatus::kOk));
@@ -76,7 +75,7 @@ absl::StatusOr<std::vector<TrainingRow>> TuningDb::TrainingRows(const std::strin
   for (;;) {
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
-    out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Double(3), s.Double(4), s.Double(5)});
+    out.push_back({s.Text(0), s.Text(1), s.Double(2), s.Double(3), s.Double(4)});
   }
   return out;
 }

@@ -90,11 +90,10 @@ struct CostModelRow {
 };
 
 // A trusted measurement of a candidate, with what the learned model needs
-// to rebuild its nest: the workload's chain, the schedule and the W and P
-// its task ranked with (0 in tasks of older fusor).
+// to rebuild its nest: its workload (whose chain GetWorkload gives), the
+// schedule and the W and P its task ranked with (0 in tasks of older fusor).
 struct TrainingRow {
   std::string workload_key;
-  std::string chain_json;
   std::string schedule;
   double median_s = 0;
   double bandwidth_bytes_per_s = 0;

@@ -1,7 +1,5 @@
 #include "worker/cpu/compiler.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,25 +17,6 @@
 
 namespace fusor::worker {
 namespace {
-
-// Blocks until this process holds an exclusive flock on `path` (created if
-// needed); released when destroyed or when the process dies. Without the
-// file, nothing is held.
-class BlockingLock {
- public:
-  explicit BlockingLock(const std::string& path) : fd_(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    while (fd_ >= 0 && flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
-  ~BlockingLock() {
-    if (fd_ >= 0) close(fd_);
-  }
-  BlockingLock(const BlockingLock&) = delete;
-  BlockingLock& operator=(const BlockingLock&) = delete;
-
- private:
-  int fd_;
-};
 
 // `kernel`'s source with its preamble replaced by an #include of the
 // precompiled copy in `pch_dir` (built here first when it is not there
@@ -61,7 +40,8 @@ std::string WithPrecompiledPreamble(const codegen::KernelSource& kernel, const s
   if (!std::filesystem::exists(header + ".gch", ec)) {
     // One job builds it; the others (compiling ahead, together) wait for it.
     std::filesystem::create_directories(pch_dir, ec);
-    BlockingLock building(header + ".lock");
+    // Without the lock file each job builds its own copy, as before.
+    absl::StatusOr<FileLock> building = FileLock::Wait(header + ".lock");
     if (std::filesystem::exists(header + ".failed", ec)) return kernel.source;
     if (!std::filesystem::exists(header + ".gch", ec)) {
       // Written aside and renamed, so that a job that did not wait (an
