@@ -2,8 +2,10 @@
 # The whole test suite: build fusor if needed, then run every test (unit and
 # e2e; gpu-labelled tests only where an NVIDIA GPU answers nvidia-smi), the
 # offline lint of deploy/, the fuzz targets for 20 s each
-# (FUSOR_FUZZ_SECONDS), and the peer benchmark's short mode (every
-# implementation validated against fusor's reference; no timing claim).
+# (FUSOR_FUZZ_SECONDS), the peer benchmark's short mode (every
+# implementation validated against fusor's reference; no timing claim), and
+# the Python package's tests (pytest, in the virtualenv of
+# deploy/python-env.sh; PyTorch tests are skipped where it is absent).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/deploy/build.sh"
@@ -19,3 +21,6 @@ fi
 # The peer benchmark keeps working: short mode, the model's picks, no tuning.
 "$root/bench/peers/peers.sh" --short --model-only --fusor "$root/build/client/fusor" \
   "$root/examples/bert_base_attention.fusor" "$root/examples/gemm_chain.fusor" "$root/examples/conv1x1_chain.fusor"
+# The Python package against the binaries just built.
+python="$("$root/deploy/python-env.sh" | tail -n 1)"
+(cd "$root" && FUSOR_BUILD_DIR="$root/build" "$python" -m pytest -q -p no:cacheprovider "$root/python/tests")

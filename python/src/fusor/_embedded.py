@@ -1,0 +1,154 @@
+"""A private scheduler and worker for use without a server.
+
+The embedded service runs the built fusor-scheduler and fusor-worker
+binaries as child processes: the scheduler on a free loopback port with a
+private database (unless ``db=`` names one to keep), and one CPU worker
+dialling it. Both stop when the service is closed, when the Python process
+exits, and (through the kernel's parent-death signal) when it dies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import List, Optional, Sequence, Union
+
+from ._errors import EmbeddedError
+
+_PORT_LINE = re.compile(r"listening on port (\d+)")
+
+
+def _search_dirs(bin_dir: Optional[Union[str, os.PathLike]]) -> List[Path]:
+    dirs: List[Path] = []
+    if bin_dir:
+        dirs.append(Path(bin_dir))
+    if os.environ.get("FUSOR_BIN_DIR"):
+        dirs.append(Path(os.environ["FUSOR_BIN_DIR"]))
+    dirs += [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    dirs.append(Path(__file__).resolve().parent / "bin")
+    recorded = Path(__file__).resolve().parent / "_source_tree.txt"
+    if recorded.exists():
+        dirs.append(Path(recorded.read_text().strip()) / "build")
+    return dirs
+
+
+def find_binary(name: str, bin_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
+    """`name` in bin_dir, $FUSOR_BIN_DIR, PATH, the package's bin/, or the source tree's build/ (a CMake build
+    tree is searched in its server/, worker/ and client/ too)."""
+    dirs = _search_dirs(bin_dir)
+    for d in dirs:
+        for candidate in (d / name, d / "server" / name, d / "worker" / name, d / "client" / name):
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return candidate
+    raise EmbeddedError(f"{name} not found (looked in bin_dir, $FUSOR_BIN_DIR, PATH and the source tree's build/); "
+                        "build fusor (./deploy/build.sh), or set FUSOR_BIN_DIR to the directory of its binaries")
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the Python process dies (Linux prctl(PR_SET_PDEATHSIG))."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class EmbeddedService:
+    """A fusor-scheduler and a fusor-worker running as children of this process.
+
+    Args:
+        db: tuning database to use and keep; default a private one, deleted on close.
+        bin_dir: where fusor-scheduler and fusor-worker are (see :func:`find_binary`).
+        backend: the worker's backend: "cpu", "cuda" or "auto".
+        calibration_seconds: the worker's calibration run length (0 skips it).
+        startup_timeout: seconds to wait for the scheduler's port and the worker's registration.
+        scheduler_args, worker_args: extra command-line flags.
+    """
+
+    def __init__(self, db: Optional[Union[str, os.PathLike]] = None, bin_dir: Optional[Union[str, os.PathLike]] = None,
+                 backend: str = "cpu", calibration_seconds: Optional[float] = None, startup_timeout: float = 120.0,
+                 scheduler_args: Sequence[str] = (), worker_args: Sequence[str] = ()):
+        scheduler_bin = find_binary("fusor-scheduler", bin_dir)
+        worker_bin = find_binary("fusor-worker", bin_dir)
+        self.directory = Path(tempfile.mkdtemp(prefix="fusor-embedded-"))
+        self.db = Path(db).expanduser() if db else self.directory / "tuning.db"
+        self.startup_timeout = startup_timeout
+        self._processes: List[subprocess.Popen] = []
+        self._finalizer = weakref.finalize(self, EmbeddedService._stop, self._processes, self.directory)
+        try:
+            self.scheduler_log = self.directory / "scheduler.log"
+            self._start([str(scheduler_bin), "--listen", "127.0.0.1:0", "--db", str(self.db), "--insecure",
+                         *scheduler_args], self.scheduler_log)
+            self.port = self._wait_for_port()
+            self.address = f"127.0.0.1:{self.port}"
+            self.worker_log = self.directory / "worker.log"
+            worker = [str(worker_bin), "--scheduler", self.address, "--backend", backend, "--name",
+                      f"embedded-{os.getpid()}", "--scratch-dir", str(self.directory)]
+            if calibration_seconds is not None:
+                worker += ["--calibration-seconds", str(calibration_seconds)]
+            self._start([*worker, *worker_args], self.worker_log)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, argv: List[str], log: Path) -> None:
+        with open(log, "wb") as out:
+            self._processes.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                                    preexec_fn=_die_with_parent, cwd=self.directory))
+
+    def _wait_for_port(self) -> int:
+        scheduler = self._processes[0]
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            found = _PORT_LINE.search(self.scheduler_log.read_text(errors="replace"))
+            if found:
+                return int(found.group(1))
+            if scheduler.poll() is not None:
+                raise EmbeddedError(f"fusor-scheduler exited with {scheduler.returncode}:\n{_tail(self.scheduler_log)}")
+            time.sleep(0.02)
+        raise EmbeddedError(f"fusor-scheduler did not report its port in {self.startup_timeout:.0f} s:\n"
+                            f"{_tail(self.scheduler_log)}")
+
+    def wait_for_worker(self, list_workers) -> None:
+        """Waits until the worker has registered (calibration included), or fails with its log."""
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if any(w.state == "alive" for w in list_workers()):
+                return
+            for p, log in zip(self._processes, (self.scheduler_log, self.worker_log)):
+                if p.poll() is not None:
+                    raise EmbeddedError(f"{Path(p.args[0]).name} exited with {p.returncode}:\n{_tail(log)}")
+            time.sleep(0.05)
+        raise EmbeddedError(f"the embedded worker did not register in {self.startup_timeout:.0f} s:\n"
+                            f"{_tail(self.worker_log)}")
+
+    def close(self) -> None:
+        """Stops the worker, then the scheduler (SIGTERM, then SIGKILL after 10 s), and removes the private files."""
+        self._finalizer()
+
+    @staticmethod
+    def _stop(processes: List[subprocess.Popen], directory: Path) -> None:
+        for p in reversed(processes):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        processes.clear()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,239 @@
+"""Tuned kernels, callable from Python.
+
+A CPU kernel is the C++ source the scheduler returned, built once on this
+machine with the flags it was tuned with, into a cache directory keyed by
+workload key and target, and called through ctypes (which releases the GIL
+for the call). The emitted entry point is
+``int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)``
+with every tensor dense, row-major, in declaration order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._errors import BuildError, FusorError, KernelArgumentError
+from ._result import Result
+
+# bf16 has no NumPy dtype: its arrays are passed as their uint16 bits.
+NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+TORCH_DTYPES = {"f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16"}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One argument of a kernel: its name, shape and element type (f32, f16 or bf16)."""
+
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * (4 if self.dtype == "f32" else 2)
+
+
+def _specs(entries: Sequence[Dict[str, Any]]) -> List[TensorSpec]:
+    return [TensorSpec(e["name"], tuple(int(x) for x in e["shape"]), e["dtype"]) for e in entries]
+
+
+def default_cache_dir() -> Path:
+    """$FUSOR_CACHE_DIR, else $XDG_CACHE_HOME/fusor/kernels, else ~/.cache/fusor/kernels."""
+    if os.environ.get("FUSOR_CACHE_DIR"):
+        return Path(os.environ["FUSOR_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fusor" / "kernels"
+
+
+def _torch_tensor_type() -> Optional[type]:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+class Kernel:
+    """A tuned kernel returned by :meth:`fusor.Client.compile`.
+
+    Call it with the chain's inputs in declaration order; it returns the
+    output (or a tuple of outputs when the chain has several), allocated
+    unless ``out=`` gives them. :attr:`inputs` and :attr:`outputs` say what
+    it takes and gives; :attr:`result` is the tuning result it came from.
+    """
+
+    language = ""
+
+    def __init__(self, response: Any):
+        self.result = Result.from_proto(response.result)
+        self.source: str = response.kernel_source
+        self.entry_point: str = response.entry_point
+        self.metadata: Dict[str, Any] = json.loads(response.metadata_json or "{}")
+        self.inputs: List[TensorSpec] = _specs(self.metadata.get("inputs", []))
+        self.outputs: List[TensorSpec] = _specs(self.metadata.get("outputs", []))
+        if not self.inputs or not self.outputs:
+            raise BuildError("the scheduler's answer lists no inputs or outputs (metadata_json)")
+
+    @property
+    def workload_key(self) -> str:
+        return self.result.workload_key
+
+    @property
+    def schedule(self) -> str:
+        return self.result.schedule
+
+    def _check_count(self, args: Sequence[Any], out: Any) -> Optional[Sequence[Any]]:
+        if len(args) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise KernelArgumentError(f"{self._what()} takes {len(self.inputs)} inputs ({names}), got {len(args)}")
+        if out is None:
+            return None
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if len(outs) != len(self.outputs):
+            names = ", ".join(s.name for s in self.outputs)
+            raise KernelArgumentError(f"{self._what()} writes {len(self.outputs)} outputs ({names}), out= has {len(outs)}")
+        return outs
+
+    def _what(self) -> str:
+        return f"kernel '{self.metadata.get('chain') or self.entry_point}'"
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{s.name}{list(s.shape)}:{s.dtype}" for s in self.inputs)
+        outs = ", ".join(f"{s.name}{list(s.shape)}" for s in self.outputs)
+        return f"<fusor {self.language} Kernel ({sig}) -> ({outs}), schedule {self.schedule!r}>"
+
+
+def _host_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+class CpuKernel(Kernel):
+    """A kernel tuned for a CPU target, built here with the recorded flags and called through ctypes."""
+
+    language = "c++"
+
+    def __init__(self, response: Any, cache_dir: Optional[Union[str, os.PathLike]] = None,
+                 compiler: Optional[str] = None, num_threads: Optional[int] = None):
+        super().__init__(response)
+        self._check_host()
+        self.flags: List[str] = list(self.metadata.get("compile_flags", []))
+        self.compiler = compiler or os.environ.get("CXX") or "c++"
+        self.num_threads = num_threads or len(os.sched_getaffinity(0))
+        self.library_path = self._build(Path(cache_dir) if cache_dir else default_cache_dir())
+        try:
+            self._lib = ctypes.CDLL(str(self.library_path))  # CDLL: the GIL is released during calls
+            fn = getattr(self._lib, self.entry_point)
+        except (OSError, AttributeError) as e:
+            raise BuildError(f"cannot load {self.library_path}: {e}") from None
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+        self._in_array = ctypes.c_void_p * len(self.inputs)
+        self._out_array = ctypes.c_void_p * len(self.outputs)
+        self._np_dtype = [NUMPY_DTYPES[s.dtype] for s in self.inputs], [NUMPY_DTYPES[s.dtype] for s in self.outputs]
+
+    def _check_host(self) -> None:
+        target = self.result.target
+        machine = platform.machine()
+        arch = target.arch
+        if arch.startswith("x86-64") and machine not in ("x86_64", "AMD64"):
+            raise BuildError(f"the kernel was tuned for {arch} ({target.device_name}); this machine is {machine}")
+        missing = sorted(set(target.isa_features) - _host_flags())
+        if missing and _host_flags():
+            raise BuildError(f"the kernel was tuned for {arch} ({target.device_name}) and uses "
+                             f"{', '.join(missing)}, which this CPU lacks; tune it on a worker like this machine")
+
+    def _build(self, cache_dir: Path) -> Path:
+        """The shared object of the source, built once per source, flags and compiler."""
+        compiler = shutil.which(self.compiler)
+        if compiler is None:
+            raise BuildError(f"no C++ compiler '{self.compiler}' on PATH (set CXX) to build the kernel")
+        key = hashlib.sha256("\0".join([self.source, *self.flags, compiler]).encode()).hexdigest()[:16]
+        directory = cache_dir / f"{self.result.workload_key}-{self.result.target.fingerprint}"
+        library = directory / f"{self.entry_point}-{key}.so"
+        if library.exists():
+            return library
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BuildError(f"cannot create the kernel cache {directory}: {e.strerror}") from None
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            src = Path(tmp) / "kernel.cc"
+            src.write_text(self.source)
+            built = Path(tmp) / "kernel.so"
+            cmd = [compiler, *self.flags, "-shared", "-fPIC", str(src), "-o", str(built)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise BuildError(f"building the kernel failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+            os.replace(built, library)  # atomic: concurrent builders agree on the file
+        return library
+
+    def __call__(self, *args: Any, out: Any = None, num_threads: Optional[int] = None) -> Any:
+        """Runs the kernel on NumPy arrays or contiguous PyTorch CPU tensors, in declaration order."""
+        outs = self._check_count(args, out)
+        tensor_type = _torch_tensor_type()
+        use_torch = tensor_type is not None and any(isinstance(a, tensor_type) for a in args)
+        ins = self._in_array()
+        for i, (a, spec) in enumerate(zip(args, self.inputs)):
+            ins[i] = self._pointer(a, spec, self._np_dtype[0][i], tensor_type, "input", writable=False)
+        if outs is None:
+            outs = [self._allocate(spec, use_torch) for spec in self.outputs]
+        results = self._out_array()
+        for i, (o, spec) in enumerate(zip(outs, self.outputs)):
+            results[i] = self._pointer(o, spec, self._np_dtype[1][i], tensor_type, "output", writable=True)
+        rc = self._fn(ins, results, num_threads or self.num_threads)
+        if rc != 0:
+            raise FusorError(f"{self._what()} returned {rc}")
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _allocate(self, spec: TensorSpec, use_torch: bool) -> Any:
+        if use_torch:
+            import torch
+
+            return torch.empty(spec.shape, dtype=getattr(torch, TORCH_DTYPES[spec.dtype][6:]))
+        return np.empty(spec.shape, dtype=NUMPY_DTYPES[spec.dtype])
+
+    def _pointer(self, a: Any, spec: TensorSpec, np_dtype: np.dtype, tensor_type: Optional[type], role: str,
+                 writable: bool) -> int:
+        if isinstance(a, np.ndarray):
+            if a.dtype != np_dtype:
+                raise KernelArgumentError(f"{role} {spec.name} must be {np_dtype} ({spec.dtype}), got {a.dtype}")
+            if a.shape != spec.shape:
+                raise KernelArgumentError(f"{role} {spec.name} must have shape {spec.shape}, got {a.shape}")
+            if not a.flags.c_contiguous:
+                raise KernelArgumentError(f"{role} {spec.name} must be C-contiguous (np.ascontiguousarray)")
+            if writable and not a.flags.writeable:
+                raise KernelArgumentError(f"output {spec.name} is read-only")
+            return a.ctypes.data
+        if tensor_type is not None and isinstance(a, tensor_type):
+            if a.device.type != "cpu":
+                raise KernelArgumentError(f"{role} {spec.name} is on {a.device}; this kernel runs on the CPU")
+            if str(a.dtype) != TORCH_DTYPES[spec.dtype]:
+                raise KernelArgumentError(f"{role} {spec.name} must be {TORCH_DTYPES[spec.dtype]}, got {a.dtype}")
+            if tuple(a.shape) != spec.shape:
+                raise KernelArgumentError(f"{role} {spec.name} must have shape {spec.shape}, got {tuple(a.shape)}")
+            if not a.is_contiguous():
+                raise KernelArgumentError(f"{role} {spec.name} must be contiguous (.contiguous())")
+            if writable and a.requires_grad:
+                raise KernelArgumentError(f"output {spec.name} requires grad; fusor kernels do not record gradients")
+            return a.data_ptr()
+        raise KernelArgumentError(f"{role} {spec.name} must be a NumPy array or a PyTorch CPU tensor, "
+                                  f"got {type(a).__name__}")

@@ -1,0 +1,136 @@
+"""What the scheduler answers, as Python objects (each keeps its proto as ``.proto``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .v1 import scheduler_pb2, target_pb2
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+
+
+@dataclass
+class Result:
+    """A tuning result: the best kernel's schedule and measurement, against the unfused baseline."""
+
+    workload_key: str
+    target: target_pb2.Target
+    task_id: str
+    from_cache: bool
+    schedule: str
+    mapping: str
+    predicted_s: float
+    best_s: float
+    spread: float
+    baseline_s: float
+    baseline_kind: str
+    speedup: float
+    candidates_measured: int
+    candidates_failed: int
+    tuning_s: float
+    proto: scheduler_pb2.TuneResult = field(repr=False)
+
+    @classmethod
+    def from_proto(cls, r: scheduler_pb2.TuneResult) -> "Result":
+        return cls(workload_key=r.workload_key, target=r.target, task_id=r.task_id, from_cache=r.from_cache,
+                   schedule=r.best.schedule.text, mapping=r.best.mapping.text,
+                   predicted_s=r.best.prediction.t_estm_s, best_s=r.best_measurement.median_s,
+                   spread=r.best_measurement.spread, baseline_s=r.baseline_s, baseline_kind=r.baseline_kind,
+                   speedup=r.speedup, candidates_measured=r.candidates_measured,
+                   candidates_failed=r.candidates_failed, tuning_s=r.tuning_s, proto=r)
+
+    def __str__(self) -> str:
+        t = self.target
+        answer = ("from the cache" if self.from_cache else
+                  f"tuned now by task {self.task_id}: {self.candidates_measured} candidates measured "
+                  f"({self.candidates_failed} failed) in {self.tuning_s:.1f} s")
+        lines = [f"workload   {self.workload_key}",
+                 f"target     {t.fingerprint} ({t.arch}, {t.device_name}, {t.compute_units} "
+                 f"{'cores' if t.backend == target_pb2.BACKEND_CPU else 'SMs'})",
+                 f"answer     {answer}",
+                 f"schedule   {self.schedule}",
+                 f"mapping    {self.mapping}",
+                 f"predicted  {_us(self.predicted_s)}",
+                 f"measured   {_us(self.best_s)}  (spread {self.spread * 100:.0f}%)"]
+        if self.baseline_s > 0:
+            lines.append(f"baseline   {_us(self.baseline_s)}  (unfused: {self.baseline_kind})")
+            lines.append(f"speedup    {self.speedup:.2f}x over the unfused baseline")
+        return "\n".join(lines)
+
+
+@dataclass
+class Started:
+    """A tuning task started (the first event of :meth:`Client.tune_events` on a cache miss)."""
+
+    task_id: str
+    workload_key: str
+    target_fingerprint: str
+    space_size: int
+    space_after_pruning: int
+    budget: int
+
+    @classmethod
+    def from_proto(cls, s: scheduler_pb2.TaskStarted) -> "Started":
+        return cls(s.task_id, s.workload_key, s.target_fingerprint, s.space_size, s.space_after_pruning, s.budget)
+
+
+@dataclass
+class Progress:
+    """Candidates measured so far, and the best one."""
+
+    measured: int
+    failed: int
+    noisy: int
+    budget: int
+    best_s: float
+    best_schedule: str
+
+    @classmethod
+    def from_proto(cls, p: scheduler_pb2.TuneProgress) -> "Progress":
+        return cls(p.measured, p.failed, p.noisy, p.budget, p.best_s, p.best_schedule)
+
+
+@dataclass
+class Worker:
+    """A worker the scheduler knows."""
+
+    worker_id: str
+    name: str
+    state: str  # "alive" or "lost"
+    target_fingerprint: str
+    arch: str
+    device_name: str
+    jobs_done: int
+    registered_unix_ms: int
+    last_seen_unix_ms: int
+    target: target_pb2.Target = field(repr=False)
+
+    @classmethod
+    def from_proto(cls, w: scheduler_pb2.WorkerInfo) -> "Worker":
+        return cls(w.worker_id, w.name, w.state, w.target.fingerprint, w.target.arch, w.target.device_name,
+                   w.jobs_done, w.registered_unix_ms, w.last_seen_unix_ms, w.target)
+
+
+@dataclass
+class Task:
+    """A tuning task: its state, progress and, once done, its result."""
+
+    task_id: str
+    state: str  # "running", "done" or "failed"
+    workload_key: str
+    target_fingerprint: str
+    progress: Progress
+    error: str
+    created_unix_ms: int
+    finished_unix_ms: int
+    result: Optional[Result]
+    proto: Any = field(repr=False)
+
+    @classmethod
+    def from_proto(cls, t: scheduler_pb2.TaskInfo) -> "Task":
+        return cls(t.task_id, t.state, t.workload_key, t.target_fingerprint, Progress.from_proto(t.progress), t.error,
+                   t.created_unix_ms, t.finished_unix_ms, Result.from_proto(t.result) if t.HasField("result") else None,
+                   t)

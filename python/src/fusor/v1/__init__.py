@@ -1,0 +1,1 @@
+"""fusor's wire contract (proto/fusor/v1), generated when the package is built."""

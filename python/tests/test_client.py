@@ -1,0 +1,242 @@
+"""The client against a real scheduler and CPU worker on loopback."""
+
+import ctypes
+import subprocess
+import threading
+import time
+from timeit import timeit
+
+import grpc
+import numpy as np
+import pytest
+
+import fusor
+from fusor import Chain
+from fusor._errors import from_grpc
+
+from conftest import ATTENTION, BUILD, FFN, TEST_SCHEDULER, attention_reference, binary
+
+
+def test_tune_streams_progress_then_answers_from_the_cache(client):
+    events = []
+    result = client.tune(ATTENTION, budget=2, progress=events.append)
+    assert isinstance(events[0], fusor.Started) and events[0].budget == 2
+    assert any(isinstance(e, fusor.Progress) for e in events)
+    assert not result.from_cache and result.candidates_measured == 2
+    assert len(result.workload_key) == 32 and result.best_s > 0 and result.schedule
+    assert result.target.arch and result.target.fingerprint.startswith("cpu-")
+    assert "measured" in str(result)
+
+    # The same chain renamed and rewritten through the builder is the same workload: a cache hit.
+    renamed = ATTENTION.replace("small_attention", "renamed").replace("Q", "A")
+    events = list(client.tune_events(renamed))
+    assert len(events) == 1 and events[0].from_cache
+    assert events[0].workload_key == result.workload_key
+    assert client.lookup(Chain.parse(renamed)).schedule == result.schedule
+
+    task = client.task(result.task_id)
+    assert task.state == "done" and task.result.workload_key == result.workload_key
+    assert task.progress.measured == 2
+
+
+def test_lookup_misses_and_cache_only_compiles_are_not_found(client):
+    fresh = ATTENTION.replace("n=48", "n=40")
+    assert client.lookup(fresh) is None
+    with pytest.raises(fusor.NotFoundError) as e:
+        client.compile(fresh, cache_only=True)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND and e.value.retry_after is None
+    with pytest.raises(fusor.NotFoundError):
+        client.task("t-0000000000000000")
+
+
+def test_a_wrong_chain_is_invalid_argument_with_the_line(client):
+    wrong = ATTENTION.replace("* V[b,n,h]", "* W[b,n,h]")
+    with pytest.raises(fusor.InvalidArgumentError) as e:
+        client.tune(wrong)
+    assert "W" in e.value.details and e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_workers_lists_the_registered_worker(client):
+    workers = client.workers()
+    assert [w.state for w in workers] == ["alive"]
+    assert workers[0].target_fingerprint.startswith("cpu-") and workers[0].arch
+
+
+def test_a_kernel_runs_on_numpy_and_matches_a_numpy_reference(client):
+    kernel = client.compile(ATTENTION, budget=2)
+    assert [s.name for s in kernel.inputs] == ["Q", "K", "V"] and kernel.outputs[0].shape == (2, 32, 24)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s.shape, dtype=np.float32) for s in kernel.inputs)
+    out = kernel(q, k, v)
+    assert out.dtype == np.float32 and out.shape == (2, 32, 24)
+    np.testing.assert_allclose(out, attention_reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5)
+
+    given = np.full((2, 32, 24), np.nan, dtype=np.float32)
+    assert kernel(q, k, v, out=given, num_threads=1) is given
+    np.testing.assert_allclose(given, out, rtol=1e-5, atol=1e-6)
+
+    # Built once: a second compile loads the same shared object from the cache directory.
+    library = kernel.library_path
+    mtime = library.stat().st_mtime_ns
+    again = client.compile(ATTENTION)
+    assert again.library_path == library and library.stat().st_mtime_ns == mtime
+    assert library.parent.name == f"{kernel.workload_key}-{kernel.result.target.fingerprint}"
+
+
+def test_a_gemm_chain_with_bias_and_gelu(client):
+    kernel = client.compile(FFN, budget=2)
+    rng = np.random.default_rng(2)
+    x, w1, b1, w2 = (rng.standard_normal(s.shape, dtype=np.float32) for s in kernel.inputs)
+    h = x.astype(np.float64) @ w1 + b1
+    from math import erf, sqrt
+
+    gelu = h * 0.5 * (1 + np.vectorize(erf)(h / sqrt(2)))
+    np.testing.assert_allclose(kernel(x, w1, b1, w2), gelu @ w2, rtol=1e-4, atol=1e-4)
+
+
+def test_wrong_arguments_are_refused_before_the_call(client):
+    kernel = client.compile(ATTENTION, budget=2)
+    q, k, v = (np.zeros(s.shape, dtype=np.float32) for s in kernel.inputs)
+    cases = [
+        ((q, k), {}, "takes 3 inputs \\(Q, K, V\\), got 2"),
+        ((q, k, v.astype(np.float64)), {}, "input V must be float32 \\(f32\\), got float64"),
+        ((q, k, v[:, :, :12]), {}, "input V must have shape \\(2, 48, 24\\), got \\(2, 48, 12\\)"),
+        ((q, k, np.zeros((2, 24, 48), np.float32).transpose(0, 2, 1)), {}, "input V must be C-contiguous"),
+        ((q, k, v.tolist()), {}, "input V must be a NumPy array or a PyTorch CPU tensor, got list"),
+        ((q, k, v), {"out": (np.zeros((2, 32, 24), np.float32),) * 2}, "writes 1 outputs \\(O\\), out= has 2"),
+        ((q, k, v), {"out": np.zeros((2, 32, 24), np.float16)}, "output O must be float32"),
+    ]
+    for args, kwargs, message in cases:
+        with pytest.raises(fusor.KernelArgumentError, match=message):
+            kernel(*args, **kwargs)
+    frozen = np.zeros((2, 32, 24), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(fusor.KernelArgumentError, match="read-only"):
+        kernel(q, k, v, out=frozen)
+
+
+def test_the_call_releases_the_gil(client):
+    kernel = client.compile(FFN.replace("m=16", "m=1024").replace("c=32", "c=512").replace("f=64", "f=1024"), budget=2)
+    # ctypes releases the GIL around calls of a CDLL's functions, not of a PyDLL's.
+    assert not kernel._fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+    args = [np.ones(s.shape, dtype=np.float32) for s in kernel.inputs]
+    kernel(*args, num_threads=1)
+    one_call = min(timeit(lambda: kernel(*args, num_threads=1), number=1) for _ in range(3))
+    if one_call < 0.003:
+        pytest.skip(f"one call takes {one_call * 1e3:.1f} ms: too short to see the GIL in")
+    thread = threading.Thread(target=lambda: [kernel(*args, num_threads=1) for _ in range(5)])
+    gaps = []
+    last = time.perf_counter()
+    thread.start()
+    while thread.is_alive():
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    thread.join()
+    # Holding the GIL through a call would stop this loop for the whole call.
+    assert max(gaps) < one_call / 2, (max(gaps), one_call)
+
+
+def test_a_kernel_tuned_for_features_this_cpu_lacks_is_refused(client):
+    response = client.compile_source(ATTENTION, budget=2)
+    response.result.target.isa_features.append("avx9000")
+    with pytest.raises(fusor.BuildError, match="uses avx9000, which this CPU lacks"):
+        fusor.CpuKernel(response)
+
+
+def test_a_source_that_does_not_build_says_what_the_compiler_said(client, tmp_path):
+    response = client.compile_source(ATTENTION, budget=2)
+    response.kernel_source += "\nthis is not C++;\n"
+    with pytest.raises(fusor.BuildError, match="building the kernel failed"):
+        fusor.CpuKernel(response, cache_dir=tmp_path)
+    with pytest.raises(fusor.BuildError, match="no C\\+\\+ compiler 'no-such-c\\+\\+'"):
+        fusor.CpuKernel(response, cache_dir=tmp_path, compiler="no-such-c++")
+
+
+def test_a_sweep_tunes_each_distinct_chain_once(client):
+    other = ATTENTION.replace("m=32", "m=16")
+    events = []
+    report = client.sweep([fusor.SweepEntry(ATTENTION, model="a", role="attention"),
+                           fusor.SweepEntry(Chain.parse(other), model="b"), ATTENTION], name="test", budget=2,
+                          progress=events.append)
+    assert report.state == "done" and [r.model for r in report.results] == ["a", "b", "small_attention"]
+    assert report.results[0].state == "cache" and report.results[1].state == "tuned"
+    assert report.results[1].best_s > 0
+    assert client.get_sweep(report.sweep_id).sweep_id == report.sweep_id
+    assert events, "no progress events"
+
+
+def test_an_unreachable_scheduler_is_unavailable():
+    with fusor.Client("127.0.0.1:1", timeout=5) as c, pytest.raises(fusor.UnavailableError) as e:
+        c.workers()
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_retry_hint_reaches_the_exception(client, tmp_path):
+    # A scheduler that lets a client run one task at a time refuses a second with a retry hint.
+    with fusor.Client.embedded(bin_dir=BUILD, calibration_seconds=0.05,
+                               scheduler_args=[*TEST_SCHEDULER, "--max-tasks-per-client", "1"]) as c:
+        started = threading.Event()
+
+        def long_task():
+            try:
+                for event in c.tune_events(FFN.replace("m=16", "m=256"), budget=16):
+                    if isinstance(event, fusor.Started):
+                        started.set()
+            except fusor.RpcError:
+                pass  # cancelled when the service stops
+
+        threading.Thread(target=long_task, daemon=True).start()
+        assert started.wait(60), "the first task did not start"
+        with pytest.raises(fusor.ResourceExhaustedError) as e:
+            c.tune(ATTENTION.replace("m=32", "m=8"), budget=2)
+        assert e.value.retry_after is not None and e.value.retry_after >= 1
+        assert "at most 1" in e.value.details and e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_tokens_are_sent_and_refusals_are_auth_errors(tmp_path):
+    db = tmp_path / "tokens.db"
+    created = subprocess.run([str(binary("fusor")), "--db", str(db), "admin", "token", "create", "--role", "client",
+                              "--name", "py"], capture_output=True, text=True, check=True)
+    token = created.stdout.split()[0]
+    scheduler = subprocess.Popen([str(binary("fusor-scheduler")), "--listen", "127.0.0.1:0", "--db", str(db)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = None
+        for _ in range(50):
+            line = scheduler.stdout.readline()
+            if "listening on port" in line:
+                port = int(line.split()[-1])
+                break
+        assert port, "the scheduler did not start"
+        with fusor.Client(f"127.0.0.1:{port}", token="", timeout=10) as anonymous, pytest.raises(fusor.AuthError) as e:
+            anonymous.workers()
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with fusor.Client(f"127.0.0.1:{port}", token=token, timeout=10) as c:
+            assert c.workers() == []
+    finally:
+        scheduler.terminate()
+        scheduler.wait(timeout=10)
+
+
+class _FakeRpcError(grpc.RpcError):
+    def __init__(self, code, details, trailers):
+        self._code, self._details, self._trailers = code, details, trailers
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailers
+
+
+def test_grpc_errors_map_to_exceptions_with_their_hint():
+    e = from_grpc(_FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", (("retry-after-ms", "1500"),)))
+    assert isinstance(e, fusor.ResourceExhaustedError) and e.retry_after == 1.5 and "retry in 1.5 s" in str(e)
+    e = from_grpc(_FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "wrong role", ()))
+    assert isinstance(e, fusor.AuthError) and e.retry_after is None
+    e = from_grpc(_FakeRpcError(grpc.StatusCode.INTERNAL, "boom", None))
+    assert type(e) is fusor.RpcError and e.code == grpc.StatusCode.INTERNAL

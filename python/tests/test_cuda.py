@@ -1,0 +1,161 @@
+"""CUDA kernels: the launch read from the scheduler's answer, the argument struct, and the checks, with a
+recording driver in place of libcuda; on a machine with a GPU, a real launch against PyTorch."""
+
+import ctypes
+import json
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+import fusor
+from fusor._cuda import CudaDriver, CudaKernel
+from fusor.v1 import scheduler_pb2
+
+from conftest import REPO, binary
+
+
+def cuda_answer(chain: str, tmp_path, with_launch: bool = True) -> scheduler_pb2.CompileResponse:
+    """The answer a scheduler gives for `chain` on an H200, made from the model's pick (no GPU needed)."""
+    subprocess.run([str(binary("fusor")), "compile", "--model-only", "--target", "h200", "-o", str(tmp_path),
+                    str(REPO / "examples" / f"{chain}.fusor")], check=True, capture_output=True)
+    meta = json.loads((tmp_path / f"{chain}.json").read_text())["kernel"]
+    if with_launch:  # as worker/cuda/cuda_backend.cc adds it
+        meta["launch"] = {"grid": [meta["grid"], 1, 1], "block": [meta["threads"], 1, 1],
+                          "dynamic_shared_bytes": meta["shared_bytes"]}
+    response = scheduler_pb2.CompileResponse(language="cuda", entry_point=meta["kernel"], metadata_json=json.dumps(meta),
+                                             kernel_source=(tmp_path / f"{chain}.cu").read_text(),
+                                             binary=b"\x7fELF cubin", binary_format="cubin")
+    response.result.workload_key = "k" * 32
+    return response
+
+
+class RecordingDriver:
+    def __init__(self):
+        self.calls = []
+        self.next = 0x1000
+
+    def ensure_context(self, device):
+        self.calls.append(("context", device))
+
+    def load(self, cubin, name, shared_bytes):
+        self.calls.append(("load", cubin, name, shared_bytes))
+        return 0xF00
+
+    def zeroed(self, nbytes):
+        self.next += 0x100000
+        self.calls.append(("zeroed", nbytes, self.next))
+        return self.next
+
+    def launch(self, fn, grid, block, shared_bytes, stream, args):
+        self.calls.append(("launch", fn, grid, block, shared_bytes, stream, [a or 0 for a in args], ctypes.sizeof(args)))
+
+
+class FakeTensor:
+    def __init__(self, shape, dtype="torch.float32", device="cuda", index=0, contiguous=True, ptr=0):
+        self.shape, self.dtype = tuple(shape), dtype
+        self.device = SimpleNamespace(type=device, index=index)
+        self._contiguous, self._ptr = contiguous, ptr
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def tensors(kernel, base=0x10000):
+    ins = [FakeTensor(s.shape, ptr=base + i * 0x1000) for i, s in enumerate(kernel.inputs)]
+    outs = [FakeTensor(s.shape, ptr=base + 0x100000 + i * 0x1000) for i, s in enumerate(kernel.outputs)]
+    return ins, outs
+
+
+def test_a_kernel_without_workspace_launches_with_the_answers_grid_and_pointers(tmp_path):
+    driver = RecordingDriver()
+    kernel = CudaKernel(cuda_answer("conv_chain", tmp_path), driver=driver)
+    assert kernel.grid == (49, 1, 1) and kernel.block == (128, 1, 1) and kernel.workspace_bytes == 0
+    ins, outs = tensors(kernel)
+    assert kernel(*ins, out=outs[0], stream=7) is outs[0]
+    assert kernel(*ins, out=outs[0], stream=7) is outs[0]
+    context, load, launch, again = driver.calls
+    assert context == ("context", 0) and load == ("load", b"\x7fELF cubin", kernel.entry_point, kernel.shared_bytes)
+    assert launch[:6] == ("launch", 0xF00, (49, 1, 1), (128, 1, 1), kernel.shared_bytes, 7)
+    # The argument struct: the input pointers, then the outputs', nothing else.
+    assert launch[6] == [t.data_ptr() for t in ins + outs] and launch[7] == 8 * len(ins + outs)
+    assert again == launch
+
+
+def test_a_workspace_is_zeroed_once_per_stream(tmp_path):
+    driver = RecordingDriver()
+    kernel = CudaKernel(cuda_answer("bert_base_attention", tmp_path, with_launch=False), driver=driver)
+    assert kernel.shared_bytes > 48 * 1024 and kernel.workspace_bytes > 0
+    ins, outs = tensors(kernel)
+    kernel(*ins, out=outs, stream=1)
+    kernel(*ins, out=outs, stream=1)
+    kernel(*ins, out=outs, stream=2)
+    zeroed = [c for c in driver.calls if c[0] == "zeroed"]
+    launches = [c for c in driver.calls if c[0] == "launch"]
+    assert [z[1] for z in zeroed] == [kernel.workspace_bytes] * 2
+    assert launches[0][6][-1] == launches[1][6][-1] == zeroed[0][2]
+    assert launches[2][6][-1] == zeroed[1][2]
+    assert launches[0][6][:-1] == [t.data_ptr() for t in ins + outs]
+
+
+def test_tensors_are_checked_before_a_launch(tmp_path):
+    driver = RecordingDriver()
+    kernel = CudaKernel(cuda_answer("conv_chain", tmp_path), driver=driver)
+    ins, outs = tensors(kernel)
+    shape = kernel.inputs[0].shape
+    cases = [
+        (FakeTensor(shape, device="cpu"), outs, "input I is on .*cpu.*runs on a CUDA GPU"),
+        (FakeTensor(shape, dtype="torch.float16"), outs, "input I must be torch.float32, got torch.float16"),
+        (FakeTensor((1,) + shape), outs, "input I must have shape"),
+        (FakeTensor(shape, contiguous=False), outs, "input I must be contiguous"),
+        (object(), outs, "input I must be a PyTorch CUDA tensor"),
+        (ins[0], [FakeTensor(outs[0].shape, index=1)], "output .* is on cuda:1, the others on cuda:0"),
+    ]
+    assert kernel.inputs[0].name == "I"
+    for first, out, message in cases:
+        with pytest.raises(fusor.KernelArgumentError, match=message):
+            kernel(first, *ins[1:], out=out, stream=0)
+    assert not [c for c in driver.calls if c[0] == "launch"]
+
+
+def test_an_answer_without_a_cubin_says_why(tmp_path):
+    response = cuda_answer("conv_chain", tmp_path)
+    response.binary = b""
+    meta = json.loads(response.metadata_json)
+    meta["binary"] = {"missing": "NVRTC not found"}
+    response.metadata_json = json.dumps(meta)
+    with pytest.raises(fusor.BuildError, match="no cubin for this CUDA kernel: NVRTC not found"):
+        CudaKernel(response)
+
+
+def test_without_a_driver_the_first_call_fails_clearly(tmp_path):
+    with pytest.raises(fusor.BuildError, match="no CUDA driver"):
+        CudaDriver("libcuda-that-does-not-exist.so")
+
+
+def _gpu():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs PyTorch with a CUDA GPU")
+def test_on_a_gpu_attention_matches_pytorch(tmp_path):
+    import torch
+
+    from conftest import BUILD, TEST_SCHEDULER
+
+    with fusor.Client.embedded(bin_dir=BUILD, backend="cuda", scheduler_args=TEST_SCHEDULER) as client:
+        kernel = client.compile(REPO / "examples" / "bert_large_attention_f16.fusor", backend="cuda", budget=4)
+        q, k, v = (torch.randn(s.shape, dtype=torch.float16, device="cuda") for s in kernel.inputs[:3])
+        mask = torch.zeros(kernel.inputs[3].shape, dtype=torch.float16, device="cuda")
+        out = kernel(q, k, v, mask)
+        torch.cuda.synchronize()
+        ref = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * 0.125, -1) @ v.float()
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,35 @@
+"""The README's Python example runs as written (from the repository's root, as the README says), and the
+BERT example where PyTorch and transformers are installed."""
+
+import importlib.util
+import os
+import re
+
+import pytest
+
+from conftest import REPO, run_python
+
+
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    found = re.search(r"<!-- python-example -->\s*```python\n(.*?)```", text, re.S)
+    assert found, "README.md has no ```python block after <!-- python-example -->"
+    return found.group(1)
+
+
+def test_the_readme_example_has_five_lines_and_runs_as_written():
+    code = readme_example()
+    assert len(code.strip().splitlines()) == 5, code
+    env = {k: v for k, v in os.environ.items() if k not in ("FUSOR_BIN_DIR", "FUSOR_SERVER")}
+    check = "\nimport numpy\nassert out.shape == (12, 128, 64) and numpy.isfinite(out).all(), out\nprint('ok')\n"
+    proc = run_python("-c", code + check, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+                    reason="needs PyTorch and transformers")
+def test_the_bert_example_swaps_attention_without_changing_the_outputs(service):
+    env = dict(os.environ, FUSOR_SERVER=service.address)
+    proc = run_python(str(REPO / "examples" / "python" / "bert_attention.py"), "--layers", "1", "--seq", "64",
+                      "--budget", "2", env=env, timeout=600)
+    assert proc.returncode == 0 and "outputs match" in proc.stdout, proc.stdout + proc.stderr[-3000:]
