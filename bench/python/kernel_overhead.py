@@ -7,7 +7,8 @@ alternating rounds, the same shared object called
   raw      from a C loop (clock_gettime around `calls` calls of fusor_run),
   ctypes   through ctypes with argument arrays made once,
   Kernel   through fusor.Kernel with out= given, and
-  Kernel+  through fusor.Kernel allocating its output,
+  Kernel+  through fusor.Kernel allocating its output, and
+  torch    through fusor.Kernel on PyTorch CPU tensors with out= given (when PyTorch is installed),
 all on one thread, and prints the median time per call of each and the overhead over raw.
 """
 
@@ -86,6 +87,14 @@ def main() -> int:
             "Kernel": lambda: timed(lambda: kernel(*inputs, out=output, num_threads=1)),
             "Kernel+": lambda: timed(lambda: kernel(*inputs, num_threads=1)),
         }
+        try:
+            import torch
+
+            tensors = [torch.from_numpy(a) for a in inputs]
+            out_tensor = torch.from_numpy(output)
+            ways["torch"] = lambda: timed(lambda: kernel(*tensors, out=out_tensor, num_threads=1))
+        except ImportError:
+            pass
         samples = {name: [] for name in ways}
         for name, way in ways.items():  # warm up
             way()
