@@ -1,8 +1,10 @@
 """Fixtures: the repository, the built fusor binaries, and a real scheduler and worker on loopback."""
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +75,22 @@ def client(service, tmp_path_factory):
     c = fusor.Client(service.address, timeout=300, cache_dir=tmp_path_factory.mktemp("kernels"))
     yield c
     c.close()
+
+
+def start_scheduler(directory, *args, timeout=60):
+    """A fusor-scheduler on a free loopback port with `args`; (process, port). Its output goes to a file."""
+    log = Path(directory) / "scheduler.out"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(binary("fusor-scheduler")), "--listen", "127.0.0.1:0", *args],
+                                   stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        found = re.search(r"listening on port (\d+)", log.read_text(errors="replace"))
+        if found:
+            return process, int(found.group(1))
+        time.sleep(0.02)
+    process.kill()
+    pytest.fail(f"fusor-scheduler did not start:\n{log.read_text(errors='replace')}")
 
 
 def run_python(*args, cwd=REPO, env=None, timeout=300):

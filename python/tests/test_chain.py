@@ -49,6 +49,12 @@ def test_the_builder_makes_the_chain_the_text_describes():
     assert "O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]" in built.text
 
 
+def test_tabs_separate_like_spaces():
+    c = Chain.parse("chain\tt\ndtype\tf32\ndim\tm=4\tn=8\nin\tX[m,n]\nY[m,n] =\trelu(X[m,n])\nout\tY\n")
+    assert c.name == "t" and [d.name for d in c.structured().dims] == ["m", "n"]
+    assert c.structured().ops[0].expr == "relu(X[m,n])"
+
+
 def test_a_map_op_and_a_literal_shape():
     c = (ChainBuilder("m", dtype="f16").dim(m=4, n=8).input("X", "m", "n").input("B", 8)
          .map("Y[m,n]", "relu(X[m,n] + B[n])").output("Y").build())
@@ -67,8 +73,9 @@ def test_a_map_op_and_a_literal_shape():
     ("chain c\nY[m] =\n", "line 2: expected an expression"),
 ])
 def test_malformed_text_says_which_line(text, message):
+    chain = Chain.parse(text)  # sent as written: the scheduler says what is wrong
     with pytest.raises(ChainError, match=message.replace("[", r"\[")):
-        Chain.parse(text)
+        chain.structured()  # where a structured chain is needed (a sweep), it is read here
 
 
 def test_files_paths_and_json(tmp_path):

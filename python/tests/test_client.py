@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 import fusor
-from fusor import Chain
+from fusor import Chain, ChainBuilder
 from fusor._errors import from_grpc
 
-from conftest import ATTENTION, BUILD, FFN, TEST_SCHEDULER, attention_reference, binary
+from conftest import ATTENTION, BUILD, FFN, TEST_SCHEDULER, attention_reference, binary, start_scheduler
 
 
 def test_tune_streams_progress_then_answers_from_the_cache(client):
     events = []
-    result = client.tune(ATTENTION, budget=2, progress=events.append)
+    result = client.tune(ATTENTION, budget=2, force=True, progress=events.append)
     assert isinstance(events[0], fusor.Started) and events[0].budget == 2
     assert any(isinstance(e, fusor.Progress) for e in events)
     assert not result.from_cache and result.candidates_measured == 2
@@ -27,12 +27,17 @@ def test_tune_streams_progress_then_answers_from_the_cache(client):
     assert result.target.arch and result.target.fingerprint.startswith("cpu-")
     assert "measured" in str(result)
 
-    # The same chain renamed and rewritten through the builder is the same workload: a cache hit.
+    # The same chain renamed is the same workload: a cache hit, as text and built in Python.
     renamed = ATTENTION.replace("small_attention", "renamed").replace("Q", "A")
     events = list(client.tune_events(renamed))
     assert len(events) == 1 and events[0].from_cache
     assert events[0].workload_key == result.workload_key
-    assert client.lookup(Chain.parse(renamed)).schedule == result.schedule
+    built = (ChainBuilder("built").dim(b=2, m=32, n=48, k=16, h=24)
+             .input("A", "b", "m", "k").input("K", "b", "n", "k").input("V", "b", "n", "h")
+             .sum("S[b,m,n]", "k", "A[b,m,k] * K[b,n,k] * 0.25").softmax("P[b,m,n]", "n", "S[b,m,n]")
+             .sum("O[b,m,h]", "n", "P[b,m,n] * V[b,n,h]").output("O"))
+    hit = client.lookup(built)
+    assert hit.workload_key == result.workload_key and hit.schedule == result.schedule
 
     task = client.task(result.task_id)
     assert task.state == "done" and task.result.workload_key == result.workload_key
@@ -98,7 +103,7 @@ def test_wrong_arguments_are_refused_before_the_call(client):
     kernel = client.compile(ATTENTION, budget=2)
     q, k, v = (np.zeros(s.shape, dtype=np.float32) for s in kernel.inputs)
     cases = [
-        ((q, k), {}, "takes 3 inputs \\(Q, K, V\\), got 2"),
+        ((q, k), {}, "kernel 'small_attention' takes 3 inputs \\(Q, K, V\\), got 2"),
         ((q, k, v.astype(np.float64)), {}, "input V must be float32 \\(f32\\), got float64"),
         ((q, k, v[:, :, :12]), {}, "input V must have shape \\(2, 48, 24\\), got \\(2, 48, 12\\)"),
         ((q, k, np.zeros((2, 24, 48), np.float32).transpose(0, 2, 1)), {}, "input V must be C-contiguous"),
@@ -124,17 +129,20 @@ def test_the_call_releases_the_gil(client):
     one_call = min(timeit(lambda: kernel(*args, num_threads=1), number=1) for _ in range(3))
     if one_call < 0.003:
         pytest.skip(f"one call takes {one_call * 1e3:.1f} ms: too short to see the GIL in")
-    thread = threading.Thread(target=lambda: [kernel(*args, num_threads=1) for _ in range(5)])
-    gaps = []
+    calls = 5
+    thread = threading.Thread(target=lambda: [kernel(*args, num_threads=1) for _ in range(calls)])
+    stalled = 0.0
     last = time.perf_counter()
     thread.start()
     while thread.is_alive():
         now = time.perf_counter()
-        gaps.append(now - last)
+        if now - last > 0.001:
+            stalled += now - last
         last = now
     thread.join()
-    # Holding the GIL through a call would stop this loop for the whole call.
-    assert max(gaps) < one_call / 2, (max(gaps), one_call)
+    # Holding the GIL through each call would stall this loop for about `calls` calls; a preempted loop on a
+    # busy machine stalls for a fraction of that.
+    assert stalled < calls * one_call / 2, (stalled, one_call)
 
 
 def test_a_kernel_tuned_for_features_this_cpu_lacks_is_refused(client):
@@ -154,7 +162,8 @@ def test_a_source_that_does_not_build_says_what_the_compiler_said(client, tmp_pa
 
 
 def test_a_sweep_tunes_each_distinct_chain_once(client):
-    other = ATTENTION.replace("m=32", "m=16")
+    client.tune(ATTENTION, budget=2)  # in the cache before the sweep
+    other = ATTENTION.replace("m=32", "m=17")
     events = []
     report = client.sweep([fusor.SweepEntry(ATTENTION, model="a", role="attention"),
                            fusor.SweepEntry(Chain.parse(other), model="b"), ATTENTION], name="test", budget=2,
@@ -197,18 +206,10 @@ def test_the_retry_hint_reaches_the_exception(client, tmp_path):
 def test_tokens_are_sent_and_refusals_are_auth_errors(tmp_path):
     db = tmp_path / "tokens.db"
     created = subprocess.run([str(binary("fusor")), "--db", str(db), "admin", "token", "create", "--role", "client",
-                              "--name", "py"], capture_output=True, text=True, check=True)
+                              "--name", "py"], capture_output=True, text=True, check=True, timeout=60)
     token = created.stdout.split()[0]
-    scheduler = subprocess.Popen([str(binary("fusor-scheduler")), "--listen", "127.0.0.1:0", "--db", str(db)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    scheduler, port = start_scheduler(tmp_path, "--db", str(db))
     try:
-        port = None
-        for _ in range(50):
-            line = scheduler.stdout.readline()
-            if "listening on port" in line:
-                port = int(line.split()[-1])
-                break
-        assert port, "the scheduler did not start"
         with fusor.Client(f"127.0.0.1:{port}", token="", timeout=10) as anonymous, pytest.raises(fusor.AuthError) as e:
             anonymous.workers()
         assert e.value.code == grpc.StatusCode.UNAUTHENTICATED

@@ -31,24 +31,27 @@ def cuda_answer(chain: str, tmp_path, with_launch: bool = True) -> scheduler_pb2
 
 
 class RecordingDriver:
+    """CudaDriver's interface, recording the calls."""
+
     def __init__(self):
         self.calls = []
         self.next = 0x1000
 
-    def ensure_context(self, device):
-        self.calls.append(("context", device))
+    def load(self, device, cubin, name, shared_bytes, argument_bytes):
+        self.calls.append(("load", device, cubin, name, shared_bytes, argument_bytes))
+        return 0xE00, 0xF00
 
-    def load(self, cubin, name, shared_bytes):
-        self.calls.append(("load", cubin, name, shared_bytes))
-        return 0xF00
-
-    def zeroed(self, nbytes):
+    def zeroed(self, device, nbytes, stream):
         self.next += 0x100000
-        self.calls.append(("zeroed", nbytes, self.next))
+        self.calls.append(("zeroed", device, nbytes, stream, self.next))
         return self.next
 
-    def launch(self, fn, grid, block, shared_bytes, stream, args):
-        self.calls.append(("launch", fn, grid, block, shared_bytes, stream, [a or 0 for a in args], ctypes.sizeof(args)))
+    def launch(self, device, fn, grid, block, shared_bytes, stream, args):
+        self.calls.append(("launch", device, fn, grid, block, shared_bytes, stream, [a or 0 for a in args],
+                           ctypes.sizeof(args)))
+
+    def release(self, device, modules, buffers):
+        self.calls.append(("release", device, modules, sorted(buffers)))
 
 
 class FakeTensor:
@@ -56,6 +59,7 @@ class FakeTensor:
         self.shape, self.dtype = tuple(shape), dtype
         self.device = SimpleNamespace(type=device, index=index)
         self._contiguous, self._ptr = contiguous, ptr
+        self.requires_grad = False
 
     def is_contiguous(self):
         return self._contiguous
@@ -77,15 +81,18 @@ def test_a_kernel_without_workspace_launches_with_the_answers_grid_and_pointers(
     ins, outs = tensors(kernel)
     assert kernel(*ins, out=outs[0], stream=7) is outs[0]
     assert kernel(*ins, out=outs[0], stream=7) is outs[0]
-    context, load, launch, again = driver.calls
-    assert context == ("context", 0) and load == ("load", b"\x7fELF cubin", kernel.entry_point, kernel.shared_bytes)
-    assert launch[:6] == ("launch", 0xF00, (49, 1, 1), (128, 1, 1), kernel.shared_bytes, 7)
+    load, launch, again = driver.calls
+    pointers = 8 * len(ins + outs)
+    assert load == ("load", 0, b"\x7fELF cubin", kernel.entry_point, kernel.shared_bytes, pointers)
+    assert launch[:7] == ("launch", 0, 0xF00, (49, 1, 1), (128, 1, 1), kernel.shared_bytes, 7)
     # The argument struct: the input pointers, then the outputs', nothing else.
-    assert launch[6] == [t.data_ptr() for t in ins + outs] and launch[7] == 8 * len(ins + outs)
+    assert launch[7] == [t.data_ptr() for t in ins + outs] and launch[8] == pointers
     assert again == launch
+    kernel.close()
+    assert driver.calls[-1] == ("release", 0, [0xE00], [])
 
 
-def test_a_workspace_is_zeroed_once_per_stream(tmp_path):
+def test_a_workspace_is_zeroed_once_per_stream_on_that_stream(tmp_path):
     driver = RecordingDriver()
     kernel = CudaKernel(cuda_answer("bert_base_attention", tmp_path, with_launch=False), driver=driver)
     assert kernel.shared_bytes > 48 * 1024 and kernel.workspace_bytes > 0
@@ -95,10 +102,12 @@ def test_a_workspace_is_zeroed_once_per_stream(tmp_path):
     kernel(*ins, out=outs, stream=2)
     zeroed = [c for c in driver.calls if c[0] == "zeroed"]
     launches = [c for c in driver.calls if c[0] == "launch"]
-    assert [z[1] for z in zeroed] == [kernel.workspace_bytes] * 2
-    assert launches[0][6][-1] == launches[1][6][-1] == zeroed[0][2]
-    assert launches[2][6][-1] == zeroed[1][2]
-    assert launches[0][6][:-1] == [t.data_ptr() for t in ins + outs]
+    assert [(z[2], z[3]) for z in zeroed] == [(kernel.workspace_bytes, 1), (kernel.workspace_bytes, 2)]
+    assert launches[0][7][-1] == launches[1][7][-1] == zeroed[0][4]
+    assert launches[2][7][-1] == zeroed[1][4]
+    assert launches[0][7][:-1] == [t.data_ptr() for t in ins + outs]
+    del kernel  # dropping the kernel frees what it holds
+    assert driver.calls[-1] == ("release", 0, [0xE00], sorted(z[4] for z in zeroed))
 
 
 def test_tensors_are_checked_before_a_launch(tmp_path):
@@ -134,6 +143,111 @@ def test_an_answer_without_a_cubin_says_why(tmp_path):
 def test_without_a_driver_the_first_call_fails_clearly(tmp_path):
     with pytest.raises(fusor.BuildError, match="no CUDA driver"):
         CudaDriver("libcuda-that-does-not-exist.so")
+
+
+class FakeLibcuda:
+    """The driver entry points CudaDriver calls, checking the ctypes types it passes and recording the calls."""
+
+    def __init__(self, param_bytes):
+        self.calls = []
+        self.param_bytes = param_bytes
+        self.current = []
+
+    def cuDevicePrimaryCtxRetain(self, ctx, device):
+        assert isinstance(device, ctypes.c_int)
+        ctx._obj.value = 0xC0 + device.value
+        return 0
+
+    def cuCtxPushCurrent_v2(self, ctx):
+        self.current.append(ctx.value)
+        return 0
+
+    def cuCtxPopCurrent_v2(self, ctx):
+        self.current.pop()
+        return 0
+
+    def cuModuleLoadData(self, module, image):
+        assert isinstance(image, ctypes.c_char_p)
+        module._obj.value = 0xA0
+        self.calls.append(("load", image.value, self.current[-1]))
+        return 0
+
+    def cuModuleGetFunction(self, fn, module, name):
+        fn._obj.value = 0xB0
+        self.calls.append(("function", module.value, name))
+        return 0
+
+    def cuFuncGetParamInfo(self, fn, index, offset, size):
+        offset._obj.value, size._obj.value = 0, self.param_bytes
+        return 0
+
+    def cuFuncSetAttribute(self, fn, attribute, value):
+        self.calls.append(("attribute", attribute, value))
+        return 0
+
+    def cuMemAlloc_v2(self, ptr, nbytes):
+        assert isinstance(ptr._obj, ctypes.c_uint64) and isinstance(nbytes, ctypes.c_size_t)
+        ptr._obj.value = 0xD000000000
+        return 0
+
+    def cuMemsetD8Async(self, ptr, value, nbytes, stream):
+        self.calls.append(("memset", ptr.value, value.value, nbytes.value, stream.value, self.current[-1]))
+        return 0
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert all(isinstance(x, ctypes.c_uint) for x in (gx, gy, gz, bx, by, bz, shared))
+        assert isinstance(fn, ctypes.c_void_p) and isinstance(stream, ctypes.c_void_p) and extra is None
+        struct = (ctypes.c_uint64 * (self.param_bytes // 8)).from_address(params[0])
+        self.calls.append(("launch", fn.value, (gx.value, gy.value, gz.value), (bx.value, by.value, bz.value),
+                           shared.value, stream.value, list(struct), self.current[-1]))
+        return 0
+
+    def cuMemFree_v2(self, ptr):
+        self.calls.append(("free", ptr.value))
+        return 0
+
+    def cuModuleUnload(self, module):
+        self.calls.append(("unload", module.value))
+        return 0
+
+    def cuGetErrorString(self, rc, text):
+        text._obj.value = b"fake error"
+        return 0
+
+
+def fake_driver(lib):
+    driver = CudaDriver.__new__(CudaDriver)
+    driver._lib, driver._contexts = lib, {}
+    return driver
+
+
+def test_the_driver_is_called_with_the_struct_and_types_the_kernel_expects(tmp_path):
+    response = cuda_answer("bert_base_attention", tmp_path)
+    probe = CudaKernel(response, driver=RecordingDriver())
+    pointers = len(probe.inputs) + len(probe.outputs) + 1
+    lib = FakeLibcuda(param_bytes=8 * pointers)
+    kernel = CudaKernel(response, driver=fake_driver(lib))
+    ins, outs = tensors(kernel)
+    for t in ins + outs:
+        t.device.index = 1
+    kernel(*ins, out=outs, stream=0x5)
+    assert lib.current == [], "a context was left current"
+    load, function, attribute, memset, launch = lib.calls
+    assert load == ("load", b"\x7fELF cubin", 0xC1)  # in cuda:1's primary context
+    assert function == ("function", 0xA0, kernel.entry_point.encode())
+    assert attribute == ("attribute", 8, kernel.shared_bytes)
+    assert memset == ("memset", 0xD000000000, 0, kernel.workspace_bytes, 0x5, 0xC1)
+    assert launch == ("launch", 0xB0, kernel.grid, kernel.block, kernel.shared_bytes, 0x5,
+                      [t.data_ptr() for t in ins + outs] + [0xD000000000], 0xC1)
+    kernel.close()
+    assert lib.calls[-2:] == [("free", 0xD000000000), ("unload", 0xA0)]
+
+    # A cubin whose kernel takes another argument size than the metadata describes is refused.
+    lib = FakeLibcuda(param_bytes=8 * (pointers + 1))
+    kernel = CudaKernel(response, driver=fake_driver(lib))
+    with pytest.raises(fusor.BuildError, match="takes a .*-byte argument"):
+        kernel(*ins, out=outs, stream=0x5)
+    assert lib.current == []
 
 
 def _gpu():

@@ -1,7 +1,5 @@
 """The embedded mode: a private scheduler and worker started and stopped by the client."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -47,8 +45,14 @@ def test_missing_binaries_and_failing_starts_are_clear_errors(tmp_path, monkeypa
         fusor.Client.embedded(bin_dir=BUILD, worker_args=["--no-such-flag"])
 
 
-def test_binaries_are_found_through_fusor_bin_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("FUSOR_BIN_DIR", str(BUILD))
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert fusor.find_binary("fusor-worker") == BUILD / "worker" / "fusor-worker"
-    assert os.access(fusor.find_binary("fusor-scheduler"), os.X_OK)
+def test_bin_dir_then_fusor_bin_dir_come_before_the_source_tree(tmp_path, monkeypatch):
+    own = tmp_path / "fusor-worker"
+    own.write_text("#!/bin/sh\n")
+    own.chmod(0o755)
+    monkeypatch.setenv("FUSOR_BIN_DIR", str(tmp_path))
+    assert fusor.find_binary("fusor-worker") == own.resolve()
+    assert fusor.find_binary("fusor-worker", bin_dir=BUILD) == (BUILD / "worker" / "fusor-worker").resolve()
+    monkeypatch.delenv("FUSOR_BIN_DIR")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    # Installed from this source tree: its build/ comes before PATH.
+    assert fusor.find_binary("fusor-worker") == (BUILD / "worker" / "fusor-worker").resolve()

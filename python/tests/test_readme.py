@@ -17,10 +17,11 @@ def readme_example() -> str:
     return found.group(1)
 
 
-def test_the_readme_example_has_five_lines_and_runs_as_written():
+def test_the_readme_example_has_five_lines_and_runs_as_written(tmp_path):
     code = readme_example()
     assert len(code.strip().splitlines()) == 5, code
     env = {k: v for k, v in os.environ.items() if k not in ("FUSOR_BIN_DIR", "FUSOR_SERVER")}
+    env["FUSOR_CACHE_DIR"] = str(tmp_path)  # not the user's kernel cache
     check = "\nimport numpy\nassert out.shape == (12, 128, 64) and numpy.isfinite(out).all(), out\nprint('ok')\n"
     proc = run_python("-c", code + check, env=env, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

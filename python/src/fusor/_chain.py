@@ -1,9 +1,11 @@
 """Chains of operators: read from text or a file, or built in Python.
 
 A chain reaches the scheduler as a ``fusor.v1.Workload``: chain text (the
-format of examples/*.fusor) or a structured ``fusor.v1.Chain``. Both parse to
-the same IR and the same canonical key on the scheduler, which validates the
-chain and says where it is wrong; this module only reads the lines.
+format of examples/*.fusor), sent as written, or a structured
+``fusor.v1.Chain``. Both parse to the same IR and the same canonical key on
+the scheduler, which validates the chain and says where it is wrong. This
+module reads chain text into a structured chain only where one is needed (a
+sweep's entries, a chain's name), and then only its lines.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def parse_text(text: str) -> workload_pb2.Chain:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        word, _, rest = line.partition(" ")
+        word, _, rest = line.replace("\t", " ").partition(" ")
         rest = rest.strip()
         where = f"line {line_no}"
         if word == "chain":
@@ -126,12 +128,10 @@ class Chain:
 
     @classmethod
     def parse(cls, text: str) -> "Chain":
-        """A chain from chain text (or the JSON of a ``fusor.v1.Chain`` or ``Workload``)."""
+        """A chain from chain text (or the JSON of a ``fusor.v1.Chain`` or ``Workload``); the scheduler checks it."""
         if text.lstrip().startswith("{"):
             return cls._from_json(text, "the JSON text")
-        chain = cls(workload_pb2.Workload(text=text))
-        chain.structured()  # reads the lines now, so a malformed chain fails here
-        return chain
+        return cls(workload_pb2.Workload(text=text))
 
     @classmethod
     def from_file(cls, path: Union[str, os.PathLike]) -> "Chain":
@@ -142,10 +142,7 @@ class Chain:
             raise ChainError(f"cannot read chain file '{path}': {e.strerror}") from None
         if text.lstrip().startswith("{"):
             return cls._from_json(text, str(path))
-        try:
-            return cls.parse(text)
-        except ChainError as e:
-            raise ChainError(f"{path}: {e}") from None
+        return cls.parse(text)
 
     @classmethod
     def from_proto(cls, message: Union[workload_pb2.Chain, workload_pb2.Workload]) -> "Chain":
@@ -186,7 +183,11 @@ class Chain:
 
     @property
     def name(self) -> str:
-        return self.structured().name
+        """The chain's name ("" when chain text names none)."""
+        if self._workload.HasField("chain"):
+            return self._workload.chain.name
+        found = re.search(r"^[ \t]*chain[ \t]+([A-Za-z_]\w*)", self._workload.text, re.M)
+        return found.group(1) if found else ""
 
     @property
     def dtype(self) -> str:

@@ -16,7 +16,7 @@ from ._errors import FusorError, NotFoundError
 from ._result import Progress, Result, Started
 from .v1 import scheduler_pb2
 
-EXIT_ERROR, EXIT_USAGE, EXIT_MISS = 1, 2, 3
+EXIT_ERROR, EXIT_MISS = 1, 3  # argparse exits 2 on usage errors
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -58,12 +58,15 @@ class Client:
         token = token if token is not None else os.environ.get("FUSOR_TOKEN")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        if (tls_cert is None) != (tls_key is None):
+            raise FusorError("tls_cert and tls_key go together")
         if tls or tls_cert:
             def read(path: Optional[Union[str, os.PathLike]]) -> Optional[bytes]:
-                return Path(path).read_bytes() if path else None
+                try:
+                    return Path(path).read_bytes() if path else None
+                except OSError as e:
+                    raise FusorError(f"cannot read {path}: {e.strerror}") from None
 
-            if (tls_cert is None) != (tls_key is None):
-                raise FusorError("tls_cert and tls_key go together")
             ca = tls if isinstance(tls, (str, os.PathLike)) else None
             credentials = grpc.ssl_channel_credentials(read(ca), read(tls_key), read(tls_cert))
             if tls_server_name:
@@ -88,10 +91,14 @@ class Client:
                                   worker_args=worker_args)
         try:
             client = cls(service.address, **client_args)
-            client._embedded = service
-            service.wait_for_worker(client.workers)
         except BaseException:
             service.close()
+            raise
+        client._embedded = service
+        try:
+            service.wait_for_worker(client.workers)
+        except BaseException:
+            client.close()
             raise
         return client
 
@@ -114,13 +121,16 @@ class Client:
         try:
             return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise from_grpc(e) from None
+            raise from_grpc(e) from e
 
     def _stream(self, method: Callable, request: Any, timeout: Optional[float]) -> Iterator[Any]:
+        call = method(request, timeout=timeout or self.timeout, metadata=self._metadata)
         try:
-            yield from method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            yield from call
         except grpc.RpcError as e:
-            raise from_grpc(e) from None
+            raise from_grpc(e) from e
+        finally:
+            call.cancel()  # a caller that stops iterating early ends the call (a no-op once it has ended)
 
     @staticmethod
     def _selector(backend: str, target: Optional[str]) -> target_pb2.TargetSelector:
@@ -174,23 +184,28 @@ class Client:
         return self._call(self._stub.Compile, request, timeout)
 
     def compile(self, chain: ChainLike, *, budget: int = 0, cache_only: bool = False, backend: str = "cpu",
-                target: Optional[str] = None, timeout: Optional[float] = None, **kernel_args: Any) -> Kernel:
+                target: Optional[str] = None, timeout: Optional[float] = None, num_threads: Optional[int] = None,
+                compiler: Optional[str] = None) -> Kernel:
         """The best kernel of a chain, callable: tuned first on a cache miss (unless ``cache_only``: then
         NotFoundError).
 
-        A CPU kernel is built on this machine (once; cached in ``cache_dir``) and callable on NumPy arrays and
-        PyTorch CPU tensors; a CUDA kernel is launched on PyTorch CUDA tensors. ``kernel_args`` go to the
-        kernel: ``num_threads`` and ``compiler`` for CPU kernels.
+        A CPU kernel is built on this machine with ``compiler`` (default $CXX, else c++; once, then cached in
+        ``cache_dir``) and callable on NumPy arrays and PyTorch CPU tensors, on ``num_threads`` threads by
+        default. A CUDA kernel is launched on PyTorch CUDA tensors.
         """
+        chain = as_chain(chain)
         response = self.compile_source(chain, budget=budget, cache_only=cache_only, backend=backend, target=target,
                                        timeout=timeout)
         if response.language == "cuda":
+            if num_threads is not None or compiler is not None:
+                raise FusorError("num_threads and compiler apply to CPU kernels, not to a CUDA kernel")
             from ._cuda import CudaKernel
 
-            return CudaKernel(response, **kernel_args)
+            return CudaKernel(response, name=chain.name)
         if response.language != "c++":
             raise FusorError(f"the scheduler answered with a '{response.language}' kernel, which this client cannot run")
-        return CpuKernel(response, cache_dir=kernel_args.pop("cache_dir", self.cache_dir), **kernel_args)
+        return CpuKernel(response, cache_dir=self.cache_dir, compiler=compiler, num_threads=num_threads,
+                         name=chain.name)
 
     def lookup(self, chain: ChainLike, *, backend: str = "cpu", target: Optional[str] = None,
                timeout: Optional[float] = None) -> Optional[Result]:
@@ -203,7 +218,7 @@ class Client:
 
     def workers(self, timeout: Optional[float] = None) -> List[Worker]:
         """The workers the scheduler knows, alive or lost."""
-        response = self._call(self._stub.ListWorkers, scheduler_pb2.ListWorkersRequest(), timeout or 30.0)
+        response = self._call(self._stub.ListWorkers, scheduler_pb2.ListWorkersRequest(), timeout)
         return [Worker.from_proto(w) for w in response.workers]
 
     def task(self, task_id: str, timeout: Optional[float] = None) -> Task:

@@ -2,13 +2,15 @@
 
 The embedded service runs the built fusor-scheduler and fusor-worker
 binaries as child processes: the scheduler on a free loopback port with a
-private database (unless ``db=`` names one to keep), and one CPU worker
-dialling it. Both stop when the service is closed, when the Python process
-exits, and (through the kernel's parent-death signal) when it dies.
+private database (unless ``db=`` names one to keep), and one worker dialling
+it. Both stop when the service is closed or the Python process exits, and,
+on Linux, when it dies (the children are started by a thread that lives as
+long as the process, with a parent-death signal).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import os
 import re
@@ -19,11 +21,22 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from ._errors import EmbeddedError
 
 _PORT_LINE = re.compile(r"listening on port (\d+)")
+_PR_SET_PDEATHSIG = 1
+
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the forked child only calls it
+except (OSError, AttributeError):
+    _prctl = None
+
+# The thread that starts the children. A parent-death signal fires when the
+# thread that forked the child exits, so it must outlive every service: an
+# executor's thread waits for work until the interpreter shuts down.
+_spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusor-embedded")
 
 
 def _search_dirs(bin_dir: Optional[Union[str, os.PathLike]]) -> List[Path]:
@@ -32,32 +45,34 @@ def _search_dirs(bin_dir: Optional[Union[str, os.PathLike]]) -> List[Path]:
         dirs.append(Path(bin_dir))
     if os.environ.get("FUSOR_BIN_DIR"):
         dirs.append(Path(os.environ["FUSOR_BIN_DIR"]))
-    dirs += [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parent / "bin")
     recorded = Path(__file__).resolve().parent / "_source_tree.txt"
     if recorded.exists():
         dirs.append(Path(recorded.read_text().strip()) / "build")
+    dirs += [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     return dirs
 
 
 def find_binary(name: str, bin_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
-    """`name` in bin_dir, $FUSOR_BIN_DIR, PATH, the package's bin/, or the source tree's build/ (a CMake build
-    tree is searched in its server/, worker/ and client/ too)."""
-    dirs = _search_dirs(bin_dir)
-    for d in dirs:
+    """The absolute path of `name`, looked for in bin_dir, $FUSOR_BIN_DIR, the build/ of the source tree the
+    package was installed from, then PATH (a CMake build tree is searched in its server/, worker/ and client/)."""
+    for d in _search_dirs(bin_dir):
         for candidate in (d / name, d / "server" / name, d / "worker" / name, d / "client" / name):
             if candidate.is_file() and os.access(candidate, os.X_OK):
-                return candidate
-    raise EmbeddedError(f"{name} not found (looked in bin_dir, $FUSOR_BIN_DIR, PATH and the source tree's build/); "
+                return candidate.resolve()
+    raise EmbeddedError(f"{name} not found (looked in bin_dir, $FUSOR_BIN_DIR, the source tree's build/ and PATH); "
                         "build fusor (./deploy/build.sh), or set FUSOR_BIN_DIR to the directory of its binaries")
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the Python process dies (Linux prctl(PR_SET_PDEATHSIG))."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+def _child_setup(parent: int) -> Callable[[], None]:
+    def setup() -> None:
+        # SIGTERM when the spawning thread (which lives as long as the process) goes away; and if the
+        # parent is already gone, do not start at all.
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return setup
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -85,7 +100,7 @@ class EmbeddedService:
         scheduler_bin = find_binary("fusor-scheduler", bin_dir)
         worker_bin = find_binary("fusor-worker", bin_dir)
         self.directory = Path(tempfile.mkdtemp(prefix="fusor-embedded-"))
-        self.db = Path(db).expanduser() if db else self.directory / "tuning.db"
+        self.db = Path(db).expanduser().resolve() if db else self.directory / "tuning.db"
         self.startup_timeout = startup_timeout
         self._processes: List[subprocess.Popen] = []
         self._finalizer = weakref.finalize(self, EmbeddedService._stop, self._processes, self.directory)
@@ -107,8 +122,11 @@ class EmbeddedService:
 
     def _start(self, argv: List[str], log: Path) -> None:
         with open(log, "wb") as out:
-            self._processes.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                                    preexec_fn=_die_with_parent, cwd=self.directory))
+            # A session of its own: stopping the service signals the child's own children too.
+            process = _spawner.submit(subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, cwd=self.directory, start_new_session=True,
+                                      preexec_fn=_child_setup(os.getpid())).result()
+        self._processes.append(process)
 
     def _wait_for_port(self) -> int:
         scheduler = self._processes[0]
@@ -123,7 +141,7 @@ class EmbeddedService:
         raise EmbeddedError(f"fusor-scheduler did not report its port in {self.startup_timeout:.0f} s:\n"
                             f"{_tail(self.scheduler_log)}")
 
-    def wait_for_worker(self, list_workers) -> None:
+    def wait_for_worker(self, list_workers: Callable[[], list]) -> None:
         """Waits until the worker has registered (calibration included), or fails with its log."""
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
@@ -137,18 +155,22 @@ class EmbeddedService:
                             f"{_tail(self.worker_log)}")
 
     def close(self) -> None:
-        """Stops the worker, then the scheduler (SIGTERM, then SIGKILL after 10 s), and removes the private files."""
+        """Stops the worker, then the scheduler (SIGTERM to each one's process group, SIGKILL after 10 s), and
+        removes the private files."""
         self._finalizer()
 
     @staticmethod
     def _stop(processes: List[subprocess.Popen], directory: Path) -> None:
         for p in reversed(processes):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+                try:
+                    p.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         processes.clear()
         shutil.rmtree(directory, ignore_errors=True)

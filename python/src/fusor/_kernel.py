@@ -11,6 +11,7 @@ with every tensor dense, row-major, in declaration order.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from ._result import Result
 
 # bf16 has no NumPy dtype: its arrays are passed as their uint16 bits.
 NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
-TORCH_DTYPES = {"f32": "torch.float32", "f16": "torch.float16", "bf16": "torch.bfloat16"}
+TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,6 @@ class TensorSpec:
     name: str
     shape: Tuple[int, ...]
     dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * (4 if self.dtype == "f32" else 2)
 
 
 def _specs(entries: Sequence[Dict[str, Any]]) -> List[TensorSpec]:
@@ -63,6 +60,28 @@ def _torch_tensor_type() -> Optional[type]:
     return getattr(torch, "Tensor", None) if torch is not None else None
 
 
+def torch_empty(spec: TensorSpec, device: Any = "cpu") -> Any:
+    """An uninitialised PyTorch tensor for `spec`."""
+    import torch
+
+    return torch.empty(spec.shape, dtype=getattr(torch, TORCH_DTYPES[spec.dtype]), device=device)
+
+
+def check_tensor(t: Any, spec: TensorSpec, role: str, device: str, writable: bool) -> None:
+    """Raises KernelArgumentError unless `t` is a contiguous PyTorch tensor of `spec` on `device` ("cpu", "cuda")."""
+    if t.device.type != device:
+        where = "the CPU" if device == "cpu" else "a CUDA GPU"
+        raise KernelArgumentError(f"{role} {spec.name} is on {t.device}; this kernel runs on {where}")
+    if str(t.dtype) != "torch." + TORCH_DTYPES[spec.dtype]:
+        raise KernelArgumentError(f"{role} {spec.name} must be torch.{TORCH_DTYPES[spec.dtype]}, got {t.dtype}")
+    if tuple(t.shape) != spec.shape:
+        raise KernelArgumentError(f"{role} {spec.name} must have shape {spec.shape}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise KernelArgumentError(f"{role} {spec.name} must be contiguous (.contiguous())")
+    if writable and t.requires_grad:
+        raise KernelArgumentError(f"output {spec.name} requires grad; fusor kernels do not record gradients")
+
+
 class Kernel:
     """A tuned kernel returned by :meth:`fusor.Client.compile`.
 
@@ -74,7 +93,8 @@ class Kernel:
 
     language = ""
 
-    def __init__(self, response: Any):
+    def __init__(self, response: Any, name: str = ""):
+        self.name = name or response.entry_point
         self.result = Result.from_proto(response.result)
         self.source: str = response.kernel_source
         self.entry_point: str = response.entry_point
@@ -105,24 +125,26 @@ class Kernel:
         return outs
 
     def _what(self) -> str:
-        return f"kernel '{self.metadata.get('chain') or self.entry_point}'"
+        return f"kernel '{self.name}'"
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{s.name}{list(s.shape)}:{s.dtype}" for s in self.inputs)
         outs = ", ".join(f"{s.name}{list(s.shape)}" for s in self.outputs)
-        return f"<fusor {self.language} Kernel ({sig}) -> ({outs}), schedule {self.schedule!r}>"
+        return f"<fusor {self.language} Kernel {self.name} ({sig}) -> ({outs}), schedule {self.schedule!r}>"
 
 
-def _host_flags() -> set:
+@functools.lru_cache(maxsize=None)
+def host_flags() -> frozenset:
+    """This CPU's feature flags (/proc/cpuinfo); empty where they cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key.strip() in ("flags", "Features"):
-                    return set(value.split())
+                    return frozenset(value.split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 class CpuKernel(Kernel):
@@ -131,8 +153,8 @@ class CpuKernel(Kernel):
     language = "c++"
 
     def __init__(self, response: Any, cache_dir: Optional[Union[str, os.PathLike]] = None,
-                 compiler: Optional[str] = None, num_threads: Optional[int] = None):
-        super().__init__(response)
+                 compiler: Optional[str] = None, num_threads: Optional[int] = None, name: str = ""):
+        super().__init__(response, name)
         self._check_host()
         self.flags: List[str] = list(self.metadata.get("compile_flags", []))
         self.compiler = compiler or os.environ.get("CXX") or "c++"
@@ -156,17 +178,19 @@ class CpuKernel(Kernel):
         arch = target.arch
         if arch.startswith("x86-64") and machine not in ("x86_64", "AMD64"):
             raise BuildError(f"the kernel was tuned for {arch} ({target.device_name}); this machine is {machine}")
-        missing = sorted(set(target.isa_features) - _host_flags())
-        if missing and _host_flags():
+        missing = sorted(set(target.isa_features) - host_flags())
+        if missing and host_flags():
             raise BuildError(f"the kernel was tuned for {arch} ({target.device_name}) and uses "
                              f"{', '.join(missing)}, which this CPU lacks; tune it on a worker like this machine")
 
     def _build(self, cache_dir: Path) -> Path:
-        """The shared object of the source, built once per source, flags and compiler."""
+        """The shared object of the source, built once per source, flags, compiler and host CPU (the flags
+        include -march=native, so a cache shared by machines keeps one object per kind of CPU)."""
         compiler = shutil.which(self.compiler)
         if compiler is None:
             raise BuildError(f"no C++ compiler '{self.compiler}' on PATH (set CXX) to build the kernel")
-        key = hashlib.sha256("\0".join([self.source, *self.flags, compiler]).encode()).hexdigest()[:16]
+        host = " ".join([platform.machine(), *sorted(host_flags())])
+        key = hashlib.sha256("\0".join([self.source, *self.flags, compiler, host]).encode()).hexdigest()[:16]
         directory = cache_dir / f"{self.result.workload_key}-{self.result.target.fingerprint}"
         library = directory / f"{self.entry_point}-{key}.so"
         if library.exists():
@@ -205,11 +229,7 @@ class CpuKernel(Kernel):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _allocate(self, spec: TensorSpec, use_torch: bool) -> Any:
-        if use_torch:
-            import torch
-
-            return torch.empty(spec.shape, dtype=getattr(torch, TORCH_DTYPES[spec.dtype][6:]))
-        return np.empty(spec.shape, dtype=NUMPY_DTYPES[spec.dtype])
+        return torch_empty(spec) if use_torch else np.empty(spec.shape, dtype=NUMPY_DTYPES[spec.dtype])
 
     def _pointer(self, a: Any, spec: TensorSpec, np_dtype: np.dtype, tensor_type: Optional[type], role: str,
                  writable: bool) -> int:
@@ -224,16 +244,7 @@ class CpuKernel(Kernel):
                 raise KernelArgumentError(f"output {spec.name} is read-only")
             return a.ctypes.data
         if tensor_type is not None and isinstance(a, tensor_type):
-            if a.device.type != "cpu":
-                raise KernelArgumentError(f"{role} {spec.name} is on {a.device}; this kernel runs on the CPU")
-            if str(a.dtype) != TORCH_DTYPES[spec.dtype]:
-                raise KernelArgumentError(f"{role} {spec.name} must be {TORCH_DTYPES[spec.dtype]}, got {a.dtype}")
-            if tuple(a.shape) != spec.shape:
-                raise KernelArgumentError(f"{role} {spec.name} must have shape {spec.shape}, got {tuple(a.shape)}")
-            if not a.is_contiguous():
-                raise KernelArgumentError(f"{role} {spec.name} must be contiguous (.contiguous())")
-            if writable and a.requires_grad:
-                raise KernelArgumentError(f"output {spec.name} requires grad; fusor kernels do not record gradients")
+            check_tensor(a, spec, role, "cpu", writable)
             return a.data_ptr()
         raise KernelArgumentError(f"{role} {spec.name} must be a NumPy array or a PyTorch CPU tensor, "
                                   f"got {type(a).__name__}")

@@ -8,7 +8,7 @@ from typing import Any, Optional
 from .v1 import scheduler_pb2, target_pb2
 
 
-def _us(seconds: float) -> str:
+def _duration(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
 
 
@@ -53,10 +53,10 @@ class Result:
                  f"answer     {answer}",
                  f"schedule   {self.schedule}",
                  f"mapping    {self.mapping}",
-                 f"predicted  {_us(self.predicted_s)}",
-                 f"measured   {_us(self.best_s)}  (spread {self.spread * 100:.0f}%)"]
+                 f"predicted  {_duration(self.predicted_s)}",
+                 f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)"]
         if self.baseline_s > 0:
-            lines.append(f"baseline   {_us(self.baseline_s)}  (unfused: {self.baseline_kind})")
+            lines.append(f"baseline   {_duration(self.baseline_s)}  (unfused: {self.baseline_kind})")
             lines.append(f"speedup    {self.speedup:.2f}x over the unfused baseline")
         return "\n".join(lines)
 

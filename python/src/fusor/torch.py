@@ -29,37 +29,54 @@ from ._kernel import Kernel
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards the three below, never held while tuning
 _client: Optional[Client] = None
+_owned = False  # whether _client was started here (and so is closed here)
 _kernels: Dict[Tuple[str, str], Kernel] = {}
+_pending: Dict[Tuple[str, str], threading.Lock] = {}
 
 
 def set_client(client: Optional[Client]) -> None:
-    """The client the helpers use (None: back to the default); forgets the kernels kept so far."""
-    global _client
+    """The client the helpers use (None: back to the default); forgets the kernels kept so far, and stops the
+    default embedded scheduler if the helpers had started one."""
+    global _client, _owned
     with _lock:
-        _client = client
+        previous, owned = _client, _owned
+        _client, _owned = client, False
         _kernels.clear()
+    if owned and previous is not None:
+        previous.close()
 
 
 def _default_client() -> Client:
-    global _client
-    if _client is None:
-        server = os.environ.get("FUSOR_SERVER")
-        _client = Client(server) if server else Client.embedded()
-    return _client
+    global _client, _owned
+    with _lock:
+        if _client is None:
+            server = os.environ.get("FUSOR_SERVER")
+            _client, _owned = (Client(server), True) if server else (Client.embedded(), True)
+        return _client
 
 
 def kernel(chain: Chain, backend: str, budget: int = 0) -> Kernel:
-    """The tuned kernel of `chain` on `backend`, kept for the process after the first call."""
+    """The tuned kernel of `chain` on `backend`, kept for the process after the first call. Threads asking for
+    the same chain wait for one compile; other chains go on."""
     key = (chain.text, backend)
     with _lock:
-        if key not in _kernels:
-            _kernels[key] = _default_client().compile(chain, backend=backend, budget=budget)
-        return _kernels[key]
+        if key in _kernels:
+            return _kernels[key]
+        pending = _pending.setdefault(key, threading.Lock())
+    with pending:
+        with _lock:
+            if key in _kernels:
+                return _kernels[key]
+        compiled = _default_client().compile(chain, backend=backend, budget=budget)
+        with _lock:
+            _kernels[key] = compiled
+            _pending.pop(key, None)
+        return compiled
 
 
-def _check(tensors: List[torch.Tensor], names: str) -> Tuple[str, str]:
+def _check(tensors: List[torch.Tensor], names: List[str]) -> Tuple[str, str]:
     """The chain dtype and backend of the tensors, which must agree."""
     first = tensors[0]
     if first.dtype not in _DTYPES:
