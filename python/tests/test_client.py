@@ -14,7 +14,7 @@ import fusor
 from fusor import Chain, ChainBuilder
 from fusor._errors import from_grpc
 
-from conftest import ATTENTION, BUILD, FFN, TEST_SCHEDULER, attention_reference, binary, start_scheduler
+from conftest import ATTENTION, BUILD, FFN, REPO, TEST_SCHEDULER, attention_reference, binary, start_scheduler
 
 
 def test_tune_streams_progress_then_answers_from_the_cache(client):
@@ -241,3 +241,60 @@ def test_grpc_errors_map_to_exceptions_with_their_hint():
     assert isinstance(e, fusor.AuthError) and e.retry_after is None
     e = from_grpc(_FakeRpcError(grpc.StatusCode.INTERNAL, "boom", None))
     assert type(e) is fusor.RpcError and e.code == grpc.StatusCode.INTERNAL
+
+
+def _bf16_bits(x):
+    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_precision_kernels_take_float16_or_bfloat16_bits(client, dtype):
+    chain = f"chain half_gemm_chain\ndtype {dtype}\ndim m=32 k=16 n=48 h=24\nin A[m,k] B[k,n] D[n,h]\n" \
+            "C[m,n] = sum(k) A[m,k] * B[k,n]\nE[m,h] = sum(n) C[m,n] * D[n,h]\nout E\n"
+    kernel = client.compile(chain, budget=2)
+    rng = np.random.default_rng(4)
+    values = [rng.uniform(-1, 1, s.shape).astype(np.float32) for s in kernel.inputs]
+    if dtype == "f16":
+        args = [v.astype(np.float16) for v in values]
+        exact = [a.astype(np.float64) for a in args]
+    else:
+        args = [_bf16_bits(v) for v in values]
+        exact = [_from_bf16_bits(a).astype(np.float64) for a in args]
+        with pytest.raises(fusor.KernelArgumentError, match="must be uint16 \\(bf16\\), got float32"):
+            kernel(*values)
+    out = kernel(*args)
+    got = out.astype(np.float64) if dtype == "f16" else _from_bf16_bits(out).astype(np.float64)
+    reference = exact[0] @ exact[1] @ exact[2]
+    # The intermediate C is stored in the chain's dtype: compare with the output's precision.
+    np.testing.assert_allclose(got, reference, rtol=2e-2 if dtype == "bf16" else 4e-3,
+                               atol=0.05 * np.abs(reference).max())
+
+
+def test_mutual_tls_with_the_deployments_certificates(tmp_path):
+    certs = tmp_path / "certs"
+    subprocess.run([str(REPO / "deploy" / "make-certs.sh"), str(certs)], check=True, capture_output=True, timeout=60)
+    scheduler, port = start_scheduler(tmp_path, "--db", str(tmp_path / "tls.db"), "--insecure",
+                                      "--tls-cert", str(certs / "scheduler.pem"), "--tls-key",
+                                      str(certs / "scheduler.key"), "--tls-client-ca", str(certs / "ca.pem"))
+    try:
+        address = f"127.0.0.1:{port}"
+        with fusor.Client(address, tls=str(certs / "ca.pem"), tls_cert=str(certs / "client.pem"),
+                          tls_key=str(certs / "client.key"), timeout=10) as c:
+            assert c.workers() == []
+        # Without a client certificate, or in plaintext, the scheduler cannot be reached.
+        for kwargs in ({"tls": str(certs / "ca.pem")}, {}):
+            with fusor.Client(address, timeout=5, **kwargs) as c, pytest.raises(fusor.UnavailableError):
+                c.workers()
+        with pytest.raises(fusor.FusorError, match="tls_cert and tls_key go together"):
+            fusor.Client(address, tls_cert=str(certs / "client.pem"))
+        with pytest.raises(fusor.FusorError, match="cannot read"):
+            fusor.Client(address, tls=str(tmp_path / "missing.pem"))
+    finally:
+        scheduler.terminate()
+        scheduler.wait(timeout=10)
