@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python package's test environment: a virtualenv with pytest and the
-# package's build tools (setuptools, grpcio-tools), filled from PyPI the
+# The Python package's test environment: a virtualenv with pytest, mypy and
+# the package's build tools (setuptools, grpcio-tools), filled from PyPI the
 # first time, and the package built from ./python (its dependencies, grpcio,
 # protobuf and numpy, come from PyPI the first time too). The package is
 # built and installed again on every run, with the environment's build tools
@@ -14,9 +14,9 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "python-env: creating $venv" >&2
   python3 -m venv "$venv" >&2
 fi
-if ! "$venv/bin/python" -c "import pytest, setuptools, grpc_tools, wheel" > /dev/null 2>&1; then
-  echo "python-env: installing pytest, setuptools, wheel and grpcio-tools from PyPI" >&2
-  "$venv/bin/python" -m pip install --quiet pytest "setuptools>=64" wheel grpcio-tools >&2
+if ! "$venv/bin/python" -c "import pytest, mypy, setuptools, grpc_tools, wheel" > /dev/null 2>&1; then
+  echo "python-env: installing pytest, mypy, setuptools, wheel and grpcio-tools from PyPI" >&2
+  "$venv/bin/python" -m pip install --quiet pytest mypy "setuptools>=64" wheel grpcio-tools >&2
 fi
 echo "python-env: building and installing ./python" >&2
 "$venv/bin/python" -m pip install --quiet --no-build-isolation "$root/python" >&2

@@ -4,8 +4,8 @@
 # offline lint of deploy/, the fuzz targets for 20 s each
 # (FUSOR_FUZZ_SECONDS), the peer benchmark's short mode (every
 # implementation validated against fusor's reference; no timing claim), and
-# the Python package's tests (pytest, in the virtualenv of
-# deploy/python-env.sh; PyTorch tests are skipped where it is absent).
+# the Python package's type check (mypy) and tests (pytest), in the
+# virtualenv of deploy/python-env.sh (PyTorch tests are skipped without it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/deploy/build.sh"
@@ -21,6 +21,10 @@ fi
 # The peer benchmark keeps working: short mode, the model's picks, no tuning.
 "$root/bench/peers/peers.sh" --short --model-only --fusor "$root/build/client/fusor" \
   "$root/examples/bert_base_attention.fusor" "$root/examples/gemm_chain.fusor" "$root/examples/conv1x1_chain.fusor"
-# The Python package against the binaries just built.
+# The Python package: its type hints checked as installed (with the generated
+# stubs), then its tests against the binaries just built.
 python="$("$root/deploy/python-env.sh" | tail -n 1)"
+outside="$(mktemp -d)"  # mypy run from the source tree would check it instead of the installed package
+(cd "$outside" && "$python" -m mypy --ignore-missing-imports --cache-dir=/dev/null -p fusor)
+rmdir "$outside"
 (cd "$root" && FUSOR_BUILD_DIR="$root/build" "$python" -m pytest -q -p no:cacheprovider "$root/python/tests")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -57,7 +57,8 @@ class Client:
         self.cache_dir = cache_dir
         token = token if token is not None else os.environ.get("FUSOR_TOKEN")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                                          ("grpc.max_send_message_length", _MAX_MESSAGE)]
         if (tls_cert is None) != (tls_key is None):
             raise FusorError("tls_cert and tls_key go together")
         if tls or tls_cert:

@@ -80,7 +80,7 @@ class CudaDriver:
                                      f"{argument_bytes} bytes of pointers")
             if shared_bytes > _DEFAULT_SHARED_LIMIT:
                 self._check(self._lib.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED, shared_bytes), "cuFuncSetAttribute")
-            return module.value, fn.value
+            return module.value or 0, fn.value or 0
 
     def zeroed(self, device: int, nbytes: int, stream: int) -> int:
         """Device memory of `nbytes`, zero-filled in order on `stream` (before anything launched on it later)."""
@@ -176,6 +176,7 @@ class CudaKernel(Kernel):
                 elif index != device:
                     raise KernelArgumentError(f"{role} {spec.name} is on cuda:{index}, the others on cuda:{device}")
                 pointers.append(t.data_ptr())
+        assert device is not None  # a kernel has inputs
         return device, pointers
 
     def __call__(self, *args: Any, out: Any = None, stream: Optional[int] = None) -> Any:

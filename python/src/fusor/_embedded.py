@@ -21,13 +21,14 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 from ._errors import EmbeddedError
 
 _PORT_LINE = re.compile(r"listening on port (\d+)")
 _PR_SET_PDEATHSIG = 1
 
+_prctl: Optional[Any]
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the forked child only calls it
 except (OSError, AttributeError):
@@ -147,9 +148,10 @@ class EmbeddedService:
         while time.monotonic() < deadline:
             if any(w.state == "alive" for w in list_workers()):
                 return
-            for p, log in zip(self._processes, (self.scheduler_log, self.worker_log)):
+            for p, name, log in zip(self._processes, ("fusor-scheduler", "fusor-worker"),
+                                    (self.scheduler_log, self.worker_log)):
                 if p.poll() is not None:
-                    raise EmbeddedError(f"{Path(p.args[0]).name} exited with {p.returncode}:\n{_tail(log)}")
+                    raise EmbeddedError(f"{name} exited with {p.returncode}:\n{_tail(log)}")
             time.sleep(0.05)
         raise EmbeddedError(f"the embedded worker did not register in {self.startup_timeout:.0f} s:\n"
                             f"{_tail(self.worker_log)}")

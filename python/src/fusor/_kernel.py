@@ -30,7 +30,7 @@ from ._errors import BuildError, FusorError, KernelArgumentError
 from ._result import Result
 
 # bf16 has no NumPy dtype: its arrays are passed as their uint16 bits.
-NUMPY_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+NUMPY_DTYPES: Dict[str, np.dtype] = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
@@ -112,6 +112,9 @@ class Kernel:
     def schedule(self) -> str:
         return self.result.schedule
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
     def _check_count(self, args: Sequence[Any], out: Any) -> Optional[Sequence[Any]]:
         if len(args) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
@@ -170,7 +173,8 @@ class CpuKernel(Kernel):
         self._fn = fn
         self._in_array = ctypes.c_void_p * len(self.inputs)
         self._out_array = ctypes.c_void_p * len(self.outputs)
-        self._np_dtype = [NUMPY_DTYPES[s.dtype] for s in self.inputs], [NUMPY_DTYPES[s.dtype] for s in self.outputs]
+        self._in_dtypes = [NUMPY_DTYPES[s.dtype] for s in self.inputs]
+        self._out_dtypes = [NUMPY_DTYPES[s.dtype] for s in self.outputs]
 
     def _check_host(self) -> None:
         target = self.result.target
@@ -217,12 +221,12 @@ class CpuKernel(Kernel):
         use_torch = tensor_type is not None and any(isinstance(a, tensor_type) for a in args)
         ins = self._in_array()
         for i, (a, spec) in enumerate(zip(args, self.inputs)):
-            ins[i] = self._pointer(a, spec, self._np_dtype[0][i], tensor_type, "input", writable=False)
+            ins[i] = self._pointer(a, spec, self._in_dtypes[i], tensor_type, "input", writable=False)
         if outs is None:
             outs = [self._allocate(spec, use_torch) for spec in self.outputs]
         results = self._out_array()
         for i, (o, spec) in enumerate(zip(outs, self.outputs)):
-            results[i] = self._pointer(o, spec, self._np_dtype[1][i], tensor_type, "output", writable=True)
+            results[i] = self._pointer(o, spec, self._out_dtypes[i], tensor_type, "output", writable=True)
         rc = self._fn(ins, results, num_threads or self.num_threads)
         if rc != 0:
             raise FusorError(f"{self._what()} returned {rc}")
@@ -245,6 +249,6 @@ class CpuKernel(Kernel):
             return a.ctypes.data
         if tensor_type is not None and isinstance(a, tensor_type):
             check_tensor(a, spec, role, "cpu", writable)
-            return a.data_ptr()
+            return int(a.data_ptr())  # type: ignore[attr-defined]
         raise KernelArgumentError(f"{role} {spec.name} must be a NumPy array or a PyTorch CPU tensor, "
                                   f"got {type(a).__name__}")
