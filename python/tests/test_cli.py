@@ -49,3 +49,10 @@ def test_sweep_of_chain_files(service):
     proc = run_python("-m", "fusor", "--server", service.address, "sweep", "--budget", "2", *files)
     assert proc.returncode == 0, proc.stderr
     assert "gemv" in proc.stdout and "(done)" in proc.stdout
+
+
+def test_embedded_mode_needs_no_server(tmp_path):
+    db = tmp_path / "cli.db"
+    proc = run_python("-m", "fusor", "--embedded", "--db", str(db), "workers")
+    assert proc.returncode == 0, proc.stderr
+    assert "alive" in proc.stdout and db.exists()
