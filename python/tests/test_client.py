@@ -1,6 +1,7 @@
 """The client against a real scheduler and CPU worker on loopback."""
 
 import ctypes
+import os
 import subprocess
 import threading
 import time
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import fusor
+import fusor._kernel
 from fusor import Chain, ChainBuilder
 from fusor._errors import from_grpc
 
@@ -82,9 +84,9 @@ def test_a_kernel_runs_on_numpy_and_matches_a_numpy_reference(client):
 
     # Built once: a second compile loads the same shared object from the cache directory.
     library = kernel.library_path
-    mtime = library.stat().st_mtime_ns
+    inode = library.stat().st_ino
     again = client.compile(ATTENTION)
-    assert again.library_path == library and library.stat().st_mtime_ns == mtime
+    assert again.library_path == library and library.stat().st_ino == inode  # a build would replace the file
     assert library.parent.name == f"{kernel.workload_key}-{kernel.result.target.fingerprint}"
 
 
@@ -298,3 +300,19 @@ def test_mutual_tls_with_the_deployments_certificates(tmp_path):
     finally:
         scheduler.terminate()
         scheduler.wait(timeout=10)
+
+
+def test_the_kernel_cache_evicts_the_least_recently_used_beyond_its_size(client, tmp_path, monkeypatch):
+    mib = 1 << 20
+    old = []
+    for i in range(3):
+        path = tmp_path / f"workload{i}-cpu-x" / "fusor_run-0.so"
+        path.parent.mkdir()
+        path.write_bytes(b"\0" * mib)
+        os.utime(path, (1000 + i, 1000 + i))
+        old.append(path)
+    monkeypatch.setattr(fusor._kernel, "CACHE_BYTES", 5 * mib // 2)
+    kernel = fusor.CpuKernel(client.compile_source(ATTENTION, budget=2), cache_dir=tmp_path)
+    assert kernel.library_path.stat().st_size < mib // 2
+    # 3 MiB and the new kernel: the oldest goes, and what is left fits.
+    assert [p.exists() for p in old] == [False, True, True] and kernel.library_path.exists()

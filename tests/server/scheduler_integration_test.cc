@@ -181,7 +181,9 @@ TEST_F(IntegrationTest, TheWorkerServiceCarriesTheCoresWorkerProtocol) {
     EXPECT_EQ(job.options().max_spread(), 1000);
     EXPECT_EQ(job.options().warmup(), 2);  // a default the scheduler filled in
     EXPECT_EQ(job.has_candidate(), job.kind() == v1::JOB_KIND_CANDIDATE);
-    if (job.has_candidate()) EXPECT_FALSE(job.candidate().schedule().text().empty());
+    if (job.has_candidate()) {
+      EXPECT_FALSE(job.candidate().schedule().text().empty());
+    }
   }
   v1::ReportRequest report;
   report.set_worker_id(registered.worker_id());

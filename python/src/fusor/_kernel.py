@@ -47,6 +47,10 @@ def _specs(entries: Sequence[Dict[str, Any]]) -> List[TensorSpec]:
     return [TensorSpec(e["name"], tuple(int(x) for x in e["shape"]), e["dtype"]) for e in entries]
 
 
+# The kernel cache's size, beyond which the least recently used kernels are removed.
+CACHE_BYTES = 256 << 20
+
+
 def default_cache_dir() -> Path:
     """$FUSOR_CACHE_DIR, else $XDG_CACHE_HOME/fusor/kernels, else ~/.cache/fusor/kernels."""
     if os.environ.get("FUSOR_CACHE_DIR"):
@@ -150,6 +154,29 @@ def host_flags() -> frozenset:
     return frozenset()
 
 
+def _evict(cache_dir: Path, keep: Path) -> None:
+    """Removes the least recently used kernels (by modification time, which a use refreshes) until the cache
+    holds at most CACHE_BYTES; never `keep`. A process that has loaded a removed kernel keeps it."""
+    files = []
+    for path in cache_dir.glob("*/*.so"):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        files.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= CACHE_BYTES:
+            break
+        if path == keep:
+            continue
+        try:
+            path.unlink()
+            total -= size
+        except OSError:
+            pass
+
+
 class CpuKernel(Kernel):
     """A kernel tuned for a CPU target, built here with the recorded flags and called through ctypes."""
 
@@ -198,6 +225,10 @@ class CpuKernel(Kernel):
         directory = cache_dir / f"{self.result.workload_key}-{self.result.target.fingerprint}"
         library = directory / f"{self.entry_point}-{key}.so"
         if library.exists():
+            try:
+                os.utime(library)  # used now: the last to be evicted
+            except OSError:
+                pass
             return library
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -212,6 +243,7 @@ class CpuKernel(Kernel):
             if proc.returncode != 0:
                 raise BuildError(f"building the kernel failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
             os.replace(built, library)  # atomic: concurrent builders agree on the file
+        _evict(cache_dir, keep=library)
         return library
 
     def __call__(self, *args: Any, out: Any = None, num_threads: Optional[int] = None) -> Any:
