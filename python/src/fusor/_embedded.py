@@ -163,16 +163,18 @@ class EmbeddedService:
 
     @staticmethod
     def _stop(processes: List[subprocess.Popen], directory: Path) -> None:
+        def signal_group(p: subprocess.Popen, sig: int) -> None:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+
         for p in reversed(processes):
-            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-                try:
-                    p.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            signal_group(p, signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                signal_group(p, signal.SIGKILL)
+                p.wait()
         processes.clear()
         shutil.rmtree(directory, ignore_errors=True)

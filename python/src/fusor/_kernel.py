@@ -200,8 +200,6 @@ class CpuKernel(Kernel):
         self._fn = fn
         self._in_array = ctypes.c_void_p * len(self.inputs)
         self._out_array = ctypes.c_void_p * len(self.outputs)
-        self._in_dtypes = [NUMPY_DTYPES[s.dtype] for s in self.inputs]
-        self._out_dtypes = [NUMPY_DTYPES[s.dtype] for s in self.outputs]
 
     def _check_host(self) -> None:
         target = self.result.target
@@ -253,12 +251,12 @@ class CpuKernel(Kernel):
         use_torch = tensor_type is not None and any(isinstance(a, tensor_type) for a in args)
         ins = self._in_array()
         for i, (a, spec) in enumerate(zip(args, self.inputs)):
-            ins[i] = self._pointer(a, spec, self._in_dtypes[i], tensor_type, "input", writable=False)
+            ins[i] = self._pointer(a, spec, tensor_type, "input", writable=False)
         if outs is None:
             outs = [self._allocate(spec, use_torch) for spec in self.outputs]
         results = self._out_array()
         for i, (o, spec) in enumerate(zip(outs, self.outputs)):
-            results[i] = self._pointer(o, spec, self._out_dtypes[i], tensor_type, "output", writable=True)
+            results[i] = self._pointer(o, spec, tensor_type, "output", writable=True)
         rc = self._fn(ins, results, num_threads or self.num_threads)
         if rc != 0:
             raise FusorError(f"{self._what()} returned {rc}")
@@ -267,9 +265,9 @@ class CpuKernel(Kernel):
     def _allocate(self, spec: TensorSpec, use_torch: bool) -> Any:
         return torch_empty(spec) if use_torch else np.empty(spec.shape, dtype=NUMPY_DTYPES[spec.dtype])
 
-    def _pointer(self, a: Any, spec: TensorSpec, np_dtype: np.dtype, tensor_type: Optional[type], role: str,
-                 writable: bool) -> int:
+    def _pointer(self, a: Any, spec: TensorSpec, tensor_type: Optional[type], role: str, writable: bool) -> int:
         if isinstance(a, np.ndarray):
+            np_dtype = NUMPY_DTYPES[spec.dtype]
             if a.dtype != np_dtype:
                 raise KernelArgumentError(f"{role} {spec.name} must be {np_dtype} ({spec.dtype}), got {a.dtype}")
             if a.shape != spec.shape:

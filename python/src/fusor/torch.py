@@ -53,7 +53,7 @@ def _default_client() -> Client:
     with _lock:
         if _client is None:
             server = os.environ.get("FUSOR_SERVER")
-            _client, _owned = (Client(server), True) if server else (Client.embedded(), True)
+            _client, _owned = Client(server) if server else Client.embedded(), True
         return _client
 
 
