@@ -7,6 +7,8 @@
 # (no PyPI then), so the tests see the working tree. Prints the
 # environment's python on its last line.
 #   FUSOR_PYTHON_VENV  where the environment lives (default ~/.cache/fusor/python-venv)
+#   FUSOR_PYTHON_TORCH=1  also installs PyTorch and transformers (the PyTorch backend's tests; a 2.7 GB
+#                         download, 5.5 GB installed, the first time)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${FUSOR_PYTHON_VENV:-$HOME/.cache/fusor/python-venv}"
@@ -17,6 +19,10 @@ fi
 if ! "$venv/bin/python" -c "import pytest, mypy, setuptools, grpc_tools, wheel" > /dev/null 2>&1; then
   echo "python-env: installing pytest, mypy, setuptools, wheel and grpcio-tools from PyPI" >&2
   "$venv/bin/python" -m pip install --quiet pytest mypy "setuptools>=64" wheel grpcio-tools >&2
+fi
+if [ "${FUSOR_PYTHON_TORCH:-0}" = 1 ] && ! "$venv/bin/python" -c "import torch, transformers" > /dev/null 2>&1; then
+  echo "python-env: installing torch and transformers from PyPI (a 2.7 GB download)" >&2
+  "$venv/bin/python" -m pip install --quiet torch transformers >&2
 fi
 echo "python-env: building and installing ./python" >&2
 "$venv/bin/python" -m pip install --quiet --no-build-isolation "$root/python" >&2

@@ -5,8 +5,16 @@
 # (FUSOR_FUZZ_SECONDS), the peer benchmark's short mode (every
 # implementation validated against fusor's reference; no timing claim), and
 # the Python package's type check (mypy) and tests (pytest), in the
-# virtualenv of deploy/python-env.sh (PyTorch tests are skipped without it).
+# virtualenv of deploy/python-env.sh (the PyTorch tests are skipped unless
+# PyTorch is there: --with-torch installs it and transformers first).
 set -euo pipefail
+torch=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) torch=1 ;;
+    *) echo "usage: $0 [--with-torch]" >&2; exit 2 ;;
+  esac
+done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/deploy/build.sh"
 exclude=()
@@ -23,7 +31,7 @@ fi
   "$root/examples/bert_base_attention.fusor" "$root/examples/gemm_chain.fusor" "$root/examples/conv1x1_chain.fusor"
 # The Python package: its type hints checked as installed (with the generated
 # stubs), then its tests against the binaries just built.
-python="$("$root/deploy/python-env.sh" | tail -n 1)"
+python="$(FUSOR_PYTHON_TORCH=$torch "$root/deploy/python-env.sh" | tail -n 1)"
 outside="$(mktemp -d)"  # mypy run from the source tree would check it instead of the installed package
 (cd "$outside" && "$python" -m mypy --ignore-missing-imports --cache-dir=/dev/null -p fusor)
 rmdir "$outside"

@@ -33,17 +33,17 @@ def test_attention_on_4d_tensors_with_a_bert_mask():
     assert out.shape == (2, 3, 16, 8) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, mask), rtol=1e-4, atol=1e-5)
     # A boolean mask (True: attend) means the same; the kernel is kept, not asked for again.
-    kept = dict(ft._kernels)
+    kept = dict(ft._helpers._kernels)
     out_bool = ft.attention(q, k, v, mask=mask == 0)
     torch.testing.assert_close(out_bool, out, rtol=1e-4, atol=1e-5)
-    assert ft._kernels.keys() == kept.keys()
+    assert ft._helpers._kernels.keys() == kept.keys()
 
 
 @torch.no_grad()
 def test_attention_without_batch_dims_with_a_scale_on_transposed_inputs():
     torch.manual_seed(1)
     q = torch.randn(8, 12)
-    k = torch.randn(12, 20).t()  # not contiguous: copied
+    k = torch.randn(12, 20).t()  # not contiguous: read in place
     v = torch.randn(20, 4)
     out = ft.attention(q, k, v, scale=0.5, budget=2)
     torch.testing.assert_close(out.double(), reference_attention(q, k, v, scale=0.5), rtol=1e-4, atol=1e-5)

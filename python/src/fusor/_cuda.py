@@ -17,7 +17,7 @@ import ctypes
 import sys
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._errors import BuildError, FusorError, KernelArgumentError
 from ._kernel import Kernel, check_tensor, torch_empty
@@ -194,6 +194,17 @@ class CudaKernel(Kernel):
         self._held["driver"].launch(device, fn, self.grid, self.block, self.shared_bytes, stream,
                                     self._args(*pointers, *workspace))
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
+                     stream: Optional[int] = None) -> None:
+        if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
+            raise KernelArgumentError(f"{self._what()} takes {len(self.inputs)} inputs and {len(self.outputs)} outputs")
+        if stream is None:
+            torch = sys.modules.get("torch")
+            stream = torch.cuda.current_stream(device).cuda_stream if torch is not None else 0
+        fn, workspace = self._function(device, stream)
+        self._held["driver"].launch(device, fn, self.grid, self.block, self.shared_bytes, stream,
+                                    self._args(*inputs, *outputs, *workspace))
 
     def close(self) -> None:
         """Frees the workspaces and unloads the module (after the launches queued so far: callers synchronize)."""

@@ -119,6 +119,13 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
+                     stream: Optional[int] = None) -> None:
+        """Runs the kernel on raw data pointers, inputs then outputs in declaration order, each the first element
+        of a buffer laid out as its spec says (a CUDA kernel on `device` and `stream`). Nothing is checked: this
+        is for callers that lay out the buffers themselves (fusor.torch reads strided views in place)."""
+        raise NotImplementedError
+
     def _check_count(self, args: Sequence[Any], out: Any) -> Optional[Sequence[Any]]:
         if len(args) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
@@ -261,6 +268,14 @@ class CpuKernel(Kernel):
         if rc != 0:
             raise FusorError(f"{self._what()} returned {rc}")
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
+                     stream: Optional[int] = None) -> None:
+        if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
+            raise KernelArgumentError(f"{self._what()} takes {len(self.inputs)} inputs and {len(self.outputs)} outputs")
+        rc = self._fn(self._in_array(*inputs), self._out_array(*outputs), self.num_threads)
+        if rc != 0:
+            raise FusorError(f"{self._what()} returned {rc}")
 
     def _allocate(self, spec: TensorSpec, use_torch: bool) -> Any:
         return torch_empty(spec) if use_torch else np.empty(spec.shape, dtype=NUMPY_DTYPES[spec.dtype])

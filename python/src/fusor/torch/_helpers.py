@@ -21,13 +21,14 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ._chain import Chain
-from ._client import Client
-from ._errors import KernelArgumentError
-from ._kernel import Kernel
+from .._chain import Chain
+from .._client import Client
+from .._errors import KernelArgumentError
+from .._kernel import Kernel
+from .. import _strided
+from .._strided import ACTIVATIONS, View, strided_access
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "tanh", "sigmoid")
 
 _lock = threading.Lock()  # guards the three below, never held while tuning
 _client: Optional[Client] = None
@@ -94,13 +95,21 @@ def _check(tensors: List[torch.Tensor], names: List[str]) -> Tuple[str, str]:
     return _DTYPES[first.dtype], first.device.type
 
 
-def _number(x: float) -> str:
-    return repr(float(x)) if float(x) == int(x) else f"{x:.9g}"
+def _read_in_place(t: torch.Tensor, names: List[str]) -> torch.Tensor:
+    """`t`, or a contiguous copy of it where no chain can read its strides in place."""
+    return t if strided_access(t.shape, t.stride(), names) is not None else t.contiguous()
+
+
+def _run(text: str, backend: str, budget: int, inputs: List[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    compiled = kernel(Chain.parse(text), backend, budget)
+    compiled.run_pointers([t.data_ptr() for t in inputs], [out.data_ptr()], device=out.device.index or 0)
+    return out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
               scale: Optional[float] = None, *, budget: int = 0) -> torch.Tensor:
-    """softmax(q kᵀ · scale + mask) v, fused into one tuned kernel.
+    """softmax(q kᵀ · scale + mask) v, fused into one tuned kernel that reads the tensors where they lie
+    (head views, transposes and broadcast masks are not copied).
 
     Args:
         q: [..., M, D] queries; k: [..., N, D] keys; v: [..., N, Dv] values, with the same leading (batch,
@@ -118,60 +127,35 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         raise KernelArgumentError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                                   "(want [..., M, D], [..., N, D], [..., N, Dv])")
     dtype, backend = _check([q, k, v], ["q", "k", "v"])
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    bdims = [f"z{i}" for i in range(len(batch))]
-    extents = dict(zip(bdims, batch), m=m, n=n, k=d, h=dv)
-    inputs = [q.contiguous(), k.contiguous(), v.contiguous()]
-    decl = [f"Q[{','.join(bdims + ['m', 'k'])}]", f"K[{','.join(bdims + ['n', 'k'])}]",
-            f"V[{','.join(bdims + ['n', 'h'])}]"]
-    scores = ",".join(bdims + ["m", "n"])
-    softmax_expr = f"S[{scores}]"
+    names = [f"z{i}" for i in range(len(batch))]
+    q, k, v = (_read_in_place(t, names + ["a", "b"]) for t in (q, k, v))
+    inputs = [q, k, v]
     if mask is not None:
+        if mask.dim() > q.dim() or all(s == 1 for s in mask.shape):
+            raise KernelArgumentError(f"mask {tuple(mask.shape)} does not broadcast to the scores {(*batch, m, n)} "
+                                      "(a mask of size-1 axes only is a constant: fold it into the scale)")
         if mask.dtype == torch.bool:
             mask = torch.zeros((), dtype=q.dtype, device=mask.device).masked_fill(~mask, -1e4 if dtype == "f16" else -1e9)
-        axes, kept = _broadcast_axes(tuple(mask.shape), bdims + ["m", "n"], [*batch, m, n])
-        inputs.append(mask.to(device=q.device, dtype=q.dtype).reshape(kept).contiguous())
-        decl.append(f"M[{','.join(axes)}]")
-        softmax_expr += f" + M[{','.join(axes)}]"
-    b = ",".join(bdims)
-    sep = "," if bdims else ""
-    text = "\n".join([
-        "chain fusor_attention",
-        f"dtype {dtype}",
-        "dim " + " ".join(f"{name}={extent}" for name, extent in extents.items()),
-        "in  " + " ".join(decl),
-        f"S[{scores}] = sum(k) Q[{b}{sep}m,k] * K[{b}{sep}n,k] * {_number(scale)}",
-        f"P[{scores}] = softmax(n) {softmax_expr}",
-        f"O[{b}{sep}m,h] = sum(n) P[{scores}] * V[{b}{sep}n,h]",
-        "out O", ""])
-    return kernel(Chain.parse(text), backend, budget)(*inputs)
-
-
-def _broadcast_axes(shape: Tuple[int, ...], dims: List[str], extents: List[int]) -> Tuple[List[str], List[int]]:
-    """The dims a mask of `shape` runs along (aligned at the last axis; size-1 axes broadcast), and its shape
-    without the broadcast axes."""
-    if len(shape) > len(dims):
-        raise KernelArgumentError(f"mask {shape} has more axes than the scores {tuple(extents)}")
-    axes, kept = [], []
-    offset = len(dims) - len(shape)
-    for i, size in enumerate(shape):
-        if size == extents[offset + i] and size != 1:
-            axes.append(dims[offset + i])
-            kept.append(size)
-        elif size != 1:
-            raise KernelArgumentError(f"mask {shape} does not broadcast to the scores {tuple(extents)}")
-    if not axes:
-        raise KernelArgumentError("a mask of size-1 axes only is a constant: fold it into the scale or leave it out")
-    return axes, kept
+        try:
+            mask = mask.to(device=q.device, dtype=q.dtype).expand(*batch, m, n)
+        except RuntimeError:
+            raise KernelArgumentError(f"mask {tuple(mask.shape)} does not broadcast to the scores {(*batch, m, n)}") from None
+        mask = _read_in_place(mask, names + ["m", "n"])
+        inputs.append(mask)
+    written = _strided.attention(View.of(q), View.of(k), View.of(v), None if mask is None else View.of(mask),
+                                1.0 / math.sqrt(d) if scale is None else scale, dtype, range(q.dim()))
+    return _run(written.text, backend, budget, inputs, q.new_empty((*batch, m, dv)))
 
 
 def gemm_chain(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, bias: Optional[torch.Tensor] = None,
                activation: Optional[str] = None, *, budget: int = 0) -> torch.Tensor:
-    """act(x @ w1 + bias) @ w2 (a feed-forward block), fused into one tuned kernel.
+    """act(x @ w1 + bias) @ w2 (a feed-forward block), fused into one tuned kernel that reads the tensors
+    where they lie.
 
     Args:
-        x: [..., C]; w1: [C, F]; w2: [F, O] (an ``nn.Linear``'s weight is [out, in]: pass ``weight.t()``).
-        bias: [F] or None. activation: None, "relu", "gelu" (erf), "gelu_tanh", "tanh" or "sigmoid".
+        x: [..., C]; w1: [C, F]; w2: [F, O]. An ``nn.Linear``'s weight is [out, in]: pass ``weight.t()``, a
+            view the kernel reads as stored (nothing is copied).
+        bias: [F] or None. activation: None, "relu", "gelu" (erf), "gelu_tanh", "tanh", "sigmoid" or "silu".
     """
     if activation is not None and activation not in ACTIVATIONS:
         raise KernelArgumentError(f"activation '{activation}' is not one of {', '.join(ACTIVATIONS)}")
@@ -183,19 +167,11 @@ def gemm_chain(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, bias: Option
     tensors = [x, w1, w2] + ([bias] if bias is not None else [])
     dtype, backend = _check(tensors, ["x", "w1", "w2", "bias"])
     lead = x.shape[:-1]
-    m = math.prod(lead)
-    c, f, o = x.shape[-1], w1.shape[1], w2.shape[1]
-    lines = ["chain fusor_gemm_chain", f"dtype {dtype}", f"dim m={m} c={c} f={f} o={o}",
-             "in  X[m,c] W1[c,f] W2[f,o]" + (" B1[f]" if bias is not None else ""),
-             "H[m,f] = sum(c) X[m,c] * W1[c,f]"]
-    hidden = "H"
-    if bias is not None or activation is not None:
-        expr = "H[m,f]" + (" + B1[f]" if bias is not None else "")
-        lines.append(f"G[m,f] = {activation}({expr})" if activation else f"G[m,f] = {expr}")
-        hidden = "G"
-    lines += [f"Y[m,o] = sum(f) {hidden}[m,f] * W2[f,o]", "out Y", ""]
-    inputs = [x.reshape(m, c).contiguous(), w1.contiguous(), w2.contiguous()]
-    if bias is not None:
-        inputs.append(bias.contiguous())
-    y = kernel(Chain.parse("\n".join(lines)), backend, budget)(*inputs)
-    return y.reshape(*lead, o)
+    rows = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    w1, w2 = _read_in_place(w1, ["c", "f"]), _read_in_place(w2, ["f", "o"])
+    rows = _read_in_place(rows, ["m", "c"])
+    bias = None if bias is None else bias.contiguous()
+    written = _strided.ffn(View.of(rows), View.of(w1), View.of(w2), dtype, activation, b1=bias is not None)
+    inputs = [rows, w1] + ([bias] if bias is not None else []) + [w2]
+    y = _run(written.text, backend, budget, inputs, x.new_empty((rows.shape[0], w2.shape[1])))
+    return y.reshape(*lead, w2.shape[1])

@@ -1,0 +1,129 @@
+"""fusor for PyTorch models: ``torch.compile(model, backend="fusor")``, ``fusor.torch.optimize(model)``, and
+helpers that run one chain on tensors.
+
+The backend finds the chains fusor tunes (attention, feed-forward blocks) in
+the graphs TorchDynamo captures, replaces each by a custom operator
+(``fusor::attention``, ``fusor::ffn``) that reads the model's tensors where
+they lie, and hands the rest of the graph to inductor (or runs it eagerly).
+A chain's kernel comes from the scheduler at $FUSOR_SERVER, or from an
+embedded one, cache first, and is used only once it has been compared with
+the ops it replaces, on the model's own tensors, and won; until then, and
+wherever it loses, the original ops run. Inference only: under autograd the
+backend leaves the graph as it is.
+
+    import torch, fusor.torch
+    model = torch.compile(model, backend="fusor")
+    with torch.inference_mode():
+        model(**inputs)            # the original ops answer while the chains are tuned
+    fusor.torch.wait()             # the tuned kernels are compared at their next call
+    print(fusor.torch.report())
+
+The helpers :func:`attention` and :func:`gemm_chain` compile their chain on
+first use (waiting for it) and run it on the tensors given.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ._graph import rewrite
+from ._helpers import ACTIVATIONS, attention, gemm_chain, kernel, set_client
+from ._runtime import VERDICTS, Settings
+
+__all__ = ["ACTIVATIONS", "attention", "backend", "gemm_chain", "kernel", "optimize", "report", "set_client", "wait"]
+
+log = logging.getLogger("fusor.torch")
+_said: set = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.warning("fusor: %s", message)
+
+
+def _options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    known = {"rest": "inductor", "tune": "background", "budget": 0, "rounds": 7}
+    given = dict(options or {})
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ValueError(f"unknown fusor backend options {unknown}; known: {sorted(known)}")
+    known.update(given)
+    if known["rest"] not in ("inductor", "eager"):
+        raise ValueError(f"rest must be 'inductor' or 'eager', got {known['rest']!r}")
+    if known["tune"] not in ("background", "ahead"):
+        raise ValueError(f"tune must be 'background' or 'ahead', got {known['tune']!r}")
+    return known
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optional[str] = None,
+            options: Optional[Dict[str, Any]] = None) -> Callable[..., Any]:
+    """The ``torch.compile`` backend "fusor". Options (``torch.compile(..., options={...})``):
+
+    - ``rest``: "inductor" (default) compiles the rest of the graph with inductor; "eager" runs it as is.
+    - ``tune``: "background" (default): a chain met for the first time is tuned on a background thread while
+      the original ops answer; "ahead": compiling runs the graph once on its example inputs, waiting for
+      every chain's kernel.
+    - ``budget``: candidates measured per chain (0: the scheduler's default). ``rounds``: timing rounds of
+      the comparison of a kernel with the original ops.
+    """
+    opts = _options(options)
+    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]))
+
+    def rest() -> Callable[..., Any]:
+        if opts["rest"] == "eager":
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+        compiled: Callable[..., Any] = compile_fx(gm, list(example_inputs))  # type: ignore[assignment]
+        return compiled
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = {n for n, value in zip(placeholders, example_inputs) if isinstance(value, torch.nn.Parameter)}
+    params |= {n for n in gm.graph.nodes if n.op == "get_attr"}
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
+        _say_once("the graph needs gradients: fusor computes forward passes only and leaves it as it is "
+                  "(run the model under torch.inference_mode() or torch.no_grad())")
+        return rest()
+    found = rewrite(gm, params, settings)
+    for match in found:
+        log.info("fusor: %s replaces %s", match.region.id, match.region.source)
+    if found and settings.tune == "ahead":
+        with torch.no_grad():
+            gm(*example_inputs)
+    return rest()
+
+
+def optimize(model: torch.nn.Module, **options: Any) -> Callable[..., Any]:
+    """`model` with its chains run by fusor and everything else run eagerly: ``torch.compile`` with this
+    backend and ``rest="eager"`` (TorchDynamo captures the graphs; nothing else is compiled). Takes the
+    backend's options."""
+    options.setdefault("rest", "eager")
+    _options(options)
+    return torch.compile(model, backend=lambda gm, inputs: backend(gm, inputs, options=options))
+
+
+def wait(timeout: Optional[float] = None) -> bool:
+    """Waits for the chains being tuned; False when `timeout` seconds passed first. Each kernel is compared
+    with the original ops at its chain's next call."""
+    return VERDICTS.wait(timeout)
+
+
+def report() -> List[Dict[str, Any]]:
+    """What became of each chain met so far: its name, the regions that run it, state ("tuning", "ready":
+    tuned, compared at its next call; "fused": its kernel runs; "unfused": the original ops won or the
+    kernel's output differed; "failed"), why, and the compared times in microseconds."""
+    return [{"chain": v.name, "regions": list(v.regions), "state": v.state, "reason": v.reason,
+             "kernel_us": v.kernel_us, "original_us": v.original_us, "error": v.error, "text": v.chain}
+            for v in VERDICTS.all()]
+
+
+try:  # `backend="fusor"`: also found through the package's torch_dynamo_backends entry point
+    from torch._dynamo import list_backends, register_backend
+
+    if "fusor" not in list_backends(exclude_tags=()):
+        register_backend(backend, name="fusor")
+except Exception:  # noqa: BLE001 (an older or newer dynamo: the entry point still names it)
+    pass

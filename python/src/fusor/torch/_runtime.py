@@ -1,0 +1,453 @@
+"""Regions of a model run by fusor kernels: tuned in the background, used only where they win.
+
+A region is a chain found in a captured graph (an attention, a feed-forward
+block). The graph calls it through a custom operator (``fusor::attention``,
+``fusor::ffn``) with the tensors the model already holds, views included.
+Each call:
+
+1. writes the chain those tensors describe, where they lie (once per shapes
+   and strides), or, where no chain can read them in place, runs the
+   original ops;
+2. asks for the chain's kernel: the first time, a background thread asks the
+   scheduler (its cache first, tuning on a miss) while the original ops
+   answer, so a forward pass never waits (unless tuning ahead was asked for);
+3. when the kernel has arrived, compares it once with the original ops on
+   the call's own tensors: outputs checked, both timed in alternating rounds.
+   The kernel is kept only when it is correct and faster; otherwise the chain
+   stays with the original ops for the rest of the process.
+
+Verdicts are kept per chain (identical layers share one) and listed by
+:func:`report`. The original ops are those of the captured graph (SDPA stays
+SDPA, an ``nn.Linear`` stays ``linear``), so "faster" means faster than what
+the model ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .._chain import Chain
+from .._kernel import Kernel
+from .. import _strided
+from .._strided import Unsupported, View
+from ._helpers import kernel as compiled_kernel
+
+log = logging.getLogger("fusor.torch")
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# How far a kernel's output may be from the original ops' (relative to the largest magnitude) and still be used.
+_TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "bf16": 6e-2}
+# A bool mask's "do not attend" as an additive term: far below any score, and finite in the dtype.
+_MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
+
+
+@dataclass
+class Settings:
+    """How regions get their kernels. tune: "background" (the original ops answer until the kernel has
+    arrived and won) or "ahead" (a call waits for its chain's kernel). budget: candidates measured per chain
+    (0: the scheduler's default). rounds: alternating timing rounds of the comparison."""
+
+    tune: str = "background"
+    budget: int = 0
+    rounds: int = 7
+
+
+@dataclass
+class Verdict:
+    """What became of one chain on one backend."""
+
+    chain: str
+    backend: str
+    state: str = "tuning"  # tuning, ready (kernel here, not yet compared), fused, unfused, failed
+    reason: str = ""
+    kernel: Optional[Kernel] = None
+    kernel_us: float = 0.0
+    original_us: float = 0.0
+    error: float = 0.0
+    regions: List[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.chain.split("\n", 1)[0].replace("chain ", "")
+
+
+class Verdicts:
+    """The chains regions have met, their kernels (asked for on one background thread) and verdicts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_chain: Dict[Tuple[str, str], Verdict] = {}
+        self._futures: List[Future] = []
+        self._executor: Optional[ThreadPoolExecutor] = None
+
+    def get(self, text: str, backend: str, region: str, settings: Settings) -> Verdict:
+        """The verdict of `text` on `backend`; the first ask starts its kernel's compile (in the background, or
+        now when tuning ahead)."""
+        key = (text, backend)
+        with self._lock:
+            verdict = self._by_chain.get(key)
+            if verdict is not None:
+                if region not in verdict.regions:
+                    verdict.regions.append(region)
+                return verdict
+            verdict = self._by_chain[key] = Verdict(text, backend, regions=[region])
+            if settings.tune != "ahead":
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusor-tune")
+                self._futures.append(self._executor.submit(self._compile, verdict, settings.budget))
+                return verdict
+        self._compile(verdict, settings.budget)
+        return verdict
+
+    @staticmethod
+    def _compile(verdict: Verdict, budget: int) -> None:
+        log.info("fusor: tuning %s on %s", verdict.name, verdict.backend)
+        try:
+            found = compiled_kernel(Chain.parse(verdict.chain), verdict.backend, budget)
+        except Exception as e:  # noqa: BLE001 (any failure leaves the original ops in place, said once)
+            verdict.state, verdict.reason = "failed", f"{type(e).__name__}: {e}"
+            log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
+            return
+        verdict.kernel = found
+        verdict.state = "ready"
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits for the kernels asked for so far; False when `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = [f for f in self._futures if not f.done()]
+                self._futures = pending
+            if not pending:
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            pending[0].exception(timeout=left)
+
+    def all(self) -> List[Verdict]:
+        with self._lock:
+            return list(self._by_chain.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_chain.clear()
+
+
+VERDICTS = Verdicts()
+_regions: Dict[str, "Region"] = {}
+_regions_lock = threading.Lock()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Region:
+    """One chain found in a graph. Subclasses say how the chain is written from the call's tensors, how the
+    kernel is called, how the original ops run, and the output's shape."""
+
+    kind = ""
+
+    def __init__(self, source: str, settings: Settings):
+        self.source = source  # the graph nodes it replaces, for messages
+        self.settings = settings
+        self._plans: Dict[Any, Optional[str]] = {}
+        with _regions_lock:
+            self.id = f"{self.kind}{len(_regions)}"
+            _regions[self.id] = self
+
+    # What subclasses provide.
+    def original(self, *args: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def output_shape(self, *args: Any) -> List[Any]:
+        raise NotImplementedError
+
+    def write(self, *args: Any) -> _strided.Written:
+        raise NotImplementedError
+
+    def operands(self, *args: Any) -> List[torch.Tensor]:
+        """The kernel's inputs in declaration order, as views of the call's tensors (same first element)."""
+        raise NotImplementedError
+
+    def key(self, *prepared: Any) -> Any:
+        """What the written chain depends on: the prepared tensors' shapes, strides, dtypes and devices."""
+        return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                     for a in prepared)
+
+    def prepare(self, *args: Any) -> Tuple[Any, ...]:
+        """The call's arguments as the kernel reads them (a mask made additive, say); Unsupported where it
+        cannot."""
+        return args
+
+    # The call.
+    def __call__(self, *args: Any) -> torch.Tensor:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if tensors[0].dtype not in _DTYPES or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            return self.original(*args).contiguous()
+        try:
+            prepared = self.prepare(*args)
+        except Unsupported as e:
+            self._say(args, e)
+            return self.original(*args).contiguous()
+        key = self.key(*prepared)
+        if key not in self._plans:
+            self._plans[key] = self._plan(args, prepared)
+        text = self._plans[key]
+        if text is None:
+            return self.original(*args).contiguous()
+        verdict = VERDICTS.get(text, tensors[0].device.type, self.id, self.settings)
+        if verdict.state == "fused":
+            return self._run(verdict.kernel, args, prepared)
+        if verdict.state == "ready":
+            return self._decide(verdict, *args)
+        return self.original(*args).contiguous()
+
+    def _say(self, args: Sequence[Any], why: Exception) -> None:
+        log.info("fusor: %s (%s) keeps the original ops for %s: %s", self.id, self.source,
+                 [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)], why)
+
+    def _plan(self, args: Sequence[Any], prepared: Sequence[Any]) -> Optional[str]:
+        try:
+            return self.write(*prepared).text
+        except Unsupported as e:
+            self._say(args, e)
+            return None
+
+    def _run(self, kernel: Optional[Kernel], args: Sequence[Any], prepared: Sequence[Any]) -> torch.Tensor:
+        assert kernel is not None
+        first = args[0]
+        out = torch.empty(self.output_shape(*args), dtype=first.dtype, device=first.device)
+        kernel.run_pointers([t.data_ptr() for t in self.operands(*prepared)], [out.data_ptr()],
+                            device=first.device.index or 0)
+        return out
+
+    def _fused(self, kernel: Optional[Kernel], *args: Any) -> torch.Tensor:
+        return self._run(kernel, args, self.prepare(*args))
+
+    def _decide(self, verdict: Verdict, *args: Any) -> torch.Tensor:
+        """Compares the kernel with the original ops on this call's tensors, once per chain (the kernel's time
+        includes preparing its arguments); returns the original ops' answer."""
+        reference = self.original(*args).contiguous()
+        try:
+            got = self._fused(verdict.kernel, *args)
+        except Exception as e:  # noqa: BLE001
+            verdict.state, verdict.reason = "failed", f"the kernel failed: {e}"
+            log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
+            return reference
+        scale = max(1.0, float(reference.abs().max()))
+        error = float((got.float() - reference.float()).abs().max()) / scale
+        verdict.error = error
+        if not math.isfinite(error) or error > _TOLERANCE[_DTYPES[reference.dtype]]:
+            verdict.state = "unfused"
+            verdict.reason = f"its output differs from the original ops' by {error:.2g} (relative)"
+            log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
+            return reference
+        device = reference.device
+        runs: List[Tuple[Callable[..., Any], List[float]]] = [
+            (self.original, []), (lambda *a: self._fused(verdict.kernel, *a), [])]
+        for attempt in range(2):
+            for i in range(self.settings.rounds):
+                for run, times in (runs if i % 2 == 0 else runs[::-1]):
+                    _sync(device)
+                    start = time.perf_counter()
+                    run(*args)
+                    _sync(device)
+                    times.append(time.perf_counter() - start)
+            original_s, kernel_s = (statistics.median(times) for _, times in runs)
+            if abs(original_s / kernel_s - 1.0) > 0.05:  # clear either way; a near tie gets a second set of rounds
+                break
+        verdict.kernel_us, verdict.original_us = kernel_s * 1e6, original_s * 1e6
+        if kernel_s < original_s:
+            verdict.state = "fused"
+            verdict.reason = f"{original_s / kernel_s:.2f}x the original ops"
+        else:
+            verdict.state = "unfused"
+            verdict.reason = (f"the original ops are faster ({verdict.original_us:.0f} us against the kernel's "
+                              f"{verdict.kernel_us:.0f} us): fusion does not pay here")
+        log.info("fusor: %s: %s", verdict.name, verdict.reason)
+        return reference
+
+
+def region(region_id: str) -> Region:
+    with _regions_lock:
+        return _regions[region_id]
+
+
+class AttentionRegion(Region):
+    """softmax(q kᵀ · scale + mask) v, as SDPA or as matmul, scale, mask, softmax and matmul; the output
+    optionally permuted and reshaped as the graph did after it (`out_order`, `out_groups`: the output's dims
+    in storage order, and how many of them in a row each dim of the region's output merges)."""
+
+    kind = "attention"
+
+    def __init__(self, source: str, settings: Settings, *, form: str, scale: Optional[float], causal: bool,
+                 gqa: bool, k_transposed: bool, out_order: Sequence[int], out_groups: Sequence[int]):
+        super().__init__(source, settings)
+        self.form, self.scale, self.causal, self.gqa = form, scale, causal, gqa
+        self.k_transposed = k_transposed
+        self.out_order, self.out_groups = tuple(out_order), tuple(out_groups)
+        self._causal_masks: Dict[Any, torch.Tensor] = {}
+
+    def _k(self, k: torch.Tensor) -> torch.Tensor:
+        return k.transpose(-1, -2) if self.k_transposed else k
+
+    def _scale(self, q: torch.Tensor) -> float:
+        return 1.0 / math.sqrt(q.shape[-1]) if self.scale is None else self.scale
+
+    def logical_shape(self, q: torch.Tensor, v: torch.Tensor) -> List[Any]:
+        return list(q.shape[:-1]) + [v.shape[-1]]
+
+    def output_shape(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> List[Any]:
+        dims = self.logical_shape(q, v)
+        ordered = [dims[i] for i in self.out_order]
+        shape, at = [], 0
+        for count in self.out_groups:
+            size: Any = 1
+            for d in ordered[at:at + count]:
+                size = size * d
+            shape.append(size)
+            at += count
+        return shape
+
+    def original(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.form == "sdpa":
+            kwargs: Dict[str, Any] = {"attn_mask": mask, "is_causal": self.causal, "scale": self.scale}
+            if self.gqa:
+                kwargs["enable_gqa"] = True
+            out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        else:
+            scores = torch.matmul(q, k if self.k_transposed else k.transpose(-1, -2))
+            if self.scale is not None:
+                scores = scores * self.scale
+            if mask is not None:
+                scores = scores + mask
+            out = torch.matmul(torch.softmax(scores, dim=-1), v)
+        return out.permute(*self.out_order).reshape(self.output_shape(q, k, v, mask))
+
+    def _mask(self, q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The additive mask of the chain dtype, expanded to the scores' shape (broadcast dims stride 0, and
+        the query dim too when every row is the same, as a padding mask's rows are)."""
+        m, n = q.shape[-2], self._k(k).shape[-2]
+        scores = list(q.shape[:-1]) + [n]
+        if self.causal:
+            key = (m, n, q.dtype, q.device)
+            if key not in self._causal_masks:
+                allowed = torch.ones(m, n, dtype=torch.bool, device=q.device).tril()
+                self._causal_masks[key] = torch.zeros(m, n, dtype=q.dtype, device=q.device).masked_fill(
+                    ~allowed, _MASKED[_DTYPES[q.dtype]])
+            return self._causal_masks[key].expand(scores)
+        if mask is None:
+            return None
+        mask = mask.expand(scores)
+        if m > 1 and mask.stride(-2) != 0 and torch.equal(mask, mask[..., :1, :].expand(scores)):
+            mask = mask[..., :1, :].expand(scores)
+        if mask.dtype == torch.bool:
+            compact = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride())]
+            additive = torch.zeros(compact.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~compact, _MASKED[_DTYPES[q.dtype]])
+            return additive.expand(scores)
+        if mask.dtype != q.dtype:
+            raise Unsupported(f"the mask is {mask.dtype}, the scores {q.dtype}")
+        return mask
+
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: Optional[torch.Tensor]) -> Tuple[Any, ...]:
+        return q, self._k(k), v, self._mask(q, k, mask)
+
+    def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> _strided.Written:
+        return _strided.attention(View.of(q), View.of(k), View.of(v), None if mask is None else View.of(mask),
+                                 self._scale(q), _DTYPES[q.dtype], self.out_order, self.gqa)
+
+    def operands(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        return [q, k, v] + ([] if mask is None else [mask])
+
+
+_ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu}
+
+
+class FfnRegion(Region):
+    """act(x w1 + b1) [* (x wu + bu)] w2 + b2. Weights as the graph holds them: `transposed` when they are
+    ``nn.Linear``'s ``[out, in]`` (else ``[in, out]``, as GPT-2's Conv1D and a plain matmul hold them)."""
+
+    kind = "ffn"
+
+    def __init__(self, source: str, settings: Settings, *, activation: Optional[str], transposed: bool):
+        super().__init__(source, settings)
+        self.activation, self.transposed = activation, transposed
+        self.activation_fn: Callable[[torch.Tensor], torch.Tensor] = (
+            _ACTIVATIONS[activation] if activation else (lambda x: x))
+
+    def _w(self, w: torch.Tensor) -> torch.Tensor:
+        return w.t() if self.transposed else w
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.transposed:
+            return F.linear(x, w, b)
+        if b is not None and x.dim() == 2:
+            return torch.addmm(b, x, w)
+        return torch.matmul(x, w) if b is None else torch.matmul(x, w) + b
+
+    def original(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+                 b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> torch.Tensor:
+        hidden = self.activation_fn(self._linear(x, w1, b1))
+        if wu is not None:
+            hidden = hidden * self._linear(x, wu, bu)
+        return self._linear(hidden, w2, b2)
+
+    def output_shape(self, x: torch.Tensor, w1: torch.Tensor, b1: Any, w2: torch.Tensor, *rest: Any) -> List[Any]:
+        return list(x.shape[:-1]) + [self._w(w2).shape[-1]]
+
+    def write(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+              b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> _strided.Written:
+        for name, t in (("b1", b1), ("b2", b2), ("bu", bu)):
+            if t is not None and (t.dim() != 1 or t.stride(0) != 1):
+                raise Unsupported(f"the bias {name} {tuple(t.shape)} is not a dense vector")
+        return _strided.ffn(View.of(x), View.of(self._w(w1)), View.of(self._w(w2)), _DTYPES[x.dtype],
+                           self.activation, b1 is not None, b2 is not None,
+                           None if wu is None else View.of(self._w(wu)), bu is not None)
+
+    def operands(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+                 b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        # Declaration order: X W1 [B1] [WU [BU]] W2 [B2].
+        return [t for t in (x, w1, b1, wu, bu, w2, b2) if t is not None]
+
+
+# The custom operators the rewritten graphs call. Their fake implementations give the output's shape
+# (contiguous, as the real ones return), so graphs stay traceable by inductor and by export.
+@torch.library.custom_op("fusor::attention", mutates_args=())
+def attention_op(region_id: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return region(region_id)(q, k, v, mask)
+
+
+@attention_op.register_fake
+def _attention_fake(region_id: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return q.new_empty(region(region_id).output_shape(q, k, v, mask))
+
+
+@torch.library.custom_op("fusor::ffn", mutates_args=())
+def ffn_op(region_id: str, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+           b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> torch.Tensor:
+    return region(region_id)(x, w1, b1, w2, b2, wu, bu)
+
+
+@ffn_op.register_fake
+def _ffn_fake(region_id: str, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+              b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> torch.Tensor:
+    return x.new_empty(region(region_id).output_shape(x, w1, b1, w2, b2, wu, bu))

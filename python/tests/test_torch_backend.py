@@ -1,0 +1,259 @@
+"""torch.compile(model, backend="fusor") and fusor.torch.optimize on small models (skipped without PyTorch).
+
+Every test checks the compiled model's outputs against eager's; chains are tuned by the session's real
+scheduler and worker with a budget of 2 candidates.
+"""
+
+import logging
+import math
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fusor.torch as ft  # noqa: E402
+from fusor.torch import _runtime  # noqa: E402
+
+nn, F = torch.nn, torch.nn.functional
+AHEAD = {"rest": "eager", "tune": "ahead", "budget": 2}
+
+
+@pytest.fixture(autouse=True)
+def backend_uses_the_test_client(client):
+    ft.set_client(client)
+    torch._dynamo.reset()
+    yield
+    ft.set_client(None)
+
+
+class Attention(nn.Module):
+    """Self-attention written out as BERT's eager path writes it: head views, q·kᵀ / √d + mask, softmax,
+    dropout, ·v, heads merged back."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads, self.dim = heads, hidden // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden) for _ in range(4))
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x, mask):
+        b, s, hidden = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, self.dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.dim) + mask
+        out = self.drop(scores.softmax(dim=-1)) @ v
+        return self.o(out.transpose(1, 2).contiguous().reshape(b, s, hidden))
+
+
+class Block(nn.Module):
+    def __init__(self, hidden=32, heads=4, ffn=64):
+        super().__init__()
+        self.attention = Attention(hidden, heads)
+        self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+
+    def forward(self, x, mask):
+        x = self.norm1(x + self.attention(x, mask))
+        return self.norm2(x + self.down(F.gelu(self.up(x))))
+
+
+class Decoder(nn.Module):
+    """A LLaMA-style layer: causal SDPA with grouped K/V heads, and a SwiGLU feed-forward block."""
+
+    def __init__(self, hidden=32, heads=4, kv_heads=2, ffn=48):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.q = nn.Linear(hidden, hidden, bias=False)
+        self.kv = nn.Linear(hidden, 2 * kv_heads * self.dim, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
+        self.gate, self.up_proj = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x):
+        b, s, hidden = x.shape
+        q = self.q(x).view(b, s, self.heads, self.dim).transpose(1, 2)
+        k, v = self.kv(x).split(self.kv_heads * self.dim, dim=-1)  # slices of one projection
+        k, v = (t.view(b, s, self.kv_heads, self.dim).transpose(1, 2) for t in (k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(out.transpose(1, 2).reshape(b, s, hidden))
+        return x + self.down(F.silu(self.gate(x)) * self.up_proj(x))
+
+
+class Conv1D(nn.Module):
+    """GPT-2's projection: addmm with the weight stored [in, out]."""
+
+    def __init__(self, nx, nf):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(nx, nf) * 0.1), nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        shape = x.shape[:-1] + (self.weight.shape[1],)
+        return torch.addmm(self.bias, x.view(-1, x.shape[-1]), self.weight).view(shape)
+
+
+class Gpt2Mlp(nn.Module):
+    def __init__(self, hidden=32, ffn=64):
+        super().__init__()
+        self.fc, self.proj = Conv1D(hidden, ffn), Conv1D(ffn, hidden)
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.proj(h)
+
+
+def padding_mask(batch, seq, keep):
+    mask = torch.zeros(batch, 1, 1, seq)
+    mask[-1, ..., keep:] = torch.finfo(torch.float32).min
+    return mask
+
+
+def chains(kind):
+    return [r for r in ft.report() if r["chain"] == f"fusor_{kind}"]
+
+
+@torch.inference_mode()
+def test_attention_and_ffn_are_found_in_their_layouts_and_match_eager():
+    torch.manual_seed(0)
+    model = Block().eval()
+    x, mask = torch.randn(2, 16, 32), padding_mask(2, 16, 11)
+    expected = model(x, mask)
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+    attention = [r for r in chains("attention") if "Q[2,16,4,8]" in r["text"]]
+    assert attention, ft.report()
+    # q, k and v are read as the projections lie, the padding mask as [batch, key], and the output is written
+    # with its heads merged, as the output projection reads it.
+    text = attention[0]["text"]
+    assert "M[2,16]" in text and "O[z0,m,z1,e]" in text and "* 0.353553391" in text
+    assert any("B1[64]" in r["text"] and "gelu(" in r["text"] for r in chains("ffn"))
+    # Tuned ahead: compared with the original ops at the next call, then kept only if it won.
+    torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+    for r in ft.report():
+        assert r["state"] in ("fused", "unfused"), r
+        assert r["kernel_us"] > 0 and r["original_us"] > 0 and r["error"] < 1e-4
+    torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_a_cache_miss_never_blocks_the_forward_pass():
+    torch.manual_seed(1)
+    model = Block(hidden=24, heads=3, ffn=40).eval()
+    x, mask = torch.randn(2, 12, 24), padding_mask(2, 12, 7)
+    expected = model(x, mask)
+    compiled = torch.compile(model, backend="fusor", options={"rest": "eager", "budget": 2})
+    torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+    new = [r for r in ft.report() if "dim m=24 c=24 f=40 o=24" in r["text"]]
+    assert new and new[0]["state"] == "tuning"  # the original ops answered while the service tunes
+    assert ft.wait(timeout=240)
+    torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+    assert [r["state"] for r in ft.report() if r["text"] == new[0]["text"]][0] in ("fused", "unfused")
+
+
+@torch.inference_mode()
+def test_causal_grouped_sdpa_with_sliced_kv_and_a_swiglu_ffn():
+    torch.manual_seed(2)
+    model = Decoder().eval()
+    x = torch.randn(2, 10, 32)
+    expected = model(x)
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    attention = [r for r in chains("attention") if "r=2" in r["text"] and "m=10" in r["text"]]
+    # K and V are slices of one projection, read in place; K heads are read once per query head of the group.
+    assert attention and "K[2,10,4,8]" in attention[0]["text"] and "K[z0,n,z1,d]" in attention[0]["text"]
+    assert any("sigmoid(H[m,f])) * U[m,f]" in r["text"] for r in chains("ffn"))
+
+
+@torch.inference_mode()
+def test_gpt2_style_projections_and_a_written_out_gelu():
+    torch.manual_seed(3)
+    model = Gpt2Mlp().eval()
+    x = torch.randn(2, 8, 32)
+    expected = model(x)
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    ffn = [r for r in chains("ffn") if "dim m=16 c=32 f=64 o=32" in r["text"]]
+    assert ffn and "gelu_tanh(" in ffn[0]["text"] and "W1[32,64]" in ffn[0]["text"]  # stored [in, out]
+
+
+@torch.inference_mode()
+def test_the_rest_of_the_graph_goes_to_inductor_and_optimize_runs_it_eagerly():
+    torch.manual_seed(4)
+    model = Block().eval()
+    x, mask = torch.randn(2, 16, 32), padding_mask(2, 16, 11)
+    expected = model(x, mask)
+    compiled = torch.compile(model, backend="fusor", options={"tune": "ahead", "budget": 2})
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    optimized = ft.optimize(model, tune="ahead", budget=2)
+    for _ in range(2):
+        torch.testing.assert_close(optimized(x, mask), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown fusor backend options"):
+        ft.optimize(model, speed="max")
+
+
+def test_under_autograd_the_graph_is_left_as_it_is(caplog):
+    torch.manual_seed(5)
+    model = Block().eval()
+    x, mask = torch.randn(2, 16, 32), padding_mask(2, 16, 11)
+    regions = len(_runtime._regions)
+    with caplog.at_level(logging.WARNING, logger="fusor.torch"):
+        out = torch.compile(model, backend="fusor", options=AHEAD)(x, mask)
+    assert out.requires_grad and len(_runtime._regions) == regions
+    assert "computes forward passes only" in caplog.text
+    out.sum().backward()
+    assert model.attention.q.weight.grad is not None
+
+
+@torch.inference_mode()
+def test_a_kernel_that_loses_or_differs_is_not_used():
+    torch.manual_seed(6)
+    region = _runtime.FfnRegion("test", _runtime.Settings(rounds=3), activation="relu", transposed=True)
+    x, w1, b1, w2 = torch.randn(16, 8), torch.randn(12, 8), torch.randn(12), torch.randn(8, 12)
+    args = (x, w1, b1, w2, None, None, None)
+    expected = region.original(*args)
+
+    def slow(kernel, *a):
+        time.sleep(0.005)
+        return region.original(*a)
+
+    verdict = _runtime.Verdict("chain slow", "cpu", state="ready")
+    region._fused = slow
+    torch.testing.assert_close(region._decide(verdict, *args), expected)
+    assert verdict.state == "unfused" and "fusion does not pay here" in verdict.reason
+    assert verdict.original_us < verdict.kernel_us
+
+    verdict = _runtime.Verdict("chain wrong", "cpu", state="ready")
+    region._fused = lambda kernel, *a: region.original(*a) + 1.0
+    torch.testing.assert_close(region._decide(verdict, *args), expected)
+    assert verdict.state == "unfused" and "differs from the original ops" in verdict.reason
+
+
+@torch.inference_mode()
+def test_hugging_face_models_run_with_their_chains_fused():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(7)
+    ids = torch.randint(0, 100, (2, 16))
+    attention_mask = torch.ones(2, 16, dtype=torch.long)
+    attention_mask[1, 12:] = 0
+    models = [
+        transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       intermediate_size=64, attn_implementation=impl))
+        for impl in ("sdpa", "eager")] + [
+        transformers.GPT2Model(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, attn_implementation="eager")),
+        transformers.LlamaModel(transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                         num_key_value_heads=2, intermediate_size=48))]
+    for model in models:
+        model.eval()
+        expected = model(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+        regions = len(_runtime._regions)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="fusor", options=AHEAD)
+        for _ in range(2):
+            got = compiled(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        kinds = sorted(r.kind for r in list(_runtime._regions.values())[regions:])
+        assert kinds == ["attention", "attention", "ffn", "ffn"], (type(model).__name__, kinds)
