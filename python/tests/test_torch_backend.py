@@ -45,6 +45,22 @@ class Attention(nn.Module):
         return self.o(out.transpose(1, 2).contiguous().reshape(b, s, hidden))
 
 
+class EinsumAttention(nn.Module):
+    """Attention as einsum from one packed projection, padding filled in by a boolean masked_fill."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads, self.dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+
+    def forward(self, x, padding):
+        b, s, hidden = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(b, s, 3, self.heads, self.dim).unbind(2))
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * self.dim ** -0.5
+        scores = scores.masked_fill(padding[:, None, None, :], float("-inf"))
+        return torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+
+
 class Block(nn.Module):
     def __init__(self, hidden=32, heads=4, ffn=64):
         super().__init__()
@@ -133,6 +149,20 @@ def test_attention_and_ffn_are_found_in_their_layouts_and_match_eager():
         assert r["state"] in ("fused", "unfused"), r
         assert r["kernel_us"] > 0 and r["original_us"] > 0 and r["error"] < 1e-4
     torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_einsum_attention_with_a_boolean_masked_fill():
+    torch.manual_seed(8)
+    model = EinsumAttention().eval()
+    x, padding = torch.randn(2, 12, 32), torch.zeros(2, 12, dtype=torch.bool)
+    padding[1, 9:] = True
+    expected = model(x, padding)
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, padding), expected, rtol=1e-5, atol=1e-5)
+    attention = [r for r in chains("attention") if "m=12" in r["text"] and "Q[2,12,12,8]" in r["text"]]
+    assert attention and "M[2,12]" in attention[0]["text"], ft.report()  # q, k, v: thirds of one projection
 
 
 @torch.inference_mode()
@@ -257,3 +287,15 @@ def test_hugging_face_models_run_with_their_chains_fused():
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
         kinds = sorted(r.kind for r in list(_runtime._regions.values())[regions:])
         assert kinds == ["attention", "attention", "ffn", "ffn"], (type(model).__name__, kinds)
+
+
+@torch.inference_mode()
+def test_new_sequence_lengths_are_new_dims_of_the_same_chain():
+    torch.manual_seed(9)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    for seq in (16, 20, 24):  # from the second new length on, dynamo captures the graph with symbolic sizes
+        x, mask = torch.randn(2, seq, 32), padding_mask(2, seq, seq - 3)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x, mask), model(x, mask), rtol=1e-5, atol=1e-5)
+        assert any(f"m={seq} n={seq}" in r["text"] for r in chains("attention")), seq

@@ -90,9 +90,9 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
     found = rewrite(gm, params, settings)
     for match in found:
         log.info("fusor: %s replaces %s", match.region.id, match.region.source)
-    if found and settings.tune == "ahead":
+    if found and settings.tune == "ahead":  # sizes that are symbolic run at their example values
         with torch.no_grad():
-            gm(*example_inputs)
+            gm(*[x.node.hint if isinstance(x, torch.SymInt) else x for x in example_inputs])
     return rest()
 
 

@@ -154,13 +154,14 @@ class Finder:
         while user is not None and _name(user) in _IDENTITY and _args(user)[0] is p and self._identity(user):
             nodes.append(user)
             p, user = user, _only_user(user)
-        if user is None or _name(user) not in _MATMUL or _args(user)[0] is not p or len(_args(user)) < 2:
+        product = _product(user) if user is not None else None
+        if user is None or product is None or product[0] is not p or product[2]:
             return None
-        pv = user
-        v = _args(pv)[1]
-        # Before it: an optional additive mask, an optional scale, the matmul of q and kᵀ.
-        mask, scale = None, None
-        if _name(x) in ("add", "__add__") and len(_args(x)) == 2 and _only_user(x) is softmax:
+        pv, v = user, product[1]
+        # Before it: an optional mask (added, or a boolean one filled in), an optional scale, q·kᵀ.
+        mask, mask_mode, fill = None, "add", 0.0
+        name = _name(x)
+        if name in ("add", "__add__") and len(_args(x)) == 2 and _only_user(x) is softmax:
             a, b = _args(x)
             if isinstance(a, fx.Node) and self._scores(a) is not None and isinstance(b, fx.Node):
                 nodes.append(x)
@@ -170,22 +171,29 @@ class Finder:
                 x, mask = b, a
             else:
                 return None
+        elif name == "masked_fill" and len(_args(x)) == 3 and _only_user(x) is softmax and _fill(_args(x)[2]):
+            nodes.append(x)
+            x, mask, mask_mode, fill = _args(x)[0], _args(x)[1], "fill", _args(x)[2]
+        elif name == "where" and len(_args(x)) == 3 and _only_user(x) is softmax and _fill(_args(x)[2]):
+            nodes.append(x)
+            mask, x, mask_mode, fill = _args(x)[0], _args(x)[1], "keep", _args(x)[2]
+        if not isinstance(x, fx.Node) or (mask is not None and not isinstance(mask, fx.Node)):
+            return None
         scores = self._scores(x)
         if scores is None:
             return None
         qk, scale, scaling = scores
         nodes += scaling + [qk]
-        if len(_args(qk)) < 2 or not all(isinstance(t, fx.Node) for t in _args(qk)[:2]) or not isinstance(v, fx.Node):
-            return None
-        q, k = _args(qk)[:2]
+        q, k, swapped = _product(qk)  # type: ignore[misc]
         if any(_only_user(n) is None for n in nodes if n is not softmax) or _only_user(softmax) is None:
             return None
         nodes.append(pv)
-        k_transposed = True
-        if self._transposes_last(k) and _only_user(k) is qk:  # q @ k.transpose(-1, -2): read k itself
+        k_transposed = not swapped  # the k operand is [..., D, N]
+        if k_transposed and self._transposes_last(k) and _only_user(k) is qk:  # q @ k.transpose(-1, -2)
             nodes.append(k)
             k, k_transposed = _args(k)[0], False
-        return self._attention(pv, nodes, "matmul", q, k, v, mask, scale, False, False, k_transposed)
+        return self._attention(pv, nodes, "matmul", q, k, v, mask, scale, False, False, k_transposed, mask_mode,
+                               fill)
 
     @staticmethod
     def _transposes_last(node: fx.Node) -> bool:
@@ -219,20 +227,21 @@ class Finder:
                 x = b
             else:
                 return None
-        if _name(x) not in _MATMUL:
+        if _product(x) is None:
             return None
         return x, (scale if scaling else None), scaling
 
     def _attention(self, end: fx.Node, nodes: List[fx.Node], form: str, q: fx.Node, k: fx.Node, v: fx.Node,
                    mask: Optional[fx.Node], scale: Optional[float], causal: bool, gqa: bool,
-                   k_transposed: bool) -> Optional[Found]:
+                   k_transposed: bool, mask_mode: str = "add", fill: float = 0.0) -> Optional[Found]:
         logical = _value(end)
         if logical is None or logical.dim() < 2:
             return None
         k, v = self._appended(k, nodes), self._appended(v, nodes)
         tail, order, groups = self._merge_heads(end, tuple(_hint(s) for s in logical.shape))
         region = AttentionRegion(self._source(nodes + tail), self.settings, form=form, scale=scale, causal=causal,
-                                 gqa=gqa, k_transposed=k_transposed, out_order=order, out_groups=groups)
+                                 gqa=gqa, k_transposed=k_transposed, out_order=order, out_groups=groups,
+                                 mask_mode=mask_mode, fill=fill)
         final = tail[-1] if tail else end
         return Found(region, torch.ops.fusor.attention.default, (region.id, q, k, v, mask), final, nodes + tail)
 
@@ -385,6 +394,41 @@ class Finder:
 
     def _source(self, nodes: Sequence[fx.Node]) -> str:
         return " ".join(sorted({str(_name(n)) for n in nodes}))
+
+
+def _fill(value: Any) -> bool:
+    """Whether `value` masks a score out: a number of -1e4 or below (-inf included)."""
+    return _number(value) and value <= -1e4
+
+
+def _product(node: Any) -> Optional[Tuple[fx.Node, fx.Node, bool]]:
+    """(a, b, swapped) of a batched matrix product a·b: matmul, bmm or @ (b is [..., K, N]), or a two-operand
+    einsum that says the same, with b as [..., K, N] or (swapped) [..., N, K]."""
+    name = _name(node)
+    args = _args(node) if isinstance(node, fx.Node) else []
+    if name in _MATMUL and len(args) == 2 and all(isinstance(a, fx.Node) for a in args):
+        return args[0], args[1], False
+    if name != "einsum" or not args or not isinstance(args[0], str):
+        return None
+    operands = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+    equation = args[0].replace(" ", "")
+    if len(operands) != 2 or not all(isinstance(o, fx.Node) for o in operands) or "->" not in equation \
+            or "." in equation:
+        return None
+    inputs, out = equation.split("->")
+    if inputs.count(",") != 1:
+        return None
+    a, b = inputs.split(",")
+    if not (len(a) == len(b) == len(out) >= 2) or len(set(out)) != len(out):
+        return None
+    prefix, m, k, n = out[:-2], a[-2], a[-1], out[-1]
+    if a[:-2] != prefix or b[:-2] != prefix or out[-2] != m or len({m, k, n} | set(prefix)) != len(prefix) + 3:
+        return None
+    if b[-2:] == k + n:
+        return operands[0], operands[1], False
+    if b[-2:] == n + k:
+        return operands[0], operands[1], True
+    return None
 
 
 def _replay(run: Sequence[fx.Node], shape: Tuple[int, ...], numel: int) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:

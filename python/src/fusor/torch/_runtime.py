@@ -47,6 +47,9 @@ log = logging.getLogger("fusor.torch")
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # How far a kernel's output may be from the original ops' (relative to the largest magnitude) and still be used.
 _TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "bf16": 6e-2}
+# A chain whose tune failed is tuned again at a call this many seconds later, up to _ATTEMPTS tunes in all.
+_RETRY_SECONDS = 60.0
+_ATTEMPTS = 3
 # A bool mask's "do not attend" as an additive term: far below any score, and finite in the dtype.
 _MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 
@@ -75,6 +78,8 @@ class Verdict:
     original_us: float = 0.0
     error: float = 0.0
     regions: List[str] = field(default_factory=list)
+    attempts: int = 0
+    retry_at: float = 0.0
 
     @property
     def name(self) -> str:
@@ -99,8 +104,13 @@ class Verdicts:
             if verdict is not None:
                 if region not in verdict.regions:
                     verdict.regions.append(region)
-                return verdict
-            verdict = self._by_chain[key] = Verdict(text, backend, regions=[region])
+                if not (verdict.state == "failed" and verdict.attempts < _ATTEMPTS
+                        and time.monotonic() >= verdict.retry_at):
+                    return verdict
+                verdict.state = "tuning"  # a failed tune (a busy machine's noisy measurements) is tried again
+            else:
+                verdict = self._by_chain[key] = Verdict(text, backend, regions=[region])
+            verdict.attempts += 1
             if settings.tune != "ahead":
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusor-tune")
@@ -116,7 +126,9 @@ class Verdicts:
             found = compiled_kernel(Chain.parse(verdict.chain), verdict.backend, budget)
         except Exception as e:  # noqa: BLE001 (any failure leaves the original ops in place, said once)
             verdict.state, verdict.reason = "failed", f"{type(e).__name__}: {e}"
-            log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
+            verdict.retry_at = time.monotonic() + _RETRY_SECONDS
+            log.warning("fusor: %s keeps the original ops for now (tune %d of %d): %s", verdict.name,
+                        verdict.attempts, _ATTEMPTS, verdict.reason)
             return
         verdict.kernel = found
         verdict.state = "ready"
@@ -245,6 +257,7 @@ class Region:
             got = self._fused(verdict.kernel, *args)
         except Exception as e:  # noqa: BLE001
             verdict.state, verdict.reason = "failed", f"the kernel failed: {e}"
+            verdict.attempts = _ATTEMPTS  # the same kernel would fail again
             log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
             return reference
         scale = max(1.0, float(reference.abs().max()))
@@ -289,13 +302,17 @@ def region(region_id: str) -> Region:
 class AttentionRegion(Region):
     """softmax(q kᵀ · scale + mask) v, as SDPA or as matmul, scale, mask, softmax and matmul; the output
     optionally permuted and reshaped as the graph did after it (`out_order`, `out_groups`: the output's dims
-    in storage order, and how many of them in a row each dim of the region's output merges)."""
+    in storage order, and how many of them in a row each dim of the region's output merges). The mask is
+    added (`mask_mode` "add"; SDPA's boolean masks keep where True), or a boolean one that masks the scores
+    out where True ("fill": masked_fill) or keeps them where True ("keep": where) with `fill`."""
 
     kind = "attention"
 
     def __init__(self, source: str, settings: Settings, *, form: str, scale: Optional[float], causal: bool,
-                 gqa: bool, k_transposed: bool, out_order: Sequence[int], out_groups: Sequence[int]):
+                 gqa: bool, k_transposed: bool, out_order: Sequence[int], out_groups: Sequence[int],
+                 mask_mode: str = "add", fill: float = 0.0):
         super().__init__(source, settings)
+        self.mask_mode, self.fill = mask_mode, fill
         self.form, self.scale, self.causal, self.gqa = form, scale, causal, gqa
         self.k_transposed = k_transposed
         self.out_order, self.out_groups = tuple(out_order), tuple(out_groups)
@@ -332,7 +349,11 @@ class AttentionRegion(Region):
             scores = torch.matmul(q, k if self.k_transposed else k.transpose(-1, -2))
             if self.scale is not None:
                 scores = scores * self.scale
-            if mask is not None:
+            if mask is not None and self.mask_mode == "fill":
+                scores = scores.masked_fill(mask, self.fill)
+            elif mask is not None and self.mask_mode == "keep":
+                scores = torch.where(mask, scores, self.fill)
+            elif mask is not None:
                 scores = scores + mask
             out = torch.matmul(torch.softmax(scores, dim=-1), v)
         return out.permute(*self.out_order).reshape(self.output_shape(q, k, v, mask))
@@ -356,9 +377,12 @@ class AttentionRegion(Region):
             mask = mask[..., :1, :].expand(scores)
         if mask.dtype == torch.bool:
             compact = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride())]
+            masked = compact if self.mask_mode == "fill" else ~compact
             additive = torch.zeros(compact.shape, dtype=q.dtype, device=q.device).masked_fill(
-                ~compact, _MASKED[_DTYPES[q.dtype]])
+                masked, _MASKED[_DTYPES[q.dtype]])
             return additive.expand(scores)
+        if self.mask_mode != "add":
+            raise Unsupported(f"a {mask.dtype} mask for masked_fill or where")
         if mask.dtype != q.dtype:
             raise Unsupported(f"the mask is {mask.dtype}, the scores {q.dtype}")
         return mask
