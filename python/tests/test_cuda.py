@@ -92,6 +92,21 @@ def test_a_kernel_without_workspace_launches_with_the_answers_grid_and_pointers(
     assert driver.calls[-1] == ("release", 0, [0xE00], [])
 
 
+def test_raw_pointers_launch_as_the_pytorch_backend_calls_them(tmp_path):
+    # fusor.torch reads strided views in place: it passes each view's first-element pointer, unchecked.
+    driver = RecordingDriver()
+    kernel = CudaKernel(cuda_answer("bert_base_attention", tmp_path), driver=driver)
+    ins = [0x20000 + 0x40 * i for i in range(len(kernel.inputs))]
+    kernel.run_pointers(ins, [0x90000], device=1, stream=5)
+    load, *zeroed, launch = driver.calls
+    assert load[:2] == ("load", 1)
+    workspace = [zeroed[0][4]] if kernel.workspace_bytes else []
+    assert launch[:2] == ("launch", 1) and launch[6] == 5
+    assert launch[7] == ins + [0x90000] + workspace
+    with pytest.raises(fusor.KernelArgumentError, match="takes 3 inputs and 1 outputs"):
+        kernel.run_pointers(ins[:2], [0x90000], device=1, stream=5)
+
+
 def test_a_workspace_is_zeroed_once_per_stream_on_that_stream(tmp_path):
     driver = RecordingDriver()
     kernel = CudaKernel(cuda_answer("bert_base_attention", tmp_path, with_launch=False), driver=driver)

@@ -38,3 +38,16 @@ def test_the_bert_example_swaps_attention_without_changing_the_outputs(service):
     proc = run_python(str(REPO / "examples" / "python" / "bert_attention.py"), "--layers", "1", "--seq", "64",
                       "--budget", "2", "--repeats", "1", env=env, timeout=600)
     assert proc.returncode == 0 and "outputs match" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+                    reason="needs PyTorch and transformers")
+def test_the_readme_torch_compile_example_runs_as_written(service, tmp_path):
+    text = (REPO / "README.md").read_text()
+    found = re.search(r"<!-- torch-example -->\s*```python\n(.*?)```", text, re.S)
+    assert found, "README.md has no ```python block after <!-- torch-example -->"
+    env = dict(os.environ, FUSOR_SERVER=service.address, FUSOR_CACHE_DIR=str(tmp_path))
+    proc = run_python("-c", found.group(1), env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "('fusor_attention', " in proc.stdout and "('fusor_ffn', " in proc.stdout, proc.stdout
+    assert "'tuning'" not in proc.stdout, proc.stdout  # waited for, then compared

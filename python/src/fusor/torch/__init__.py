@@ -29,11 +29,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ._graph import rewrite
+from ._dispatch import DECISIONS, GraphRunner
 from ._helpers import ACTIVATIONS, attention, gemm_chain, kernel, set_client
 from ._runtime import VERDICTS, Settings
 
-__all__ = ["ACTIVATIONS", "attention", "backend", "gemm_chain", "kernel", "optimize", "report", "set_client", "wait"]
+__all__ = ["ACTIVATIONS", "attention", "backend", "gemm_chain", "graphs", "kernel", "optimize", "report", "set_client",
+           "wait"]
 
 log = logging.getLogger("fusor.torch")
 _said: set = set()
@@ -71,29 +72,25 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
       the comparison of a kernel with the original ops.
     """
     opts = _options(options)
-    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]))
+    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]), rest=opts["rest"])
 
-    def rest() -> Callable[..., Any]:
+    def compile_rest(graph: torch.fx.GraphModule) -> Callable[..., Any]:
         if opts["rest"] == "eager":
-            return gm.forward
+            return graph.forward
         from torch._inductor.compile_fx import compile_fx
-        compiled: Callable[..., Any] = compile_fx(gm, list(example_inputs))  # type: ignore[assignment]
+        compiled: Callable[..., Any] = compile_fx(graph, list(example_inputs))  # type: ignore[assignment]
         return compiled
 
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    params = {n for n, value in zip(placeholders, example_inputs) if isinstance(value, torch.nn.Parameter)}
-    params |= {n for n in gm.graph.nodes if n.op == "get_attr"}
     if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
         _say_once("the graph needs gradients: fusor computes forward passes only and leaves it as it is "
                   "(run the model under torch.inference_mode() or torch.no_grad())")
-        return rest()
-    found = rewrite(gm, params, settings)
-    for match in found:
-        log.info("fusor: %s replaces %s", match.region.id, match.region.source)
-    if found and settings.tune == "ahead":  # sizes that are symbolic run at their example values
-        with torch.no_grad():
-            gm(*[x.node.hint if isinstance(x, torch.SymInt) else x for x in example_inputs])
-    return rest()
+        return compile_rest(gm)
+    runner = GraphRunner(gm, example_inputs, settings, compile_rest)
+    if not runner.found:
+        return compile_rest(gm)
+    if settings.tune == "ahead":
+        runner.tune_ahead()
+    return runner
 
 
 def optimize(model: torch.nn.Module, **options: Any) -> Callable[..., Any]:
@@ -118,6 +115,14 @@ def report() -> List[Dict[str, Any]]:
     return [{"chain": v.name, "regions": list(v.regions), "state": v.state, "reason": v.reason,
              "kernel_us": v.kernel_us, "original_us": v.original_us, "error": v.error, "text": v.chain}
             for v in VERDICTS.all()]
+
+
+def graphs() -> List[Dict[str, Any]]:
+    """What each captured graph settled on, per input shapes, once its chains were decided: how many of its
+    chains ("regions") won their own comparison ("fused_chains"), the graph with those chains fused and
+    the graph as captured timed against each other on the call's inputs (medians in ms), and which runs
+    from then on ("fused" or "captured")."""
+    return [dict(d) for d in DECISIONS]
 
 
 try:  # `backend="fusor"`: also found through the package's torch_dynamo_backends entry point

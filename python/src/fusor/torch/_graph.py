@@ -92,12 +92,12 @@ def _number(x: Any) -> bool:
 
 @dataclass
 class Found:
-    """A chain found in the graph: its region, the operator's arguments, the node whose value it gives, and
-    the nodes it replaces."""
+    """A chain found in the graph: its region, the operator and its tensor arguments, the node whose value
+    it gives, and the nodes it replaces."""
 
     region: Region
     op: Any
-    args: Tuple[Any, ...]
+    operands: Tuple[Any, ...]
     end: fx.Node
     nodes: List[fx.Node]
 
@@ -243,7 +243,7 @@ class Finder:
                                  gqa=gqa, k_transposed=k_transposed, out_order=order, out_groups=groups,
                                  mask_mode=mask_mode, fill=fill)
         final = tail[-1] if tail else end
-        return Found(region, torch.ops.fusor.attention.default, (region.id, q, k, v, mask), final, nodes + tail)
+        return Found(region, torch.ops.fusor.attention.default, (q, k, v, mask), final, nodes + tail)
 
     def _appended(self, node: fx.Node, nodes: List[fx.Node]) -> fx.Node:
         """`node`, or what it appends to empty tensors (an empty KV cache: cat([empty, k])), read in place."""
@@ -331,7 +331,7 @@ class Finder:
         if not self._inside(nodes, second):
             return None
         region = FfnRegion(self._source(nodes), self.settings, activation=activation, transposed=transposed)
-        return Found(region, torch.ops.fusor.ffn.default, (region.id, x, w1, b1, w2, b2, wu, bu), second, nodes)
+        return Found(region, torch.ops.fusor.ffn.default, (x, w1, b1, w2, b2, wu, bu), second, nodes)
 
     def _inside(self, nodes: List[fx.Node], end: fx.Node) -> bool:
         members = set(nodes)
@@ -481,13 +481,15 @@ def _replay(run: Sequence[fx.Node], shape: Tuple[int, ...], numel: int) -> Optio
     return order, tuple(groups)
 
 
-def rewrite(gm: fx.GraphModule, params: Set[fx.Node], settings: Settings) -> List[Found]:
-    """Replaces every chain found in `gm` by its fusor operator; returns what was found."""
-    found = Finder(gm, params, settings).find()
+def rewrite(gm: fx.GraphModule, params: Set[fx.Node], settings: Settings,
+            keep: Optional[Sequence[int]] = None) -> List[Found]:
+    """Replaces the chains found in `gm` (all, or the `keep`-th of them in the order they are found) by their
+    fusor operators; returns what was replaced."""
+    found = [m for i, m in enumerate(Finder(gm, params, settings).find()) if keep is None or i in keep]
     graph = gm.graph
     for match in found:
         with graph.inserting_before(match.end):
-            call = graph.call_function(match.op, match.args)
+            call = graph.call_function(match.op, (match.region.register(), *match.operands))
         call.meta.update({k: v for k, v in match.end.meta.items() if k not in ("example_value", "val")})
         match.end.replace_all_uses_with(call)
         order = {n: i for i, n in enumerate(graph.nodes)}

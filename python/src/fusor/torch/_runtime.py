@@ -47,6 +47,8 @@ log = logging.getLogger("fusor.torch")
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # How far a kernel's output may be from the original ops' (relative to the largest magnitude) and still be used.
 _TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "bf16": 6e-2}
+# How much faster than the original ops a kernel must be to replace them (a tie keeps the original ops).
+_MARGIN = 1.03
 # A chain whose tune failed is tuned again at a call this many seconds later, up to _ATTEMPTS tunes in all.
 _RETRY_SECONDS = 60.0
 _ATTEMPTS = 3
@@ -58,11 +60,13 @@ _MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 class Settings:
     """How regions get their kernels. tune: "background" (the original ops answer until the kernel has
     arrived and won) or "ahead" (a call waits for its chain's kernel). budget: candidates measured per chain
-    (0: the scheduler's default). rounds: alternating timing rounds of the comparison."""
+    (0: the scheduler's default). rounds: alternating timing rounds of the comparison. rest: how the rest of
+    the graph runs ("inductor" or "eager"), and so how the original ops run."""
 
     tune: str = "background"
     budget: int = 0
     rounds: int = 7
+    rest: str = "inductor"
 
 
 @dataclass
@@ -91,14 +95,14 @@ class Verdicts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_chain: Dict[Tuple[str, str], Verdict] = {}
+        self._by_chain: Dict[Tuple[str, str, str], Verdict] = {}
         self._futures: List[Future] = []
         self._executor: Optional[ThreadPoolExecutor] = None
 
     def get(self, text: str, backend: str, region: str, settings: Settings) -> Verdict:
-        """The verdict of `text` on `backend`; the first ask starts its kernel's compile (in the background, or
-        now when tuning ahead)."""
-        key = (text, backend)
+        """The verdict of `text` on `backend` against the original ops run as `settings.rest` says; the first
+        ask starts its kernel's compile (in the background, or now when tuning ahead)."""
+        key = (text, backend, settings.rest)
         with self._lock:
             verdict = self._by_chain.get(key)
             if verdict is not None:
@@ -176,12 +180,21 @@ class Region:
         self.source = source  # the graph nodes it replaces, for messages
         self.settings = settings
         self._plans: Dict[Any, Optional[str]] = {}
+        self._original: set = set()  # signatures of calls the original ops answer for good
+        self._compiled: Optional[Callable[..., torch.Tensor]] = None
+        self.id = ""  # given by register()
+        self.last = "pending"  # what answered the last call: "pending" (no verdict yet), "fused" or "original"
+
+    def register(self) -> str:
+        """Gives the region its id, by which the graph's operator call finds it."""
         with _regions_lock:
             self.id = f"{self.kind}{len(_regions)}"
             _regions[self.id] = self
+        return self.id
 
     # What subclasses provide.
-    def original(self, *args: Any) -> torch.Tensor:
+    def unfused(self, *args: Any) -> torch.Tensor:
+        """The ops the region replaces, as the graph ran them."""
         raise NotImplementedError
 
     def output_shape(self, *args: Any) -> List[Any]:
@@ -199,6 +212,15 @@ class Region:
         return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
                      for a in prepared)
 
+    def original(self, *args: Any) -> torch.Tensor:
+        """The original ops, as the rest of the graph runs: compiled by inductor when it compiles the rest (so
+        a kernel must beat what inductor makes of them), else eager."""
+        if self.settings.rest != "inductor":
+            return self.unfused(*args)
+        if self._compiled is None:
+            self._compiled = torch.compile(self.unfused, fullgraph=True)
+        return self._compiled(*args)
+
     def prepare(self, *args: Any) -> Tuple[Any, ...]:
         """The call's arguments as the kernel reads them (a mask made additive, say); Unsupported where it
         cannot."""
@@ -209,22 +231,35 @@ class Region:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if tensors[0].dtype not in _DTYPES or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             return self.original(*args).contiguous()
+        signature = self.key(*args)
+        self.last = "original"
+        if signature in self._original:
+            return self.original(*args).contiguous()
         try:
             prepared = self.prepare(*args)
         except Unsupported as e:
             self._say(args, e)
+            self._original.add(signature)
             return self.original(*args).contiguous()
         key = self.key(*prepared)
         if key not in self._plans:
             self._plans[key] = self._plan(args, prepared)
         text = self._plans[key]
         if text is None:
+            self._original.add(signature)
             return self.original(*args).contiguous()
         verdict = VERDICTS.get(text, tensors[0].device.type, self.id, self.settings)
         if verdict.state == "fused":
+            self.last = "fused"
             return self._run(verdict.kernel, args, prepared)
         if verdict.state == "ready":
-            return self._decide(verdict, *args)
+            out = self._decide(verdict, *args)
+            self.last = "fused" if verdict.state == "fused" else "original"
+            return out
+        if verdict.state == "unfused" or (verdict.state == "failed" and verdict.attempts >= _ATTEMPTS):
+            self._original.add(signature)  # (a mask that reads differently would keep the original ops too)
+        else:
+            self.last = "pending"
         return self.original(*args).contiguous()
 
     def _say(self, args: Sequence[Any], why: Exception) -> None:
@@ -283,13 +318,13 @@ class Region:
             if abs(original_s / kernel_s - 1.0) > 0.05:  # clear either way; a near tie gets a second set of rounds
                 break
         verdict.kernel_us, verdict.original_us = kernel_s * 1e6, original_s * 1e6
-        if kernel_s < original_s:
+        if original_s >= kernel_s * _MARGIN:
             verdict.state = "fused"
             verdict.reason = f"{original_s / kernel_s:.2f}x the original ops"
         else:
             verdict.state = "unfused"
-            verdict.reason = (f"the original ops are faster ({verdict.original_us:.0f} us against the kernel's "
-                              f"{verdict.kernel_us:.0f} us): fusion does not pay here")
+            verdict.reason = (f"the original ops are as fast or faster ({verdict.original_us:.0f} us against the "
+                              f"kernel's {verdict.kernel_us:.0f} us): fusion does not pay here")
         log.info("fusor: %s: %s", verdict.name, verdict.reason)
         return reference
 
@@ -339,7 +374,7 @@ class AttentionRegion(Region):
             at += count
         return shape
 
-    def original(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if self.form == "sdpa":
             kwargs: Dict[str, Any] = {"attn_mask": mask, "is_causal": self.causal, "scale": self.scale}
             if self.gqa:
@@ -372,9 +407,11 @@ class AttentionRegion(Region):
             return self._causal_masks[key].expand(scores)
         if mask is None:
             return None
+        if m > 1 and mask.dim() >= 2 and mask.shape[-2] == m and mask.stride(-2) != 0:
+            first = mask[..., :1, :]  # a padding mask built per row: every row the same
+            if bool((mask == first).all()):
+                mask = first
         mask = mask.expand(scores)
-        if m > 1 and mask.stride(-2) != 0 and torch.equal(mask, mask[..., :1, :].expand(scores)):
-            mask = mask[..., :1, :].expand(scores)
         if mask.dtype == torch.bool:
             compact = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride())]
             masked = compact if self.mask_mode == "fill" else ~compact
@@ -426,7 +463,7 @@ class FfnRegion(Region):
             return torch.addmm(b, x, w)
         return torch.matmul(x, w) if b is None else torch.matmul(x, w) + b
 
-    def original(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+    def unfused(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
                  b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> torch.Tensor:
         hidden = self.activation_fn(self._linear(x, w1, b1))
         if wu is not None:
