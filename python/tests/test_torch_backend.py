@@ -118,6 +118,19 @@ class Gpt2Mlp(nn.Module):
         return self.proj(h)
 
 
+class ConvPair(nn.Module):
+    """A ResNet-style pair: a padded 3x3 convolution, ReLU, a 1x1 convolution; and a strided unpadded one."""
+
+    def __init__(self, channels=8, hidden=16):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(channels, hidden, 3, padding=1), nn.Conv2d(hidden, channels, 1)
+        self.c, self.d = nn.Conv2d(channels, hidden, 3, stride=2, bias=False), nn.Conv2d(hidden, channels, 1)
+
+    def forward(self, x):
+        y = self.b(F.relu(self.a(x)))
+        return self.d(F.gelu(self.c(y)))
+
+
 def padding_mask(batch, seq, keep):
     mask = torch.zeros(batch, 1, 1, seq)
     mask[-1, ..., keep:] = torch.finfo(torch.float32).min
@@ -225,6 +238,25 @@ def test_gpt2_style_projections_and_a_written_out_gelu():
     torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
     ffn = [r for r in chains("ffn") if "dim m=16 c=32 f=64 o=32" in r["text"]]
     assert ffn and "gelu_tanh(" in ffn[0]["text"] and "W1[32,64]" in ffn[0]["text"]  # stored [in, out]
+
+
+@torch.inference_mode()
+def test_convolution_chains_with_padding_stride_and_channels_last_inputs():
+    torch.manual_seed(11)
+    model = ConvPair().eval()
+    x = torch.randn(2, 8, 12, 12)
+    expected = model(x)
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
+    texts = [r["text"] for r in chains("conv_chain")]
+    # The padded input is the chain's (copied once, zero-padded); the strided one is read at p*2+r.
+    assert any("I[2,8,14,14]" in t and "relu(T[n,k,p,q] + B1[k])" in t and "B2[8]" in t for t in texts), texts
+    assert any("I[n,c,p*2+r,q*2+s]" in t and "gelu(T[n,k,p,q])" in t for t in texts), texts
+    torch._dynamo.reset()
+    x = x.to(memory_format=torch.channels_last)
+    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 @torch.inference_mode()

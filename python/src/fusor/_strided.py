@@ -248,3 +248,49 @@ def ffn(x: View, w1: View, w2: View, dtype: str, activation: Optional[str], b1: 
     text = "\n".join(["chain fusor_ffn", f"dtype {dtype}", f"dim m={m} c={c} f={f} o={o}", "in  " + " ".join(decl),
                       *lines, f"out {out}", ""])
     return Written(text, (0, 1))
+
+
+def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int], dilation: Tuple[int, int],
+               activation: Optional[str], b1: bool = False, b2: bool = False) -> Written:
+    """conv1x1(act(conv(x, w1) + b1), w2) + b2 for x [N, C, H, W] (already padded), w1 [K, C, R, S] and
+    w2 [J, K, 1, 1], any strides; the first convolution with `stride` and `dilation`, one group. The output
+    [N, J, P, Q] is dense."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise Unsupported(f"activation '{activation}' is not one of {', '.join(ACTIVATIONS)}")
+    if len(x.sizes) != 4 or len(w1.sizes) != 4 or len(w2.sizes) != 4 or w2.sizes[2:] != (1, 1):
+        raise Unsupported(f"x {list(x.sizes)}, w1 {list(w1.sizes)} and w2 {list(w2.sizes)} are not a conv chain")
+    (n, c, height, width), (k, c1, r, s), (j, k2) = x.sizes, w1.sizes, w2.sizes[:2]
+    if c1 != c or k2 != k:
+        raise Unsupported(f"x {list(x.sizes)}, w1 {list(w1.sizes)} and w2 {list(w2.sizes)} do not chain")
+    (sh, sw), (dh, dw) = stride, dilation
+    p, q = (height - dh * (r - 1) - 1) // sh + 1, (width - dw * (s - 1) - 1) // sw + 1
+    if p < 1 or q < 1:
+        raise Unsupported(f"the kernel {r}x{s} does not fit the input {height}x{width}")
+    # The input's rows and columns are read at p*sh + r*dh and q*sw + s*dw.
+    xa = _read(x, ["n", "c", "y", "x"], "x")
+    if any(i not in ("n", "c", "y", "x") for i in xa.index):
+        raise Unsupported(f"x {list(x.sizes)} with strides {list(x.strides)} is not dense in its dims")
+
+    def term(name: str, factor: int) -> str:
+        return name if factor == 1 else f"{name}*{factor}"
+
+    spatial = {"y": f"{term('p', sh)}+{term('r', dh)}", "x": f"{term('q', sw)}+{term('s', dw)}"}
+    access = "I[" + ",".join(spatial.get(i, i) for i in xa.index) + "]"
+    wa = _read(w1, ["k", "c", "r", "s"], "w1")
+    w2a = _read(View(w2.sizes[:2], w2.strides[:2]), ["j", "k"], "w2")
+    decl = [xa.declaration("I"), wa.declaration("W1")] + ([f"B1[{k}]"] if b1 else []) + \
+        [w2a.declaration("W2")] + ([f"B2[{j}]"] if b2 else [])
+    hidden = "T[n,k,p,q]" + (" + B1[k]" if b1 else "")
+    if activation == "silu":
+        hidden = f"({hidden}) * sigmoid({hidden})"
+    elif activation is not None:
+        hidden = f"{activation}({hidden})"
+    lines = [f"T[n,k,p,q] = sum(c,r,s) {access} * {wa.access('W1')}", f"U[n,k,p,q] = {hidden}",
+             f"O[n,j,p,q] = sum(k) U[n,k,p,q] * {w2a.access('W2')}"]
+    out = "O"
+    if b2:
+        lines.append("Z[n,j,p,q] = O[n,j,p,q] + B2[j]")
+        out = "Z"
+    dims = f"dim n={n} c={c} k={k} j={j} p={p} q={q} r={r} s={s}"
+    text = "\n".join(["chain fusor_conv_chain", f"dtype {dtype}", dims, "in  " + " ".join(decl), *lines, f"out {out}", ""])
+    return Written(text, (0, 1, 2, 3))

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ._runtime import _ACTIVATIONS, AttentionRegion, FfnRegion, Region, Settings
+from ._runtime import _ACTIVATIONS, AttentionRegion, ConvRegion, FfnRegion, Region, Settings
 
 log = logging.getLogger("fusor.torch")
 
@@ -122,6 +122,8 @@ class Finder:
                 match = self._softmax_attention(node)
             elif self._projection(node) is not None:
                 match = self._ffn(node)
+            elif self._convolution(node) is not None:
+                match = self._conv(node)
             if match is not None:
                 self.taken.update(match.nodes)
                 found.append(match)
@@ -333,6 +335,52 @@ class Finder:
         region = FfnRegion(self._source(nodes), self.settings, activation=activation, transposed=transposed)
         return Found(region, torch.ops.fusor.ffn.default, (x, w1, b1, w2, b2, wu, bu), second, nodes)
 
+    # Convolution chains.
+    def _convolution(self, node: Any, pointwise: bool = False) -> Optional[Tuple[fx.Node, fx.Node, Any, Tuple[Any, ...]]]:
+        """(x, weight, bias, (stride, padding, dilation)) of a one-group conv2d by a parameter; with
+        `pointwise`, only an unpadded 1x1 one with stride 1."""
+        if _name(node) != "conv2d" or node.op != "call_function" or len(_args(node)) < 2:
+            return None
+        x, w = _args(node)[:2]
+        b = _arg(node, 2, "bias")
+        stride, padding = _arg(node, 3, "stride", 1), _arg(node, 4, "padding", 0)
+        dilation, groups = _arg(node, 5, "dilation", 1), _arg(node, 6, "groups", 1)
+        padding = 0 if padding == "valid" else padding
+        if w not in self.params or not (b is None or b in self.params) or groups != 1 or not isinstance(x, fx.Node) \
+                or not all(isinstance(v, int) or (isinstance(v, (list, tuple)) and len(v) == 2 and
+                                                   all(isinstance(e, int) for e in v))
+                           for v in (stride, padding, dilation)):
+            return None
+        value = _value(w)
+        if value is None or value.dim() != 4:
+            return None
+        if pointwise and (tuple(value.shape[2:]) != (1, 1) or stride not in (1, (1, 1), [1, 1])
+                          or padding not in (0, (0, 0), [0, 0])):
+            return None
+        return x, w, b, (stride, padding, dilation)
+
+    def _conv(self, first: fx.Node) -> Optional[Found]:
+        x, w1, b1, (stride, padding, dilation) = self._convolution(first)  # type: ignore[misc]
+        nodes = [first]
+        body, act_end = self._elementwise(first)
+        if act_end is None:
+            return None
+        nodes += body
+        activation = self._activation(first, body, act_end) if body else None
+        if body and activation is None:
+            return None
+        second = _only_user(act_end)
+        pointwise = self._convolution(second, pointwise=True) if second is not None else None
+        if second is None or pointwise is None or pointwise[0] is not act_end:
+            return None
+        _, w2, b2, _ = pointwise
+        nodes.append(second)
+        if not self._inside(nodes, second):
+            return None
+        region = ConvRegion(self._source(nodes), self.settings, activation=activation, stride=stride,
+                            padding=padding, dilation=dilation)
+        return Found(region, torch.ops.fusor.conv.default, (x, w1, b1, w2, b2), second, nodes)
+
     def _inside(self, nodes: List[fx.Node], end: fx.Node) -> bool:
         members = set(nodes)
         return all(all(u in members for u in n.users) for n in nodes if n is not end)
@@ -487,9 +535,12 @@ def rewrite(gm: fx.GraphModule, params: Set[fx.Node], settings: Settings,
     fusor operators; returns what was replaced."""
     found = [m for i, m in enumerate(Finder(gm, params, settings).find()) if keep is None or i in keep]
     graph = gm.graph
+    replaced: Dict[fx.Node, fx.Node] = {}  # the value of a chain replaced already, read by a later one
     for match in found:
+        operands = tuple(replaced.get(o, o) if isinstance(o, fx.Node) else o for o in match.operands)
         with graph.inserting_before(match.end):
-            call = graph.call_function(match.op, (match.region.register(), *match.operands))
+            call = graph.call_function(match.op, (match.region.register(), *operands))
+        replaced[match.end] = call
         call.meta.update({k: v for k, v in match.end.meta.items() if k not in ("example_value", "val")})
         match.end.replace_all_uses_with(call)
         order = {n: i for i, n in enumerate(graph.nodes)}

@@ -488,6 +488,54 @@ class FfnRegion(Region):
         return [t for t in (x, w1, b1, wu, bu, w2, b2) if t is not None]
 
 
+def _pair(value: Any) -> Tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+class ConvRegion(Region):
+    """conv1x1(act(conv(x, w1) + b1), w2) + b2: a convolution (one group; stride, padding, dilation), an
+    optional elementwise activation, and an unpadded 1x1 convolution. A padded first convolution reads its
+    input zero-padded ahead of the kernel (a copy: the chain's indices cannot express the border)."""
+
+    kind = "conv"
+
+    def __init__(self, source: str, settings: Settings, *, activation: Optional[str], stride: Any, padding: Any,
+                 dilation: Any):
+        super().__init__(source, settings)
+        self.activation = activation
+        self.stride, self.padding, self.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        self.activation_fn: Callable[[torch.Tensor], torch.Tensor] = (
+            _ACTIVATIONS[activation] if activation else (lambda x: x))
+
+    def unfused(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+                b2: Optional[torch.Tensor]) -> torch.Tensor:
+        hidden = F.conv2d(x, w1, b1, self.stride, self.padding, self.dilation)
+        return F.conv2d(self.activation_fn(hidden), w2, b2)
+
+    def output_shape(self, x: torch.Tensor, w1: torch.Tensor, b1: Any, w2: torch.Tensor, b2: Any) -> List[Any]:
+        (sh, sw), (ph, pw), (dh, dw) = self.stride, self.padding, self.dilation
+        r, s = w1.shape[2], w1.shape[3]
+        return [x.shape[0], w2.shape[0], (x.shape[2] + 2 * ph - dh * (r - 1) - 1) // sh + 1,
+                (x.shape[3] + 2 * pw - dw * (s - 1) - 1) // sw + 1]
+
+    def prepare(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+                b2: Optional[torch.Tensor]) -> Tuple[Any, ...]:
+        ph, pw = self.padding
+        return (F.pad(x, (pw, pw, ph, ph)) if ph or pw else x), w1, b1, w2, b2
+
+    def write(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+              b2: Optional[torch.Tensor]) -> _strided.Written:
+        for name, t in (("b1", b1), ("b2", b2)):
+            if t is not None and t.stride(0) != 1:
+                raise Unsupported(f"the bias {name} is not a dense vector")
+        return _strided.conv_chain(View.of(x), View.of(w1), View.of(w2), _DTYPES[x.dtype], self.stride,
+                                   self.dilation, self.activation, b1 is not None, b2 is not None)
+
+    def operands(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+                 b2: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        return [t for t in (x, w1, b1, w2, b2) if t is not None]  # declaration order: I W1 [B1] W2 [B2]
+
+
 # The custom operators the rewritten graphs call. Their fake implementations give the output's shape
 # (contiguous, as the real ones return), so graphs stay traceable by inductor and by export.
 @torch.library.custom_op("fusor::attention", mutates_args=())
@@ -506,6 +554,18 @@ def _attention_fake(region_id: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
 def ffn_op(region_id: str, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
            b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> torch.Tensor:
     return region(region_id)(x, w1, b1, w2, b2, wu, bu)
+
+
+@torch.library.custom_op("fusor::conv", mutates_args=())
+def conv_op(region_id: str, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+            b2: Optional[torch.Tensor]) -> torch.Tensor:
+    return region(region_id)(x, w1, b1, w2, b2)
+
+
+@conv_op.register_fake
+def _conv_fake(region_id: str, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+               b2: Optional[torch.Tensor]) -> torch.Tensor:
+    return x.new_empty(region(region_id).output_shape(x, w1, b1, w2, b2))
 
 
 @ffn_op.register_fake
