@@ -180,7 +180,7 @@ def test_a_graph_whose_fused_chains_do_not_pay_runs_as_captured(monkeypatch):
     for _ in range(3):
         torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
     settled = ft.graphs()[decisions:]
-    assert len(settled) == 1 and settled[0]["runs"] == "captured" and settled[0]["fused_chains"] == 2, settled
+    assert len(settled) == 1 and settled[0]["runs"] == "captured" and settled[0]["regions"] == 2, settled
 
 
 @torch.inference_mode()
@@ -336,11 +336,10 @@ def test_hugging_face_models_run_with_their_chains_fused():
         for _ in range(2):
             got = compiled(input_ids=ids, attention_mask=attention_mask).last_hidden_state
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-        # The graph with every chain replaced registers its regions first; the graph with only the winners
-        # replaced, if one is built, after them.
+        # The graph with every chain replaced registers its regions first; the graphs with only some winners
+        # replaced, if built, after them.
         kinds = [r.kind for r in list(_runtime._regions.values())[regions:]]
         assert sorted(kinds[:4]) == ["attention", "attention", "ffn", "ffn"], (type(model).__name__, kinds)
-        assert len(kinds) <= 8
 
 
 @torch.inference_mode()

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from ._runtime import _ACTIVATIONS, AttentionRegion, ConvRegion, FfnRegion, Region, Settings
 

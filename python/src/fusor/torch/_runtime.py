@@ -1,9 +1,9 @@
 """Regions of a model run by fusor kernels: tuned in the background, used only where they win.
 
 A region is a chain found in a captured graph (an attention, a feed-forward
-block). The graph calls it through a custom operator (``fusor::attention``,
-``fusor::ffn``) with the tensors the model already holds, views included.
-Each call:
+block, a convolution chain). The graph calls it through a custom operator
+(``fusor::attention``, ``fusor::ffn``, ``fusor::conv``) with the tensors the
+model already holds, views included. Each call:
 
 1. writes the chain those tensors describe, where they lie (once per shapes
    and strides), or, where no chain can read them in place, runs the
@@ -18,8 +18,9 @@ Each call:
 
 Verdicts are kept per chain (identical layers share one) and listed by
 :func:`report`. The original ops are those of the captured graph (SDPA stays
-SDPA, an ``nn.Linear`` stays ``linear``), so "faster" means faster than what
-the model ran.
+SDPA, an ``nn.Linear`` stays ``linear``), compiled by inductor when the rest
+of the graph is, so "faster" means faster than what the model ran. Whether
+the graph as a whole gains is checked after (see _dispatch).
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ class Region:
         self._original: set = set()  # signatures of calls the original ops answer for good
         self._compiled: Optional[Callable[..., torch.Tensor]] = None
         self.id = ""  # given by register()
+        self.chain = ""  # the text of the chain its last call ran or compared
         self.last = "pending"  # what answered the last call: "pending" (no verdict yet), "fused" or "original"
 
     def register(self) -> str:
@@ -229,10 +231,10 @@ class Region:
     # The call.
     def __call__(self, *args: Any) -> torch.Tensor:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        self.last = "original"
         if tensors[0].dtype not in _DTYPES or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             return self.original(*args).contiguous()
         signature = self.key(*args)
-        self.last = "original"
         if signature in self._original:
             return self.original(*args).contiguous()
         try:
@@ -249,6 +251,7 @@ class Region:
             self._original.add(signature)
             return self.original(*args).contiguous()
         verdict = VERDICTS.get(text, tensors[0].device.type, self.id, self.settings)
+        self.chain = text
         if verdict.state == "fused":
             self.last = "fused"
             return self._run(verdict.kernel, args, prepared)
