@@ -292,14 +292,14 @@ def test_under_autograd_the_graph_is_left_as_it_is(caplog):
 @torch.inference_mode()
 def test_a_kernel_that_loses_or_differs_is_not_used():
     torch.manual_seed(6)
-    region = _runtime.FfnRegion("test", _runtime.Settings(rounds=3, rest="eager"), activation="relu", transposed=True)
+    region = _runtime.FfnRegion("test", _runtime.Settings(rounds=3), activation="relu", transposed=True)
     x, w1, b1, w2 = torch.randn(16, 8), torch.randn(12, 8), torch.randn(12), torch.randn(8, 12)
     args = (x, w1, b1, w2, None, None, None)
-    expected = region.unfused(*args)
+    expected = region.original(*args)
 
     def slow(kernel, *a):
         time.sleep(0.005)
-        return region.unfused(*a)
+        return region.original(*a)
 
     verdict = _runtime.Verdict("chain slow", "cpu", state="ready")
     region._fused = slow
@@ -308,7 +308,7 @@ def test_a_kernel_that_loses_or_differs_is_not_used():
     assert verdict.original_us < verdict.kernel_us
 
     verdict = _runtime.Verdict("chain wrong", "cpu", state="ready")
-    region._fused = lambda kernel, *a: region.unfused(*a) + 1.0
+    region._fused = lambda kernel, *a: region.original(*a) + 1.0
     torch.testing.assert_close(region._decide(verdict, *args), expected)
     assert verdict.state == "unfused" and "differs from the original ops" in verdict.reason
 

@@ -72,7 +72,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
       the comparison of a kernel with the original ops.
     """
     opts = _options(options)
-    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]), rest=opts["rest"])
+    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]))
 
     def compile_rest(graph: torch.fx.GraphModule) -> Callable[..., Any]:
         if opts["rest"] == "eager":

@@ -18,9 +18,9 @@ model already holds, views included. Each call:
 
 Verdicts are kept per chain (identical layers share one) and listed by
 :func:`report`. The original ops are those of the captured graph (SDPA stays
-SDPA, an ``nn.Linear`` stays ``linear``), compiled by inductor when the rest
-of the graph is, so "faster" means faster than what the model ran. Whether
-the graph as a whole gains is checked after (see _dispatch).
+SDPA, an ``nn.Linear`` stays ``linear``), run eagerly; whether the graph as a
+whole gains over the graph as captured (compiled by inductor, say) is checked
+after (see _dispatch).
 """
 
 from __future__ import annotations
@@ -61,13 +61,11 @@ _MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 class Settings:
     """How regions get their kernels. tune: "background" (the original ops answer until the kernel has
     arrived and won) or "ahead" (a call waits for its chain's kernel). budget: candidates measured per chain
-    (0: the scheduler's default). rounds: alternating timing rounds of the comparison. rest: how the rest of
-    the graph runs ("inductor" or "eager"), and so how the original ops run."""
+    (0: the scheduler's default). rounds: alternating timing rounds of the comparison."""
 
     tune: str = "background"
     budget: int = 0
     rounds: int = 7
-    rest: str = "inductor"
 
 
 @dataclass
@@ -96,14 +94,14 @@ class Verdicts:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_chain: Dict[Tuple[str, str, str], Verdict] = {}
+        self._by_chain: Dict[Tuple[str, str], Verdict] = {}
         self._futures: List[Future] = []
         self._executor: Optional[ThreadPoolExecutor] = None
 
     def get(self, text: str, backend: str, region: str, settings: Settings) -> Verdict:
-        """The verdict of `text` on `backend` against the original ops run as `settings.rest` says; the first
-        ask starts its kernel's compile (in the background, or now when tuning ahead)."""
-        key = (text, backend, settings.rest)
+        """The verdict of `text` on `backend`; the first ask starts its kernel's compile (in the background, or
+        now when tuning ahead)."""
+        key = (text, backend)
         with self._lock:
             verdict = self._by_chain.get(key)
             if verdict is not None:
@@ -182,7 +180,6 @@ class Region:
         self.settings = settings
         self._plans: Dict[Any, Optional[str]] = {}
         self._original: set = set()  # signatures of calls the original ops answer for good
-        self._compiled: Optional[Callable[..., torch.Tensor]] = None
         self.id = ""  # given by register()
         self.chain = ""  # the text of the chain its last call ran or compared
         self.last = "pending"  # what answered the last call: "pending" (no verdict yet), "fused" or "original"
@@ -195,8 +192,9 @@ class Region:
         return self.id
 
     # What subclasses provide.
-    def unfused(self, *args: Any) -> torch.Tensor:
-        """The ops the region replaces, as the graph ran them."""
+    def original(self, *args: Any) -> torch.Tensor:
+        """The ops the region replaces, as the graph ran them (eagerly: what inductor makes of them is
+        compared at the graph's level, see _dispatch)."""
         raise NotImplementedError
 
     def output_shape(self, *args: Any) -> List[Any]:
@@ -213,15 +211,6 @@ class Region:
         """What the written chain depends on: the prepared tensors' shapes, strides, dtypes and devices."""
         return tuple((tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
                      for a in prepared)
-
-    def original(self, *args: Any) -> torch.Tensor:
-        """The original ops, as the rest of the graph runs: compiled by inductor when it compiles the rest (so
-        a kernel must beat what inductor makes of them), else eager."""
-        if self.settings.rest != "inductor":
-            return self.unfused(*args)
-        if self._compiled is None:
-            self._compiled = torch.compile(self.unfused, fullgraph=True)
-        return self._compiled(*args)
 
     def prepare(self, *args: Any) -> Tuple[Any, ...]:
         """The call's arguments as the kernel reads them (a mask made additive, say); Unsupported where it
@@ -377,7 +366,7 @@ class AttentionRegion(Region):
             at += count
         return shape
 
-    def unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def original(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if self.form == "sdpa":
             kwargs: Dict[str, Any] = {"attn_mask": mask, "is_causal": self.causal, "scale": self.scale}
             if self.gqa:
@@ -466,7 +455,7 @@ class FfnRegion(Region):
             return torch.addmm(b, x, w)
         return torch.matmul(x, w) if b is None else torch.matmul(x, w) + b
 
-    def unfused(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+    def original(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
                  b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> torch.Tensor:
         hidden = self.activation_fn(self._linear(x, w1, b1))
         if wu is not None:
@@ -510,7 +499,7 @@ class ConvRegion(Region):
         self.activation_fn: Callable[[torch.Tensor], torch.Tensor] = (
             _ACTIVATIONS[activation] if activation else (lambda x: x))
 
-    def unfused(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
+    def original(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
                 b2: Optional[torch.Tensor]) -> torch.Tensor:
         hidden = F.conv2d(x, w1, b1, self.stride, self.padding, self.dilation)
         return F.conv2d(self.activation_fn(hidden), w2, b2)
