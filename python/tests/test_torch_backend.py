@@ -162,7 +162,9 @@ def test_attention_and_ffn_are_found_in_their_layouts_and_match_eager():
         assert r["state"] in ("fused", "unfused"), r
         assert r["kernel_us"] > 0 and r["original_us"] > 0 and r["error"] < 1e-4
     # Then the graph settled: with the winning chains fused, or as captured.
-    assert ft.graphs() and ft.graphs()[-1]["runs"] in ("fused", "captured") and ft.graphs()[-1]["regions"] == 2
+    settled = ft.graphs()[-1]
+    assert settled["runs"] in ("fused", "captured", "fused, eager", "captured, eager") and settled["regions"] == 2
+    assert "captured, eager" not in settled["ms"]  # the rest runs eagerly already: nothing else to try
     torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
 
 

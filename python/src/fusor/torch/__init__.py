@@ -85,7 +85,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
         _say_once("the graph needs gradients: fusor computes forward passes only and leaves it as it is "
                   "(run the model under torch.inference_mode() or torch.no_grad())")
         return compile_rest(gm)
-    runner = GraphRunner(gm, example_inputs, settings, compile_rest)
+    runner = GraphRunner(gm, example_inputs, settings, compile_rest, also_eager=opts["rest"] == "inductor")
     if not runner.found:
         return compile_rest(gm)
     if settings.tune == "ahead":
@@ -118,10 +118,10 @@ def report() -> List[Dict[str, Any]]:
 
 
 def graphs() -> List[Dict[str, Any]]:
-    """What each captured graph settled on, per input shapes, once its chains were decided: how many of its
-    chains ("regions") won their own comparison ("fused_chains"), the graph with those chains fused and
-    the graph as captured timed against each other on the call's inputs (medians in ms), and which runs
-    from then on ("fused" or "captured")."""
+    """What each captured graph settled on, per input shapes, once its chains were decided: what runs from
+    then on ("captured", "fused", or either with ", eager" when running it as is beat inductor), how many
+    of its chains ("regions") that fuses ("fused_chains"), and the median ms of every variant timed on
+    the call's inputs ("ms")."""
     return [dict(d) for d in DECISIONS]
 
 

@@ -1,11 +1,12 @@
 """What the backend hands back for one captured graph: never slower than the graph as captured.
 
-A region's own comparison (see _runtime) says whether its kernel beats the ops it replaces, but a region
-also costs at its edges: the rest of the graph cannot fuse into it (a bias and a residual add before a
-layer norm, say), and each call passes through Python. So once every region of the graph has settled
-for the inputs' shapes, the graph with only the winning regions replaced is compiled, and it is timed
-against the graph as captured (compiled the same way), alternating, on that call's inputs. The faster
-one answers for those shapes from then on; on a tie the graph as captured does.
+A region's own comparison (see _runtime) says whether its kernel beats the ops it replaces, run eagerly,
+but a region also costs at its edges: the rest of the graph cannot fuse into it (a bias and a residual
+add before a layer norm, say), and each call passes through Python; and inductor may run the replaced
+ops faster than eager does. So once every region of the graph has settled for the inputs' shapes, the
+graph with only the winning regions replaced is built, and it is timed against the graph as captured,
+in turn, on that call's inputs, each compiled as the rest of the graph is and, when that is inductor,
+also run as is. The fastest answers for those shapes from then on; on a tie the graph as captured does.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger("fusor.torch")
 _MARGIN = 1.02
 # What each graph settled on, for fusor.torch.graphs().
 DECISIONS: List[Dict[str, Any]] = []
+# Samples of one variant further apart than this (relative to their median) are measured again, once.
+_SPREAD = 0.5
 # About how long the comparison of the two graphs may take (at least 2 rounds, at most 5).
 _SECONDS = 2.0
 
@@ -44,17 +47,18 @@ class GraphRunner:
     the faster of the graph with the winning regions replaced and the graph as captured."""
 
     def __init__(self, captured: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings,
-                 compile_rest: Callable[[fx.GraphModule], Callable[..., Any]]):
+                 compile_rest: Callable[[fx.GraphModule], Callable[..., Any]], also_eager: bool = False):
         self.captured = copy.deepcopy(captured)
         self.example_inputs = list(example_inputs)
         self.settings, self.compile_rest = settings, compile_rest
+        self.also_eager = also_eager  # also try the graph variants run as is (the rest is compiled)
         trial = captured
         self.found: List[Found] = rewrite(trial, parameters(trial, example_inputs), settings)
         for match in self.found:
             log.info("fusor: %s replaces %s", match.region.id, match.region.source)
         self.trial: Optional[Callable[..., Any]] = compile_rest(trial) if self.found else None
         self._plain: Optional[Callable[..., Any]] = None
-        self._variants: Dict[frozenset, Callable[..., Any]] = {}
+        self._variants: Dict[Tuple[frozenset, bool], Callable[..., Any]] = {}
         self.settled: Dict[Any, Callable[..., Any]] = {}
 
     def tune_ahead(self) -> None:
@@ -80,57 +84,67 @@ class GraphRunner:
             self._plain = self.compile_rest(copy.deepcopy(self.captured))
         return self._plain
 
-    def _variant(self, winners: List[int]) -> Callable[..., Any]:
-        key = frozenset(winners)
+    def _variant(self, winners: List[int], compiled: bool = True) -> Callable[..., Any]:
+        """The captured graph with the `winners`-th chains replaced, compiled as the rest is (or run as is)."""
+        if not winners and compiled:
+            return self.plain()
+        key = (frozenset(winners), compiled)
         if key not in self._variants:
             gm = copy.deepcopy(self.captured)
-            rewrite(gm, parameters(gm, self.example_inputs), self.settings, keep=winners)
-            self._variants[key] = self.compile_rest(gm)
+            if winners:
+                rewrite(gm, parameters(gm, self.example_inputs), self.settings, keep=winners)
+            self._variants[key] = self.compile_rest(gm) if compiled else gm.forward
         return self._variants[key]
 
     def _settle(self, args: Sequence[Any]) -> Callable[..., Any]:
+        """The fastest way to run the graph for `args`' shapes: as captured, or with the chains that won their
+        own comparison replaced (all of them, else each chain's alone), each compiled as the rest of the graph
+        is and, when that is inductor, also run as is (eager SDPA can beat inductor on long sequences). The
+        graph as captured, compiled as asked, wins ties."""
         winners = [i for i, m in enumerate(self.found) if m.region.last == "fused"]
-        plain = self.plain()
-        if not winners:
-            DECISIONS.append({"fused_chains": 0, "regions": len(self.found), "fused_ms": 0.0, "captured_ms": 0.0,
-                              "runs": "captured"})
-            log.info("fusor: no region of this graph pays for these shapes: the graph runs as captured")
-            return plain
-        # The graph with every winner replaced, then (when that loses and the winners run several chains) with
-        # the winners of one chain each: an attention may pay where a feed-forward block does not.
         groups: Dict[str, List[int]] = {}
         for i in winners:
             groups.setdefault(self.found[i].region.chain, []).append(i)
-        tries = [winners] + (list(groups.values()) if len(groups) > 1 else [])
-        best: Optional[Dict[str, Any]] = None
-        for subset in tries:
-            fused_s, plain_s = self._time(self._variant(subset), plain, args)
-            if best is None or plain_s / fused_s > best["ratio"]:
-                best = {"subset": subset, "ratio": plain_s / fused_s, "fused_s": fused_s, "plain_s": plain_s}
-            if best["ratio"] >= _MARGIN and subset is winners:
+        subsets: List[List[int]] = [[]] + ([winners] if winners else [])
+        later = list(groups.values()) if len(groups) > 1 else []
+        modes = [True, False] if self.also_eager else [True]
+        times: Dict[Tuple[int, bool], float] = {}
+        while True:
+            candidates = {(n, compiled): self._variant(subsets[n], compiled)
+                          for n in range(len(subsets)) for compiled in modes if (n, compiled) not in times}
+            times.update(self._time(candidates, args))
+            best = min(times, key=times.__getitem__)
+            if best[0] != 0 or not later:
                 break
-        assert best is not None
-        kept = best["ratio"] >= _MARGIN
-        DECISIONS.append({"fused_chains": len(best["subset"]), "regions": len(self.found),
-                          "fused_ms": best["fused_s"] * 1e3, "captured_ms": best["plain_s"] * 1e3,
-                          "runs": "fused" if kept else "captured"})
-        if kept:
-            log.info("fusor: this graph with %d fused chains: %.2fx the graph as captured", len(best["subset"]),
-                     best["ratio"])
-            return self._variant(best["subset"])
-        log.info("fusor: the graph as captured is as fast or faster (%.1f ms against %.1f ms with %d fused "
-                 "chains): it runs as captured", best["plain_s"] * 1e3, best["fused_s"] * 1e3, len(best["subset"]))
-        return plain
+            subsets += later  # every winner together lost: each chain's winners alone
+            later = []
+        captured = times[(0, True)]
+        if times[best] * _MARGIN > captured:
+            best = (0, True)
+        fused = len(subsets[best[0]])
+        label = ("fused" if fused else "captured") + ("" if best[1] else ", eager")
+        DECISIONS.append({"runs": label, "fused_chains": fused, "regions": len(self.found),
+                          "ms": {("fused" if subsets[n] else "captured") + ("" if c else ", eager") +
+                                 (f" ({len(subsets[n])})" if subsets[n] else ""): t * 1e3
+                                 for (n, c), t in times.items()}})
+        log.info("fusor: this graph runs %s (%d of %d chains fused): %.1f ms against %.1f ms as captured",
+                 label, fused, len(self.found), times[best] * 1e3, captured * 1e3)
+        return self._variant(subsets[best[0]], best[1]) if best != (0, True) else self.plain()
 
     @staticmethod
-    def _time(variant: Callable[..., Any], plain: Callable[..., Any], args: Sequence[Any]) -> Tuple[float, float]:
-        """Median seconds of `variant` and `plain` on `args`, alternating (2 to 5 rounds, about _SECONDS)."""
-        runs: List[List[float]] = [[], []]
-        for i in range(5):
-            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
-                start = time.perf_counter()
-                (variant if which == 0 else plain)(*args)
-                runs[which].append(time.perf_counter() - start)
-            if i >= 1 and sum(runs[0]) + sum(runs[1]) > _SECONDS:
+    def _time(candidates: Dict[Any, Callable[..., Any]], args: Sequence[Any]) -> Dict[Any, float]:
+        """The median seconds of each candidate on `args`, run in turn, alternating the order each round (2 to 5
+        rounds, about _SECONDS for every two candidates; again when the samples of one spread too far)."""
+        samples: Dict[Any, List[float]] = {key: [] for key in candidates}
+        order = list(candidates)
+        for attempt in range(2):  # samples that disagree (a busy machine) are measured again
+            for i in range(5):
+                for key in (order if i % 2 == 0 else order[::-1]):
+                    start = time.perf_counter()
+                    candidates[key](*args)
+                    samples[key].append(time.perf_counter() - start)
+                if i >= 1 and sum(map(sum, samples.values())) > _SECONDS * max(1, len(order) / 2) * (attempt + 1):
+                    break
+            if all((max(v) - min(v)) / statistics.median(v) <= _SPREAD for v in samples.values()):
                 break
-        return statistics.median(runs[0]), statistics.median(runs[1])
+        return {key: statistics.median(values) for key, values in samples.items()}
