@@ -320,15 +320,20 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
 
+_service: List[Any] = []  # the embedded scheduler's client, kept for the whole run
+
+
 def _use_embedded(db: str) -> None:
     """An embedded scheduler on `db` for fusor.torch, unless $FUSOR_SERVER names one; the memory children
-    inherit its address (one scheduler per database)."""
+    and the default client after a first-pass measurement reach it by its address (one scheduler per
+    database)."""
     import fusor
     import fusor.torch
 
     if not os.environ.get("FUSOR_SERVER"):
         Path(db).parent.mkdir(parents=True, exist_ok=True)
         client = fusor.Client.embedded(db=db)
+        _service.append(client)
         os.environ["FUSOR_SERVER"] = client.address
         fusor.torch.set_client(client)
 

@@ -44,7 +44,7 @@ def parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Set[fx.Node
 
 class GraphRunner:
     """Runs a captured graph: with every region found replaced until they settle, then, per input shapes,
-    the faster of the graph with the winning regions replaced and the graph as captured."""
+    the fastest of the graph as captured and the graphs with winning regions replaced (see _settle)."""
 
     def __init__(self, captured: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings,
                  compile_rest: Callable[[fx.GraphModule], Callable[..., Any]], also_eager: bool = False):
