@@ -41,7 +41,7 @@ def test_views_with_no_affine_buffer_are_refused():
 def test_attention_in_the_models_layouts():
     q = heads(2, 16, 4, 16)
     mask = View((2, 4, 16, 16), (16, 0, 0, 1))
-    text = attention(q, q, q, mask, 0.25, "f32", (0, 2, 1, 3)).text
+    text = attention(q, q, q, mask, 0.25, "f32", (0, 2, 1, 3))
     assert "in  Q[2,16,4,16] K[2,16,4,16] V[2,16,4,16] M[2,16]" in text
     assert "S[z0,z1,m,n] = sum(d) Q[z0,m,z1,d] * K[z0,n,z1,d] * 0.25" in text
     assert "P[z0,z1,m,n] = softmax(n) S[z0,z1,m,n] + M[z0,n]" in text
@@ -52,7 +52,7 @@ def test_attention_in_the_models_layouts():
 def test_grouped_query_attention_reads_each_key_head_for_its_group():
     q = heads(2, 8, 6, 16)
     k = heads(2, 8, 2, 16)
-    text = attention(q, k, k, None, 0.25, "bf16", (0, 1, 2, 3), gqa=True).text
+    text = attention(q, k, k, None, 0.25, "bf16", (0, 1, 2, 3), gqa=True)
     assert "dim z0=2 z1=2 r=3 m=8 n=8 d=16 e=16" in text
     assert "Q[z0,m,z1,r,d] * K[z0,n,z1,d]" in text
     assert "O[z0,z1,r,m,e]" in text
@@ -75,7 +75,7 @@ def test_attention_refuses_what_does_not_chain():
 def test_ffn_reads_linear_weights_as_stored():
     x = View((2, 16, 64), (1024, 64, 1))
     w1, w2 = View((64, 128), (1, 64)), View((128, 64), (1, 128))  # weight.t() of [128, 64] and [64, 128]
-    text = ffn(x, w1, w2, "f32", "gelu", b1=True, b2=True).text
+    text = ffn(x, w1, w2, "f32", "gelu", b1=True, b2=True)
     assert "dim m=32 c=64 f=128 o=64" in text
     assert "in  X[32,64] W1[128,64] B1[128] W2[64,128] B2[64]" in text
     assert "H[m,f] = sum(c) X[m,c] * W1[f,c]" in text and "G[m,f] = gelu(H[m,f] + B1[f])" in text
@@ -85,7 +85,7 @@ def test_ffn_reads_linear_weights_as_stored():
 def test_gated_ffn_and_unmergeable_rows():
     x = View((32, 64), (64, 1))
     w = View((64, 128), (1, 64))
-    text = ffn(x, w, View((128, 64), (1, 128)), "f32", "silu", up=w).text
+    text = ffn(x, w, View((128, 64), (1, 128)), "f32", "silu", up=w)
     assert "U[m,f] = sum(c) X[m,c] * WU[f,c]" in text
     assert "G[m,f] = (H[m,f] * sigmoid(H[m,f])) * U[m,f]" in text
     with pytest.raises(Unsupported, match="do not merge"):

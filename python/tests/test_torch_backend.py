@@ -199,6 +199,24 @@ def test_einsum_attention_with_a_boolean_masked_fill():
     assert attention and "M[2,12]" in attention[0]["text"], ft.report()  # q, k, v: thirds of one projection
 
 
+class UnscaledAttention(nn.Module):
+    """softmax(q kᵀ) v with no scale at all (T5 folds it into its weights)."""
+
+    def forward(self, q, k, v):
+        return torch.matmul(torch.matmul(q, k.transpose(-1, -2)).softmax(-1), v)
+
+
+@torch.inference_mode()
+def test_attention_without_a_scale_is_not_scaled():
+    torch.manual_seed(12)
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    compiled = torch.compile(UnscaledAttention(), backend="fusor", options=AHEAD)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(q, k, v), UnscaledAttention()(q, k, v), rtol=1e-5, atol=1e-5)
+    attention = [r for r in chains("attention") if "m=10 n=10 d=8" in r["text"]]
+    assert attention and "* 1.0" in attention[0]["text"] and attention[0]["error"] < 1e-4, attention
+
+
 @torch.inference_mode()
 def test_a_cache_miss_never_blocks_the_forward_pass():
     torch.manual_seed(1)

@@ -6,7 +6,9 @@ packed QKV projection, a broadcast mask) is the same bytes read with other
 strides, so it is written as a dense buffer that starts at the view's first
 element, with an affine index per buffer dim: the view's dims sorted by
 stride, gaps between them (a slice's left-out part) kept as unused extent, and
-broadcast or size-1 dims left out of the index. No byte is copied.
+broadcast or size-1 dims left out of the index. No byte is copied. The
+declared buffer may reach past the tensor's storage (the gap after a slice's
+last row): a kernel reads only the elements the index reaches.
 
 The chain writers take sizes and strides only (no tensor library), so the
 same writer serves a real call, a traced graph's example values and tests;
@@ -41,12 +43,6 @@ class Access:
         """`NAME[i0,i1,...]`: the buffer read at the view's dims."""
         return f"{name}[{','.join(self.index)}]"
 
-    @property
-    def elements(self) -> int:
-        total = 1
-        for e in self.extents:
-            total *= e
-        return total
 
 
 def strided_access(sizes: Sequence[int], strides: Sequence[int], names: Sequence[str]) -> Optional[Access]:
@@ -92,10 +88,6 @@ class View:
     def of(t: object) -> "View":
         return View(tuple(int(s) for s in t.shape), tuple(int(s) for s in t.stride()))  # type: ignore[attr-defined]
 
-    def transposed(self) -> "View":
-        """The view with its last two dims swapped."""
-        return View(self.sizes[:-2] + self.sizes[-1:] + self.sizes[-2:-1],
-                    self.strides[:-2] + self.strides[-1:] + self.strides[-2:-1])
 
 
 def _number(x: float) -> str:
@@ -117,15 +109,6 @@ def _split(view: View, dim: int, outer: int) -> View:
                 view.strides[:dim] + (stride * inner, stride) + view.strides[dim + 1:])
 
 
-@dataclass(frozen=True)
-class Written:
-    """A chain and how its output lies: `out_order` lists the output's dims (as the logical output's dim
-    numbers) outermost first, so the kernel's dense output is the logical output permuted by it."""
-
-    text: str
-    out_order: Tuple[int, ...]
-
-
 def _broadcast_to(t: View, lead: Sequence[int], what: str, group_dim: int = -1) -> View:
     """`t` with its leading dims of size 1 broadcast (stride 0) to `lead`; dim `group_dim` keeps its size."""
     sizes, strides = list(t.sizes), list(t.strides)
@@ -139,7 +122,7 @@ def _broadcast_to(t: View, lead: Sequence[int], what: str, group_dim: int = -1) 
 
 
 def attention(q: View, k: View, v: View, mask: Optional[View], scale: float, dtype: str,
-              out_order: Sequence[int], gqa: bool = False) -> Written:
+              out_order: Sequence[int], gqa: bool = False) -> str:
     """softmax(q kᵀ · scale + mask) v for q [..., M, D], k [..., N, D] and v [..., N, Dv] with the same
     leading dims (k and v may broadcast size-1 ones; with `gqa`, k and v have G heads at dim -3 for q's H,
     each read by H / G query heads in a row), and an additive mask of `dtype` already expanded to
@@ -197,7 +180,7 @@ def attention(q: View, k: View, v: View, mask: Optional[View], scale: float, dty
         f"P[{scores}] = softmax(n) {logits}",
         f"O[{','.join(out_dims)}] = sum(n) P[{scores}] * {va.access('V')}",
         "out O", ""])
-    return Written(text, tuple(out_order))
+    return text
 
 
 def _rows(x: View, what: str) -> View:
@@ -215,15 +198,17 @@ def _rows(x: View, what: str) -> View:
 
 
 def ffn(x: View, w1: View, w2: View, dtype: str, activation: Optional[str], b1: bool = False, b2: bool = False,
-        up: Optional[View] = None, up_bias: bool = False) -> Written:
+        up: Optional[View] = None, up_bias: bool = False) -> str:
     """act(x w1 + b1) w2 + b2 for x [..., C] (rows that merge into one dim), w1 [C, F] and w2 [F, O] as
     logical views (an ``nn.Linear`` weight is read as its ``[out, in]`` storage); with `up` [C, F], the
     gated form act(x w1 + b1) * (x up + bu) w2 + b2. The output is [rows, O], dense."""
     if activation is not None and activation not in ACTIVATIONS:
         raise Unsupported(f"activation '{activation}' is not one of {', '.join(ACTIVATIONS)}")
     rows = _rows(x, "x")
+    if len(w1.sizes) != 2 or len(w2.sizes) != 2:
+        raise Unsupported(f"w1 {list(w1.sizes)} and w2 {list(w2.sizes)} are not matrices")
     (m, c), (c1, f), (f2, o) = rows.sizes, w1.sizes, w2.sizes
-    if len(w1.sizes) != 2 or len(w2.sizes) != 2 or c1 != c or f2 != f or (up is not None and up.sizes != w1.sizes):
+    if c1 != c or f2 != f or (up is not None and up.sizes != w1.sizes):
         raise Unsupported(f"x {list(x.sizes)}, w1 {list(w1.sizes)} and w2 {list(w2.sizes)} do not chain")
     xa, wa, w2a = _read(rows, ["m", "c"], "x"), _read(w1, ["c", "f"], "w1"), _read(w2, ["f", "o"], "w2")
     decl = [xa.declaration("X"), wa.declaration("W1")] + ([f"B1[{f}]"] if b1 else [])
@@ -247,11 +232,11 @@ def ffn(x: View, w1: View, w2: View, dtype: str, activation: Optional[str], b1: 
         out = "Z"
     text = "\n".join(["chain fusor_ffn", f"dtype {dtype}", f"dim m={m} c={c} f={f} o={o}", "in  " + " ".join(decl),
                       *lines, f"out {out}", ""])
-    return Written(text, (0, 1))
+    return text
 
 
 def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int], dilation: Tuple[int, int],
-               activation: Optional[str], b1: bool = False, b2: bool = False) -> Written:
+               activation: Optional[str], b1: bool = False, b2: bool = False) -> str:
     """conv1x1(act(conv(x, w1) + b1), w2) + b2 for x [N, C, H, W] (already padded), w1 [K, C, R, S] and
     w2 [J, K, 1, 1], any strides; the first convolution with `stride` and `dilation`, one group. The output
     [N, J, P, Q] is dense."""
@@ -293,4 +278,4 @@ def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int],
         out = "Z"
     dims = f"dim n={n} c={c} k={k} j={j} p={p} q={q} r={r} s={s}"
     text = "\n".join(["chain fusor_conv_chain", f"dtype {dtype}", dims, "in  " + " ".join(decl), *lines, f"out {out}", ""])
-    return Written(text, (0, 1, 2, 3))
+    return text

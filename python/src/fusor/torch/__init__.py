@@ -1,10 +1,10 @@
 """fusor for PyTorch models: ``torch.compile(model, backend="fusor")``, ``fusor.torch.optimize(model)``, and
 helpers that run one chain on tensors.
 
-The backend finds the chains fusor tunes (attention, feed-forward blocks) in
-the graphs TorchDynamo captures, replaces each by a custom operator
-(``fusor::attention``, ``fusor::ffn``) that reads the model's tensors where
-they lie, and hands the rest of the graph to inductor (or runs it eagerly).
+The backend finds the chains fusor tunes (attention, feed-forward blocks,
+convolution chains) in the graphs TorchDynamo captures, replaces each by a
+custom operator (``fusor::attention``, ``fusor::ffn``, ``fusor::conv``) that
+reads the model's tensors where they lie, and hands the rest of the graph to inductor (or runs it eagerly).
 A chain's kernel comes from the scheduler at $FUSOR_SERVER, or from an
 embedded one, cache first, and is used only once it has been compared with
 the ops it replaces, on the model's own tensors, and won; until then, and
@@ -62,7 +62,7 @@ def _options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optional[str] = None,
             options: Optional[Dict[str, Any]] = None) -> Callable[..., Any]:
-    """The ``torch.compile`` backend "fusor". Options (``torch.compile(..., options={...})``):
+    """The ``torch.compile`` backend "fusor" (``mode`` is not used). Options (``options={...}``):
 
     - ``rest``: "inductor" (default) compiles the rest of the graph with inductor; "eager" runs it as is.
     - ``tune``: "background" (default): a chain met for the first time is tuned on a background thread while
@@ -81,7 +81,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
         compiled: Callable[..., Any] = compile_fx(graph, list(example_inputs))  # type: ignore[assignment]
         return compiled
 
-    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs):
+    if torch.is_grad_enabled() and (any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs)
+                                    or any(p.requires_grad for p in gm.parameters())):
         _say_once("the graph needs gradients: fusor computes forward passes only and leaves it as it is "
                   "(run the model under torch.inference_mode() or torch.no_grad())")
         return compile_rest(gm)

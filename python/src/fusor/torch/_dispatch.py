@@ -76,7 +76,11 @@ class GraphRunner:
         assert self.trial is not None
         out = self.trial(*args)
         if all(m.region.last != "pending" for m in self.found):
-            self.settled[signature] = self._settle(args)
+            try:
+                self.settled[signature] = self._settle(args)
+            except Exception as e:  # noqa: BLE001 (a variant that fails to build or run: the graph as captured)
+                log.warning("fusor: this graph runs as captured: comparing its variants failed: %s", e)
+                self.settled[signature] = self.plain()
         return out
 
     def plain(self) -> Callable[..., Any]:
@@ -137,11 +141,19 @@ class GraphRunner:
         rounds, about _SECONDS for every two candidates; again when the samples of one spread too far)."""
         samples: Dict[Any, List[float]] = {key: [] for key in candidates}
         order = list(candidates)
+        devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
+
+        def sync() -> None:  # GPU work is timed to its end, not to its launch
+            for device in devices:
+                torch.cuda.synchronize(device)
+
         for attempt in range(2):  # samples that disagree (a busy machine) are measured again
             for i in range(5):
                 for key in (order if i % 2 == 0 else order[::-1]):
+                    sync()
                     start = time.perf_counter()
                     candidates[key](*args)
+                    sync()
                     samples[key].append(time.perf_counter() - start)
                 if i >= 1 and sum(map(sum, samples.values())) > _SECONDS * max(1, len(order) / 2) * (attempt + 1):
                     break

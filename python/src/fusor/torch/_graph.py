@@ -328,8 +328,10 @@ class Finder:
             return None
         _, w2, b2, _ = projection
         nodes.append(second)
-        if not self._inside(nodes, second):
-            return None
+        before, after = _value(x), _value(second)
+        if not self._inside(nodes, second) or before is None or after is None \
+                or tuple(before.shape[:-1]) != tuple(after.shape[:-1]):
+            return None  # (the operator answers x's rows: a chain that reshapes them in between is left alone)
         region = FfnRegion(self._source(nodes), self.settings, activation=activation, transposed=transposed)
         return Found(region, torch.ops.fusor.ffn.default, (x, w1, b1, w2, b2, wu, bu), second, nodes)
 

@@ -144,7 +144,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         inputs.append(mask)
     written = _strided.attention(View.of(q), View.of(k), View.of(v), None if mask is None else View.of(mask),
                                 1.0 / math.sqrt(d) if scale is None else scale, dtype, range(q.dim()))
-    return _run(written.text, backend, budget, inputs, q.new_empty((*batch, m, dv)))
+    return _run(written, backend, budget, inputs, q.new_empty((*batch, m, dv)))
 
 
 def gemm_chain(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -173,5 +173,5 @@ def gemm_chain(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, bias: Option
     bias = None if bias is None else bias.contiguous()
     written = _strided.ffn(View.of(rows), View.of(w1), View.of(w2), dtype, activation, b1=bias is not None)
     inputs = [rows, w1] + ([bias] if bias is not None else []) + [w2]
-    y = _run(written.text, backend, budget, inputs, x.new_empty((rows.shape[0], w2.shape[1])))
+    y = _run(written, backend, budget, inputs, x.new_empty((rows.shape[0], w2.shape[1])))
     return y.reshape(*lead, w2.shape[1])

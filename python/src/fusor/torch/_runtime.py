@@ -200,7 +200,7 @@ class Region:
     def output_shape(self, *args: Any) -> List[Any]:
         raise NotImplementedError
 
-    def write(self, *args: Any) -> _strided.Written:
+    def write(self, *args: Any) -> str:
         raise NotImplementedError
 
     def operands(self, *args: Any) -> List[torch.Tensor]:
@@ -243,14 +243,19 @@ class Region:
         self.chain = text
         if verdict.state == "fused":
             self.last = "fused"
-            return self._run(verdict.kernel, args, prepared)
+            try:
+                return self._run(verdict.kernel, args, prepared)
+            except Exception as e:  # noqa: BLE001 (a kernel that fails never fails the forward pass)
+                self._give_up(verdict, e)
+                self.last = "original"
+                return self.original(*args).contiguous()
         if verdict.state == "ready":
             out = self._decide(verdict, *args)
             self.last = "fused" if verdict.state == "fused" else "original"
             return out
         if verdict.state == "unfused" or (verdict.state == "failed" and verdict.attempts >= _ATTEMPTS):
             self._original.add(signature)  # (a mask that reads differently would keep the original ops too)
-        else:
+        elif verdict.state != "failed":  # a failed tune tried again later leaves the graph settled as it is
             self.last = "pending"
         return self.original(*args).contiguous()
 
@@ -260,7 +265,7 @@ class Region:
 
     def _plan(self, args: Sequence[Any], prepared: Sequence[Any]) -> Optional[str]:
         try:
-            return self.write(*prepared).text
+            return self.write(*prepared)
         except Unsupported as e:
             self._say(args, e)
             return None
@@ -283,9 +288,7 @@ class Region:
         try:
             got = self._fused(verdict.kernel, *args)
         except Exception as e:  # noqa: BLE001
-            verdict.state, verdict.reason = "failed", f"the kernel failed: {e}"
-            verdict.attempts = _ATTEMPTS  # the same kernel would fail again
-            log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
+            self._give_up(verdict, e)
             return reference
         scale = max(1.0, float(reference.abs().max()))
         error = float((got.float() - reference.float()).abs().max()) / scale
@@ -295,7 +298,20 @@ class Region:
             verdict.reason = f"its output differs from the original ops' by {error:.2g} (relative)"
             log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
             return reference
-        device = reference.device
+        try:
+            self._time(verdict, args, reference.device)
+        except Exception as e:  # noqa: BLE001
+            self._give_up(verdict, e)
+        return reference
+
+    @staticmethod
+    def _give_up(verdict: Verdict, error: Exception) -> None:
+        verdict.state, verdict.reason = "failed", f"the kernel failed: {type(error).__name__}: {error}"
+        verdict.attempts = _ATTEMPTS  # the same kernel would fail again
+        log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
+
+    def _time(self, verdict: Verdict, args: Sequence[Any], device: torch.device) -> None:
+        """Times the original ops against the kernel in alternating rounds and records the verdict."""
         runs: List[Tuple[Callable[..., Any], List[float]]] = [
             (self.original, []), (lambda *a: self._fused(verdict.kernel, *a), [])]
         for attempt in range(2):
@@ -318,7 +334,6 @@ class Region:
             verdict.reason = (f"the original ops are as fast or faster ({verdict.original_us:.0f} us against the "
                               f"kernel's {verdict.kernel_us:.0f} us): fusion does not pay here")
         log.info("fusor: %s: %s", verdict.name, verdict.reason)
-        return reference
 
 
 def region(region_id: str) -> Region:
@@ -349,7 +364,9 @@ class AttentionRegion(Region):
         return k.transpose(-1, -2) if self.k_transposed else k
 
     def _scale(self, q: torch.Tensor) -> float:
-        return 1.0 / math.sqrt(q.shape[-1]) if self.scale is None else self.scale
+        if self.scale is not None:
+            return self.scale
+        return 1.0 / math.sqrt(q.shape[-1]) if self.form == "sdpa" else 1.0  # only SDPA's None means 1/sqrt(D)
 
     def logical_shape(self, q: torch.Tensor, v: torch.Tensor) -> List[Any]:
         return list(q.shape[:-1]) + [v.shape[-1]]
@@ -404,6 +421,8 @@ class AttentionRegion(Region):
             if bool((mask == first).all()):
                 mask = first
         mask = mask.expand(scores)
+        if mask.dtype == torch.bool and self.form == "matmul" and self.mask_mode == "add":
+            raise Unsupported("a boolean mask added to the scores")
         if mask.dtype == torch.bool:
             compact = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride())]
             masked = compact if self.mask_mode == "fill" else ~compact
@@ -420,7 +439,7 @@ class AttentionRegion(Region):
                 mask: Optional[torch.Tensor]) -> Tuple[Any, ...]:
         return q, self._k(k), v, self._mask(q, k, mask)
 
-    def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> _strided.Written:
+    def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> str:
         return _strided.attention(View.of(q), View.of(k), View.of(v), None if mask is None else View.of(mask),
                                  self._scale(q), _DTYPES[q.dtype], self.out_order, self.gqa)
 
@@ -466,7 +485,7 @@ class FfnRegion(Region):
         return list(x.shape[:-1]) + [self._w(w2).shape[-1]]
 
     def write(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
-              b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> _strided.Written:
+              b2: Optional[torch.Tensor], wu: Optional[torch.Tensor], bu: Optional[torch.Tensor]) -> str:
         for name, t in (("b1", b1), ("b2", b2), ("bu", bu)):
             if t is not None and (t.dim() != 1 or t.stride(0) != 1):
                 raise Unsupported(f"the bias {name} {tuple(t.shape)} is not a dense vector")
@@ -516,7 +535,7 @@ class ConvRegion(Region):
         return (F.pad(x, (pw, pw, ph, ph)) if ph or pw else x), w1, b1, w2, b2
 
     def write(self, x: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor,
-              b2: Optional[torch.Tensor]) -> _strided.Written:
+              b2: Optional[torch.Tensor]) -> str:
         for name, t in (("b1", b1), ("b2", b2)):
             if t is not None and t.stride(0) != 1:
                 raise Unsupported(f"the bias {name} is not a dense vector")
