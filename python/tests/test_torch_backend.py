@@ -137,6 +137,15 @@ def padding_mask(batch, seq, keep):
     return mask
 
 
+def compiled_and_checked(model, *inputs, options=AHEAD, calls=2):
+    """`model` compiled with the backend, checked against eager for `calls` calls (tuned, then compared)."""
+    expected = model(*inputs)
+    compiled = torch.compile(model, backend="fusor", options=options)
+    for _ in range(calls):
+        torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-5, atol=1e-5)
+    return compiled
+
+
 def chains(kind):
     return [r for r in ft.report() if r["chain"] == f"fusor_{kind}"]
 
@@ -188,13 +197,9 @@ def test_a_graph_whose_fused_chains_do_not_pay_runs_as_captured(monkeypatch):
 @torch.inference_mode()
 def test_einsum_attention_with_a_boolean_masked_fill():
     torch.manual_seed(8)
-    model = EinsumAttention().eval()
-    x, padding = torch.randn(2, 12, 32), torch.zeros(2, 12, dtype=torch.bool)
+    padding = torch.zeros(2, 12, dtype=torch.bool)
     padding[1, 9:] = True
-    expected = model(x, padding)
-    compiled = torch.compile(model, backend="fusor", options=AHEAD)
-    for _ in range(2):
-        torch.testing.assert_close(compiled(x, padding), expected, rtol=1e-5, atol=1e-5)
+    compiled_and_checked(EinsumAttention().eval(), torch.randn(2, 12, 32), padding)
     attention = [r for r in chains("attention") if "m=12" in r["text"] and "Q[2,12,12,8]" in r["text"]]
     assert attention and "M[2,12]" in attention[0]["text"], ft.report()  # q, k, v: thirds of one projection
 
@@ -209,10 +214,7 @@ class UnscaledAttention(nn.Module):
 @torch.inference_mode()
 def test_attention_without_a_scale_is_not_scaled():
     torch.manual_seed(12)
-    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
-    compiled = torch.compile(UnscaledAttention(), backend="fusor", options=AHEAD)
-    for _ in range(2):
-        torch.testing.assert_close(compiled(q, k, v), UnscaledAttention()(q, k, v), rtol=1e-5, atol=1e-5)
+    compiled_and_checked(UnscaledAttention(), *(torch.randn(2, 3, 10, 8) for _ in range(3)))
     attention = [r for r in chains("attention") if "m=10 n=10 d=8" in r["text"]]
     assert attention and "* 1.0" in attention[0]["text"] and attention[0]["error"] < 1e-4, attention
 
@@ -235,12 +237,7 @@ def test_a_cache_miss_never_blocks_the_forward_pass():
 @torch.inference_mode()
 def test_causal_grouped_sdpa_with_sliced_kv_and_a_swiglu_ffn():
     torch.manual_seed(2)
-    model = Decoder().eval()
-    x = torch.randn(2, 10, 32)
-    expected = model(x)
-    compiled = torch.compile(model, backend="fusor", options=AHEAD)
-    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    compiled_and_checked(Decoder().eval(), torch.randn(2, 10, 32))
     attention = [r for r in chains("attention") if "r=2" in r["text"] and "m=10" in r["text"]]
     # K and V are slices of one projection, read in place; K heads are read once per query head of the group.
     assert attention and "K[2,10,4,8]" in attention[0]["text"] and "K[z0,n,z1,d]" in attention[0]["text"]
@@ -250,12 +247,7 @@ def test_causal_grouped_sdpa_with_sliced_kv_and_a_swiglu_ffn():
 @torch.inference_mode()
 def test_gpt2_style_projections_and_a_written_out_gelu():
     torch.manual_seed(3)
-    model = Gpt2Mlp().eval()
-    x = torch.randn(2, 8, 32)
-    expected = model(x)
-    compiled = torch.compile(model, backend="fusor", options=AHEAD)
-    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    compiled_and_checked(Gpt2Mlp().eval(), torch.randn(2, 8, 32))
     ffn = [r for r in chains("ffn") if "dim m=16 c=32 f=64 o=32" in r["text"]]
     assert ffn and "gelu_tanh(" in ffn[0]["text"] and "W1[32,64]" in ffn[0]["text"]  # stored [in, out]
 

@@ -302,15 +302,10 @@ class Finder:
     def _ffn(self, first: fx.Node) -> Optional[Found]:
         x, w1, b1, transposed = self._projection(first)  # type: ignore[misc]
         nodes = [first]
-        h = self._skip_rows(first, nodes)
-        # The activation: the elementwise nodes fed by h alone (and numbers), up to the one used outside them.
-        body, act_end = self._elementwise(h)
-        if act_end is None:
+        activated = self._activation_after(self._skip_rows(first, nodes), nodes)
+        if activated is None:
             return None
-        nodes += body
-        activation = self._activation(h, body, act_end) if body else None
-        if body and activation is None:
-            return None
+        act_end, activation = activated
         wu = bu = None
         after = _only_user(act_end)
         if after is not None and _name(after) in ("mul", "__mul__") and len(_args(after)) == 2:
@@ -362,13 +357,10 @@ class Finder:
     def _conv(self, first: fx.Node) -> Optional[Found]:
         x, w1, b1, (stride, padding, dilation) = self._convolution(first)  # type: ignore[misc]
         nodes = [first]
-        body, act_end = self._elementwise(first)
-        if act_end is None:
+        activated = self._activation_after(first, nodes)
+        if activated is None:
             return None
-        nodes += body
-        activation = self._activation(first, body, act_end) if body else None
-        if body and activation is None:
-            return None
+        act_end, activation = activated
         second = _only_user(act_end)
         pointwise = self._convolution(second, pointwise=True) if second is not None else None
         if second is None or pointwise is None or pointwise[0] is not act_end:
@@ -396,6 +388,19 @@ class Finder:
                 return node
             nodes.append(user)
             node = user
+
+    def _activation_after(self, h: fx.Node, nodes: List[fx.Node]) -> Optional[Tuple[fx.Node, Optional[str]]]:
+        """(the node that ends it, its name) of the activation applied to `h`: the elementwise nodes fed by h
+        alone (and numbers), up to the one used outside them; (h, None) for none, None for one that is not a
+        known activation. Its nodes are added to `nodes`."""
+        body, end = self._elementwise(h)
+        if end is None:
+            return None
+        activation = self._activation(h, body, end) if body else None
+        if body and activation is None:
+            return None
+        nodes += body
+        return end, activation
 
     def _elementwise(self, h: fx.Node) -> Tuple[List[fx.Node], Optional[fx.Node]]:
         body: List[fx.Node] = []

@@ -29,6 +29,8 @@ from .. import _strided
 from .._strided import ACTIVATIONS, View, strided_access
 
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# A bool mask's "do not attend" as an additive term: far below any score, and finite in the dtype.
+_MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 
 _lock = threading.Lock()  # guards the three below, never held while tuning
 _client: Optional[Client] = None
@@ -135,7 +137,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
             raise KernelArgumentError(f"mask {tuple(mask.shape)} does not broadcast to the scores {(*batch, m, n)} "
                                       "(a mask of size-1 axes only is a constant: fold it into the scale)")
         if mask.dtype == torch.bool:
-            mask = torch.zeros((), dtype=q.dtype, device=mask.device).masked_fill(~mask, -1e4 if dtype == "f16" else -1e9)
+            mask = torch.zeros((), dtype=q.dtype, device=mask.device).masked_fill(~mask, _MASKED[dtype])
         try:
             mask = mask.to(device=q.device, dtype=q.dtype).expand(*batch, m, n)
         except RuntimeError:

@@ -41,11 +41,11 @@ from .._chain import Chain
 from .._kernel import Kernel
 from .. import _strided
 from .._strided import Unsupported, View
+from ._helpers import _DTYPES, _MASKED
 from ._helpers import kernel as compiled_kernel
 
 log = logging.getLogger("fusor.torch")
 
-_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # How far a kernel's output may be from the original ops' (relative to the largest magnitude) and still be used.
 _TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "bf16": 6e-2}
 # How much faster than the original ops a kernel must be to replace them (a tie keeps the original ops).
@@ -53,8 +53,6 @@ _MARGIN = 1.03
 # A chain whose tune failed is tuned again at a call this many seconds later, up to _ATTEMPTS tunes in all.
 _RETRY_SECONDS = 60.0
 _ATTEMPTS = 3
-# A bool mask's "do not attend" as an additive term: far below any score, and finite in the dtype.
-_MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 
 
 @dataclass
