@@ -575,9 +575,7 @@ int CompileUnfused(const std::string& file, const std::string& out_dir, const st
   auto kernel = fusor::codegen::EmitCpuUnfusedBaseline(
       *chain, blas == "onednn" ? fusor::codegen::CpuBlas::kOneDnn : fusor::codegen::CpuBlas::kOpenBlas);
   if (!kernel.ok()) return Fail(kernel.status());
-  nlohmann::json meta = nlohmann::json::parse(kernel->metadata_json);
-  meta["compile_flags"] = kernel->compile_flags;
-  meta["link_libs"] = kernel->link_libs;
+  const nlohmann::json meta = nlohmann::json::parse(kernel->metadata_json);
   const std::string base = out_dir + "/" + WorkloadName(file);
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/backend.h"
 
 namespace fusor::client {
 
@@ -29,6 +30,19 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
                           r.task_id(), r.candidates_measured(), r.candidates_failed(), r.tuning_s());
   }
   absl::StrAppendFormat(&out, "schedule   %s\n", r.best().schedule().text());
+  if (r.best().schedule().text().rfind(worker::kUnfusedPrefix, 0) == 0) {
+    absl::StrAppendFormat(&out, "measured   %s  median of %d samples, spread %.0f%% (%s GEMMs + vector passes, "
+                          "validated)\n",
+                          FormatSeconds(m.median_s()), m.samples_s_size(), 100 * m.spread(), r.baseline_kind());
+    if (r.fused_s() > 0) {
+      absl::StrAppendFormat(&out, "fused      %s  the best fused kernel (%s), measured in the same task\n",
+                            FormatSeconds(r.fused_s()), r.fused_schedule());
+      absl::StrAppendFormat(&out, "unfused wins: fusion does not pay here (the fused kernel runs at %.2fx the "
+                            "unfused chain's speed); the answer runs the chain unfused\n",
+                            m.median_s() / r.fused_s());
+    }
+    return out;
+  }
   absl::StrAppendFormat(&out, "mapping    %s\n", r.best().mapping().text());
   absl::StrAppendFormat(&out, "predicted  %s  (t_mem %s + t_comp %s) x alpha %.2f\n", FormatSeconds(p.t_estm_s()),
                         FormatSeconds(p.t_mem_s()), FormatSeconds(p.t_comp_s()), p.alpha());

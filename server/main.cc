@@ -62,6 +62,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-sweeps-per-client", options.max_sweeps_per_client,
                  "running sweeps one client may have started (0: no limit)")
       ->capture_default_str();
+  bool fused_only = false;
+  app.add_flag("--fused-only", fused_only,
+               "answer with the best fused kernel even where the unfused chain measured faster (to study fusion "
+               "itself)");
   bool no_learning = false;
   app.add_flag("--no-learning", no_learning,
                "rank with the analytical cost model only: no model is learned from the database's measurements");
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
   options.worker_timeout = absl::Seconds(worker_timeout_s);
   options.measure.time_budget_s = time_budget_s;
   options.measure.max_spread = max_spread;
+  options.unfused_answers = !fused_only;
   options.measure.timeout_s = job_timeout_s;
   auto log = fusor::Logger("scheduler");
   if (absl::Status st = fusor::EnsureParentDirectory(db_path); !st.ok()) {

@@ -266,9 +266,14 @@ absl::StatusOr<TuneResult> Scheduler::ResultFromBest(const std::string& key, con
   r.target_fp = fp;
   ASSIGN_OR_RETURN(r.target, TargetOf(fp));
   r.intrinsic = FirstIntrinsic(cand.mapping);
+  const std::string vendor = worker::UnfusedVendor(cand.schedule);
   r.best = std::move(cand);
   r.measured = std::move(meas);
-  RETURN_IF_ERROR(SetBaselineOfTask(best->task_id, r.measured, r));
+  if (vendor.empty()) {
+    RETURN_IF_ERROR(SetBaselineOfTask(best->task_id, r.measured, r));
+  } else {
+    RETURN_IF_ERROR(SetUnfusedResult(r.measured, vendor, r));
+  }
   r.candidates_measured = static_cast<int>(counts.first);
   r.candidates_failed = static_cast<int>(counts.second);
   if (task.finished_ms) r.tuning_s = static_cast<double>(*task.finished_ms - task.created_ms) / 1000;
@@ -361,6 +366,7 @@ std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
 TuneResult Scheduler::Translate(const TuneResult& result, const PreparedRequest& request) const {
   TuneResult r = result;
   r.best.schedule = TranslateSchedule(result.best.schedule, request);
+  if (!r.fused_schedule.empty()) r.fused_schedule = TranslateSchedule(result.fused_schedule, request);
   auto parsed = space::ParseSchedule(r.best.schedule, request.chain);
   if (parsed.ok()) {
     auto nest = space::BuildLoopNest(request.chain, *parsed, request.target);
@@ -372,11 +378,15 @@ TuneResult Scheduler::Translate(const TuneResult& result, const PreparedRequest&
 absl::StatusOr<CompileResult> Scheduler::BuildCompileResult(const PreparedRequest& request,
                                                             const TuneResult& result) const {
   const std::string& text = result.best.schedule;
+  const worker::Backend& backend = worker::BackendFor(request.target.backend);
+  if (const std::string vendor = worker::UnfusedVendor(text); !vendor.empty()) {
+    ASSIGN_OR_RETURN(worker::KernelAnswer kernel, backend.AnswerUnfused(request.chain, vendor));
+    return CompileResult{result, std::move(kernel)};
+  }
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
   ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(request.chain, schedule, request.target));
   ASSIGN_OR_RETURN(worker::KernelAnswer kernel,
-                   worker::BackendFor(request.target.backend)
-                       .Answer(request.chain, nest, text, result.best.mapping, request.target));
+                   backend.Answer(request.chain, nest, text, result.best.mapping, request.target));
   return CompileResult{result, std::move(kernel)};
 }
 
@@ -842,6 +852,81 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<db::BestRow>> Scheduler::UnfusedBest(const Task& task, const db::MeasurementRow& best) {
+  if (!options_.unfused_answers || task.target.backend != hw::Backend::kCpu) return std::nullopt;
+  std::string vendor;
+  double median_s = 0;
+  int64_t measurement_id = 0;
+  auto beside = best.kind == JobKind::kConfirm ? BaselineBeside(best.resources_json, options_.measure.max_spread)
+                                               : std::nullopt;
+  if (beside) {
+    vendor = beside->first;
+    median_s = Summarize(beside->second).median;
+    measurement_id = best.id;
+  } else {
+    ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id, JobKind::kBaseline));
+    const db::MeasurementRow* nearest = nullptr;
+    for (const db::MeasurementRow& m : rows) {
+      if (m.status != MeasurementStatus::kOk) continue;
+      if (nearest == nullptr ||
+          std::abs(m.measured_ms - best.measured_ms) < std::abs(nearest->measured_ms - best.measured_ms)) {
+        nearest = &m;
+      }
+    }
+    if (nearest == nullptr) return std::nullopt;
+    vendor = BaselineKind(nearest->resources_json);
+    median_s = nearest->median_s;
+    measurement_id = nearest->id;
+  }
+  if (vendor.empty() || !(median_s > 0 && median_s < best.median_s)) return std::nullopt;
+  db::CandidateRow c;
+  c.task_id = task.row.id;
+  c.schedule = absl::StrCat(worker::kUnfusedPrefix, vendor);
+  c.rank = -1;  // no model ranked it: it is always measured
+  ASSIGN_OR_RETURN(db::CandidateRow row, db_->FindOrInsertUnqueuedCandidate(c));
+  return db::BestRow{task.row.id, row.id, measurement_id, median_s};
+}
+
+absl::Status Scheduler::SetUnfusedResult(const db::MeasurementRow& meas, const std::string& vendor, TuneResult& r) {
+  if (meas.kind == JobKind::kConfirm) {
+    // Timed beside the fused kernel's confirmation: that measurement's
+    // samples are the fused kernel's, the baseline's are in its resources.
+    auto beside = BaselineBeside(meas.resources_json, options_.measure.max_spread);
+    if (!beside) return absl::InternalError(absl::StrCat("measurement ", meas.id, " has no trusted baseline beside it"));
+    r.fused_s = meas.median_s;
+    ASSIGN_OR_RETURN(db::CandidateRow cand, db_->GetCandidate(meas.candidate_id.value_or(0)));
+    r.fused_schedule = cand.schedule;
+    const SampleStats stats = Summarize(beside->second);
+    r.measured.samples_s = beside->second;
+    r.measured.median_s = stats.median;
+    r.measured.spread = stats.spread;
+    r.measured.max_abs_error = r.measured.max_rel_error = 0;  // validated, its errors not kept
+  } else {
+    // Its own baseline measurement: the fused kernel it beat is the task's
+    // trusted confirmation, else its fastest trusted candidate.
+    ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(meas.task_id));
+    const db::MeasurementRow *fused = nullptr, *fastest = nullptr;
+    for (const db::MeasurementRow& m : rows) {
+      if (m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
+      if (m.kind == JobKind::kConfirm) fused = &m;
+      if (m.kind == JobKind::kCandidate && (fastest == nullptr || m.median_s < fastest->median_s)) fastest = &m;
+    }
+    if (fused == nullptr) fused = fastest;
+    if (fused != nullptr) {
+      r.fused_s = fused->median_s;
+      ASSIGN_OR_RETURN(db::CandidateRow cand, db_->GetCandidate(*fused->candidate_id));
+      r.fused_schedule = cand.schedule;
+    }
+  }
+  r.baseline.status = MeasurementStatus::kOk;
+  r.baseline.samples_s = r.measured.samples_s;
+  r.baseline.median_s = r.measured.median_s;
+  r.baseline.spread = r.measured.spread;
+  r.baseline.kind = vendor;
+  r.speedup = 1;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> Scheduler::NeedsConfirmation(const Task& task) {
   constexpr size_t kConfirmAttempts = 2;
   if (task.confirm_jobs.empty()) return true;
@@ -893,8 +978,11 @@ absl::Status Scheduler::Finalize(Task& task) {
                          : absl::StrCat("all ", candidates, " candidates failed; the first: ",
                                         db::Name(first_failure->status), ": ", first_failure->error.substr(0, 2000));
   } else {
+    ASSIGN_OR_RETURN(std::optional<db::BestRow> unfused, UnfusedBest(task, *best));
     RETURN_IF_ERROR(db_->OfferBest(task.row.workload_key, task.row.target_fp, task.row.salt,
-                                   {task.row.id, *best->candidate_id, best->id, best->median_s}, now));
+                                   unfused ? *unfused
+                                           : db::BestRow{task.row.id, *best->candidate_id, best->id, best->median_s},
+                                   now));
     task.row.state = TaskState::kDone;
   }
   RETURN_IF_ERROR(db_->FinishTask(task.row.id, task.row.state, task.row.error, now));

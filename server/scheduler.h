@@ -88,6 +88,9 @@ struct SchedulerOptions {
   LearnOptions learn;
   // Every network call needs a bearer token of the right role (server/auth).
   bool require_tokens = false;
+  // On a CPU, the unfused chain is the answer where it measured faster
+  // than every fused candidate; false: always the best fused kernel.
+  bool unfused_answers = true;
   MeasureOptions measure;
 };
 
@@ -149,6 +152,10 @@ struct TuneResult {
   db::MeasurementRow measured;
   BaselineResult baseline;
   double speedup = 0;  // the baseline's median over the best's; 0 without a trusted baseline
+  // When the unfused chain won (best.schedule "unfused <vendor>"): the best
+  // fused kernel it beat, in the same measurement where it could be.
+  double fused_s = 0;
+  std::string fused_schedule;
   int candidates_measured = 0;
   int candidates_failed = 0;
   double tuning_s = 0;
@@ -331,6 +338,13 @@ class Scheduler {
   // (else the trusted one measured nearest it); otherwise every trusted
   // baseline measurement's samples together.
   absl::Status SetBaselineOfTask(const std::string& task_id, const db::MeasurementRow& best, TuneResult& r);
+  // The unfused chain as the task's best, when its trusted measurement
+  // beat `best` (the best fused one): timed beside the confirmation where
+  // it was, else the trusted baseline measured nearest it. CPU targets only.
+  absl::StatusOr<std::optional<db::BestRow>> UnfusedBest(const Task& task, const db::MeasurementRow& best);
+  // `r` for a best that runs the chain unfused: its measurement, and the
+  // fused kernel it beat.
+  absl::Status SetUnfusedResult(const db::MeasurementRow& meas, const std::string& vendor, TuneResult& r);
   absl::Status RefreshProgress(Task& task);  // mu_ held
   absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held
   absl::StatusOr<TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);

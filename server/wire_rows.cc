@@ -144,6 +144,8 @@ v1::TuneResult TuneResultProto(const TuneResult& r) {
   p.set_baseline_s(r.baseline.median_s);
   p.set_baseline_kind(r.baseline.kind);
   p.set_speedup(r.speedup);
+  p.set_fused_s(r.fused_s);
+  p.set_fused_schedule(r.fused_schedule);
   p.set_candidates_measured(r.candidates_measured);
   p.set_candidates_failed(r.candidates_failed);
   p.set_tuning_s(r.tuning_s);

@@ -194,7 +194,8 @@ class Chain:
         self.outputs = list(j["outputs"])
         self.shape = {}
         for t in j["inputs"]:
-            self.shape[t["name"]] = [s if isinstance(s, int) else self.extent[s] for s in t["shape"]]
+            # An axis is a dim's name, or an integer literal (a mask's `1` axis).
+            self.shape[t["name"]] = [self.extent[s] if s in self.extent else int(s) for s in t["shape"]]
         self.ops = []
         for o in j["ops"]:
             op = dict(kind=o["kind"], output=o["output"], index=list(o["index"]), reduce=list(o.get("reduce", [])),
@@ -257,14 +258,22 @@ def attention_pattern(chain):
     batch = s["index"][:-2]
     m, n = s["index"][-2:]
     kd = s["reduce"][0]
-    h = o["index"][-1]
-    want = {q.tensor: batch + [m, kd], k.tensor: batch + [n, kd], v.tensor: batch + [n, h]}
-    for a in (q, k, v):
-        if [x.dim() for x in a.index] != want[a.tensor]:
-            return None
-    if o["index"] != batch + [m, h] or p["axis"] != n:
+    if p["axis"] != n or len(o["index"]) != len(batch) + 2:
         return None
-    return dict(scale=fs[0], q=q.tensor, k=k.tensor, v=v.tensor, mask=mask, batch=batch, m=m, n=n, k_dim=kd, h=h)
+    h = next((d for d in o["index"] if d not in batch and d != m), None)
+    # Each operand in any axis order (an export's Q[b, m, heads, d]): the
+    # permutation to batch + [rows, cols], as a view.
+    perms = {}
+    for name, a, want in (("q", q, batch + [m, kd]), ("k", k, batch + [n, kd]), ("v", v, batch + [n, h])):
+        dims = [x.dim() for x in a.index]
+        if sorted(dims) != sorted(want) or len(set(dims)) != len(dims):
+            return None
+        perms[name] = [dims.index(d) for d in want]
+    if sorted(o["index"]) != sorted(batch + [m, h]):
+        return None
+    out_perm = [(batch + [m, h]).index(d) for d in o["index"]]
+    return dict(scale=fs[0], q=q.tensor, k=k.tensor, v=v.tensor, mask=mask, batch=batch, m=m, n=n, k_dim=kd, h=h,
+                perms=perms, out_perm=out_perm)
 
 
 def conv_pattern(chain, op):
@@ -464,8 +473,10 @@ def onnx_program(chain, dtype):
                     helper.make_tensor_value_info("v", elem, [1, n, heads * h])]
         mha_inputs = ["q", "k", "v"]
         mask = att["mask"]
+        # The additive mask as MultiHeadAttention's attention_bias [1, heads or 1, m, n].
+        bias_heads = heads if mask is not None and len(mask_dims(att)) > 2 else 1
         if mask is not None:
-            graph_in.append(helper.make_tensor_value_info("bias", elem, [1, 1, m, n]))
+            graph_in.append(helper.make_tensor_value_info("bias", elem, [1, bias_heads, m, n]))
             mha_inputs += ["", "", "bias"]
         nodes.append(helper.make_node("MultiHeadAttention", mha_inputs, ["o"], domain="com.microsoft",
                                       num_heads=heads, scale=float(att["scale"])))
@@ -481,18 +492,20 @@ def onnx_program(chain, dtype):
         def prepare(inputs):
             env = dict(zip(chain.inputs, inputs))
 
-            def heads_last(x, seq, size):
+            def heads_last(name, seq, size):
+                x = np.transpose(env[att[name]], att["perms"][name])
                 return np.ascontiguousarray(x.reshape(heads, seq, size).transpose(1, 0, 2).reshape(1, seq, heads * size))
-            feeds = {"q": heads_last(env[att["q"]], m, k), "k": heads_last(env[att["k"]], n, k),
-                     "v": heads_last(env[att["v"]], n, h)}
+            feeds = {"q": heads_last("q", m, k), "k": heads_last("k", n, k), "v": heads_last("v", n, h)}
             if mask is not None:
                 bias = np.asarray(array_program("numpy", mask_chain(chain, att))(inputs)[0], dtype=dtype)
-                feeds["bias"] = np.ascontiguousarray(bias.reshape(1, 1, m, n))
+                bias = mask_over_batch(chain, att, bias)
+                feeds["bias"] = np.ascontiguousarray(np.broadcast_to(bias, [chain.extent[d] for d in att["batch"]] +
+                                                                     [m, n]).reshape(1, heads, m, n)[:, :bias_heads])
             return feeds
 
         def finish(outs):
             shape = [chain.extent[d] for d in att["batch"]] + [m, h]
-            return [outs[0].reshape(m, heads, h).transpose(1, 0, 2).reshape(shape)]
+            return [outs[0].reshape(m, heads, h).transpose(1, 0, 2).reshape(shape).transpose(att["out_perm"])]
         return "MultiHeadAttention (com.microsoft)", prepare, run_prepared, finish
 
     # Op by op: MatMul where the sum is a batched matrix product, Conv for
@@ -621,17 +634,39 @@ def matmul_nodes(chain, op, a, b, value, node, const):
     return y
 
 
+def mask_dims(att):
+    """The dims the attention's additive mask varies along: the batch dims it reads, then m and n."""
+    used = set()
+
+    def visit(e):
+        if e.kind == "access":
+            for x in e.index:
+                used.update(x.terms)
+        for a in getattr(e, "args", []):
+            visit(a)
+    visit(att["mask"])
+    return [d for d in att["batch"] if d in used] + [att["m"], att["n"]]
+
+
 def mask_chain(chain, att):
-    """A chain computing only the attention's additive mask over [m, n]."""
+    """A chain computing only the attention's additive mask, over mask_dims(att)."""
     class MaskChain:
         pass
     mc = MaskChain()
-    mc.name, mc.extent, mc.inputs, mc.shape = chain.name, chain.extent, chain.inputs, chain.shape
+    mc.name, mc.extent, mc.inputs = chain.name, chain.extent, chain.inputs
     mc.outputs = ["__mask"]
-    mc.ops = [dict(kind="map", output="__mask", index=[att["m"], att["n"]], reduce=[], axis=None, body=att["mask"])]
+    dims = mask_dims(att)
+    mc.ops = [dict(kind="map", output="__mask", index=dims, reduce=[], axis=None, body=att["mask"])]
     mc.shape = dict(chain.shape)
-    mc.shape["__mask"] = [chain.extent[att["m"]], chain.extent[att["n"]]]
+    mc.shape["__mask"] = [chain.extent[d] for d in dims]
     return mc
+
+
+def mask_over_batch(chain, att, mask):
+    """The mask from mask_chain, broadcastable over batch + [m, n] (size 1 along batch dims it does not read)."""
+    used = mask_dims(att)
+    return mask.reshape([chain.extent[d] if d in used else 1 for d in att["batch"]] +
+                        [chain.extent[att["m"]], chain.extent[att["n"]]])
 
 
 def make_session(model):
@@ -869,13 +904,15 @@ def bench_chain(path, work, seconds):
         if att is None:
             raise ValueError("not an attention chain")
         env = dict(zip(chain.inputs, t_inputs))
-        q, k, v = env[att["q"]], env[att["k"]], env[att["v"]]
+        # Views in SDPA's [batch..., seq, size] order: strided as the chain's tensors are.
+        q, k, v = (env[att[x]].permute(att["perms"][x]) for x in ("q", "k", "v"))
         mask = None
         if att["mask"] is not None:
             mask = array_program("torch", mask_chain(chain, att))(t_inputs)[0].to(tdtype).contiguous()
+            mask = mask_over_batch(chain, att, mask)
 
         def run(q, k, v, mask):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=att["scale"])
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=att["scale"]).permute(att["out_perm"])
         return run, (q, k, v, mask), (lambda o: [o.float().numpy()])
 
     f32_inputs = [np.ascontiguousarray(x.astype(np.float32)) for x in inputs64]

@@ -163,6 +163,23 @@ def test_a_source_that_does_not_build_says_what_the_compiler_said(client, tmp_pa
         fusor.CpuKernel(response, cache_dir=tmp_path, compiler="no-such-c++")
 
 
+@pytest.mark.parametrize("library", ["onednn", "openblas"])
+def test_an_unfused_answer_builds_with_its_library_and_runs(client, tmp_path, library):
+    """Where fusion does not pay, the answer is the unfused chain, calling the library it was measured with."""
+    (tmp_path / "attention.fusor").write_text(ATTENTION)
+    subprocess.run([str(binary("fusor")), "compile", "--unfused", library, "-o", str(tmp_path),
+                    str(tmp_path / "attention.fusor")], check=True, capture_output=True)
+    response = client.compile_source(ATTENTION, budget=2)
+    response.kernel_source = (tmp_path / "attention.cc").read_text()
+    response.metadata_json = (tmp_path / "attention.json").read_text()
+    response.result.best.schedule.text = f"unfused {library}"
+    kernel = fusor.CpuKernel(response, cache_dir=tmp_path)
+    assert kernel.libs == [f"-l{'dnnl' if library == 'onednn' else 'openblas'}"]
+    q, k, v = (np.random.default_rng(5).random(s.shape, dtype=np.float32) for s in kernel.inputs)
+    np.testing.assert_allclose(kernel(q, k, v), attention_reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5)
+    assert fusor.Result.from_proto(response.result).unfused
+
+
 def test_a_sweep_tunes_each_distinct_chain_once(client):
     client.tune(ATTENTION, budget=2)  # in the cache before the sweep
     other = ATTENTION.replace("m=32", "m=17")

@@ -332,26 +332,33 @@ absl::Status TuningDb::FailOpenJobs(const std::string& task_id, int64_t now_ms) 
   return FailOpenJobsLocked(task_id, now_ms);
 }
 
+absl::StatusOr<CandidateRow> TuningDb::FindOrInsertCandidateLocked(const CandidateRow& c) {
+  ASSIGN_OR_RETURN(Statement find, db_->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
+                                                             " FROM candidates WHERE task_id = ? AND schedule = ?")));
+  find.Bind(1, c.task_id).Bind(2, c.schedule);
+  ASSIGN_OR_RETURN(bool found, find.Step());
+  if (found) return ReadCandidate(find);
+  ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO candidates(task_id, schedule, mapping, t_mem_s, "
+                                               "t_comp_s, alpha, t_estm_s, rank) VALUES (?,?,?,?,?,?,?,?)"));
+  ins.Bind(1, c.task_id).Bind(2, c.schedule).Bind(3, c.mapping).Bind(4, c.t_mem_s).Bind(5, c.t_comp_s);
+  ins.Bind(6, c.alpha).Bind(7, c.t_estm_s).Bind(8, c.rank);
+  RETURN_IF_ERROR(ins.Run());
+  CandidateRow row = c;
+  row.id = db_->LastInsertRowId();
+  return row;
+}
+
+absl::StatusOr<CandidateRow> TuningDb::FindOrInsertUnqueuedCandidate(const CandidateRow& c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FindOrInsertCandidateLocked(c);
+}
+
 absl::StatusOr<std::pair<CandidateRow, JobRow>> TuningDb::FindOrInsertCandidate(const CandidateRow& c,
                                                                                const std::string& job_id,
                                                                                int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
-  ASSIGN_OR_RETURN(Statement find, db_->Prepare(absl::StrCat("SELECT ", kCandidateColumns,
-                                                             " FROM candidates WHERE task_id = ? AND schedule = ?")));
-  find.Bind(1, c.task_id).Bind(2, c.schedule);
-  ASSIGN_OR_RETURN(bool found, find.Step());
-  CandidateRow row = c;
-  if (found) {
-    row = ReadCandidate(find);
-  } else {
-    ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO candidates(task_id, schedule, mapping, t_mem_s, "
-                                                 "t_comp_s, alpha, t_estm_s, rank) VALUES (?,?,?,?,?,?,?,?)"));
-    ins.Bind(1, c.task_id).Bind(2, c.schedule).Bind(3, c.mapping).Bind(4, c.t_mem_s).Bind(5, c.t_comp_s);
-    ins.Bind(6, c.alpha).Bind(7, c.t_estm_s).Bind(8, c.rank);
-    RETURN_IF_ERROR(ins.Run());
-    row.id = db_->LastInsertRowId();
-  }
+  ASSIGN_OR_RETURN(CandidateRow row, FindOrInsertCandidateLocked(c));
   ASSIGN_OR_RETURN(Statement job, db_->Prepare(absl::StrCat("SELECT ", kJobColumns,
                                                             " FROM jobs WHERE candidate_id = ?")));
   job.Bind(1, row.id);

@@ -273,6 +273,10 @@ class TuningDb {
   absl::StatusOr<std::pair<CandidateRow, JobRow>> FindOrInsertCandidate(const CandidateRow& c,
                                                                        const std::string& job_id,
                                                                        int64_t now_ms);
+  // The candidate of `task` with this schedule, inserting it without a
+  // job if it is new: a way of running the chain that another job measured
+  // (the unfused chain, timed as the baseline).
+  absl::StatusOr<CandidateRow> FindOrInsertUnqueuedCandidate(const CandidateRow& c);
   absl::StatusOr<CandidateRow> GetCandidate(int64_t id);
   absl::Status InsertJob(const JobRow& j, int64_t now_ms);
   absl::StatusOr<JobRow> GetJob(const std::string& id);
@@ -379,6 +383,7 @@ class TuningDb {
   explicit TuningDb(std::unique_ptr<Database> db) : db_(std::move(db)) {}
   absl::StatusOr<JobRow> GetJobLocked(const std::string& id);
   absl::Status FailOpenJobsLocked(const std::string& task_id, int64_t now_ms);
+  absl::StatusOr<CandidateRow> FindOrInsertCandidateLocked(const CandidateRow& c);
   std::mutex mu_;
   std::unique_ptr<Database> db_;
   std::atomic<int64_t> best_generation_{0};

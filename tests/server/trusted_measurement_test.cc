@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/ir/parse.h"
+#include "common/space/schedule.h"
 #include "common/util/timing.h"
 #include "server/scheduler.h"
 #include "server/wire_rows.h"
@@ -270,6 +271,64 @@ TEST_F(TrustedMeasurementTest, NoSpeedupWithoutATrustedBaseline) {
   EXPECT_EQ(r.baseline_s(), 0);
   EXPECT_EQ(r.speedup(), 0);
   EXPECT_GT(r.best_measurement().median_s(), 0);
+}
+
+// The unfused chain is an answer like any kernel: when its trusted
+// measurement beats the best fused kernel's, it is the best, cached, and
+// what Compile hands out.
+TEST_F(TrustedMeasurementTest, TheUnfusedChainIsTheAnswerWhenItIsFaster) {
+  for (bool beside : {true, false}) {
+    SCOPED_TRACE(beside ? "timed beside the confirmation" : "timed by its own job");
+    SetUp();
+    v1::TuneResult r = Tune(2, [&](const LeasedJob& job) {
+      if (job.job.kind == db::JobKind::kBaseline) {
+        db::MeasurementRow m = Ok(Steady(beside ? 8e-3 : 2e-3));
+        m.resources_json = nlohmann::json{{"baseline", "openblas"}}.dump();
+        return m;
+      }
+      db::MeasurementRow m = Ok(Steady(4e-3));
+      if (beside && job.job.kind == db::JobKind::kConfirm) {
+        m.resources_json =
+            nlohmann::json{{"beside", {{"baseline", "onednn"}, {"status", "ok"}, {"samples_s", Steady(3e-3)}}}}.dump();
+      }
+      return m;
+    });
+    const std::string vendor = beside ? "onednn" : "openblas";
+    EXPECT_EQ(r.best().schedule().text(), "unfused " + vendor);
+    EXPECT_DOUBLE_EQ(r.best_measurement().median_s(), Summarize(Steady(beside ? 3e-3 : 2e-3)).median);
+    EXPECT_EQ(r.baseline_kind(), vendor);
+    EXPECT_DOUBLE_EQ(r.speedup(), 1);
+    // What it beat: the fused kernel's confirmation.
+    EXPECT_DOUBLE_EQ(r.fused_s(), Summarize(Steady(4e-3)).median);
+    // The cache answers with it, and Compile renders the unfused chain.
+    const ir::Chain chain = *ir::ParseChainText(testing::kGemmChain);
+    auto answer = scheduler_->CachedAnswer(testing::kGemmChain, [&] { return chain; }, {});
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    ASSERT_TRUE((*answer)->result.ok()) << (*answer)->result.status();
+    EXPECT_EQ((*answer)->result->best.schedule, "unfused " + vendor);
+    const std::string& fused = (*answer)->result->fused_schedule;  // in the requester's names
+    EXPECT_TRUE(space::ParseSchedule(fused, chain).ok()) << fused;
+    const absl::StatusOr<CompileResult>& compiled = scheduler_->CompileAnswer(**answer);
+    ASSERT_TRUE(compiled.ok()) << compiled.status();
+    EXPECT_NE(compiled->kernel.source.find(beside ? "dnnl_sgemm" : "cblas_sgemm"), std::string::npos);
+    const nlohmann::json meta = nlohmann::json::parse(compiled->kernel.metadata_json);
+    EXPECT_EQ(meta["link_libs"], nlohmann::json::array({beside ? "dnnl" : "openblas"}));
+    EXPECT_FALSE(meta["compile_flags"].empty());
+  }
+}
+
+TEST_F(TrustedMeasurementTest, AnUntrustedOrSlowerUnfusedChainIsNeverTheAnswer) {
+  for (bool noisy : {true, false}) {
+    SetUp();
+    v1::TuneResult r = Tune(2, [&](const LeasedJob& job) {
+      db::MeasurementRow m =
+          job.job.kind != db::JobKind::kBaseline ? Ok(Steady(4e-3)) : Ok(noisy ? Disturbed(1e-3) : Steady(5e-3));
+      if (job.job.kind == db::JobKind::kBaseline) m.resources_json = nlohmann::json{{"baseline", "onednn"}}.dump();
+      return m;
+    });
+    EXPECT_EQ(r.best().schedule().text().rfind("unfused", 0), std::string::npos) << r.best().schedule().text();
+    EXPECT_EQ(r.fused_s(), 0);
+  }
 }
 
 }  // namespace

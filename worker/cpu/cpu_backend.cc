@@ -249,6 +249,20 @@ class Cpu final : public Backend {
                                       const std::string& schedule_text, const std::string& mapping,
                                       const hw::TargetDesc&) const override {
     ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuFusedKernel(chain, nest, schedule_text, mapping));
+    return AnswerOf(std::move(kernel));
+  }
+
+  absl::StatusOr<KernelAnswer> AnswerUnfused(const ir::Chain& chain, const std::string& vendor) const override {
+    for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
+      if (vendor != codegen::CpuBlasName(blas)) continue;
+      ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuUnfusedBaseline(chain, blas));
+      return AnswerOf(std::move(kernel));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("no CPU library '", vendor, "' to run the chain unfused through"));
+  }
+
+ private:
+  static KernelAnswer AnswerOf(codegen::KernelSource kernel) {
     KernelAnswer answer;
     answer.language = "c++";
     answer.source = std::move(kernel.source);

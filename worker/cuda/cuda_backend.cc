@@ -5,6 +5,7 @@
 // and without it the answer carries the source alone.
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "common/codegen/cuda/cuda_codegen.h"
@@ -42,6 +43,12 @@ class Cuda final : public Backend {
   }
   JobOutcome Run(const JobSpec& spec, const ir::Chain& chain, const std::string& dir) const override {
     return MeasureCudaJob(spec, chain, dir);
+  }
+
+  // The answer is one __global__ kernel: no room for cuBLAS calls.
+  absl::StatusOr<KernelAnswer> AnswerUnfused(const ir::Chain&, const std::string& vendor) const override {
+    return absl::UnimplementedError(absl::StrCat("a CUDA answer is one fused kernel; it cannot run the chain unfused "
+                                                 "through ", vendor));
   }
 
   // The kernel's source with the device header in place of its #include,

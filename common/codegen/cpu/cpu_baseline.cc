@@ -42,7 +42,9 @@ class BaselineEmitter {
                                      "': each op over whole tensors, GEMMs through ", CpuBlasName(blas_),
                                      ", the other ops as vector passes\n");
     std::string out = cpu::Preamble(title) + "#include <omp.h>\n" +
-                      (blas_ == CpuBlas::kOneDnn ? "#include <dnnl.h>\n\n" : "#include <cblas.h>\n\n");
+                      (blas_ == CpuBlas::kOneDnn ? "#include <dnnl.h>\n\n" : "#include <cblas.h>\n\n") +
+                      "// A calling thread's buffer, kept for its next call.\n"
+                      "struct fusor_owned { float* p = 0; ~fusor_owned() { free(p); } };\n\n";
     Writer& w = w_;
     w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
            "int num_threads)");
@@ -51,8 +53,8 @@ class BaselineEmitter {
     w.Line("int failed = 0;");
     const bool f32 = chain_.dtype == ir::DType::kF32;
     // f32 views of every tensor: aliases where the dtype is already f32,
-    // buffers allocated on the first call otherwise (as a framework's
-    // caching allocator would).
+    // buffers allocated on a thread's first call otherwise (as a framework's
+    // caching allocator would), so that threads may call it at once.
     std::vector<int> owned;
     for (size_t t = 0; t < chain_.tensors.size(); ++t) {
       const ir::Tensor& tensor = chain_.tensors[t];
@@ -60,15 +62,16 @@ class BaselineEmitter {
       if (alias) {
         w.Line(absl::StrCat("float* const ", n_.Full(t), " = (float*)", n_.Global(t), ";"));
       } else {
-        w.Line(absl::StrCat("static float* ", n_.Full(t), " = 0;"));
         owned.push_back(static_cast<int>(t));
       }
     }
     for (int t : owned) {
-      w.Open(absl::StrCat("if (!", n_.Full(t), ")"));
-      w.Line(absl::StrCat(n_.Full(t), " = (float*)malloc(sizeof(float) * ", chain_.tensors[t].NumElements(), "L);"));
-      w.Line(absl::StrCat("if (!", n_.Full(t), ") return 1;"));
-      w.Close();
+      const std::string own = "own_" + chain_.tensors[t].name;
+      w.Line(absl::StrCat("static thread_local fusor_owned ", own, ";"));
+      w.Line(absl::StrCat("if (!", own, ".p) ", own, ".p = (float*)malloc(sizeof(float) * ",
+                          chain_.tensors[t].NumElements(), "L);"));
+      w.Line(absl::StrCat("if (!", own, ".p) return 1;"));
+      w.Line(absl::StrCat("float* const ", n_.Full(t), " = ", own, ".p;"));
     }
     // The library's threads: OpenBLAS's own count, oneDNN's from OpenMP. A
     // call inside a parallel region runs on its one thread either way.
@@ -407,7 +410,9 @@ absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain, CpuBlas 
                          {"language", "c++"},
                          {"inputs", emit::TensorsJson(chain, chain.inputs)},
                          {"outputs", emit::TensorsJson(chain, chain.outputs)},
-                         {"baseline", absl::StrCat("unfused, GEMMs through ", CpuBlasName(blas))}};
+                         {"baseline", absl::StrCat("unfused, GEMMs through ", CpuBlasName(blas))},
+                         {"compile_flags", k.compile_flags},
+                         {"link_libs", k.link_libs}};
   k.metadata_json = meta.dump(2);
   return k;
 }

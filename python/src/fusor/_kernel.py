@@ -194,6 +194,8 @@ class CpuKernel(Kernel):
         super().__init__(response, name)
         self._check_host()
         self.flags: List[str] = list(self.metadata.get("compile_flags", []))
+        # An unfused answer calls the vendor library it was measured with.
+        self.libs: List[str] = [f"-l{lib}" for lib in self.metadata.get("link_libs", [])]
         self.compiler = compiler or os.environ.get("CXX") or "c++"
         self.num_threads = num_threads or len(os.sched_getaffinity(0))
         self.library_path = self._build(Path(cache_dir) if cache_dir else default_cache_dir())
@@ -226,7 +228,7 @@ class CpuKernel(Kernel):
         if compiler is None:
             raise BuildError(f"no C++ compiler '{self.compiler}' on PATH (set CXX) to build the kernel")
         host = " ".join([platform.machine(), *sorted(host_flags())])
-        key = hashlib.sha256("\0".join([self.source, *self.flags, compiler, host]).encode()).hexdigest()[:16]
+        key = hashlib.sha256("\0".join([self.source, *self.flags, *self.libs, compiler, host]).encode()).hexdigest()[:16]
         directory = cache_dir / f"{self.result.workload_key}-{self.result.target.fingerprint}"
         library = directory / f"{self.entry_point}-{key}.so"
         if library.exists():
@@ -243,7 +245,7 @@ class CpuKernel(Kernel):
             src = Path(tmp) / "kernel.cc"
             src.write_text(self.source)
             built = Path(tmp) / "kernel.so"
-            cmd = [compiler, *self.flags, "-shared", "-fPIC", str(src), "-o", str(built)]
+            cmd = [compiler, *self.flags, "-shared", "-fPIC", str(src), "-o", str(built), *self.libs]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise BuildError(f"building the kernel failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")

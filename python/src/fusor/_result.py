@@ -28,6 +28,8 @@ class Result:
     baseline_s: float
     baseline_kind: str
     speedup: float
+    fused_s: float
+    fused_schedule: str
     candidates_measured: int
     candidates_failed: int
     tuning_s: float
@@ -39,8 +41,14 @@ class Result:
                    schedule=r.best.schedule.text, mapping=r.best.mapping.text,
                    predicted_s=r.best.prediction.t_estm_s, best_s=r.best_measurement.median_s,
                    spread=r.best_measurement.spread, baseline_s=r.baseline_s, baseline_kind=r.baseline_kind,
-                   speedup=r.speedup, candidates_measured=r.candidates_measured,
+                   speedup=r.speedup, fused_s=r.fused_s, fused_schedule=r.fused_schedule,
+                   candidates_measured=r.candidates_measured,
                    candidates_failed=r.candidates_failed, tuning_s=r.tuning_s, proto=r)
+
+    @property
+    def unfused(self) -> bool:
+        """Whether the answer runs the chain unfused, through the vendor library (fusion did not pay)."""
+        return self.schedule.startswith("unfused ")
 
     def __str__(self) -> str:
         t = self.target
@@ -55,7 +63,13 @@ class Result:
                  f"mapping    {self.mapping}",
                  f"predicted  {_duration(self.predicted_s)}",
                  f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)"]
-        if self.baseline_s > 0:
+        if self.unfused:
+            if self.fused_s > 0:
+                lines.append(f"fused      {_duration(self.fused_s)}  the best fused kernel ({self.fused_schedule})")
+                lines.append(f"unfused wins: fusion does not pay here (the fused kernel runs at "
+                             f"{self.best_s / self.fused_s:.2f}x the unfused chain's speed); the answer runs the "
+                             "chain unfused")
+        elif self.baseline_s > 0:
             lines.append(f"baseline   {_duration(self.baseline_s)}  (unfused: {self.baseline_kind})")
             lines.append(f"speedup    {self.speedup:.2f}x over the unfused baseline")
         return "\n".join(lines)
