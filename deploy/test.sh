@@ -26,9 +26,18 @@ fi
 "$root/deploy/lint.sh"
 # The fuzz targets (clang's libFuzzer; tests/fuzz), each for a bounded time.
 "$root/deploy/fuzz.sh"
-# The peer benchmark keeps working: short mode, the model's picks, no tuning.
+# The peer benchmark keeps working: short mode, the model's picks, no tuning;
+# on examples and on the chains `fusor extract` writes for real exports
+# (masks with literal axes, heads in the export's layout, grouped K/V heads).
+extracted="$(mktemp -d)"
+for model in gpt2_torchscript_eager llama_torchscript_eager; do
+  "$root/build/client/fusor" extract --dim batch=2 --dim seq=32 -o "$extracted/$model" \
+    "$root/tests/common/zoo/exports/$model.onnx" > /dev/null
+done
 "$root/bench/peers/peers.sh" --short --model-only --fusor "$root/build/client/fusor" \
-  "$root/examples/bert_base_attention.fusor" "$root/examples/gemm_chain.fusor" "$root/examples/conv1x1_chain.fusor"
+  "$root/examples/bert_base_attention.fusor" "$root/examples/gemm_chain.fusor" "$root/examples/conv1x1_chain.fusor" \
+  "$extracted"/*/*.fusor
+rm -rf "$extracted"
 # The Python package: its type hints checked as installed (with the generated
 # stubs), then its tests against the binaries just built.
 python="$(FUSOR_PYTHON_TORCH=$torch "$root/deploy/python-env.sh" | tail -n 1)"

@@ -263,17 +263,33 @@ def attention_pattern(chain):
     h = next((d for d in o["index"] if d not in batch and d != m), None)
     # Each operand in any axis order (an export's Q[b, m, heads, d]): the
     # permutation to batch + [rows, cols], as a view.
-    perms = {}
+    # K and V may lack batch dims that Q has (grouped heads: K[b, g, n, d]
+    # for Q[b, g, r, m, d]): they are broadcast along them.
+    perms, broadcast = {}, {}
     for name, a, want in (("q", q, batch + [m, kd]), ("k", k, batch + [n, kd]), ("v", v, batch + [n, h])):
         dims = [x.dim() for x in a.index]
-        if sorted(dims) != sorted(want) or len(set(dims)) != len(dims):
+        missing = [d for d in want if d not in dims]
+        if len(set(dims)) != len(dims) or not set(dims) <= set(want) or any(d not in batch for d in missing) or \
+                (missing and name == "q"):
             return None
-        perms[name] = [dims.index(d) for d in want]
+        present = [d for d in want if d in dims]
+        perms[name] = [dims.index(d) for d in present]
+        broadcast[name] = [i for i, d in enumerate(want) if d in missing]
     if sorted(o["index"]) != sorted(batch + [m, h]):
         return None
     out_perm = [(batch + [m, h]).index(d) for d in o["index"]]
     return dict(scale=fs[0], q=q.tensor, k=k.tensor, v=v.tensor, mask=mask, batch=batch, m=m, n=n, k_dim=kd, h=h,
-                perms=perms, out_perm=out_perm)
+                perms=perms, broadcast=broadcast, out_perm=out_perm)
+
+
+def attention_operand(lib, chain, att, env, name):
+    """Q, K or V as a view in [batch..., seq, size] order (broadcast along the batch dims it lacks)."""
+    x = env[att[name]]
+    x = x.permute(att["perms"][name]) if lib == "torch" else np.transpose(x, att["perms"][name])
+    for axis in att["broadcast"][name]:
+        x = x.unsqueeze(axis) if lib == "torch" else np.expand_dims(x, axis)
+    want = [chain.extent[d] for d in att["batch"]] + list(x.shape[-2:])
+    return x.expand(want) if lib == "torch" else np.broadcast_to(x, want)
 
 
 def conv_pattern(chain, op):
@@ -493,7 +509,7 @@ def onnx_program(chain, dtype):
             env = dict(zip(chain.inputs, inputs))
 
             def heads_last(name, seq, size):
-                x = np.transpose(env[att[name]], att["perms"][name])
+                x = attention_operand("numpy", chain, att, env, name)
                 return np.ascontiguousarray(x.reshape(heads, seq, size).transpose(1, 0, 2).reshape(1, seq, heads * size))
             feeds = {"q": heads_last("q", m, k), "k": heads_last("k", n, k), "v": heads_last("v", n, h)}
             if mask is not None:
@@ -905,7 +921,7 @@ def bench_chain(path, work, seconds):
             raise ValueError("not an attention chain")
         env = dict(zip(chain.inputs, t_inputs))
         # Views in SDPA's [batch..., seq, size] order: strided as the chain's tensors are.
-        q, k, v = (env[att[x]].permute(att["perms"][x]) for x in ("q", "k", "v"))
+        q, k, v = (attention_operand("torch", chain, att, env, x) for x in ("q", "k", "v"))
         mask = None
         if att["mask"] is not None:
             mask = array_program("torch", mask_chain(chain, att))(t_inputs)[0].to(tdtype).contiguous()
