@@ -33,7 +33,7 @@ class Canonicalizer {
     for (int t : in_.inputs) {
       std::vector<std::string> shape;
       for (int64_t e : in_.tensors[t].shape) shape.push_back(absl::StrCat(e));
-      sig_[t] = ShortHash(absl::StrCat("in[", absl::StrJoin(shape, ","), "]"));
+      sig_[t] = ShortHash(absl::StrCat(in_.tensors[t].constant ? "const" : "in", "[", absl::StrJoin(shape, ","), "]"));
     }
     bodies_.resize(in_.ops.size());
     for (size_t i = 0; i < in_.ops.size(); ++i) SignOp(static_cast<int>(i));
@@ -54,6 +54,7 @@ class Canonicalizer {
       dst.name = absl::StrCat("t", form_.tensor_map[t]);
       dst.shape = src.shape;
       dst.role = src.role;
+      dst.constant = src.constant;
       if (src.role == TensorRole::kInput) {
         dst.axis_dims.assign(src.shape.size(), -1);
         c.inputs.push_back(static_cast<int>(c.tensors.size()));

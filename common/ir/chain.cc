@@ -236,6 +236,11 @@ std::string ChainToText(const Chain& chain) {
     decls.push_back(absl::StrCat(tensor.name, "[", absl::StrJoin(axes, ","), "]"));
   }
   out += absl::StrJoin(decls, " ") + "\n";
+  std::vector<std::string> constants;
+  for (int t : chain.inputs) {
+    if (chain.tensors[t].constant) constants.push_back(chain.tensors[t].name);
+  }
+  if (!constants.empty()) out += "const " + absl::StrJoin(constants, " ") + "\n";
   for (const Op& op : chain.ops) out += OpToString(op, chain) + "\n";
   std::vector<std::string> outs;
   for (int t : chain.outputs) outs.push_back(chain.tensors[t].name);

@@ -84,6 +84,9 @@ struct Tensor {
   std::vector<int> axis_dims;
   TensorRole role = TensorRole::kInput;
   int producer = -1;  // op id for op outputs
+  // An input declared constant: the same from call to call (a model's
+  // weights), so a kernel may prepare it once (pack it into its own layout).
+  bool constant = false;
 
   int64_t NumElements() const;
 };

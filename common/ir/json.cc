@@ -115,11 +115,15 @@ absl::StatusOr<ChainSpec> SpecFromJson(const Json& root) {
     const Json& inputs = root["inputs"];
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::string field = Item("inputs", i);
-      RETURN_IF_ERROR(CheckKeys(inputs[i], field, {"name", "shape"}));
+      RETURN_IF_ERROR(CheckKeys(inputs[i], field, {"name", "shape", "constant"}));
       TensorSpec t;
       t.where = Where{field, 0, 0};
       ASSIGN_OR_RETURN(t.name, GetString(inputs[i], field, "name", true));
       ASSIGN_OR_RETURN(t.shape, GetStringList(inputs[i], field, "shape", true));
+      if (auto c = inputs[i].find("constant"); c != inputs[i].end()) {
+        if (!c->is_boolean()) return FieldError(Sub(field, "constant"), "expected true or false");
+        t.constant = c->get<bool>();
+      }
       spec.inputs.push_back(std::move(t));
     }
   }
@@ -230,7 +234,9 @@ std::string ChainToJson(const Chain& chain) {
       int d = tensor.axis_dims[a];
       shape.push_back(d >= 0 ? chain.dims[d].name : absl::StrCat(tensor.shape[a]));
     }
-    root["inputs"].push_back({{"name", tensor.name}, {"shape", shape}});
+    Json decl = {{"name", tensor.name}, {"shape", shape}};
+    if (tensor.constant) decl["constant"] = true;
+    root["inputs"].push_back(decl);
   }
   root["ops"] = Json::array();
   for (const Op& op : chain.ops) {

@@ -515,6 +515,7 @@ absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
     Tensor t;
     t.name = ts.name;
     t.role = TensorRole::kInput;
+    t.constant = ts.constant;
     for (const std::string& s : ts.shape) {
       int d = chain.FindDim(s);
       if (d >= 0) {

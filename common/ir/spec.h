@@ -54,6 +54,7 @@ struct DimSpec {
 struct TensorSpec {
   std::string name;
   std::vector<std::string> shape;  // dim names or integer literals
+  bool constant = false;           // the same from call to call (Tensor::constant)
   Where where;
 };
 

@@ -175,6 +175,20 @@ absl::StatusOr<ChainSpec> ParseChainTextSpec(absl::string_view text, const Limit
         ASSIGN_OR_RETURN(t.shape, p.NameList(']', true));
         spec.inputs.push_back(std::move(t));
       }
+    } else if (first.kind == Token::Kind::kIdent && first.text == "const") {
+      p.Next();
+      if (p.AtEnd()) return p.Unexpected("an input tensor name");
+      while (!p.AtEnd()) {
+        const Where where = p.WhereOf(p.Peek());
+        ASSIGN_OR_RETURN(std::string name, p.Ident("an input tensor name"));
+        auto it = std::find_if(spec.inputs.begin(), spec.inputs.end(),
+                               [&](const TensorSpec& t) { return t.name == name; });
+        if (it == spec.inputs.end()) {
+          return Error(where, absl::StrCat("'", name, "' is not an input declared before this line: only inputs "
+                                           "can be constant"));
+        }
+        it->constant = true;
+      }
     } else if (first.kind == Token::Kind::kIdent && first.text == "out") {
       p.Next();
       if (p.AtEnd()) return p.Unexpected("an output tensor name");

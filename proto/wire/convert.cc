@@ -34,6 +34,7 @@ absl::StatusOr<ir::Chain> ChainFromWorkload(const v1::Workload& workload, const 
     ir::TensorSpec t;
     t.name = c.inputs(i).name();
     t.shape.assign(c.inputs(i).shape().begin(), c.inputs(i).shape().end());
+    t.constant = c.inputs(i).constant();
     t.where = ir::Where{absl::StrCat("chain.inputs[", i, "]"), 0, 0};
     spec.inputs.push_back(std::move(t));
   }
@@ -76,6 +77,7 @@ v1::Chain ChainToProto(const ir::Chain& chain) {
     const ir::Tensor& tensor = chain.tensors[t];
     v1::TensorDecl* decl = c.add_inputs();
     decl->set_name(tensor.name);
+    decl->set_constant(tensor.constant);
     for (size_t a = 0; a < tensor.shape.size(); ++a) {
       int d = tensor.axis_dims[a];
       decl->add_shape(d >= 0 ? chain.dims[d].name : absl::StrCat(tensor.shape[a]));

@@ -33,11 +33,46 @@ absl::StatusOr<LoadedKernel> LoadedKernel::Open(const std::string& so_path, cons
     dlclose(handle);
     return absl::FailedPreconditionError(absl::StrCat("kernel has no symbol '", entry, "'"));
   }
-  return LoadedKernel(handle, reinterpret_cast<EntryFn>(sym));
+  LoadedKernel kernel(handle, reinterpret_cast<EntryFn>(sym));
+  PrepareFns fns;
+  fns.prepare = reinterpret_cast<decltype(fns.prepare)>(dlsym(handle, "fusor_prepare"));
+  fns.run = reinterpret_cast<decltype(fns.run)>(dlsym(handle, "fusor_run_prepared"));
+  fns.release = reinterpret_cast<decltype(fns.release)>(dlsym(handle, "fusor_release"));
+  if (fns.prepare != nullptr && fns.run != nullptr && fns.release != nullptr) kernel.prepare_ = fns;
+  return kernel;
 }
 
-LoadedKernel::LoadedKernel(LoadedKernel&& other) noexcept : handle_(other.handle_), entry_(other.entry_) {
+LoadedKernel::LoadedKernel(LoadedKernel&& other) noexcept
+    : handle_(other.handle_), entry_(other.entry_), prepare_(other.prepare_) {
   other.handle_ = nullptr;
+}
+
+KernelCalls::~KernelCalls() {
+  for (auto& [pointers, state] : states_) kernel_.prepare()->release(state);
+}
+
+void* KernelCalls::StateFor(const void* const* inputs) {
+  for (auto& [pointers, state] : states_) {
+    if (std::equal(pointers.begin(), pointers.end(), inputs)) return state;
+  }
+  return nullptr;
+}
+
+int KernelCalls::Prepare(const void* const* inputs) {
+  if (!prepared_ || StateFor(inputs) != nullptr) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  void* state = kernel_.prepare()->prepare(inputs);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (state == nullptr) return 1;
+  if (states_.empty()) prepare_s_ = seconds;
+  states_.emplace_back(std::vector<const void*>(inputs, inputs + num_inputs_), state);
+  return 0;
+}
+
+int KernelCalls::Run(const void* const* inputs, void* const* outputs) {
+  if (!prepared_) return kernel_.entry()(inputs, outputs, threads_);
+  if (int rc = Prepare(inputs); rc != 0) return rc;
+  return kernel_.prepare()->run(StateFor(inputs), inputs, outputs, threads_);
 }
 
 void* LoadedKernel::Symbol(const std::string& name) const { return dlsym(handle_, name.c_str()); }
@@ -54,13 +89,20 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& values, int num_threads,
                                             double tolerance) {
-  return ValidateRun([&](const void* const* in, void* const* out) { return kernel.entry()(in, out, num_threads); },
-                     chain, values, tolerance);
+  for (bool prepared : {false, true}) {
+    if (prepared && !kernel.prepare()) break;
+    KernelCalls calls(kernel, chain.inputs.size(), num_threads, prepared);
+    ASSIGN_OR_RETURN(Validation v, ValidateRun([&](const void* const* in, void* const* out) { return calls.Run(in, out); },
+                                               chain, values, tolerance));
+    if (!v.ok || prepared || !kernel.prepare()) return v;
+  }
+  return absl::InternalError("unreachable");
 }
 
 absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
                                                         const ir::Chain& chain, const TimingOptions& options,
-                                                        const std::vector<std::vector<int>>& groups) {
+                                                        const std::vector<std::vector<int>>& groups,
+                                                        std::vector<double>* prepare_s) {
   std::mt19937_64 rng(options.seed);
   int64_t input_bytes = 0;
   for (int t : chain.inputs) input_bytes += chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype);
@@ -88,8 +130,17 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
 
   using Clock = std::chrono::steady_clock;
   int run = 0;
-  auto call = [&](const LoadedKernel& kernel) -> absl::Status {
-    int rc = kernel.entry()(in_ptrs[run % sets].data(), out_ptrs.data(), options.num_threads);
+  std::vector<std::unique_ptr<KernelCalls>> calls;
+  for (const LoadedKernel* kernel : kernels) {
+    calls.push_back(std::make_unique<KernelCalls>(*kernel, chain.inputs.size(), options.num_threads));
+    // Every input set prepared before any timing: a model prepares its
+    // weights once, not in the forward pass it is timed on.
+    for (const auto& set : in_ptrs) {
+      if (calls.back()->Prepare(set.data()) != 0) return absl::ResourceExhaustedError("fusor_prepare ran out of memory");
+    }
+  }
+  auto call = [&](size_t k) -> absl::Status {
+    int rc = calls[k]->Run(in_ptrs[run % sets].data(), out_ptrs.data());
     ++run;
     if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
     return absl::OkStatus();
@@ -109,21 +160,26 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
         // where it is not the OpenMP build): let them sleep first.
         if (together) std::this_thread::sleep_for(std::chrono::milliseconds(10));
         for (int i = 0; i < (slice == 0 ? options.warmup : std::min(options.warmup, 1)); ++i) {
-          RETURN_IF_ERROR(call(*kernels[k]));
+          RETURN_IF_ERROR(call(k));
         }
         const auto start = Clock::now();
         for (int n = 0; n < slice_max; ++n) {
           const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
           if (n >= slice_min && elapsed >= options.time_budget_s / slices) break;
           const auto t0 = Clock::now();
-          RETURN_IF_ERROR(call(*kernels[k]));
+          RETURN_IF_ERROR(call(k));
           samples[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         }
       }
     }
     return samples;
   };
-  return MeasureTrustedTogether(take_sets, groups, kSampleSets, options.max_spread);
+  auto timed = MeasureTrustedTogether(take_sets, groups, kSampleSets, options.max_spread);
+  if (prepare_s != nullptr) {
+    prepare_s->clear();
+    for (const auto& c : calls) prepare_s->push_back(c->prepare_s());
+  }
+  return timed;
 }
 
 }  // namespace fusor::worker

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,20 @@ namespace fusor::worker {
 class LoadedKernel {
  public:
   using EntryFn = int (*)(const void* const*, void* const*, int);
+  // A kernel that packs its constant inputs once (codegen/cpu/cpu_codegen.h).
+  struct PrepareFns {
+    void* (*prepare)(const void* const*) = nullptr;
+    int (*run)(const void*, const void* const*, void* const*, int) = nullptr;
+    void (*release)(void*) = nullptr;
+  };
   static absl::StatusOr<LoadedKernel> Open(const std::string& so_path, const std::string& entry);
   LoadedKernel(LoadedKernel&& other) noexcept;
   LoadedKernel& operator=(LoadedKernel&&) = delete;
   LoadedKernel(const LoadedKernel&) = delete;
   ~LoadedKernel();
   EntryFn entry() const { return entry_; }
+  // fusor_prepare, fusor_run_prepared and fusor_release, when it has all three.
+  const std::optional<PrepareFns>& prepare() const { return prepare_; }
   // Another symbol of the same object; nullptr if absent.
   void* Symbol(const std::string& name) const;
 
@@ -31,6 +40,37 @@ class LoadedKernel {
   LoadedKernel(void* handle, EntryFn entry) : handle_(handle), entry_(entry) {}
   void* handle_ = nullptr;
   EntryFn entry_ = nullptr;
+  std::optional<PrepareFns> prepare_;
+};
+
+// Calls a kernel as a model does: one that prepares its constant inputs
+// does so at the first call with each set of input pointers (timed), and
+// then runs prepared. Releases what it prepared when destroyed.
+class KernelCalls {
+ public:
+  // Calls with `num_inputs` inputs; `prepared`: false calls fusor_run always.
+  KernelCalls(const LoadedKernel& kernel, size_t num_inputs, int num_threads, bool prepared = true)
+      : kernel_(kernel), num_inputs_(num_inputs), threads_(num_threads),
+        prepared_(prepared && kernel.prepare().has_value()) {}
+  KernelCalls(const KernelCalls&) = delete;
+  KernelCalls& operator=(const KernelCalls&) = delete;
+  ~KernelCalls();
+  // The kernel's return code; 1 when preparing ran out of memory.
+  int Run(const void* const* inputs, void* const* outputs);
+  // Prepares for these inputs now, if the kernel prepares and has not yet:
+  // 0, or 1 when memory ran out.
+  int Prepare(const void* const* inputs);
+  // Seconds the first preparation took; 0 when nothing was prepared.
+  double prepare_s() const { return prepare_s_; }
+
+ private:
+  const LoadedKernel& kernel_;
+  const size_t num_inputs_;
+  const int threads_;
+  const bool prepared_;
+  std::vector<std::pair<std::vector<const void*>, void*>> states_;  // by input pointers
+  void* StateFor(const void* const* inputs);
+  double prepare_s_ = 0;
 };
 
 // Runs the kernel once on fresh random inputs (uniform in [-1, 1], rounded
@@ -42,7 +82,8 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
                                           uint64_t seed, int num_threads, double rtol = 0);
 
 // The same check on given inputs (one buffer per chain input, in order;
-// values are rounded to the chain's dtype first).
+// values are rounded to the chain's dtype first). A kernel that prepares
+// its constant inputs is checked both ways: fusor_run, then prepared.
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& inputs, int num_threads,
                                             double rtol = 0);
@@ -57,8 +98,12 @@ absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir
 // one warm-up call, so that their ratios hold on a machine whose speed
 // drifts. One timing per kernel, in order; non-OK if a kernel reports an
 // error.
+// A kernel that prepares its constant inputs runs prepared, once per input
+// set; `prepare_s`, when given, receives each kernel's first preparation
+// time (0 for one that prepares nothing), kept out of its samples.
 absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
                                                         const ir::Chain& chain, const TimingOptions& options,
-                                                        const std::vector<std::vector<int>>& groups = {});
+                                                        const std::vector<std::vector<int>>& groups = {},
+                                                        std::vector<double>* prepare_s = nullptr);
 
 }  // namespace fusor::worker

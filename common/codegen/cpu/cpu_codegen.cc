@@ -86,6 +86,27 @@ class FusedEmitter : public NestWalker {
       a_.push_back(ASideOf(on));
       direct_c_.push_back(DirectCStride(on));
     }
+    // The packed sides whose every factor is a constant input: packed once
+    // by fusor_prepare, for every visit of every block.
+    for (const space::OpNest& on : nest.ops) {
+      if (!on.gemm.ok) continue;
+      for (bool a_side : {true, false}) {
+        const int64_t floats = a_side ? on.pack_a_floats : on.pack_b_floats;
+        const std::vector<Access>& factors = a_side ? on.gemm.a_side : on.gemm.b_side;
+        if ((a_side && a_[on.op].direct) || floats == 0 || factors.empty()) continue;
+        ConstantPack c{on.op, a_side, floats, {}};
+        bool constant = true;
+        for (const Access& a : factors) {
+          constant = constant && chain.tensors[a.tensor].role == TensorRole::kInput && chain.tensors[a.tensor].constant;
+          for (const ir::AffineExpr& e : a.index) {
+            for (const auto& [d, coef] : e.terms) {
+              if (!Contains(c.dims, d)) c.dims.push_back(d);
+            }
+          }
+        }
+        if (constant) constant_.push_back(std::move(c));
+      }
+    }
   }
 
   std::string Emit(const std::string& schedule_text, const std::string& mapping) {
@@ -105,9 +126,13 @@ class FusedEmitter : public NestWalker {
     }
     out += "\n";
 
+    const bool prepared = !constant_.empty();
+    if (prepared) out += EmitPrepare();
     Writer& w = w_;
-    w.Open("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
-           "int num_threads)");
+    w.Open(prepared ? "static int fusor_body(const fusor_prep_t* fusor_prep, const void* const* fusor_inputs, "
+                      "void* const* fusor_outputs, int num_threads)"
+                    : "extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
+                      "int num_threads)");
     cpu::DeclareArguments(w, chain_, n_);
     const int64_t scratch_bytes = std::max<int64_t>(64, (scratch_floats_ * 4 + 63) / 64 * 64);
     if (nest_.split > 1) {
@@ -134,6 +159,7 @@ class FusedEmitter : public NestWalker {
     w.Open(absl::StrCat("for (long blk = 0; blk < ", nest_.num_blocks, "L; ++blk)"));
     w.Line("if (!scratch) continue;");
     DeclareScratchPointers();
+    if (prepared) w.Line(absl::StrCat("long fusor_visit[", constant_.size(), "] = {0};"));
     if (nest_.split > 1) {
       w.Line(absl::StrCat("const long part = blk % ", nest_.split, "L;"));
       x_.DefineBlockOrigins(w, absl::StrCat("blk / ", nest_.split, "L"));
@@ -146,7 +172,136 @@ class FusedEmitter : public NestWalker {
     w.Close();  // parallel
     w.Line("return failed;");
     w.Close();
+    if (prepared) {
+      w.Line("");
+      w.Line("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, int num_threads) {");
+      w.Line("  return fusor_body(0, fusor_inputs, fusor_outputs, num_threads);");
+      w.Line("}");
+      w.Line("");
+      w.Line("// The same, with the constant inputs' packs from fusor_prepare (the constant inputs passed here are");
+      w.Line("// not read where they were packed).");
+      w.Line("extern \"C\" int fusor_run_prepared(const void* prepared, const void* const* fusor_inputs,");
+      w.Line("                                    void* const* fusor_outputs, int num_threads) {");
+      w.Line("  return fusor_body((const fusor_prep_t*)prepared, fusor_inputs, fusor_outputs, num_threads);");
+      w.Line("}");
+    }
     return out + w.Take();
+  }
+
+  // The prepared state, the walk that packs the constant sides, and
+  // fusor_prepare / fusor_release. A block's packs are visited in the
+  // same order by the walk and by fusor_body: the k-th visit of constant
+  // side c in block blk reads slot k of base[c][blk]. Blocks that differ
+  // only in block dims the side does not read share one buffer (the
+  // first of them packs it): the key of a block is its tile along the
+  // side's block dims, and its part of a split stream loop.
+  std::string EmitPrepare() {
+    const size_t sides = constant_.size();
+    const int64_t blocks = nest_.num_blocks;
+    Writer& w = w_;
+    w.Line("#include <stdlib.h>");
+    w.Line("");
+    w.Line(absl::StrCat("// Packed constant sides: ", sides, ", over ", blocks, " blocks."));
+    w.Open("struct fusor_prep_t");
+    w.Line(absl::StrCat("float* base[", sides, "][", blocks, "];  // where each block's packs of each side start"));
+    w.Line(absl::StrCat("float* owned[", sides, "][", blocks, "];  // the buffers, by key"));
+    w.Line(absl::StrCat("long visits[", sides, "][", blocks, "];  // how many packs each key holds"));
+    w.Close(";");
+    w.Line("");
+    w.Open("static void fusor_prep_walk(const void* const* fusor_inputs, void* const* fusor_outputs, long blk, "
+           "float* const* fusor_dst, long* fusor_visits, long* fusor_keys)");
+    cpu::DeclareArguments(w, chain_, n_);
+    if (nest_.split > 1) {
+      w.Line(absl::StrCat("const long part = blk % ", nest_.split, "L;"));
+      x_.DefineBlockOrigins(w, absl::StrCat("blk / ", nest_.split, "L"));
+    } else {
+      x_.DefineBlockOrigins(w, "blk");
+    }
+    for (size_t c = 0; c < sides; ++c) {
+      std::string key = "0L";
+      for (int d : s_.block) {
+        if (!Contains(constant_[c].dims, d)) continue;
+        key = absl::StrCat("(", key, ") * ", nest_.trips[d], "L + ", n_.O(d), " / ", s_.tile[d], "L");
+      }
+      if (nest_.split > 1) key = absl::StrCat("(", key, ") * ", nest_.split, "L + part");
+      w.Line(absl::StrCat("fusor_keys[", c, "] = ", key, ";"));
+    }
+    prep_mode_ = true;
+    WalkBlock();
+    prep_mode_ = false;
+    w.Close();
+    w.Line("");
+    w.Line("extern \"C\" void fusor_release(void* prepared) {");
+    w.Line("  fusor_prep_t* p = (fusor_prep_t*)prepared;");
+    w.Line("  if (!p) return;");
+    w.Line(absl::StrCat("  for (long c = 0; c < ", sides, "L; ++c) for (long k = 0; k < ", blocks,
+                        "L; ++k) free(p->owned[c][k]);"));
+    w.Line("  free(p);");
+    w.Line("}");
+    w.Line("");
+    w.Line("// Packs the constant inputs once (the other inputs are not read; they may be null). Returns the");
+    w.Line("// state fusor_run_prepared takes, or null when memory ran out; fusor_release frees it.");
+    w.Open("extern \"C\" void* fusor_prepare(const void* const* fusor_inputs)");
+    w.Line("fusor_prep_t* p = (fusor_prep_t*)calloc(1, sizeof(fusor_prep_t));");
+    w.Line("if (!p) return 0;");
+    w.Line(absl::StrCat("void* outputs[", chain_.outputs.size(), "] = {0};"));
+    w.Open(absl::StrCat("for (long blk = 0; blk < ", blocks, "L; ++blk)"));
+    w.Line(absl::StrCat("long keys[", sides, "], visits[", sides, "] = {0};"));
+    w.Line(absl::StrCat("float* dst[", sides, "] = {0};"));
+    w.Line("fusor_prep_walk(fusor_inputs, outputs, blk, dst, visits, keys);  // count the visits");
+    w.Open(absl::StrCat("for (long c = 0; c < ", sides, "L; ++c)"));
+    w.Open("if (p->owned[c][keys[c]])");
+    w.Line("// a block of the same key packed it; its visits must match");
+    w.Line("if (p->visits[c][keys[c]] != visits[c]) { fusor_release(p); return 0; }");
+    w.Line("p->base[c][blk] = p->owned[c][keys[c]];");
+    w.Close();
+    w.Open("else");
+    w.Line("const long floats[] = {" + absl::StrJoin(constant_, ", ", [](std::string* out, const ConstantPack& c) {
+             absl::StrAppend(out, c.floats, "L");
+           }) + "};");
+    w.Line("const size_t bytes = ((size_t)(visits[c] > 0 ? visits[c] : 1) * floats[c] * 4 + 63) / 64 * 64;");
+    w.Line("dst[c] = (float*)aligned_alloc(64, bytes);");
+    w.Line("if (!dst[c]) { fusor_release(p); return 0; }");
+    w.Line("p->owned[c][keys[c]] = p->base[c][blk] = dst[c];");
+    w.Line("p->visits[c][keys[c]] = visits[c];");
+    w.Close();
+    w.Close();
+    w.Line(absl::StrCat("for (long c = 0; c < ", sides, "L; ++c) visits[c] = 0;"));
+    w.Line("fusor_prep_walk(fusor_inputs, outputs, blk, dst, visits, keys);  // pack where this block is first");
+    w.Close();
+    w.Line("return p;");
+    w.Close();
+    w.Line("");
+    return w.Take();
+  }
+
+  // What fusor_prepare packs: "W1 (B of H)", one per constant side.
+  std::vector<std::string> ConstantPacks() const {
+    std::vector<std::string> out;
+    for (const ConstantPack& c : constant_) {
+      std::vector<std::string> names;
+      for (const Access& a : c.a_side ? nest_.ops[c.op].gemm.a_side : nest_.ops[c.op].gemm.b_side) {
+        names.push_back(chain_.tensors[a.tensor].name);
+      }
+      out.push_back(absl::StrCat(absl::StrJoin(names, "*"), " (", c.a_side ? "A" : "B", " side of ",
+                                 chain_.tensors[chain_.ops[c.op].output].name, ")"));
+    }
+    return out;
+  }
+
+  struct ConstantPack {
+    int op = -1;
+    bool a_side = false;
+    int64_t floats = 0;     // one pack (the side's buffer)
+    std::vector<int> dims;  // that its factors read
+  };
+
+  // The index of op's constant side, or -1.
+  int ConstantSide(int op, bool a_side) const {
+    for (size_t c = 0; c < constant_.size(); ++c) {
+      if (constant_[c].op == op && constant_[c].a_side == a_side) return static_cast<int>(c);
+    }
+    return -1;
   }
 
  private:
@@ -247,7 +402,11 @@ class FusedEmitter : public NestWalker {
       int64_t at = temp_offset_[on.op];
       auto ptr = [&](const char* name, int64_t floats) {
         if (floats == 0) return;
-        w_.Line(absl::StrCat("float* const ", name, o, " = scratch + ", at, "; (void)", name, o, ";"));
+        // A constant side's points into the prepared buffer when there is one.
+        const bool moves = (name == std::string("pa") && ConstantSide(on.op, true) >= 0) ||
+                           (name == std::string("pb") && ConstantSide(on.op, false) >= 0);
+        w_.Line(absl::StrCat("float* ", moves ? "" : "const ", name, o, " = scratch + ", at, "; (void)", name, o,
+                             ";"));
         at += floats;
       };
       ptr("acc", on.acc_floats);
@@ -263,11 +422,13 @@ class FusedEmitter : public NestWalker {
   // ------------------------------------------------- walker hooks ---
 
   void ZeroAccumulated(const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     const int t = chain_.ops[on.op].output;
     w_.Line(absl::StrCat("memset(", n_.Local(t), ", 0, sizeof(float) * ", nest_.local[t].floats, ");"));
   }
 
   void ResetOnlineState(const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     w_.Line(absl::StrCat("for (long i = 0; i < ", on.state_floats / 3, "L; ++i) { smax", Sfx(on.op),
                          "[i] = -INFINITY; ssum", Sfx(on.op), "[i] = 0.0f; }"));
   }
@@ -294,6 +455,7 @@ class FusedEmitter : public NestWalker {
   }
 
   void EmitSoftmax(const Op& op, const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     if (on.online) {
       EmitOnlineSoftmax(op, on);
     } else {
@@ -378,6 +540,7 @@ class FusedEmitter : public NestWalker {
   }
 
   void EmitMap(const Op& op, const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     auto load = [this](const Access& a) { return x_.Load(a); };
     const int inner = InnerDim(op.index, [&](int d) { return ResultStride(on, d); });
     PointwiseLoops(op.index, inner, [&](bool vector) {
@@ -488,7 +651,27 @@ class FusedEmitter : public NestWalker {
     side.width = a_side ? on.kernel.mr : on.kernel.nr;
     side.buf = (a_side ? "pa" : "pb") + Sfx(on.op);
     auto load = [this](const Access& a) { return x_.Load(a); };
-    w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
+    const int c = ConstantSide(on.op, a_side);
+    if (prep_mode_) {
+      // Into this visit's slot of the prepared buffer, where this block is
+      // the first of its key to pack it.
+      if (c < 0) return;
+      w_.Line(absl::StrCat("// prepare: pack ", a_side ? "A" : "B", " side (constant)"));
+      w_.Open("");
+      w_.Line(absl::StrCat("const long visit = fusor_visits[", c, "]++;"));
+      w_.Line(absl::StrCat("float* const ", side.buf, " = fusor_dst[", c, "] ? fusor_dst[", c, "] + visit * ",
+                           constant_[c].floats, "L : 0;"));
+      w_.Open(absl::StrCat("if (", side.buf, ")"));
+    } else if (c >= 0) {
+      w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side: constant, packed once by fusor_prepare"));
+      w_.Open("if (fusor_prep)");
+      w_.Line(absl::StrCat(side.buf, " = fusor_prep->base[", c, "][blk] + fusor_visit[", c, "]++ * ",
+                           constant_[c].floats, "L;"));
+      w_.Close();
+      w_.Line("else");
+    } else {
+      w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
+    }
     w_.Open("");
     w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ",
                          a_side ? names.rows_pad : names.cols_pad, ", kc = ", names.kc, ";"));
@@ -502,6 +685,10 @@ class FusedEmitter : public NestWalker {
     }
     CloseScopes(w_, opened);
     w_.Close();
+    if (prep_mode_) {
+      w_.Close();
+      w_.Close();
+    }
   }
 
   // The product of the side's factors (scaled) at the lanes along dim d,
@@ -751,6 +938,7 @@ class FusedEmitter : public NestWalker {
   // accumulator is cleared inside its output loops.
   void StageAtLevel(const space::OpNest& on, int level) override {
     if (!on.gemm.ok) {
+      if (prep_mode_) return;
       if (level == on.num_out_loops) {
         w_.Line(absl::StrCat("memset(acc", Sfx(on.op), ", 0, sizeof(float) * ", Count(chain_.ops[on.op].index, n_),
                              ");"));
@@ -764,6 +952,7 @@ class FusedEmitter : public NestWalker {
   // The micro-kernels over the whole tile. The first partial sum of a tile
   // is stored, later ones added.
   void TileProduct(const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     std::vector<std::string> firsts;
     for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) {
       firsts.push_back(absl::StrCat(n_.O(on.loops[i]), " == 0"));
@@ -773,6 +962,7 @@ class FusedEmitter : public NestWalker {
   }
 
   void StoreSum(const Op& op, const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     if (!on.gemm.ok) {
       const int opened = OpenPointLoops(w_, op.index, n_);
       x_.Store(w_, on, absl::StrCat("acc", Sfx(on.op), "[", FlatIndex(op.index, n_), "]"));
@@ -810,6 +1000,7 @@ class FusedEmitter : public NestWalker {
 
   // A sum no intrinsic takes: each point's reduction added to acc.
   void AccumulateSum(const Op& op, const space::OpNest& on) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     auto load = [this](const Access& a) { return x_.Load(a); };
     const int opened = OpenPointLoops(w_, op.index, n_);
     w_.Line("float s = 0.0f;");
@@ -928,6 +1119,7 @@ class FusedEmitter : public NestWalker {
   // After the stream loop: an accumulated result is complete; divide by
   // the online softmax's sums and write it out.
   void WriteComplete(const space::OpNest& on, bool output) override {
+    if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     const Op& op = chain_.ops[on.op];
     const Access self = emit::NestIndex::SelfAccess(op);
     const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(self), "]");
@@ -970,6 +1162,8 @@ class FusedEmitter : public NestWalker {
   std::vector<ASide> a_;  // per op
   std::vector<int64_t> direct_c_;  // per op: the row stride of C written in place, or 0
   std::map<int, int64_t> partial_slot_;  // split stream: accumulated op -> its partial sums in `partials`
+  std::vector<ConstantPack> constant_;
+  bool prep_mode_ = false;  // emitting fusor_prep_walk: loops and constant packs only
 };
 
 }  // namespace
@@ -982,7 +1176,8 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const spac
   // A regrouped schedule runs the regrouped chain: same inputs and outputs.
   const Chain& chain = space::NestChain(written, nest);
   KernelSource k;
-  k.source = FusedEmitter(chain, nest).Emit(schedule_text, mapping);
+  FusedEmitter emitter(chain, nest);
+  k.source = emitter.Emit(schedule_text, mapping);
   k.compile_flags = cpu::CompileFlags();
   nlohmann::json meta = {
       {"entry_point", k.entry_point},
@@ -995,6 +1190,17 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const spac
       {"blocks", nest.num_blocks},
       {"scratch_bytes_per_thread", nest.scratch_bytes},
       {"compile_flags", cpu::CompileFlags()}};
+  if (const std::vector<std::string> packed = emitter.ConstantPacks(); !packed.empty()) {
+    meta["prepare"] = {
+        {"packs", packed},
+        {"signatures",
+         {"void* fusor_prepare(const void* const* inputs)",
+          "int fusor_run_prepared(const void* prepared, const void* const* inputs, void* const* outputs, "
+          "int num_threads)",
+          "void fusor_release(void* prepared)"}},
+        {"note", "fusor_prepare packs the constant inputs once (null: out of memory; fusor_run still works); "
+                 "fusor_run_prepared then skips packing them"}};
+  }
   k.metadata_json = meta.dump(2);
   return k;
 }

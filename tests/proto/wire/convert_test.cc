@@ -34,6 +34,15 @@ TEST(ConvertTest, StructuredChainAndTextGiveTheSameChain) {
   v1::Workload text;
   text.set_text(kText);
   EXPECT_EQ(ir::Canonicalize(*ChainFromWorkload(text)).key, ir::Canonicalize(*back).key);
+  // Constant inputs travel too.
+  std::string with_const = kText;
+  with_const.insert(with_const.find("S[b,m,n]"), "const M\n");
+  text.set_text(with_const);
+  auto constant = ChainFromWorkload(text);
+  ASSERT_TRUE(constant.ok()) << constant.status();
+  *structured.mutable_chain() = ChainToProto(*constant);
+  EXPECT_TRUE(structured.chain().inputs(3).constant());
+  EXPECT_EQ(ir::ChainToText(*ChainFromWorkload(structured)), ir::ChainToText(*constant));
 }
 
 TEST(ConvertTest, ErrorsNameTheField) {

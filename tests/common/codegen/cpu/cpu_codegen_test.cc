@@ -208,6 +208,50 @@ out Y
   CheckFused(testing::kGemmChain, "m=16 / n=16x2 / C(k=16)", TestTarget());
 }
 
+// Constant inputs packed once by fusor_prepare, for every visit of every
+// block: packs inside own loops, hoisted out of the stream loop, per point of
+// a convolution's window, on the A side of a swapped mapping, shared by
+// blocks along dims they do not read, in split stream loops, with the
+// constant side converted from f16. ValidateKernel checks fusor_run and the
+// prepared run both.
+TEST(CpuCodegenTest, ConstantInputsPackedOnce) {
+  const std::string mlp = R"(
+dim m=37 c=48 f=80 o=24
+in X[m,c] W1[c,f] B1[f] W2[f,o]
+const W1 B1 W2
+H[m,f] = sum(c) X[m,c] * W1[c,f]
+G[m,f] = gelu(H[m,f] + B1[f])
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+out Y
+)";
+  for (const char* schedule : {"m=16 / f=16 / H(c=16) Y(o=8)", "- / f=16x2 / -", "m=16 / f=16x4 / H(c=16)",
+                               "- / - / H(f=32 c=16) Y(f=32)", "m=8 / - / H(f=32 c=16) Y(o=16 f=32)"}) {
+    CheckFused(mlp, schedule, TestTarget());
+  }
+  CheckFused("dtype f16\n" + mlp, "m=16 / f=16x2 / -", TestTarget());
+  // The weights on the A side: Y[o, m] = W[o, c] X[c, m].
+  CheckFused(R"(
+dim m=40 c=24 o=36
+in W[o,c] X[c,m]
+const W
+Y[o,m] = sum(c) W[o,c] * X[c,m]
+out Y
+)",
+             "o=8 / - / Y(c=8)", TestTarget());
+  std::string conv = testing::kConvChain;
+  conv.insert(conv.find("\nT["), "\nconst W1 W2");
+  CheckFused(conv, "n=1 p=4 q=8 / - / T(c=4)", TestTarget());
+  CheckFused(conv, "- / - / -", TestTarget());
+  // The source says what it packs.
+  auto chain = ir::ParseChainText(mlp);
+  auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule("- / f=16 / -", *chain), TestTarget());
+  ASSERT_TRUE(nest.ok()) << nest.status();
+  auto kernel = EmitCpuFusedKernel(*chain, *nest, "- / f=16 / -", "test");
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_NE(kernel->source.find("extern \"C\" void* fusor_prepare("), std::string::npos);
+  EXPECT_NE(kernel->metadata_json.find("W1 (B side of H)"), std::string::npos) << kernel->metadata_json;
+}
+
 TEST(CpuCodegenTest, EpilogueAfterTheStreamLoop) {
   CheckFused(R"(
 dim m=40 n=56 k=24 h=20
