@@ -141,9 +141,11 @@ std::string Count(const std::vector<int>& dims, const Names& n) {
 nlohmann::json TensorsJson(const Chain& chain, const std::vector<int>& ids) {
   nlohmann::json arr = nlohmann::json::array();
   for (int t : ids) {
-    arr.push_back({{"name", chain.tensors[t].name},
-                   {"dtype", std::string(ir::DTypeName(chain.dtype))},
-                   {"shape", chain.tensors[t].shape}});
+    nlohmann::json entry = {{"name", chain.tensors[t].name},
+                            {"dtype", std::string(ir::DTypeName(chain.dtype))},
+                            {"shape", chain.tensors[t].shape}};
+    if (chain.tensors[t].constant) entry["constant"] = true;
+    arr.push_back(std::move(entry));
   }
   return arr;
 }

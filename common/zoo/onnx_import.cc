@@ -169,6 +169,20 @@ class Graph {
     return std::holds_alternative<double>(v) && std::fabs(std::get<double>(v) - value) < 1e-3 * std::fabs(value);
   }
 
+  // Whether `t` is the same on every run: an initializer, a Constant
+  // node's output, or what nodes compute from those alone (a weight
+  // transposed or cast by the exporter), up to a few nodes deep.
+  bool IsConstant(const std::string& t, int depth = 0) const {
+    if (initializer_.count(t) > 0) return true;
+    const onnx::NodeProto* n = Producer(t);
+    if (n == nullptr || depth >= 8) return false;
+    if (n->op_type() == "Constant") return true;
+    for (const std::string& in : n->input()) {
+      if (!in.empty() && !IsConstant(in, depth + 1)) return false;
+    }
+    return n->input_size() > 0;
+  }
+
   const onnx::GraphProto& proto() const { return g_; }
 
  private:
@@ -318,6 +332,15 @@ std::string Decl(const std::string& name, const Operand& o) {
   return absl::StrCat(name, "[", absl::StrJoin(dims, ","), "]");
 }
 std::string Use(const std::string& name, const Operand& o) { return absl::StrCat(name, "[", absl::StrJoin(o.axes, ","), "]"); }
+
+// Declares constant the chain's inputs that read constant values of the
+// graph (initializers: the model's weights), by (input, value) pairs.
+void MarkConstants(const Graph& g, ir::Chain& chain, const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [name, value] : inputs) {
+    const int t = chain.FindTensor(name);
+    if (t >= 0 && !value.empty() && g.IsConstant(value)) chain.tensors[t].constant = true;
+  }
+}
 
 // The element type of `value` (onnx::TensorProto::DataType), 0 if unknown.
 int ElemType(const Graph& g, const std::string& value) {
@@ -1265,6 +1288,7 @@ std::variant<Match, Reject> MatchGemmChain(const Graph& g, const onnx::NodeProto
   text += bias2.empty() ? "out Y\n" : absl::StrCat("Z[", r, ",o] = Y[", r, ",o] + B2[o]\nout Z\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  MarkConstants(g, *chain, {{"W1", w1.value}, {"W2", w2.value}, {"B1", bias1}, {"B2", bias2}});
   return Match{std::move(*chain), nodes, note};
 }
 
@@ -1324,6 +1348,7 @@ std::variant<Match, Reject> MatchGatedFfn(const Graph& g, const onnx::NodeProto&
       "Y[", r, ",o] = sum(f) A[", r, ",f] * WD[f,o]\nout Y\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  MarkConstants(g, *chain, {{"WG", gate.input(1)}, {"WU", up->input(1)}, {"WD", down->input(1)}});
   return Match{std::move(*chain), nodes, ""};
 }
 
@@ -1425,6 +1450,8 @@ std::variant<Match, Reject> MatchConvChain(const Graph& g, const onnx::NodeProto
   absl::StrAppend(&text, bias2 ? "Z[n,j,p,q] = O[n,j,p,q] + B2[j]\nout Z\n" : "out O\n");
   auto chain = ir::ParseChainText(text);
   if (!chain.ok()) return Reject{std::string(chain.status().message())};
+  MarkConstants(g, *chain, {{"W1", first.input(1)}, {"W2", second->input(1)},
+                            {"B1", bias1 ? first.input(2) : ""}, {"B2", bias2 ? second->input(2) : ""}});
   std::string note;
   if (padded) {
     note = absl::StrCat("X is '", first.input(0), "' zero-padded ahead of the kernel to ", X[2] + pad[0] + pad[2],

@@ -73,6 +73,7 @@ absl::StatusOr<ir::Chain> FeedForward(const TransformerConfig& c, const std::str
   if (c.activation == "swiglu") {
     absl::StrAppend(&text,
                     "in X[t,c] WG[c,f] WU[c,f] WD[f,o]\n"
+                    "const WG WU WD\n"
                     "G[t,f] = sum(c) X[t,c] * WG[c,f]\n"
                     "U[t,f] = sum(c) X[t,c] * WU[c,f]\n"
                     "A[t,f] = G[t,f] * sigmoid(G[t,f]) * U[t,f]\n"
@@ -80,6 +81,7 @@ absl::StatusOr<ir::Chain> FeedForward(const TransformerConfig& c, const std::str
   } else {
     const std::string h = c.bias ? "H[t,f] + B1[f]" : "H[t,f]";
     absl::StrAppend(&text, "in X[t,c] W1[c,f] W2[f,o]", c.bias ? " B1[f] B2[o]" : "", "\n",
+                    "const W1 W2", c.bias ? " B1 B2" : "", "\n",  // the model's weights
                     "H[t,f] = sum(c) X[t,c] * W1[c,f]\n",
                     "A[t,f] = ", c.activation, "(", h, ")\n",
                     "Y[t,o] = sum(f) A[t,f] * W2[f,o]\n",

@@ -178,6 +178,32 @@ def test_an_unfused_answer_builds_with_its_library_and_runs(client, tmp_path, li
     q, k, v = (np.random.default_rng(5).random(s.shape, dtype=np.float32) for s in kernel.inputs)
     np.testing.assert_allclose(kernel(q, k, v), attention_reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5)
     assert fusor.Result.from_proto(response.result).unfused
+    # No constants, no prepare step: prepare() still gives a callable.
+    prepared = kernel.prepare()
+    assert not prepared.packs
+    np.testing.assert_allclose(prepared(q, k, v), attention_reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5)
+
+
+def test_constant_inputs_are_packed_once_by_prepare(tmp_path):
+    """A chain's `const` inputs (a model's weights) are taken once by Kernel.prepare; the kernel packs them then."""
+    text = FFN.replace("W2[f,o]\n", "W2[f,o]\nconst W1 B1 W2\n", 1)
+    with fusor.Client.embedded(bin_dir=BUILD, calibration_seconds=0.05, cache_dir=tmp_path,
+                               scheduler_args=TEST_SCHEDULER) as client:
+        kernel = client.compile(text, budget=2)
+    assert [s.name for s in kernel.constants] == ["W1", "B1", "W2"]
+    assert kernel.metadata["prepare"]["packs"] == ["W1 (B side of H)", "W2 (B side of Y)"]
+    x, w1, b1, w2 = (np.random.default_rng(9).random(s.shape, dtype=np.float32) for s in kernel.inputs)
+    expected = kernel(x, w1, b1, w2)
+    prepared = kernel.prepare(w1, b1, w2)
+    assert prepared.packs and [s.name for s in prepared.inputs] == ["X"]
+    np.testing.assert_allclose(prepared(x), expected, rtol=1e-6)
+    out = np.empty_like(expected)
+    prepared.run_pointers([x.ctypes.data], [out.ctypes.data])
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    with pytest.raises(fusor.KernelArgumentError, match="has 3 constant inputs \\(W1, B1, W2\\), got 1"):
+        kernel.prepare(w1)
+    with pytest.raises(fusor.KernelArgumentError, match="takes 1 inputs \\(X\\), got 2"):
+        prepared(x, x)
 
 
 def test_a_sweep_tunes_each_distinct_chain_once(client):

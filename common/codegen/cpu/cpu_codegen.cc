@@ -178,8 +178,8 @@ class FusedEmitter : public NestWalker {
       w.Line("  return fusor_body(0, fusor_inputs, fusor_outputs, num_threads);");
       w.Line("}");
       w.Line("");
-      w.Line("// The same, with the constant inputs' packs from fusor_prepare (the constant inputs passed here are");
-      w.Line("// not read where they were packed).");
+      w.Line("// The same, with the constant inputs' packs from fusor_prepare; every input is passed as to fusor_run");
+      w.Line("// (a constant one is still read where it is not packed, a bias say).");
       w.Line("extern \"C\" int fusor_run_prepared(const void* prepared, const void* const* fusor_inputs,");
       w.Line("                                    void* const* fusor_outputs, int num_threads) {");
       w.Line("  return fusor_body((const fusor_prep_t*)prepared, fusor_inputs, fusor_outputs, num_threads);");

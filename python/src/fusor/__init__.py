@@ -12,7 +12,7 @@ from ._client import Client, SweepEntry
 from ._embedded import EmbeddedService, find_binary
 from ._errors import (AuthError, BuildError, ChainError, EmbeddedError, FusorError, InvalidArgumentError,
                       KernelArgumentError, NotFoundError, ResourceExhaustedError, RpcError, UnavailableError)
-from ._kernel import CpuKernel, Kernel, TensorSpec, default_cache_dir
+from ._kernel import CpuKernel, Kernel, PreparedKernel, TensorSpec, default_cache_dir
 from ._result import Progress, Result, Started, Task, Worker
 
 __version__ = "0.1.0"
@@ -20,6 +20,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AuthError", "BuildError", "Chain", "ChainBuilder", "ChainError", "Client", "CpuKernel", "EmbeddedError",
     "EmbeddedService", "FusorError", "InvalidArgumentError", "Kernel", "KernelArgumentError", "NotFoundError",
-    "Progress", "ResourceExhaustedError", "Result", "RpcError", "Started", "SweepEntry", "Task", "TensorSpec",
+    "PreparedKernel", "Progress", "ResourceExhaustedError", "Result", "RpcError", "Started", "SweepEntry", "Task", "TensorSpec",
     "UnavailableError", "Worker", "default_cache_dir", "find_binary",
 ]

@@ -229,9 +229,10 @@ class ChainBuilder:
             self._chain.dims.add(name=name, extent=int(extent))
         return self
 
-    def input(self, name: str, *shape: Union[str, int]) -> "ChainBuilder":
-        """An input tensor; each shape entry is a dim name or an integer."""
-        self._chain.inputs.add(name=name, shape=[str(s) for s in shape])
+    def input(self, name: str, *shape: Union[str, int], constant: bool = False) -> "ChainBuilder":
+        """An input tensor; each shape entry is a dim name or an integer. ``constant=True``: the same from call to
+        call (a model's weights), which a kernel may pack once (:meth:`fusor.Kernel.prepare`)."""
+        self._chain.inputs.add(name=name, shape=[str(s) for s in shape], constant=constant)
         return self
 
     def _op(self, output: str, kind: int, expr: str, reduce: Sequence[str] = (), axis: str = "") -> "ChainBuilder":

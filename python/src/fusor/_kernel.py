@@ -41,10 +41,12 @@ class TensorSpec:
     name: str
     shape: Tuple[int, ...]
     dtype: str
+    constant: bool = False  # declared `const` in the chain: the same from call to call (a model's weights)
 
 
 def _specs(entries: Sequence[Dict[str, Any]]) -> List[TensorSpec]:
-    return [TensorSpec(e["name"], tuple(int(x) for x in e["shape"]), e["dtype"]) for e in entries]
+    return [TensorSpec(e["name"], tuple(int(x) for x in e["shape"]), e["dtype"], bool(e.get("constant", False)))
+            for e in entries]
 
 
 # The kernel cache's size, beyond which the least recently used kernels are removed.
@@ -141,10 +143,103 @@ class Kernel:
     def _what(self) -> str:
         return f"kernel '{self.name}'"
 
+    @property
+    def constants(self) -> List[TensorSpec]:
+        """The inputs the chain declares constant (``const``), in declaration order."""
+        return [s for s in self.inputs if s.constant]
+
+    def prepare(self, *constants: Any) -> "PreparedKernel":
+        """Takes the constant inputs (:attr:`constants`, in order) once and returns a callable of the other inputs.
+
+        A kernel that packs its constant inputs into its own layout does so here, once; its calls then skip that
+        work. Other kernels (an unfused answer, a CUDA kernel) keep the constants and pass them on every call.
+        The constants must not change while the prepared kernel is in use."""
+        specs = self.constants
+        if len(constants) != len(specs):
+            names = ", ".join(s.name for s in specs) or "none"
+            raise KernelArgumentError(f"{self._what()} has {len(specs)} constant inputs ({names}), got {len(constants)}")
+        return PreparedKernel(self, list(constants))
+
+    def prepare_pointers(self, inputs: Sequence[int]) -> "PreparedKernel":
+        """:meth:`prepare` on raw pointers: every input's in declaration order (those not constant may be 0),
+        laid out as its spec says. Nothing is checked, and the caller keeps the constants alive and unchanged;
+        the result's :meth:`PreparedKernel.run_pointers` takes the other inputs' pointers."""
+        if len(inputs) != len(self.inputs):
+            raise KernelArgumentError(f"{self._what()} takes {len(self.inputs)} inputs")
+        return PreparedKernel(self, [], inputs)
+
+    def _prepare_pointers(self, inputs: Sequence[int]) -> Optional[int]:
+        """The prepared state for these input pointers (constants set, the others 0), or None where the kernel
+        has no prepare step."""
+        return None
+
+    def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def _release(self, state: int) -> None:
+        pass
+
     def __repr__(self) -> str:
         sig = ", ".join(f"{s.name}{list(s.shape)}:{s.dtype}" for s in self.inputs)
         outs = ", ".join(f"{s.name}{list(s.shape)}" for s in self.outputs)
         return f"<fusor {self.language} Kernel {self.name} ({sig}) -> ({outs}), schedule {self.schedule!r}>"
+
+
+class PreparedKernel:
+    """A kernel with its constant inputs taken once (:meth:`Kernel.prepare`). Call it with the other inputs, in
+    declaration order; ``out=`` and ``num_threads=`` as for the kernel."""
+
+    def __init__(self, kernel: Kernel, constants: List[Any], pointers: Optional[Sequence[int]] = None):
+        self.kernel = kernel
+        self.inputs = [s for s in kernel.inputs if not s.constant]
+        self._constants = constants  # kept alive: the prepared state may point into them
+        self._state: Optional[int] = None
+        self._pointers: List[int] = list(pointers or [])  # of every input, the others' 0 (CPU kernels)
+        if kernel.language == "c++" and not self._pointers:
+            consts = iter(constants)
+            tensor_type = _torch_tensor_type()
+            self._pointers = [kernel._pointer(next(consts), spec, tensor_type,  # type: ignore[attr-defined]
+                                              "constant input", writable=False) if spec.constant else 0
+                              for spec in kernel.inputs]
+        if self._pointers:
+            self._state = kernel._prepare_pointers(self._pointers)
+
+    def _full(self, args: Sequence[Any]) -> List[Any]:
+        if len(args) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise KernelArgumentError(f"prepared {self.kernel._what()} takes {len(self.inputs)} inputs ({names}), "
+                                      f"got {len(args)}")
+        rest, consts = iter(args), iter(self._constants)
+        return [next(consts) if s.constant else next(rest) for s in self.kernel.inputs]
+
+    def __call__(self, *args: Any, out: Any = None, num_threads: Optional[int] = None) -> Any:
+        full = self._full(args)
+        if self._state is None:
+            return self.kernel(*full, out=out, num_threads=num_threads)
+        return self.kernel._call_prepared(self._state, full, out, num_threads)  # type: ignore[attr-defined]
+
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+        """As :meth:`Kernel.run_pointers`, with the pointers of the non-constant inputs only."""
+        if not self._pointers:
+            raise KernelArgumentError(f"{self.kernel._what()} is not a CPU kernel: call run_pointers on it")
+        if len(inputs) != len(self.inputs):
+            raise KernelArgumentError(f"prepared {self.kernel._what()} takes {len(self.inputs)} inputs")
+        rest = iter(inputs)
+        full = [p if s.constant else next(rest) for s, p in zip(self.kernel.inputs, self._pointers)]
+        if self._state is None:
+            self.kernel.run_pointers(full, outputs)
+        else:
+            self.kernel._run_prepared(self._state, full, outputs)
+
+    @property
+    def packs(self) -> bool:
+        """Whether the kernel packed the constants once (False: they are passed on every call)."""
+        return self._state is not None
+
+    def __del__(self) -> None:
+        state, self._state = getattr(self, "_state", None), None
+        if state is not None:
+            self.kernel._release(state)
 
 
 @functools.lru_cache(maxsize=None)
@@ -207,6 +302,18 @@ class CpuKernel(Kernel):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
+        self._prepare_fns: Optional[Tuple[Any, Any, Any]] = None
+        if self.metadata.get("prepare"):
+            try:
+                prepare, run, release = (getattr(self._lib, n) for n in
+                                         ("fusor_prepare", "fusor_run_prepared", "fusor_release"))
+            except AttributeError as e:
+                raise BuildError(f"{self.library_path} lacks its prepare step: {e}") from None
+            prepare.argtypes, prepare.restype = [ctypes.c_void_p], ctypes.c_void_p
+            run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            run.restype = ctypes.c_int
+            release.argtypes, release.restype = [ctypes.c_void_p], None
+            self._prepare_fns = (prepare, run, release)
         self._in_array = ctypes.c_void_p * len(self.inputs)
         self._out_array = ctypes.c_void_p * len(self.outputs)
 
@@ -255,6 +362,10 @@ class CpuKernel(Kernel):
 
     def __call__(self, *args: Any, out: Any = None, num_threads: Optional[int] = None) -> Any:
         """Runs the kernel on NumPy arrays or contiguous PyTorch CPU tensors, in declaration order."""
+        return self._call_prepared(None, args, out, num_threads)
+
+    def _call_prepared(self, state: Optional[int], args: Sequence[Any], out: Any, num_threads: Optional[int]) -> Any:
+        """The call, through fusor_run_prepared with `state` (None: fusor_run)."""
         outs = self._check_count(args, out)
         tensor_type = _torch_tensor_type()
         use_torch = tensor_type is not None and any(isinstance(a, tensor_type) for a in args)
@@ -266,10 +377,31 @@ class CpuKernel(Kernel):
         results = self._out_array()
         for i, (o, spec) in enumerate(zip(outs, self.outputs)):
             results[i] = self._pointer(o, spec, tensor_type, "output", writable=True)
-        rc = self._fn(ins, results, num_threads or self.num_threads)
+        if state is None:
+            rc = self._fn(ins, results, num_threads or self.num_threads)
+        else:
+            rc = self._prepare_fns[1](state, ins, results, num_threads or self.num_threads)  # type: ignore[index]
         if rc != 0:
             raise FusorError(f"{self._what()} returned {rc}")
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _prepare_pointers(self, inputs: Sequence[int]) -> Optional[int]:
+        if self._prepare_fns is None:
+            return None
+        state = self._prepare_fns[0](self._in_array(*inputs))
+        if not state:
+            raise FusorError(f"{self._what()} could not prepare its constant inputs (out of memory)")
+        return int(state)
+
+    def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+        rc = self._prepare_fns[1](state, self._in_array(*inputs), self._out_array(*outputs),  # type: ignore[index]
+                                  self.num_threads)
+        if rc != 0:
+            raise FusorError(f"{self._what()} returned {rc}")
+
+    def _release(self, state: int) -> None:
+        if self._prepare_fns is not None:
+            self._prepare_fns[2](state)
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
                      stream: Optional[int] = None) -> None:

@@ -231,8 +231,13 @@ def ffn(x: View, w1: View, w2: View, dtype: str, activation: Optional[str], b1: 
         lines.append("Z[m,o] = Y[m,o] + B2[o]")
         out = "Z"
     text = "\n".join(["chain fusor_ffn", f"dtype {dtype}", f"dim m={m} c={c} f={f} o={o}", "in  " + " ".join(decl),
-                      *lines, f"out {out}", ""])
+                      _constants(decl[1:]), *lines, f"out {out}", ""])
     return text
+
+
+def _constants(declarations: Sequence[str]) -> str:
+    """The chain's `const` line for these inputs (a model's parameters: a kernel may pack them once)."""
+    return "const " + " ".join(d.split("[")[0] for d in declarations)
 
 
 def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int], dilation: Tuple[int, int],
@@ -277,5 +282,6 @@ def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int],
         lines.append("Z[n,j,p,q] = O[n,j,p,q] + B2[j]")
         out = "Z"
     dims = f"dim n={n} c={c} k={k} j={j} p={p} q={q} r={r} s={s}"
-    text = "\n".join(["chain fusor_conv_chain", f"dtype {dtype}", dims, "in  " + " ".join(decl), *lines, f"out {out}", ""])
+    text = "\n".join(["chain fusor_conv_chain", f"dtype {dtype}", dims, "in  " + " ".join(decl), _constants(decl[1:]),
+                      *lines, f"out {out}", ""])
     return text

@@ -46,6 +46,7 @@ std::string BertAttention() {
 std::string GeluFfn(int tokens) {
   return absl::StrCat("dim a=8 s=", tokens, R"( c=64 f=256 o=64
 in X[a,s,c] W1[c,f] W2[f,o] B1[f] B2[o]
+const W1 W2 B1 B2
 H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
 A[a,s,f] = gelu(H[a,s,f] + B1[f])
 Y[a,s,o] = sum(f) A[a,s,f] * W2[f,o]
@@ -123,7 +124,7 @@ out Y
 // (zero-initialized) biases of the random model.
 std::string Gpt2Ffn(bool biases) {
   return absl::StrCat("dim a=8 s=128 c=64 f=256 o=64\nin X[a,s,c] W1[c,f] W2[f,o]", biases ? " B1[f] B2[o]" : "",
-                      "\nH[a,s,f] = sum(c) X[a,s,c] * W1[c,f]\nA[a,s,f] = gelu_tanh(H[a,s,f]",
+                      "\nconst W1 W2", biases ? " B1 B2" : "", "\nH[a,s,f] = sum(c) X[a,s,c] * W1[c,f]\nA[a,s,f] = gelu_tanh(H[a,s,f]",
                       biases ? " + B1[f]" : "", ")\nY[a,s,o] = sum(f) A[a,s,f] * W2[f,o]\n",
                       biases ? "Z[a,s,o] = Y[a,s,o] + B2[o]\nout Z\n" : "out Y\n");
 }
@@ -131,6 +132,7 @@ std::string Gpt2Ffn(bool biases) {
 const char kLlamaFfn[] = R"(
 dim a=8 s=128 c=64 f=256 o=64
 in X[a,s,c] WG[c,f] WU[c,f] WD[f,o]
+const WG WU WD
 G[a,s,f] = sum(c) X[a,s,c] * WG[c,f]
 U[a,s,f] = sum(c) X[a,s,c] * WU[c,f]
 A[a,s,f] = G[a,s,f] * sigmoid(G[a,s,f]) * U[a,s,f]
@@ -228,6 +230,7 @@ out O
   EXPECT_EQ(f.instances, 2);
   EXPECT_EQ(f.key, Key(R"(dim a=8 s=128 c=64 f=256 o=64
 in X[a,s,c] W1[c,f] W2[f,o] B1[f]
+const W1 W2 B1
 H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
 A[a,s,f] = gelu(H[a,s,f] + B1[f])
 Y[a,s,o] = sum(f) A[a,s,f] * W2[f,o]

@@ -408,6 +408,7 @@ TEST_F(OnnxImportTest, GeluMlpWithErfAndMissingExternalWeights) {
   EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
 dim a=3 s=16 c=32 f=64 o=32
 in X[a,s,c] W1[c,f] B1[f] W2[f,o] B2[o]
+const W1 B1 W2 B2
 H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
 G[a,s,f] = gelu(H[a,s,f] + B1[f])
 Y[a,s,o] = sum(f) G[a,s,f] * W2[f,o]
@@ -426,6 +427,7 @@ TEST_F(OnnxImportTest, ConvReluConv1x1) {
   EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
 dim n=2 c=8 y=19 x=23 k=16 r=3 s=3 p=9 q=11 j=12
 in I[n,c,y,x] W1[k,c,r,s] B1[k] W2[j,k,1,1]
+const W1 B1 W2
 T[n,k,p,q] = sum(c,r,s) I[n,c,p*2+r,q*2+s] * W1[k,c,r,s]
 U[n,k,p,q] = relu(T[n,k,p,q] + B1[k])
 O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k,0,0]
@@ -446,6 +448,7 @@ TEST_F(OnnxImportTest, ResnetBottleneckFusesThePadded3x3WithTheExpand) {
   EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
 dim n=1 c=64 y=58 x=58 k=64 r=3 s=3 p=56 q=56 j=256
 in R[n,c,y,x] W2[k,c,r,s] B2[k] W3[j,k,1,1] B3[j]
+const W2 B2 W3 B3
 T[n,k,p,q] = sum(c,r,s) R[n,c,p+r,q+s] * W2[k,c,r,s]
 U[n,k,p,q] = relu(T[n,k,p,q] + B2[k])
 O[n,j,p,q] = sum(k) U[n,k,p,q] * W3[j,k,0,0]
@@ -537,6 +540,7 @@ out O
   EXPECT_EQ(ir::Canonicalize(out->chains[1].chain).key, Key(R"(
 dim a=2 s=10 c=32 f=64 o=32
 in X[a,s,c] W1[c,f] B1[f] W2[f,o]
+const W1 B1 W2
 H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
 G[a,s,f] = gelu_tanh(H[a,s,f] + B1[f])
 Y[a,s,o] = sum(f) G[a,s,f] * W2[f,o]
@@ -547,6 +551,7 @@ out Y
   EXPECT_EQ(ir::Canonicalize(out->chains[2].chain).key, Key(R"(
 dim a=20 c=32 f=48 o=32
 in X[a,c] W1[f,c] B1[f] W2[o,f] B2[o]
+const W1 B1 W2 B2
 H[a,f] = sum(c) X[a,c] * W1[f,c]
 G[a,f] = gelu_tanh(H[a,f] + B1[f])
 Y[a,o] = sum(f) G[a,f] * W2[o,f]
@@ -650,6 +655,7 @@ TEST_F(OnnxImportTest, FfnOnFlattenedRows) {
   EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
 dim a=16 c=32 f=64 o=32
 in X[a,c] W1[c,f] W2[f,o]
+const W1 W2
 H[a,f] = sum(c) X[a,c] * W1[c,f]
 A[a,f] = relu(H[a,f])
 Y[a,o] = sum(f) A[a,f] * W2[f,o]

@@ -167,6 +167,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _version(t: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by in-place changes); 0 for an inference tensor, which has none."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return 0
+
+
 class Region:
     """One chain found in a graph. Subclasses say how the chain is written from the call's tensors, how the
     kernel is called, how the original ops run, and the output's shape."""
@@ -181,6 +189,9 @@ class Region:
         self.id = ""  # given by register()
         self.chain = ""  # the text of the chain its last call ran or compared
         self.last = "pending"  # what answered the last call: "pending" (no verdict yet), "fused" or "original"
+        # Kernels with their constant inputs (the parameters) packed once: by kernel and by the parameters'
+        # storage and version, so that weights changed in place are packed again.
+        self._packed: Dict[Any, Any] = {}
 
     def register(self) -> str:
         """Gives the region its id, by which the graph's operator call finds it."""
@@ -272,9 +283,29 @@ class Region:
         assert kernel is not None
         first = args[0]
         out = torch.empty(self.output_shape(*args), dtype=first.dtype, device=first.device)
-        kernel.run_pointers([t.data_ptr() for t in self.operands(*prepared)], [out.data_ptr()],
-                            device=first.device.index or 0)
+        operands = self.operands(*prepared)
+        pointers = [t.data_ptr() for t in operands]
+        packed = self._packed_kernel(kernel, operands, pointers)
+        if packed is not None:
+            packed.run_pointers([p for p, s in zip(pointers, kernel.inputs) if not s.constant], [out.data_ptr()])
+        else:
+            kernel.run_pointers(pointers, [out.data_ptr()], device=first.device.index or 0)
         return out
+
+    def _packed_kernel(self, kernel: Kernel, operands: Sequence[torch.Tensor], pointers: Sequence[int]) -> Any:
+        """The kernel with the call's constant operands packed (once per kernel and parameter version), or None
+        where it packs nothing."""
+        if kernel.language != "c++" or not kernel.metadata.get("prepare"):
+            return None
+        key = (id(kernel), tuple((p, _version(t)) for p, t, s in zip(pointers, operands, kernel.inputs)
+                                 if s.constant))
+        found = self._packed.get(key)
+        if found is None:
+            if len(self._packed) >= 4:  # other shapes or weights since: the oldest goes
+                self._packed.pop(next(iter(self._packed)))
+            found = self._packed[key] = kernel.prepare_pointers(
+                [p if s.constant else 0 for p, s in zip(pointers, kernel.inputs)])
+        return found
 
     def _fused(self, kernel: Optional[Kernel], *args: Any) -> torch.Tensor:
         return self._run(kernel, args, self.prepare(*args))
