@@ -191,6 +191,8 @@ class Chain:
         self.dtype = j.get("dtype", "f32")
         self.extent = {d["name"]: d["extent"] for d in j["dims"]}
         self.inputs = [t["name"] for t in j["inputs"]]
+        # Inputs declared `const` (a model's weights): each peer gets them as it would in a model.
+        self.constants = {t["name"] for t in j["inputs"] if t.get("constant")}
         self.outputs = list(j["outputs"])
         self.shape = {}
         for t in j["inputs"]:
@@ -290,6 +292,24 @@ def attention_operand(lib, chain, att, env, name):
         x = x.unsqueeze(axis) if lib == "torch" else np.expand_dims(x, axis)
     want = [chain.extent[d] for d in att["batch"]] + list(x.shape[-2:])
     return x.expand(want) if lib == "torch" else np.broadcast_to(x, want)
+
+
+def linear_pattern(chain, op, f):
+    """Y[rows..., j] = sum(k) X[rows..., k] * W[k, j] (or W[j, k]) with W a constant input: F.linear's form."""
+    if f is None or len(f[1]) != 2 or len(op["reduce"]) != 1:
+        return None
+    k = op["reduce"][0]
+    for x, w in (f[1], f[1][::-1]):
+        if w.tensor not in chain.constants or len(w.index) != 2 or not all(e.plain() for e in w.index + x.index):
+            continue
+        wd, xd = [e.dim() for e in w.index], [e.dim() for e in x.index]
+        if k not in wd or xd[-1] != k or len(set(xd)) != len(xd):
+            continue
+        j = wd[0] if wd[1] == k else wd[1]
+        if op["index"] != xd[:-1] + [j]:
+            continue
+        return dict(x=x.tensor, w=w.tensor, w_in_first=wd[0] == k, scale=f[0])
+    return None
 
 
 def conv_pattern(chain, op):
@@ -394,7 +414,17 @@ def array_program(lib, chain):
         if op["kind"] == "sum":
             conv = conv_pattern(chain, op) if lib == "torch" else None
             f = factors(op["body"])
-            if conv is not None:
+            lin = linear_pattern(chain, op, f) if lib == "torch" else None
+            if lin is not None:
+                def step(env, op=op, lin=lin, weights={}):
+                    # The weight as an nn.Linear holds it, [out, in], laid out once (a model's parameter).
+                    w = env[lin["w"]]
+                    key = (w.data_ptr(), tuple(w.shape))
+                    if key not in weights:
+                        weights[key] = (w.t() if lin["w_in_first"] else w).contiguous()
+                    y = F.linear(env[lin["x"]], weights[key])
+                    return y * lin["scale"] if lin["scale"] != 1 else y
+            elif conv is not None:
                 def step(env, op=op, cv=conv):
                     x = env[cv["x"]]
                     (p, sp, dp, a), (q, sq, dq, b) = cv["spatial"]
@@ -456,8 +486,10 @@ def array_program(lib, chain):
 
 # -------------------------------------------------------------- onnx ---
 
-def onnx_program(chain, dtype):
-    """An onnxruntime session over the chain and a fn(inputs) -> outputs (arrays in the chain's layout)."""
+def onnx_program(chain, dtype, values=None):
+    """An onnxruntime session over the chain and a fn(inputs) -> outputs (arrays in the chain's layout). With
+    `values` (every input's), the chain's constant inputs are initializers, as a model's weights are: onnxruntime
+    may fold and prepack them when it builds the session."""
     elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     att = attention_pattern(chain)
     nodes, inits = [], []
@@ -526,7 +558,12 @@ def onnx_program(chain, dtype):
 
     # Op by op: MatMul where the sum is a batched matrix product, Conv for
     # convolutions, Einsum otherwise; elementwise nodes and Softmax.
-    graph_in = [helper.make_tensor_value_info(t, elem, chain.shape[t]) for t in chain.inputs]
+    constants = chain.constants if values is not None else set()
+    graph_in = [helper.make_tensor_value_info(t, elem, chain.shape[t]) for t in chain.inputs if t not in constants]
+    for t, v in zip(chain.inputs, values or []):
+        if t in constants:
+            inits.append(helper.make_tensor(t, elem, chain.shape[t], np.ascontiguousarray(v, dtype=dtype).tobytes(),
+                                            raw=True))
     value = {t: t for t in chain.inputs}
 
     def align(access, dims):
@@ -617,7 +654,10 @@ def onnx_program(chain, dtype):
                                                     helper.make_opsetid("com.microsoft", 1)])
     session = make_session(model)
     label = ", ".join(sorted(used_ops)) or "elementwise"
-    return label, (lambda inputs: dict(zip(chain.inputs, [np.ascontiguousarray(x) for x in inputs]))), \
+    if constants:
+        label += " (constants as initializers)"
+    return label, (lambda inputs: {t: np.ascontiguousarray(x) for t, x in zip(chain.inputs, inputs)
+                                   if t not in constants}), \
         (lambda feeds: session.run(None, feeds)), (lambda outs: outs)
 
 
@@ -724,6 +764,13 @@ def build_kernel(out):
     fn = lib[kmeta.get("entry_point", "fusor_run")]
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
     fn.restype = ctypes.c_int
+    if kmeta.get("prepare"):
+        # The constant inputs packed once (fusor_prepare), then every call prepared: as a model runs it.
+        lib.fusor_prepare.argtypes, lib.fusor_prepare.restype = [ctypes.POINTER(ctypes.c_void_p)], ctypes.c_void_p
+        lib.fusor_run_prepared.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        lib.fusor_run_prepared.restype = ctypes.c_int
+        fn.prepare, fn.run_prepared = lib.fusor_prepare, lib.fusor_run_prepared
     return fn, meta
 
 
@@ -868,9 +915,17 @@ def bench_chain(path, work, seconds):
             o.fill(np.nan) if chain.dtype != "bf16" else o.fill(0x7fc0)
         in_ptrs = (ctypes.c_void_p * len(f_inputs))(*[x.ctypes.data for x in f_inputs])
         out_ptrs = (ctypes.c_void_p * len(outputs))(*[x.ctypes.data for x in outputs])
+        state = None
+        if hasattr(fn, "prepare"):
+            start = time.perf_counter()
+            state = fn.prepare(in_ptrs)
+            result["fusor"]["prepare_s"] = time.perf_counter() - start
+            if not state:
+                raise RuntimeError("%s: fusor_prepare ran out of memory" % name)
 
         def run(keep=(f_inputs, outputs)):  # the buffers live as long as the pointers
-            if fn(in_ptrs, out_ptrs, threads) != 0:
+            rc = fn(in_ptrs, out_ptrs, threads) if state is None else fn.run_prepared(state, in_ptrs, out_ptrs, threads)
+            if rc != 0:
                 raise RuntimeError("%s returned an error" % name)
         run()
         result["impls"][name] = dict(max_rel_error=check(name, [from_storage(o, chain.dtype) for o in outputs], refs,
@@ -940,7 +995,7 @@ def bench_chain(path, work, seconds):
     def ort_build():
         if ort is None:
             raise ImportError("not installed")
-        label, prepare, run, finish = onnx_program(chain, peer_dtype)
+        label, prepare, run, finish = onnx_program(chain, peer_dtype, np_inputs)
         peer_what["ort"] = label
         feeds = prepare(np_inputs)
         return run, (feeds,), finish
@@ -1045,6 +1100,9 @@ def print_chain(r, sgemm):
         print("fusor vs its %s baseline here: %.2fx%s" % (
             r["fusor"]["baseline_kind"], r["speedup_over_baseline_here"],
             "; printed when tuned: %.2fx" % printed if printed else ""))
+    if "prepare_s" in r["fusor"]:
+        print("fusor packed its constant inputs once, in %s (not in its time; onnxruntime's initializers and "
+              "PyTorch's weight layouts were prepared once too)" % fmt_time(r["fusor"]["prepare_s"]))
     for note in r["notes"]:
         print("note: " + note)
 
