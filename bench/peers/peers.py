@@ -933,6 +933,8 @@ def bench_chain(path, work, seconds):
         impls.append((name, run))
 
     add_kernel("fusor", fn, result["fusor"]["schedule"])
+    if hasattr(fn, "prepare"):  # the same kernel packing its constant inputs on every call (fusor_run)
+        add_kernel("fusor_packing_per_call", lambda i, o, t: fn(i, o, t), "the same kernel through fusor_run")
     # fusor's own unfused baselines: what its printed speedup is over.
     for blas in ("openblas", "onednn"):
         try:

@@ -114,6 +114,7 @@ struct OtherModel {
 const char kT5Ffn[] = R"(
 dim a=8 s=128 c=64 f=256 o=64
 in X[a,s,c] W1[c,f] W2[f,o]
+const W1 W2
 H[a,s,f] = sum(c) X[a,s,c] * W1[c,f]
 A[a,s,f] = relu(H[a,s,f])
 Y[a,s,o] = sum(f) A[a,s,f] * W2[f,o]
