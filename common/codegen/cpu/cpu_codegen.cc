@@ -240,7 +240,8 @@ class FusedEmitter : public NestWalker {
     w.Line("}");
     w.Line("");
     w.Line("// Packs the constant inputs once (the other inputs are not read; they may be null). Returns the");
-    w.Line("// state fusor_run_prepared takes, or null when memory ran out; fusor_release frees it.");
+    w.Line("// state fusor_run_prepared takes, or null when memory ran out (or, which the walk rules out, blocks");
+    w.Line("// sharing packs visited them differently); fusor_release frees it.");
     w.Open("extern \"C\" void* fusor_prepare(const void* const* fusor_inputs)");
     w.Line("fusor_prep_t* p = (fusor_prep_t*)calloc(1, sizeof(fusor_prep_t));");
     w.Line("if (!p) return 0;");

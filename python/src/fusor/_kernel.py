@@ -176,7 +176,7 @@ class Kernel:
     def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int]) -> None:
         raise NotImplementedError
 
-    def _release(self, state: int) -> None:
+    def _release_prepared(self, state: int) -> None:
         pass
 
     def __repr__(self) -> str:
@@ -239,7 +239,7 @@ class PreparedKernel:
     def __del__(self) -> None:
         state, self._state = getattr(self, "_state", None), None
         if state is not None:
-            self.kernel._release(state)
+            self.kernel._release_prepared(state)
 
 
 @functools.lru_cache(maxsize=None)
@@ -399,7 +399,7 @@ class CpuKernel(Kernel):
         if rc != 0:
             raise FusorError(f"{self._what()} returned {rc}")
 
-    def _release(self, state: int) -> None:
+    def _release_prepared(self, state: int) -> None:
         if self._prepare_fns is not None:
             self._prepare_fns[2](state)
 
