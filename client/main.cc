@@ -173,6 +173,11 @@ int Compile(Client& client, const GlobalOptions& g, const std::string& file, con
   j["baseline_kind"] = resp->result().baseline_kind();
   j["speedup"] = resp->result().speedup();
   j["from_cache"] = resp->result().from_cache();
+  j["schedule"] = resp->result().best().schedule().text();  // "unfused <library>" where fusion did not pay
+  if (resp->result().fused_s() > 0) {
+    j["fused_median_s"] = resp->result().fused_s();
+    j["fused_schedule"] = resp->result().fused_schedule();
+  }
   std::ofstream(src) << resp->kernel_source();
   std::ofstream(meta) << j.dump(2) << "\n";
   if (!resp->binary().empty()) std::ofstream(binary, std::ios::binary) << resp->binary();
