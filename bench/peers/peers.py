@@ -248,12 +248,24 @@ def attention_pattern(chain):
     if pv[0].tensor != p["output"] or fo[0] != 1.0:
         return None
     v = pv[1]
-    mask = None
-    body = p["body"]
-    if body.kind == "+" and body.args[0].kind == "access" and body.args[0].tensor == s["output"]:
-        mask = body.args[1]
-    elif not (body.kind == "access" and body.tensor == s["output"]):
+    # The softmax's input: the scores plus any additive terms (a padding mask, T5's position bias), the
+    # terms' sum being the mask.
+    terms = []
+
+    def flatten(e):
+        if e.kind == "+":
+            flatten(e.args[0])
+            flatten(e.args[1])
+        else:
+            terms.append(e)
+    flatten(p["body"])
+    scores = [e for e in terms if e.kind == "access" and e.tensor == s["output"]]
+    if len(scores) != 1:
         return None
+    rest = [e for e in terms if e is not scores[0]]
+    mask = None
+    for e in rest:
+        mask = e if mask is None else Node("+", args=[mask, e])
     for a in (q, k, v):
         if not all(x.plain() for x in a.index) or a.tensor not in chain.inputs:
             return None
