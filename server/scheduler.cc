@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
@@ -890,8 +891,9 @@ absl::StatusOr<std::optional<db::BestRow>> Scheduler::UnfusedBest(const Task& ta
 absl::Status Scheduler::SetUnfusedResult(const db::MeasurementRow& meas, const std::string& vendor, TuneResult& r) {
   if (meas.kind == JobKind::kConfirm) {
     // Timed beside the fused kernel's confirmation: that measurement's
-    // samples are the fused kernel's, the baseline's are in its resources.
-    auto beside = BaselineBeside(meas.resources_json, options_.measure.max_spread);
+    // samples are the fused kernel's, the baseline's are in its resources
+    // (trusted when it became the best, whatever --max-spread is now).
+    auto beside = BaselineBeside(meas.resources_json, std::numeric_limits<double>::infinity());
     if (!beside) return absl::InternalError(absl::StrCat("measurement ", meas.id, " has no trusted baseline beside it"));
     r.fused_s = meas.median_s;
     ASSIGN_OR_RETURN(db::CandidateRow cand, db_->GetCandidate(meas.candidate_id.value_or(0)));

@@ -213,7 +213,7 @@ def test_parameters_are_packed_once_and_again_when_they_change(monkeypatch):
     for _ in range(2):
         with torch.inference_mode():
             torch.testing.assert_close(region(*args), region.original(*args), rtol=1e-5, atol=1e-5)
-    assert len(region._packed) == 1 and next(iter(region._packed.values())).packs
+    assert len(region._packed) == 1 and next(iter(region._packed.values()))[0].packs
     with torch.no_grad():
         model.fc.weight.mul_(-0.5)  # outside inference mode: its version counter moves
     with torch.inference_mode():

@@ -104,6 +104,18 @@ class FusedEmitter : public NestWalker {
             }
           }
         }
+        // Packed once per visit: a loop around the pack over a dim the side
+        // does not read would store the same pack once per trip (an FFN's
+        // weight under its rows' loop), so such a side is packed per call.
+        std::vector<int> around;
+        const bool hoisted = a_side ? on.a_hoisted : on.b_hoisted;
+        const bool per_point = a_side ? on.a_per_point : on.b_per_point;
+        if (!hoisted) {
+          const int depth = per_point ? static_cast<int>(on.loops.size()) : (a_side ? on.a_depth : on.b_depth);
+          around.assign(on.loops.begin(), on.loops.begin() + std::min<int>(depth, on.loops.size()));
+          if (on.region == space::Region::kStream) around.push_back(nest.stream_dim);
+        }
+        for (int d : around) constant = constant && Contains(c.dims, d);
         if (constant) constant_.push_back(std::move(c));
       }
     }

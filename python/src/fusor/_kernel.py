@@ -205,6 +205,8 @@ class PreparedKernel:
             self._state = kernel._prepare_pointers(self._pointers)
 
     def _full(self, args: Sequence[Any]) -> List[Any]:
+        if len(self._constants) != len(self.kernel.constants):
+            raise KernelArgumentError(f"{self.kernel._what()} was prepared on pointers: call run_pointers")
         if len(args) != len(self.inputs):
             names = ", ".join(s.name for s in self.inputs)
             raise KernelArgumentError(f"prepared {self.kernel._what()} takes {len(self.inputs)} inputs ({names}), "

@@ -59,10 +59,10 @@ class Result:
                  f"target     {t.fingerprint} ({t.arch}, {t.device_name}, {t.compute_units} "
                  f"{'cores' if t.backend == target_pb2.BACKEND_CPU else 'SMs'})",
                  f"answer     {answer}",
-                 f"schedule   {self.schedule}",
-                 f"mapping    {self.mapping}",
-                 f"predicted  {_duration(self.predicted_s)}",
-                 f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)"]
+                 f"schedule   {self.schedule}"]
+        if not self.unfused:
+            lines += [f"mapping    {self.mapping}", f"predicted  {_duration(self.predicted_s)}"]
+        lines.append(f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)")
         if self.unfused:
             if self.fused_s > 0:
                 lines.append(f"fused      {_duration(self.fused_s)}  the best fused kernel ({self.fused_schedule})")

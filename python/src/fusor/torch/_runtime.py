@@ -167,14 +167,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _version(t: torch.Tensor) -> int:
-    """The tensor's version counter (bumped by in-place changes); 0 for an inference tensor, which has none."""
-    try:
-        return int(t._version)
-    except RuntimeError:
-        return 0
-
-
 class Region:
     """One chain found in a graph. Subclasses say how the chain is written from the call's tensors, how the
     kernel is called, how the original ops run, and the output's shape."""
@@ -297,15 +289,18 @@ class Region:
         where it packs nothing."""
         if kernel.language != "c++" or not kernel.metadata.get("prepare"):
             return None
-        key = (id(kernel), tuple((p, _version(t)) for p, t, s in zip(pointers, operands, kernel.inputs)
-                                 if s.constant))
+        constants = [t for t, s in zip(operands, kernel.inputs) if s.constant]
+        if any(t.is_inference() for t in constants):
+            return None  # an inference tensor has no version counter: a change in place would go unseen
+        key = (id(kernel), tuple((t.data_ptr(), t._version) for t in constants))
         found = self._packed.get(key)
         if found is None:
             if len(self._packed) >= 4:  # other shapes or weights since: the oldest goes
                 self._packed.pop(next(iter(self._packed)))
-            found = self._packed[key] = kernel.prepare_pointers(
-                [p if s.constant else 0 for p, s in zip(pointers, kernel.inputs)])
-        return found
+            packed = kernel.prepare_pointers([p if s.constant else 0 for p, s in zip(pointers, kernel.inputs)])
+            # The tensors are held with their packs, so that their storage is not reused by others.
+            self._packed[key] = found = (packed, constants)
+        return found[0]
 
     def _fused(self, kernel: Optional[Kernel], *args: Any) -> torch.Tensor:
         return self._run(kernel, args, self.prepare(*args))

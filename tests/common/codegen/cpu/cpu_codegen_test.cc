@@ -250,6 +250,15 @@ out Y
   ASSERT_TRUE(kernel.ok()) << kernel.status();
   EXPECT_NE(kernel->source.find("extern \"C\" void* fusor_prepare("), std::string::npos);
   EXPECT_NE(kernel->metadata_json.find("W1 (B side of H)"), std::string::npos) << kernel->metadata_json;
+  // A pack under a loop over a dim it does not read (the rows) would be kept once per trip: packed per
+  // call instead. Here the stream loop over m encloses W1's and W2's packs.
+  const std::string rows = "- / m=16 / H(f=16 c=16) Y(o=8 f=16)";
+  nest = space::BuildLoopNest(*chain, *space::ParseSchedule(rows, *chain), TestTarget());
+  ASSERT_TRUE(nest.ok()) << nest.status();
+  kernel = EmitCpuFusedKernel(*chain, *nest, rows, "test");
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_EQ(kernel->source.find("fusor_prepare"), std::string::npos);
+  CheckFused(mlp, rows, TestTarget());
 }
 
 TEST(CpuCodegenTest, EpilogueAfterTheStreamLoop) {
