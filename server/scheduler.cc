@@ -89,6 +89,17 @@ std::optional<std::pair<std::string, std::vector<double>>> BaselineBeside(const 
   return std::make_pair(b["baseline"].get<std::string>(), std::move(samples));
 }
 
+// Of `rows`, the trusted measurement taken nearest `ms` (the later one of
+// two as near); nullptr when none is trusted.
+const db::MeasurementRow* NearestTrusted(const std::vector<db::MeasurementRow>& rows, int64_t ms) {
+  const db::MeasurementRow* nearest = nullptr;
+  for (const db::MeasurementRow& m : rows) {
+    if (m.status != MeasurementStatus::kOk) continue;
+    if (nearest == nullptr || std::abs(m.measured_ms - ms) <= std::abs(nearest->measured_ms - ms)) nearest = &m;
+  }
+  return nearest;
+}
+
 TaskStarted StartedOf(const db::TaskRow& row) {
   return {row.id, row.workload_key, row.target_fp, row.space_size, row.space_after_pruning, row.budget};
 }
@@ -826,16 +837,7 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
     baseline.samples_s = beside->second;
     baseline.kind = beside->first;
   } else {
-    if (best.kind == JobKind::kConfirm && !trusted.empty()) {
-      const db::MeasurementRow* nearest = nullptr;
-      for (const db::MeasurementRow* m : trusted) {
-        if (nearest == nullptr ||
-            std::abs(m->measured_ms - best.measured_ms) <= std::abs(nearest->measured_ms - best.measured_ms)) {
-          nearest = m;
-        }
-      }
-      trusted = {nearest};
-    }
+    if (best.kind == JobKind::kConfirm && !trusted.empty()) trusted = {NearestTrusted(rows, best.measured_ms)};
     for (const db::MeasurementRow* m : trusted) {
       baseline.samples_s.insert(baseline.samples_s.end(), m->samples_s.begin(), m->samples_s.end());
       if (baseline.kind.empty()) baseline.kind = BaselineKind(m->resources_json);
@@ -866,14 +868,7 @@ absl::StatusOr<std::optional<db::BestRow>> Scheduler::UnfusedBest(const Task& ta
     measurement_id = best.id;
   } else {
     ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id, JobKind::kBaseline));
-    const db::MeasurementRow* nearest = nullptr;
-    for (const db::MeasurementRow& m : rows) {
-      if (m.status != MeasurementStatus::kOk) continue;
-      if (nearest == nullptr ||
-          std::abs(m.measured_ms - best.measured_ms) < std::abs(nearest->measured_ms - best.measured_ms)) {
-        nearest = &m;
-      }
-    }
+    const db::MeasurementRow* nearest = NearestTrusted(rows, best.measured_ms);
     if (nearest == nullptr) return std::nullopt;
     vendor = BaselineKind(nearest->resources_json);
     median_s = nearest->median_s;

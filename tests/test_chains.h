@@ -4,6 +4,18 @@
 namespace fusor::testing {
 
 // C = A·B, E = C·D: the MCFuser GEMM chain (loops m, n, k, h).
+// A feed-forward block whose weights are declared constant; odd extents,
+// so that tiles have remainders.
+inline constexpr char kConstFfn[] = R"(
+dim m=37 c=48 f=80 o=24
+in X[m,c] W1[c,f] B1[f] W2[f,o]
+const W1 B1 W2
+H[m,f] = sum(c) X[m,c] * W1[c,f]
+G[m,f] = gelu(H[m,f] + B1[f])
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+out Y
+)";
+
 inline constexpr char kGemmChain[] = R"(
 chain gemm2
 dim m=64 n=64 k=32 h=32

@@ -216,6 +216,23 @@ TEST(RunJobIsolatedTest, AConfirmationTimesTheBaselineBesideTheCandidate) {
   EXPECT_TRUE(resources.at("variants").contains("openblas")) << out.resources_json;
 }
 
+// A constant input is packed once before timing; the packing's time is
+// recorded apart, and the samples are of the prepared run.
+TEST(RunJobIsolatedTest, ConstantInputsArePreparedOnceAndTimedApart) {
+  JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / -");
+  std::string text = kChain;
+  text.insert(text.find("S[m,n]"), "const B\n");
+  spec.chain_json = ir::ChainToJson(*ir::ParseChainText(text));
+  JobOutcome out = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
+  ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+  const nlohmann::json resources = nlohmann::json::parse(out.resources_json);
+  EXPECT_GT(resources.at("prepare_s").get<double>(), 0) << out.resources_json;
+  // Without the constant, nothing is prepared.
+  out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / -"), CurrentExecutable(""), "/tmp");
+  ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+  EXPECT_EQ(out.resources_json.find("prepare_s"), std::string::npos) << out.resources_json;
+}
+
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {
   JobOutcome out = RunJobIsolated(Spec(JobKind::kCandidate, "k=8 / - / -"), CurrentExecutable(""), "/tmp");
   EXPECT_EQ(out.status, OutcomeStatus::kCompileError);

@@ -152,15 +152,7 @@ JobOutcome RunCpu(const JobSpec& spec, const ir::Chain& chain, const std::string
     if (!kernel.ok()) {
       out = FailedOutcome(OutcomeStatus::kRuntimeError, std::string(kernel.status().message()));
     } else {
-      // fusor_run, and where the kernel packs its constant inputs once, the
-      // prepared run too.
-      valid = true;
-      for (bool prepared : {false, true}) {
-        if (!valid || (prepared && !kernel->prepare())) break;
-        KernelCalls calls(*kernel, chain.inputs.size(), threads, prepared);
-        const RunFn run = [&](const void* const* in, void* const* result) { return calls.Run(in, result); };
-        valid = RecordValidation(ValidateRun(run, chain, inputs, 0, reference), out);
-      }
+      valid = RecordValidation(ValidateKernelOn(*kernel, chain, inputs, threads, 0, reference), out);
     }
     if (!valid) {
       // A baseline that fails fails its job; beside a confirmation, the

@@ -83,10 +83,11 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
 
 // The same check on given inputs (one buffer per chain input, in order;
 // values are rounded to the chain's dtype first). A kernel that prepares
-// its constant inputs is checked both ways: fusor_run, then prepared.
+// its constant inputs is checked both ways: fusor_run, then prepared (the
+// first that fails, else the last). `reference`: as for ValidateRun.
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& inputs, int num_threads,
-                                            double rtol = 0);
+                                            double rtol = 0, const ReferenceFn& reference = nullptr);
 
 // Times kernels of the chain together, on the same inputs, with a
 // monotonic clock after warm-up, repeating to the time budget (within

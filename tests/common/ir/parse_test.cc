@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/ir/canonical.h"
+#include "tests/test_chains.h"
 
 namespace fusor::ir {
 namespace {
@@ -73,17 +74,8 @@ TEST(ParseChainTextTest, RoundTripsThroughTextAndJson) {
 // A model's weights declared constant: kept through text, JSON and the
 // canonical form, and part of the key (a kernel may prepare them once).
 TEST(ParseChainTextTest, ConstantInputsRoundTripAndChangeTheKey) {
-  constexpr char kFfn[] = R"(
-chain ffn
-dim m=4 c=8 f=16 o=8
-in  X[m,c] W1[c,f] B1[f] W2[f,o]
-const W1 B1 W2
-H[m,f] = sum(c) X[m,c] * W1[c,f]
-G[m,f] = relu(H[m,f] + B1[f])
-Y[m,o] = sum(f) G[m,f] * W2[f,o]
-out Y
-)";
-  auto chain = ParseChainText(kFfn);
+  const std::string ffn = testing::kConstFfn;
+  auto chain = ParseChainText(ffn);
   ASSERT_TRUE(chain.ok()) << chain.status();
   EXPECT_FALSE(chain->tensors[chain->FindTensor("X")].constant);
   for (const char* w : {"W1", "B1", "W2"}) EXPECT_TRUE(chain->tensors[chain->FindTensor(w)].constant) << w;
@@ -94,11 +86,11 @@ out Y
   const CanonicalForm form = Canonicalize(*chain);
   EXPECT_THAT(form.text, HasSubstr("\nconst "));
   EXPECT_EQ(Canonicalize(*from_json).key, form.key);
-  std::string plain = kFfn;
+  std::string plain = ffn;
   plain.erase(plain.find("const W1 B1 W2\n"), std::string("const W1 B1 W2\n").size());
   EXPECT_NE(Canonicalize(*ParseChainText(plain)).key, form.key);
   // Only inputs, declared first, can be constant.
-  std::string bad = kFfn;
+  std::string bad = ffn;
   bad.replace(bad.find("const W1"), 8, "const H");
   EXPECT_THAT(ParseError(bad).message(), HasSubstr("'H' is not an input declared before this line"));
   EXPECT_THAT(std::string(ParseChainJson(R"({"name": "c", "dims": [{"name": "m", "extent": 2}],

@@ -215,15 +215,7 @@ out Y
 // constant side converted from f16. ValidateKernel checks fusor_run and the
 // prepared run both.
 TEST(CpuCodegenTest, ConstantInputsPackedOnce) {
-  const std::string mlp = R"(
-dim m=37 c=48 f=80 o=24
-in X[m,c] W1[c,f] B1[f] W2[f,o]
-const W1 B1 W2
-H[m,f] = sum(c) X[m,c] * W1[c,f]
-G[m,f] = gelu(H[m,f] + B1[f])
-Y[m,o] = sum(f) G[m,f] * W2[f,o]
-out Y
-)";
+  const std::string mlp = testing::kConstFfn;
   for (const char* schedule : {"m=16 / f=16 / H(c=16) Y(o=8)", "- / f=16x2 / -", "m=16 / f=16x4 / H(c=16)",
                                "- / - / H(f=32 c=16) Y(f=32)", "m=8 / - / H(f=32 c=16) Y(o=16 f=32)"}) {
     CheckFused(mlp, schedule, TestTarget());
