@@ -696,7 +696,8 @@ int main(int argc, char** argv) {
   compile->add_option("--target", g.target_fp, "with --model-only: a GPU name, an arch (sm_XX) or local");
   std::string compile_schedule;
   compile->add_option("--schedule", compile_schedule,
-                      "with --model-only and a CPU target: write this schedule's kernel instead of the model's pick");
+                      "with --model-only and a CPU target: write this schedule's kernel instead of the model's pick (a fused "
+                      "schedule, or 'split after T: HEAD | TAIL')");
   std::string unfused_blas;
   compile->add_option("--unfused", unfused_blas,
                       "write the unfused baseline (each op in turn, GEMMs through this BLAS) instead of a tuned kernel; "

@@ -12,6 +12,7 @@
 #include "common/model/cost_model.h"
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
+#include "common/space/split.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
 
@@ -100,6 +101,35 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
                           {"mapping", r.mappings},
                           {"predicted_s", r.prediction.t_estm_s}};
   };
+  if (target.backend != hw::Backend::kCuda && space::IsSplitText(schedule_text)) {
+    // The chain in two parts, as a CPU answer may run it: each part's
+    // prediction (fused or unfused) summed.
+    ASSIGN_OR_RETURN(space::SplitSchedule split, space::ParseSplit(schedule_text, chain));
+    ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuSplitKernel(chain, schedule_text, target));
+    out.schedule = schedule_text;
+    out.mapping = space::SplitMappings(split, target);
+    for (int p = 0; p < 2; ++p) {
+      const ir::Chain& part = split.chains.parts[p];
+      if (!space::UnfusedVendor(split.texts[p]).empty()) {
+        out.predicted_s += model::PredictUnfused(part, target).t_estm_s;
+        continue;
+      }
+      ASSIGN_OR_RETURN(space::Schedule given, space::ParseSchedule(split.texts[p], part));
+      ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(part, given, target));
+      out.predicted_s += model::Predict(nest, target, part).t_estm_s;
+    }
+    const nlohmann::json meta = {{"unmeasured", true},
+                                 {"note", "never measured, never stored as a best record"},
+                                 {"chain", chain.name},
+                                 {"target", {{"device", target.device_name}, {"arch", target.arch}}},
+                                 {"schedule", schedule_text},
+                                 {"mapping", out.mapping},
+                                 {"predicted_s", out.predicted_s},
+                                 {"kernel", nlohmann::json::parse(kernel.metadata_json)}};
+    RETURN_IF_ERROR(WriteFile(base + ".cc", kernel.source, out.files));
+    RETURN_IF_ERROR(WriteFile(base + ".json", meta.dump(2) + "\n", out.files));
+    return out;
+  }
   if (target.backend != hw::Backend::kCuda) {
     space::RankedSchedule r = space->ranked[0];
     int rank = 1;

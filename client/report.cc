@@ -4,7 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/backend.h"
+#include "absl/strings/strip.h"
+#include "common/space/split.h"
 
 namespace fusor::client {
 
@@ -13,6 +14,22 @@ std::string FormatSeconds(double s) {
   if (s < 1e-3) return absl::StrFormat("%.1f us", s * 1e6);
   if (s < 1) return absl::StrFormat("%.3f ms", s * 1e3);
   return absl::StrFormat("%.2f s", s);
+}
+
+// How a split schedule ("split after T: HEAD | TAIL") runs its parts, in words.
+static std::string SplitParts(const std::string& schedule) {
+  const std::string rest = schedule.substr(sizeof(space::kSplitPrefix) - 1);
+  const size_t colon = rest.find(':');
+  const size_t bar = rest.find('|');
+  if (colon == std::string::npos || bar == std::string::npos || bar < colon) return schedule;
+  std::string out = absl::StrCat("the chain in two kernels run in turn, split after ", rest.substr(0, colon), ": ");
+  const std::string parts[2] = {std::string(absl::StripAsciiWhitespace(rest.substr(colon + 1, bar - colon - 1))),
+                                std::string(absl::StripAsciiWhitespace(rest.substr(bar + 1)))};
+  for (int p = 0; p < 2; ++p) {
+    const std::string vendor = space::UnfusedVendor(parts[p]);
+    absl::StrAppend(&out, p == 0 ? "the head " : ", the tail ", vendor.empty() ? "fused" : "unfused, through " + vendor);
+  }
+  return out;
 }
 
 std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
@@ -30,18 +47,23 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
                           r.task_id(), r.candidates_measured(), r.candidates_failed(), r.tuning_s());
   }
   absl::StrAppendFormat(&out, "schedule   %s\n", r.best().schedule().text());
-  if (r.best().schedule().text().rfind(worker::kUnfusedPrefix, 0) == 0) {
+  if (r.best().schedule().text().rfind(space::kUnfusedPrefix, 0) == 0) {
     absl::StrAppendFormat(&out, "measured   %s  median of %d samples, spread %.0f%% (%s GEMMs + vector passes, "
                           "validated)\n",
                           FormatSeconds(m.median_s()), m.samples_s_size(), 100 * m.spread(), r.baseline_kind());
     if (r.fused_s() > 0) {
-      absl::StrAppendFormat(&out, "fused      %s  the best fused kernel (%s), measured in the same task\n",
-                            FormatSeconds(r.fused_s()), r.fused_schedule());
+      absl::StrAppendFormat(&out, "fused      %s  the best %s (%s), measured in the same task\n",
+                            FormatSeconds(r.fused_s()),
+                            space::IsSplitText(r.fused_schedule()) ? "candidate, partly fused," : "fused kernel",
+                            r.fused_schedule());
       absl::StrAppendFormat(&out, "unfused wins: fusion does not pay here (the fused kernel runs at %.2fx the "
                             "unfused chain's speed); the answer runs the chain unfused\n",
                             m.median_s() / r.fused_s());
     }
     return out;
+  }
+  if (space::IsSplitText(r.best().schedule().text())) {
+    absl::StrAppendFormat(&out, "parts      %s\n", SplitParts(r.best().schedule().text()));
   }
   absl::StrAppendFormat(&out, "mapping    %s\n", r.best().mapping().text());
   absl::StrAppendFormat(&out, "predicted  %s  (t_mem %s + t_comp %s) x alpha %.2f\n", FormatSeconds(p.t_estm_s()),

@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool fused_only = false;
   app.add_flag("--fused-only", fused_only,
-               "answer with the best fused kernel even where the unfused chain measured faster (to study fusion "
-               "itself)");
+               "answer with one fused kernel: no split chains, and not the unfused chain even where it measured "
+               "faster (to study fusion itself)");
   bool no_learning = false;
   app.add_flag("--no-learning", no_learning,
                "rank with the analytical cost model only: no model is learned from the database's measurements");

@@ -17,6 +17,7 @@
 #include "common/mapping/mapping.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "common/space/split.h"
 #include "common/util/log.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
@@ -278,7 +279,7 @@ absl::StatusOr<TuneResult> Scheduler::ResultFromBest(const std::string& key, con
   r.target_fp = fp;
   ASSIGN_OR_RETURN(r.target, TargetOf(fp));
   r.intrinsic = FirstIntrinsic(cand.mapping);
-  const std::string vendor = worker::UnfusedVendor(cand.schedule);
+  const std::string vendor = space::UnfusedVendor(cand.schedule);
   r.best = std::move(cand);
   r.measured = std::move(meas);
   if (vendor.empty()) {
@@ -338,47 +339,94 @@ const absl::StatusOr<CompileResult>& Scheduler::CompileAnswer(Answer& answer) co
   return answer.compile;
 }
 
+namespace {
+
+// `text`, a fused schedule of chain `from`, in the names of chain `to`:
+// dim_map[u] is the dim of `from` that dim u of `to` is (-1: none), and
+// tensor_map the same for tensors. `text` itself when it does not parse.
+std::string TranslateFused(const std::string& text, const ir::Chain& from, const ir::Chain& to,
+                           const std::vector<int>& dim_map, const std::vector<int>& tensor_map) {
+  auto schedule = space::ParseSchedule(text, from);
+  if (!schedule.ok()) return text;
+  std::vector<int> dims(from.dims.size(), -1);
+  for (size_t u = 0; u < dim_map.size(); ++u) {
+    if (dim_map[u] >= 0) dims[dim_map[u]] = static_cast<int>(u);
+  }
+  std::vector<int> ops(from.ops.size(), -1);
+  for (size_t o = 0; o < to.ops.size(); ++o) {
+    const int t = tensor_map[to.ops[o].output];
+    if (t >= 0) ops[from.tensors[t].producer] = static_cast<int>(o);
+  }
+  std::vector<int> tensors(from.tensors.size(), -1);
+  for (size_t u = 0; u < tensor_map.size(); ++u) {
+    if (tensor_map[u] >= 0) tensors[tensor_map[u]] = static_cast<int>(u);
+  }
+  space::Schedule remapped = space::RemapSchedule(*schedule, dims, ops, to, tensors);
+  // A mapping's A side is its op's first factor, and the canonical form may
+  // have put the factors the other way round: then the mapping swaps.
+  auto from_run = space::ScheduledChain(from, *schedule);
+  auto to_run = space::ScheduledChain(to, remapped);
+  if (from_run.ok() && to_run.ok()) {
+    for (size_t o = 0; o < from.ops.size(); ++o) {
+      if (schedule->maps[o].intrinsic == nullptr || ops[o] < 0) continue;
+      auto a = mapping::ViewOp(*from_run, static_cast<int>(o));
+      auto b = mapping::ViewOp(*to_run, ops[o]);
+      if (!a.ok() || !b.ok()) continue;
+      const int first = a->a_side[0].tensor;
+      const int first_to = first < static_cast<int>(tensors.size()) ? tensors[first] : -1;
+      if (first_to != b->a_side[0].tensor) remapped.maps[ops[o]].swapped = !remapped.maps[ops[o]].swapped;
+    }
+  }
+  return space::ScheduleToText(remapped, to);
+}
+
+}  // namespace
+
 std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
                                          const PreparedRequest& request) const {
   const ir::Chain& canonical = request.canonical.chain;
-  auto schedule = space::ParseSchedule(canonical_schedule, canonical);
-  if (!schedule.ok()) return canonical_schedule;
-  std::vector<int> dims(canonical.dims.size(), -1);
-  for (size_t u = 0; u < request.canonical.dim_map.size(); ++u) {
-    if (request.canonical.dim_map[u] >= 0) dims[request.canonical.dim_map[u]] = static_cast<int>(u);
+  const ir::Chain& user = request.chain;
+  const std::vector<int>& dim_map = request.canonical.dim_map;
+  const std::vector<int>& tensor_map = request.canonical.tensor_map;
+  if (!space::IsSplitText(canonical_schedule)) {
+    return TranslateFused(canonical_schedule, canonical, user, dim_map, tensor_map);
   }
-  std::vector<int> ops(canonical.ops.size(), -1);
-  for (size_t o = 0; o < request.chain.ops.size(); ++o) {
-    int t = request.canonical.tensor_map[request.chain.ops[o].output];
-    ops[canonical.tensors[t].producer] = static_cast<int>(o);
+  auto split = space::ParseSplit(canonical_schedule, canonical);
+  if (!split.ok()) return canonical_schedule;
+  int boundary = -1;
+  for (size_t u = 0; u < tensor_map.size(); ++u) {
+    if (tensor_map[u] == split->boundary) boundary = static_cast<int>(u);
   }
-  std::vector<int> tensors(canonical.tensors.size(), -1);
-  for (size_t u = 0; u < request.canonical.tensor_map.size(); ++u) {
-    if (request.canonical.tensor_map[u] >= 0) tensors[request.canonical.tensor_map[u]] = static_cast<int>(u);
-  }
-  space::Schedule remapped = space::RemapSchedule(*schedule, dims, ops, request.chain, tensors);
-  // A mapping's A side is its op's first factor, and the canonical form may
-  // have put the factors the other way round: then the mapping swaps.
-  auto canonical_run = space::ScheduledChain(canonical, *schedule);
-  auto user_run = space::ScheduledChain(request.chain, remapped);
-  if (canonical_run.ok() && user_run.ok()) {
-    for (size_t o = 0; o < canonical.ops.size(); ++o) {
-      if (schedule->maps[o].intrinsic == nullptr || ops[o] < 0) continue;
-      auto from = mapping::ViewOp(*canonical_run, static_cast<int>(o));
-      auto to = mapping::ViewOp(*user_run, ops[o]);
-      if (!from.ok() || !to.ok()) continue;
-      const int first = from->a_side[0].tensor;
-      const int first_user = first < static_cast<int>(tensors.size()) ? tensors[first] : -1;
-      if (first_user != to->a_side[0].tensor) remapped.maps[ops[o]].swapped = !remapped.maps[ops[o]].swapped;
+  auto parts = space::SplitChain(user, boundary);
+  if (!parts.ok()) return canonical_schedule;
+  std::array<std::string, 2> texts = split->texts;
+  for (int p = 0; p < 2; ++p) {
+    if (!space::UnfusedVendor(texts[p]).empty()) continue;
+    const ir::Chain& from = split->chains.parts[p];
+    const ir::Chain& to = parts->parts[p];
+    std::vector<int> dims, tensors;
+    for (const ir::Dim& d : to.dims) {
+      const int u = user.FindDim(d.name);
+      dims.push_back(u >= 0 && dim_map[u] >= 0 ? from.FindDim(canonical.dims[dim_map[u]].name) : -1);
     }
+    for (const ir::Tensor& t : to.tensors) {
+      const int u = user.FindTensor(t.name);
+      tensors.push_back(u >= 0 && tensor_map[u] >= 0 ? from.FindTensor(canonical.tensors[tensor_map[u]].name) : -1);
+    }
+    texts[p] = TranslateFused(texts[p], from, to, dims, tensors);
   }
-  return space::ScheduleToText(remapped, request.chain);
+  return space::SplitToText(user, boundary, texts);
 }
 
 TuneResult Scheduler::Translate(const TuneResult& result, const PreparedRequest& request) const {
   TuneResult r = result;
   r.best.schedule = TranslateSchedule(result.best.schedule, request);
   if (!r.fused_schedule.empty()) r.fused_schedule = TranslateSchedule(result.fused_schedule, request);
+  if (space::IsSplitText(r.best.schedule)) {
+    auto split = space::ParseSplit(r.best.schedule, request.chain);
+    if (split.ok()) r.best.mapping = space::SplitMappings(*split, request.target);
+    return r;
+  }
   auto parsed = space::ParseSchedule(r.best.schedule, request.chain);
   if (parsed.ok()) {
     auto nest = space::BuildLoopNest(request.chain, *parsed, request.target);
@@ -391,8 +439,8 @@ absl::StatusOr<CompileResult> Scheduler::BuildCompileResult(const PreparedReques
                                                             const TuneResult& result) const {
   const std::string& text = result.best.schedule;
   const worker::Backend& backend = worker::BackendFor(request.target.backend);
-  if (const std::string vendor = worker::UnfusedVendor(text); !vendor.empty()) {
-    ASSIGN_OR_RETURN(worker::KernelAnswer kernel, backend.AnswerUnfused(request.chain, vendor));
+  if (!space::UnfusedVendor(text).empty() || space::IsSplitText(text)) {
+    ASSIGN_OR_RETURN(worker::KernelAnswer kernel, backend.AnswerComposite(request.chain, text, request.target));
     return CompileResult{result, std::move(kernel)};
   }
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, request.chain));
@@ -484,7 +532,7 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->target = request.target;
   ASSIGN_OR_RETURN(auto model, models_.Current(fp));
   task->row.cost_model_id = model.first;
-  task->strategy = search::MakeMcfuserSearch({.cost_model = std::move(model.second)});
+  task->strategy = search::MakeMcfuserSearch(SearchOptions(*task, std::move(model.second)));
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, budget}));
   const space::SpaceStats stats = task->strategy->Stats();
   task->row.space_size = stats.enumerated;
@@ -806,6 +854,19 @@ absl::Status Scheduler::Advance(Task& task) {
   return Finalize(task);
 }
 
+search::McfuserSearchOptions Scheduler::SearchOptions(const Task& task,
+                                                     std::shared_ptr<const model::CostModel> model) const {
+  search::McfuserSearchOptions o;
+  o.cost_model = std::move(model);
+  // A CPU answer may call a library: there the chain split in two parts is
+  // a candidate too. An f16 or bf16 part would round the tensors handed on.
+  constexpr int kSplitCandidates = 3;
+  if (options_.unfused_answers && task.target.backend == hw::Backend::kCpu && task.chain.dtype == ir::DType::kF32) {
+    o.split_candidates = kSplitCandidates;
+  }
+  return o;
+}
+
 absl::Status Scheduler::QueueBaseline(Task& task, int64_t now_ms) {
   db::JobRow job;
   job.id = NewId("j-");
@@ -877,7 +938,7 @@ absl::StatusOr<std::optional<db::BestRow>> Scheduler::UnfusedBest(const Task& ta
   if (vendor.empty() || !(median_s > 0 && median_s < best.median_s)) return std::nullopt;
   db::CandidateRow c;
   c.task_id = task.row.id;
-  c.schedule = absl::StrCat(worker::kUnfusedPrefix, vendor);
+  c.schedule = absl::StrCat(space::kUnfusedPrefix, vendor);
   c.rank = -1;  // no model ranked it: it is always measured
   ASSIGN_OR_RETURN(db::CandidateRow row, db_->FindOrInsertUnqueuedCandidate(c));
   return db::BestRow{task.row.id, row.id, measurement_id, median_s};
@@ -1021,7 +1082,7 @@ absl::StatusOr<Scheduler::Task*> Scheduler::LoadTask(const db::TaskRow& row) {
     task->target.peak_flops = row.peak_flops;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const model::CostModel> model, models_.ById(row.cost_model_id));
-  task->strategy = search::MakeMcfuserSearch({.cost_model = std::move(model)});
+  task->strategy = search::MakeMcfuserSearch(SearchOptions(*task, std::move(model)));
   RETURN_IF_ERROR(task->strategy->Initialize({&task->chain, task->target, row.budget}));
   ASSIGN_OR_RETURN(std::vector<db::JobRow> jobs, db_->JobsOfTask(row.id));
   for (const db::JobRow& j : jobs) {

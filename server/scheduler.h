@@ -89,7 +89,8 @@ struct SchedulerOptions {
   // Every network call needs a bearer token of the right role (server/auth).
   bool require_tokens = false;
   // On a CPU, the unfused chain is the answer where it measured faster
-  // than every fused candidate; false: always the best fused kernel.
+  // than every fused candidate, and the chain split in two parts (each
+  // fused or unfused) is a candidate; false: always one fused kernel.
   bool unfused_answers = true;
   MeasureOptions measure;
 };
@@ -328,6 +329,9 @@ class Scheduler {
                                              absl::string_view call);
   absl::Status Advance(Task& task);  // mu_ held
   absl::Status Finalize(Task& task);  // mu_ held
+  // How the task's search runs: `model` ranks, and on a CPU the chain's
+  // splits are candidates too, unless answers must be fused.
+  search::McfuserSearchOptions SearchOptions(const Task& task, std::shared_ptr<const model::CostModel> model) const;
   absl::Status QueueBaseline(Task& task, int64_t now_ms);  // mu_ held
   // The candidate of the task's fastest trusted measurement, if any.
   absl::StatusOr<std::optional<int64_t>> BestCandidate(const Task& task);  // mu_ held

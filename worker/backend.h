@@ -18,6 +18,7 @@
 #include "common/hw/target.h"
 #include "common/ir/chain.h"
 #include "common/space/loop_nest.h"
+#include "common/space/split.h"
 #include "worker/job.h"
 
 namespace fusor::worker {
@@ -32,14 +33,6 @@ struct KernelAnswer {
   std::string binary;         // e.g. a cubin for the target's arch; may be empty
   std::string binary_format;  // "cubin"; empty without a binary
 };
-
-// The schedule text of the unfused chain as an answer: "unfused " and the
-// vendor library its GEMMs go through (a baseline's kind: "onednn",
-// "openblas"). It names no dim or tensor, so it reads the same in every
-// naming of the chain.
-inline constexpr char kUnfusedPrefix[] = "unfused ";
-// The vendor of an unfused schedule text; empty for any other schedule.
-std::string UnfusedVendor(const std::string& schedule_text);
 
 // How a worker finds its machine.
 struct MachineOptions {
@@ -78,10 +71,11 @@ class Backend {
   virtual absl::StatusOr<KernelAnswer> Answer(const ir::Chain& chain, const space::LoopNest& nest,
                                               const std::string& schedule_text, const std::string& mapping,
                                               const hw::TargetDesc& target) const = 0;
-  // The Compile answer that runs `chain` unfused, its GEMMs through
-  // `vendor` (as its baseline ran); UNIMPLEMENTED where the answer's form
-  // cannot carry library calls.
-  virtual absl::StatusOr<KernelAnswer> AnswerUnfused(const ir::Chain& chain, const std::string& vendor) const = 0;
+  // The Compile answer of a schedule text that is not one fused kernel
+  // (space/split.h): the chain unfused through a library, or split in two
+  // parts; UNIMPLEMENTED where the answer's form cannot carry them.
+  virtual absl::StatusOr<KernelAnswer> AnswerComposite(const ir::Chain& chain, const std::string& schedule_text,
+                                                       const hw::TargetDesc& target) const = 0;
 };
 
 // The backend of targets of `kind`.

@@ -44,6 +44,19 @@ double AccumulatorBytes(const space::LoopNest& nest, const ir::Chain& chain) {
 
 }  // namespace
 
+Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target) {
+  const hw::ModelRates rates = hw::RatesFor(target);
+  Prediction pred;
+  for (const ir::Op& op : chain.ops) {
+    double elements = static_cast<double>(chain.tensors[op.output].NumElements());
+    for (int t : ir::TensorsRead(op)) elements += static_cast<double>(chain.tensors[t].NumElements());
+    pred.t_mem_s += elements * ir::DTypeBytes(chain.dtype) / rates.bandwidth_bytes_per_s;
+  }
+  pred.t_comp_s = ir::ChainFlops(chain) / rates.peak_flops;
+  pred.t_estm_s = pred.t_mem_s + pred.t_comp_s;
+  return pred;
+}
+
 Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, const ir::Chain& written) {
   const ir::Chain& chain = space::NestChain(written, nest);
   const hw::ModelRates rates = hw::RatesFor(target);

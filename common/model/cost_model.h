@@ -28,6 +28,11 @@ struct Prediction {
 // regrouped nest carries its own).
 Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, const ir::Chain& chain);
 
+// The chain unfused, as its baseline runs it (each op over whole tensors,
+// GEMMs through a vendor library at the peak rate P): per op, every tensor
+// it reads and writes moved once at W, and its FLOPs at P; alpha 1.
+Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target);
+
 // What ranks a space: a nest's predicted time on a target. The search
 // strategy receives one (search/search_strategy.h), as TVM's SearchStrategy
 // receives its CostModel; the analytical model above is the first.

@@ -11,6 +11,7 @@
 #include "common/search/search_strategy.h"
 #include "common/ir/regroup.h"
 #include "common/space/loop_nest.h"
+#include "common/space/split.h"
 
 namespace fusor::search {
 namespace {
@@ -41,13 +42,24 @@ class McfuserSearch : public SearchStrategy {
                          space::TilingExpression(schedule, *task.chain) + " " + space_.ranked[i].mappings);
     }
     proposed_.assign(space_.ranked.size(), false);
+    if (!space::SplitPoints(*task.chain).empty()) {
+      split_room_ = std::min(options_.split_candidates, task.budget / 4);
+    }
     return absl::OkStatus();
   }
 
   std::vector<CandidateSpec> NextBatch(int max_count) override {
-    std::vector<int> picks;
-    const int room = std::min(max_count, task_.budget - num_proposed_);
-    if (room <= 0 || Done()) return {};
+    if (FusedDone()) {
+      // Then the splits the model ranks best.
+      if (!splits_made_) SplitCandidates();
+      std::vector<CandidateSpec> batch;
+      while (num_splits_proposed_ < static_cast<int>(splits_.size()) && static_cast<int>(batch.size()) < max_count) {
+        batch.push_back(splits_[num_splits_proposed_++]);
+      }
+      return batch;
+    }
+    const int room = std::min(max_count, FusedBudget() - num_proposed_);
+    if (room <= 0) return {};
     std::vector<int> pool;
     if (Exhaustive() || measured_.empty()) {
       pool = Unproposed(static_cast<size_t>(room) * 4 + options_.population);
@@ -123,13 +135,115 @@ class McfuserSearch : public SearchStrategy {
   }
 
   bool Done() const override {
-    return num_proposed_ >= task_.budget || num_proposed_ >= static_cast<int>(space_.ranked.size()) ||
-           (rounds_ >= 2 && stale_rounds_ >= options_.patience) || at_bound_;
+    return FusedDone() && (split_room_ == 0 || (splits_made_ && num_splits_proposed_ >= static_cast<int>(splits_.size())));
   }
 
   space::SpaceStats Stats() const override { return space_.stats; }
 
  private:
+  // What the search of fused schedules may propose: the budget less the
+  // room kept for splits at the end.
+  int FusedBudget() const { return task_.budget - split_room_; }
+
+  bool FusedDone() const {
+    return num_proposed_ >= FusedBudget() || num_proposed_ >= static_cast<int>(space_.ranked.size()) ||
+           (rounds_ >= 2 && stale_rounds_ >= options_.patience) || at_bound_;
+  }
+
+  // The chain split in two at each split point, each part unfused or
+  // fused, at least one fused. A fused part runs the best measured
+  // schedule restricted to it (what was measured beats what the model
+  // ranks), or else its own space's best-ranked one. The
+  // combinations are ranked by the summed predictions, a fused part's
+  // scaled by the model's typical error on this task (as Score scales
+  // schedules not measured yet): the best split_room_ of them are proposed
+  // after the fused search.
+  void SplitCandidates() {
+    splits_made_ = true;
+    if (split_room_ <= 0) return;
+    const std::string unfused = absl::StrCat(space::kUnfusedPrefix, options_.split_library);
+    const Measured* best = nullptr;
+    for (const Measured& m : measured_) {
+      if (m.median_s > 0 && (best == nullptr || m.median_s < best->median_s)) best = &m;
+    }
+    struct Way {
+      std::string text;
+      model::Prediction prediction;
+      double score = 0;
+    };
+    std::vector<std::pair<std::pair<double, int>, CandidateSpec>> scored;  // ((score, kind), candidate)
+    std::set<std::string> texts;
+    for (int boundary : space::SplitPoints(*task_.chain)) {
+      absl::StatusOr<space::ChainParts> parts = space::SplitChain(*task_.chain, boundary);
+      if (!parts.ok()) continue;
+      std::array<std::vector<Way>, 2> ways;
+      for (int p = 0; p < 2; ++p) {
+        const ir::Chain& part = parts->parts[p];
+        absl::StatusOr<space::RankedSchedule> fused = absl::NotFoundError("");
+        if (best != nullptr) {
+          // A stream loop split among blocks must accumulate something; a
+          // part where nothing does runs it as a loop, or over blocks.
+          auto projected = space::ProjectSchedule(space_.ranked[best->index].schedule, *task_.chain, part);
+          std::vector<space::Schedule> tries;
+          if (projected.ok()) {
+            tries.push_back(*projected);
+            tries.push_back(*projected);
+            tries.back().split = 1;
+            tries.push_back(tries.back());
+            space::Schedule& blocks = tries.back();
+            blocks.block.insert(blocks.block.end(), blocks.stream.begin(), blocks.stream.end());
+            std::sort(blocks.block.begin(), blocks.block.end());
+            blocks.stream.clear();
+          }
+          for (size_t i = 0; i < tries.size() && !fused.ok(); ++i) {
+            fused = space::EvaluateSchedule(part, task_.target, tries[i], options_.space);
+          }
+        }
+        if (!fused.ok()) {
+          auto space = space::BuildSpace(part, task_.target, options_.space);
+          if (space.ok() && !space->ranked.empty()) fused = space->ranked[0];
+        }
+        if (fused.ok()) {
+          ways[p].push_back({space::ScheduleToText(fused->schedule, part), fused->prediction,
+                             fused->prediction.t_estm_s * std::exp(typical_log_ratio_)});
+        }
+        const model::Prediction u = model::PredictUnfused(part, task_.target);
+        ways[p].push_back({unfused, u, u.t_estm_s});
+      }
+      for (const Way& head : ways[0]) {
+        for (const Way& tail : ways[1]) {
+          if (head.text == unfused && tail.text == unfused) continue;  // the baseline, measured anyway
+          CandidateSpec c;
+          c.schedule_text = space::SplitToText(*task_.chain, boundary, {head.text, tail.text});
+          auto split = space::ParseSplit(c.schedule_text, *task_.chain);
+          if (!split.ok() || !texts.insert(c.schedule_text).second) continue;
+          c.mapping = space::SplitMappings(*split, task_.target);
+          c.prediction.t_mem_s = head.prediction.t_mem_s + tail.prediction.t_mem_s;
+          c.prediction.t_comp_s = head.prediction.t_comp_s + tail.prediction.t_comp_s;
+          c.prediction.t_estm_s = head.prediction.t_estm_s + tail.prediction.t_estm_s;
+          // Two predictions summed: the alpha that keeps t_estm = (t_mem + t_comp) x alpha.
+          c.prediction.alpha = c.prediction.t_estm_s / (c.prediction.t_mem_s + c.prediction.t_comp_s);
+          const int kind = (head.text != unfused ? 1 : 0) + (tail.text != unfused ? 2 : 0);
+          scored.push_back({{head.score + tail.score, kind}, std::move(c)});
+        }
+      }
+    }
+    // The model's error differs between fused parts and library calls: as
+    // a batch spans tiling expressions, the splits span which parts are
+    // fused (head, tail, both), the best of each first, then by score.
+    std::stable_sort(scored.begin(), scored.end(),
+                     [](const auto& a, const auto& b) { return a.first.first < b.first.first; });
+    std::set<int> kinds;
+    std::vector<bool> taken(scored.size(), false);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < scored.size() && static_cast<int>(splits_.size()) < split_room_; ++i) {
+        if (taken[i] || (pass == 0 && !kinds.insert(scored[i].first.second).second)) continue;
+        taken[i] = true;
+        splits_.push_back(scored[i].second);
+      }
+    }
+  }
+
   bool Exhaustive() const { return static_cast<int>(space_.ranked.size()) <= options_.exhaustive_limit; }
 
   // The confidence bound (McfuserSearchOptions::stop_at_bound).
@@ -356,6 +470,10 @@ class McfuserSearch : public SearchStrategy {
   std::vector<std::string> classes_;
   std::vector<bool> proposed_;
   int num_proposed_ = 0;
+  int split_room_ = 0;                 // candidates kept for splits at the end
+  bool splits_made_ = false;           // SplitCandidates ran (once the fused search is done)
+  std::vector<CandidateSpec> splits_;  // SplitCandidates, best first
+  int num_splits_proposed_ = 0;
   std::vector<Measured> measured_;
   std::map<std::string, std::pair<double, int>> class_ratios_;  // sum of log ratios, count
   double typical_log_ratio_ = 0;  // median over everything measured

@@ -82,6 +82,12 @@ struct McfuserSearchOptions {
   double min_error_spread = 0.25;
   int population = 64;
   uint64_t seed = 1;
+  // Partial fusions (space/split.h): after the fused search, this many of
+  // the chain's splits (at most a quarter of the budget), ranked by the
+  // model, each part fused or run unfused through `split_library`. For a
+  // CPU, whose answers may call a library; 0: none.
+  int split_candidates = 0;
+  std::string split_library = "onednn";
 };
 std::unique_ptr<SearchStrategy> MakeMcfuserSearch(const McfuserSearchOptions& options = {});
 

@@ -1,6 +1,7 @@
 """The client against a real scheduler and CPU worker on loopback."""
 
 import ctypes
+import json
 import os
 import subprocess
 import threading
@@ -182,6 +183,30 @@ def test_an_unfused_answer_builds_with_its_library_and_runs(client, tmp_path, li
     prepared = kernel.prepare()
     assert not prepared.packs
     np.testing.assert_allclose(prepared(q, k, v), attention_reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5)
+
+
+def test_a_split_answer_builds_with_its_library_prepares_and_runs(client, tmp_path):
+    """The chain in two parts (GEMM, bias and GELU fused; the second GEMM through oneDNN) runs as any answer."""
+    text = FFN.replace("W2[f,o]\n", "W2[f,o]\nconst W1 B1 W2\n", 1)
+    (tmp_path / "ffn.fusor").write_text(text)
+    split = "split after G: m=8 / - / H(c=16) | unfused onednn"
+    subprocess.run([str(binary("fusor")), "compile", "--model-only", "--target", "local", "--schedule", split,
+                    "-o", str(tmp_path), str(tmp_path / "ffn.fusor")], check=True, capture_output=True)
+    response = client.compile_source(text, budget=2)
+    expected_kernel = fusor.CpuKernel(response, cache_dir=tmp_path)
+    response.kernel_source = (tmp_path / "ffn.cc").read_text()
+    response.metadata_json = json.dumps(json.loads((tmp_path / "ffn.json").read_text())["kernel"])
+    response.result.best.schedule.text = split
+    kernel = fusor.CpuKernel(response, cache_dir=tmp_path)
+    assert kernel.libs == ["-ldnnl"]
+    assert kernel.metadata["prepare"]["packs"] == ["W1 (B side of H)"]  # the fused head's; oneDNN packs its own
+    x, w1, b1, w2 = (np.random.default_rng(4).random(s.shape, dtype=np.float32) for s in kernel.inputs)
+    expected = expected_kernel(x, w1, b1, w2)
+    np.testing.assert_allclose(kernel(x, w1, b1, w2), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(kernel.prepare(w1, b1, w2)(x), expected, rtol=1e-5, atol=1e-5)
+    result = fusor.Result.from_proto(response.result)
+    assert result.split and not result.unfused
+    assert "split after G: the head fused, the tail unfused, through onednn" in str(result)
 
 
 def test_constant_inputs_are_packed_once_by_prepare(tmp_path):

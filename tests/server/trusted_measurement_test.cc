@@ -10,6 +10,7 @@
 
 #include "common/ir/parse.h"
 #include "common/space/schedule.h"
+#include "common/space/split.h"
 #include "common/util/timing.h"
 #include "server/scheduler.h"
 #include "server/wire_rows.h"
@@ -329,6 +330,41 @@ TEST_F(TrustedMeasurementTest, AnUntrustedOrSlowerUnfusedChainIsNeverTheAnswer) 
     EXPECT_EQ(r.best().schedule().text().rfind("unfused", 0), std::string::npos) << r.best().schedule().text();
     EXPECT_EQ(r.fused_s(), 0);
   }
+}
+
+TEST_F(TrustedMeasurementTest, AChainSplitInTwoIsTheAnswerWhenItIsFastest) {
+  int splits = 0;
+  v1::TuneResult r = Tune(8, [&](const LeasedJob& job) {
+    const bool split = job.candidate && space::IsSplitText(job.candidate->schedule);
+    splits += split && job.job.kind == db::JobKind::kCandidate;
+    db::MeasurementRow m = Ok(Steady(job.job.kind == db::JobKind::kBaseline ? 5e-3 : split ? 2e-3 : 4e-3));
+    if (job.job.kind == db::JobKind::kConfirm) {
+      m.resources_json =
+          nlohmann::json{{"beside", {{"baseline", "onednn"}, {"status", "ok"}, {"samples_s", Steady(5e-3)}}}}.dump();
+    }
+    return m;
+  });
+  EXPECT_EQ(splits, 2);  // a quarter of the budget
+  EXPECT_TRUE(space::IsSplitText(r.best().schedule().text())) << r.best().schedule().text();
+  EXPECT_DOUBLE_EQ(r.speedup(), 2.5);  // confirmed, over the baseline timed beside it
+  // The cache answers in the requester's names, and Compile renders both
+  // parts with the libraries an unfused part needs.
+  const ir::Chain chain = *ir::ParseChainText(testing::kGemmChain);
+  auto answer = scheduler_->CachedAnswer(testing::kGemmChain, [&] { return chain; }, {});
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_TRUE((*answer)->result.ok()) << (*answer)->result.status();
+  const std::string text = (*answer)->result->best.schedule;
+  auto split = space::ParseSplit(text, chain);
+  ASSERT_TRUE(split.ok()) << text << ": " << split.status();
+  EXPECT_EQ(chain.tensors[split->boundary].name, "C");
+  EXPECT_NE((*answer)->result->best.mapping.find(" | "), std::string::npos) << (*answer)->result->best.mapping;
+  const absl::StatusOr<CompileResult>& compiled = scheduler_->CompileAnswer(**answer);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  EXPECT_NE(compiled->kernel.source.find("namespace fusor_tail {"), std::string::npos);
+  const nlohmann::json meta = nlohmann::json::parse(compiled->kernel.metadata_json);
+  EXPECT_EQ(meta["schedule"], text);
+  const bool unfused_part = !space::UnfusedVendor(split->texts[0]).empty() || !space::UnfusedVendor(split->texts[1]).empty();
+  EXPECT_EQ(meta.contains("link_libs"), unfused_part);
 }
 
 }  // namespace

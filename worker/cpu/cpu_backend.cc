@@ -50,6 +50,18 @@ JobOutcome CalibrateCpu(const JobSpec& spec, const std::string& dir) {
 
 constexpr char kFused[] = "fused";
 
+// The kernel of a schedule text that is not one fused kernel: the chain
+// unfused through a library, or split in two parts.
+absl::StatusOr<codegen::KernelSource> CompositeKernel(const ir::Chain& chain, const std::string& schedule_text,
+                                                      const hw::TargetDesc& target) {
+  if (space::IsSplitText(schedule_text)) return codegen::EmitCpuSplitKernel(chain, schedule_text, target);
+  const std::string vendor = space::UnfusedVendor(schedule_text);
+  for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
+    if (vendor == codegen::CpuBlasName(blas)) return codegen::EmitCpuUnfusedBaseline(chain, blas);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("no CPU library '", vendor, "' to run the chain unfused through"));
+}
+
 // A directory of the worker's cache for jobs (spec.cache_dir), or "".
 std::string CacheSubdir(const JobSpec& spec, const std::string& name) {
   return spec.cache_dir.empty() ? "" : spec.cache_dir + "/" + name;
@@ -63,6 +75,7 @@ JobOutcome BuildCpu(const JobSpec& spec, const ir::Chain& chain, const std::stri
   std::vector<std::pair<std::string, absl::StatusOr<codegen::KernelSource>>> kernels;
   if (spec.kind != JobKind::kBaseline) {
     kernels.emplace_back(kFused, [&]() -> absl::StatusOr<codegen::KernelSource> {
+      if (space::IsSplitText(spec.schedule_text)) return CompositeKernel(chain, spec.schedule_text, spec.target);
       ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(spec.schedule_text, chain));
       ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(chain, schedule, spec.target));
       return codegen::EmitCpuFusedKernel(chain, nest, spec.schedule_text, spec.mapping);
@@ -255,13 +268,10 @@ class Cpu final : public Backend {
     return AnswerOf(std::move(kernel));
   }
 
-  absl::StatusOr<KernelAnswer> AnswerUnfused(const ir::Chain& chain, const std::string& vendor) const override {
-    for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
-      if (vendor != codegen::CpuBlasName(blas)) continue;
-      ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuUnfusedBaseline(chain, blas));
-      return AnswerOf(std::move(kernel));
-    }
-    return absl::InvalidArgumentError(absl::StrCat("no CPU library '", vendor, "' to run the chain unfused through"));
+  absl::StatusOr<KernelAnswer> AnswerComposite(const ir::Chain& chain, const std::string& schedule_text,
+                                               const hw::TargetDesc& target) const override {
+    ASSIGN_OR_RETURN(codegen::KernelSource kernel, CompositeKernel(chain, schedule_text, target));
+    return AnswerOf(std::move(kernel));
   }
 
  private:

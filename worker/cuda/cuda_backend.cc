@@ -45,10 +45,12 @@ class Cuda final : public Backend {
     return MeasureCudaJob(spec, chain, dir);
   }
 
-  // The answer is one __global__ kernel: no room for cuBLAS calls.
-  absl::StatusOr<KernelAnswer> AnswerUnfused(const ir::Chain&, const std::string& vendor) const override {
-    return absl::UnimplementedError(absl::StrCat("a CUDA answer is one fused kernel; it cannot run the chain unfused "
-                                                 "through ", vendor));
+  // The answer is one __global__ kernel: no room for cuBLAS calls or a
+  // second kernel.
+  absl::StatusOr<KernelAnswer> AnswerComposite(const ir::Chain&, const std::string& schedule_text,
+                                               const hw::TargetDesc&) const override {
+    return absl::UnimplementedError(
+        absl::StrCat("a CUDA answer is one fused kernel; it cannot run '", schedule_text, "'"));
   }
 
   // The kernel's source with the device header in place of its #include,

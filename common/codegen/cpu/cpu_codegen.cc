@@ -1192,27 +1192,12 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const spac
   FusedEmitter emitter(chain, nest);
   k.source = emitter.Emit(schedule_text, mapping);
   k.compile_flags = cpu::CompileFlags();
-  nlohmann::json meta = {
-      {"entry_point", k.entry_point},
-      {"signature", "int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)"},
-      {"language", "c++"},
-      {"inputs", emit::TensorsJson(chain, chain.inputs)},
-      {"outputs", emit::TensorsJson(chain, chain.outputs)},
-      {"schedule", schedule_text},
-      {"mapping", mapping},
-      {"blocks", nest.num_blocks},
-      {"scratch_bytes_per_thread", nest.scratch_bytes},
-      {"compile_flags", cpu::CompileFlags()}};
+  nlohmann::json meta = cpu::KernelJson(chain, schedule_text);
+  meta["mapping"] = mapping;
+  meta["blocks"] = nest.num_blocks;
+  meta["scratch_bytes_per_thread"] = nest.scratch_bytes;
   if (const std::vector<std::string> packed = emitter.ConstantPacks(); !packed.empty()) {
-    meta["prepare"] = {
-        {"packs", packed},
-        {"signatures",
-         {"void* fusor_prepare(const void* const* inputs)",
-          "int fusor_run_prepared(const void* prepared, const void* const* inputs, void* const* outputs, "
-          "int num_threads)",
-          "void fusor_release(void* prepared)"}},
-        {"note", "fusor_prepare packs the constant inputs once (null: out of memory; fusor_run still works); "
-                 "fusor_run_prepared then skips packing them"}};
+    meta["prepare"] = cpu::PrepareJson(packed);
   }
   k.metadata_json = meta.dump(2);
   return k;

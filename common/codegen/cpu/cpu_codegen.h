@@ -14,7 +14,9 @@
 
 #include "absl/status/statusor.h"
 #include "common/ir/chain.h"
+#include "common/hw/target.h"
 #include "common/space/loop_nest.h"
+#include "common/space/split.h"
 
 namespace fusor::codegen {
 
@@ -50,5 +52,12 @@ const char* CpuBlasName(CpuBlas blas);
 // in parallel, each on one thread), softmax and elementwise ops as separate
 // parallel vector passes.
 absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const ir::Chain& chain, CpuBlas blas = CpuBlas::kOpenBlas);
+
+// The kernel of a split schedule text (space/split.h): each part's kernel,
+// fused under its schedule or unfused through its library, called in turn;
+// fusor_prepare where a part has one. `target` builds the fused parts'
+// nests.
+absl::StatusOr<KernelSource> EmitCpuSplitKernel(const ir::Chain& chain, const std::string& schedule_text,
+                                                const hw::TargetDesc& target);
 
 }  // namespace fusor::codegen

@@ -14,6 +14,27 @@ const std::vector<std::string>& CompileFlags() {
 
 std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
 
+nlohmann::json KernelJson(const ir::Chain& chain, const std::string& schedule_text) {
+  return {{"entry_point", "fusor_run"},
+          {"signature", "int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)"},
+          {"language", "c++"},
+          {"inputs", emit::TensorsJson(chain, chain.inputs)},
+          {"outputs", emit::TensorsJson(chain, chain.outputs)},
+          {"schedule", schedule_text},
+          {"compile_flags", CompileFlags()}};
+}
+
+nlohmann::json PrepareJson(const std::vector<std::string>& packs) {
+  return {{"packs", packs},
+          {"signatures",
+           {"void* fusor_prepare(const void* const* inputs)",
+            "int fusor_run_prepared(const void* prepared, const void* const* inputs, void* const* outputs, "
+            "int num_threads)",
+            "void fusor_release(void* prepared)"}},
+          {"note", "fusor_prepare packs the constant inputs once (null: out of memory; fusor_run still works); "
+                   "fusor_run_prepared then skips packing them"}};
+}
+
 std::string Preamble(const std::string& title_comment) { return title_comment + CpuKernelPreamble(); }
 
 void DeclareArguments(emit::Writer& w, const ir::Chain& chain, const emit::Names& n) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/codegen/emit.h"
 #include "common/ir/chain.h"
 
@@ -17,6 +19,14 @@ const std::vector<std::string>& CompileFlags();
 
 // "float", or "uint16_t" for the bits of f16 and bf16.
 std::string StorageType(ir::DType dtype);
+
+// The metadata every CPU kernel's starts with: its entry point and
+// signature, the chain's inputs and outputs, the schedule, the flags.
+nlohmann::json KernelJson(const ir::Chain& chain, const std::string& schedule_text);
+
+// The metadata's "prepare" entry of a kernel whose fusor_prepare makes
+// `packs` (one line each: what is packed, for which op).
+nlohmann::json PrepareJson(const std::vector<std::string>& packs);
 
 // The title comment, includes, the runtime prelude and the SIMD helpers.
 std::string Preamble(const std::string& title_comment);

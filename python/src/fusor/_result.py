@@ -46,6 +46,11 @@ class Result:
                    candidates_failed=r.candidates_failed, tuning_s=r.tuning_s, proto=r)
 
     @property
+    def split(self) -> bool:
+        """Whether the answer runs the chain in two parts, one after the other, each fused or unfused."""
+        return self.schedule.startswith("split after ")
+
+    @property
     def unfused(self) -> bool:
         """Whether the answer runs the chain unfused, through the vendor library (fusion did not pay)."""
         return self.schedule.startswith("unfused ")
@@ -60,12 +65,16 @@ class Result:
                  f"{'cores' if t.backend == target_pb2.BACKEND_CPU else 'SMs'})",
                  f"answer     {answer}",
                  f"schedule   {self.schedule}"]
+        if self.split:
+            lines.append(f"parts      {_parts(self.schedule)}")
         if not self.unfused:
             lines += [f"mapping    {self.mapping}", f"predicted  {_duration(self.predicted_s)}"]
         lines.append(f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)")
         if self.unfused:
             if self.fused_s > 0:
-                lines.append(f"fused      {_duration(self.fused_s)}  the best fused kernel ({self.fused_schedule})")
+                what = ("candidate, partly fused," if self.fused_schedule.startswith("split after ")
+                        else "fused kernel")
+                lines.append(f"fused      {_duration(self.fused_s)}  the best {what} ({self.fused_schedule})")
                 lines.append(f"unfused wins: fusion does not pay here (the fused kernel runs at "
                              f"{self.best_s / self.fused_s:.2f}x the unfused chain's speed); the answer runs the "
                              "chain unfused")
@@ -148,3 +157,11 @@ class Task:
         return cls(t.task_id, t.state, t.workload_key, t.target_fingerprint, Progress.from_proto(t.progress), t.error,
                    t.created_unix_ms, t.finished_unix_ms, Result.from_proto(t.result) if t.HasField("result") else None,
                    t)
+
+
+def _parts(schedule: str) -> str:
+    """How a split schedule ("split after T: HEAD | TAIL") runs its parts, in words."""
+    boundary, _, parts = schedule[len("split after "):].partition(":")
+    words = [f"the {name} {'unfused, through ' + text.strip()[len('unfused '):] if text.strip().startswith('unfused ') else 'fused'}"
+             for name, text in zip(("head", "tail"), parts.split("|"))]
+    return f"the chain in two kernels run in turn, split after {boundary}: " + ", ".join(words)

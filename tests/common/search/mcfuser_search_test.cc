@@ -11,6 +11,7 @@
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
 #include "common/search/search_strategy.h"
+#include "common/space/split.h"
 #include "tests/test_chains.h"
 
 namespace fusor::search {
@@ -268,6 +269,85 @@ TEST(McfuserSearchTest, RanksWithTheCostModelItIsGiven) {
   ASSERT_TRUE(space.ok());
   EXPECT_DOUBLE_EQ(g[0].prediction.t_estm_s, space->ranked.front().prediction.t_estm_s);
   for (const space::RankedSchedule& r : space->ranked) EXPECT_GE(r.prediction.t_estm_s, g[0].prediction.t_estm_s);
+}
+
+}  // namespace
+}  // namespace fusor::search
+
+namespace fusor::search {
+namespace {
+
+TEST(McfuserSearchTest, SplitsComeLastWithinTheBudgetOnePerKindFirst) {
+  auto chain = ir::ParseChainText(testing::kConstFfn);
+  ASSERT_TRUE(chain.ok());
+  McfuserSearchOptions o;
+  o.split_candidates = 3;
+  auto a = MakeMcfuserSearch(o), b = MakeMcfuserSearch(o);
+  ASSERT_TRUE(a->Initialize({&*chain, Cpu(), 16}).ok());
+  ASSERT_TRUE(b->Initialize({&*chain, Cpu(), 16}).ok());
+  auto t = [](const CandidateSpec& c) { return c.prediction.t_estm_s * 1.5; };
+  const std::vector<std::string> x = Drive(*a, 4, t);
+  EXPECT_EQ(x, Drive(*b, 4, t));  // deterministic, so a restarted task replays it
+  EXPECT_TRUE(a->Done());
+  EXPECT_LE(x.size(), 16u);
+  ASSERT_GE(x.size(), 3u);
+  std::set<int> kinds;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool split = space::IsSplitText(x[i]);
+    // The fused search first, then exactly the three splits.
+    EXPECT_EQ(split, i + 3 >= x.size()) << i << ": " << x[i];
+    if (!split) continue;
+    auto parsed = space::ParseSplit(x[i], *chain);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    const bool head_fused = space::UnfusedVendor(parsed->texts[0]).empty();
+    const bool tail_fused = space::UnfusedVendor(parsed->texts[1]).empty();
+    EXPECT_TRUE(head_fused || tail_fused) << x[i];
+    kinds.insert(head_fused + 2 * tail_fused);
+  }
+  EXPECT_EQ(kinds.size(), 3u);  // head fused, tail fused, both
+
+  // The best measured schedule, restricted to a part, is that part's
+  // schedule: every fused part of a split is a projection of it.
+  std::string best;
+  double best_s = 0;
+  auto c = MakeMcfuserSearch(o);
+  ASSERT_TRUE(c->Initialize({&*chain, Cpu(), 16}).ok());
+  const std::vector<std::string> y = Drive(*c, 4, [&](const CandidateSpec& s) {
+    const double time = space::IsSplitText(s.schedule_text) ? 1 : s.prediction.t_estm_s * (1 + s.schedule_text.size() % 7);
+    if (!space::IsSplitText(s.schedule_text) && (best_s == 0 || time < best_s)) {
+      best_s = time;
+      best = s.schedule_text;
+    }
+    return time;
+  });
+  auto best_schedule = space::ParseSchedule(best, *chain);
+  ASSERT_TRUE(best_schedule.ok());
+  for (const std::string& text : y) {
+    if (!space::IsSplitText(text)) continue;
+    auto parsed = space::ParseSplit(text, *chain);
+    ASSERT_TRUE(parsed.ok());
+    for (int p = 0; p < 2; ++p) {
+      if (!space::UnfusedVendor(parsed->texts[p]).empty()) continue;
+      auto projected = space::ProjectSchedule(*best_schedule, *chain, parsed->chains.parts[p]);
+      ASSERT_TRUE(projected.ok());
+      auto part = space::ParseSchedule(parsed->texts[p], parsed->chains.parts[p]);
+      ASSERT_TRUE(part.ok());
+      // The same, or the same with its stream loop run over blocks where the part cannot split it.
+      EXPECT_EQ(part->tile, projected->tile) << text << " from " << best;
+    }
+  }
+}
+
+TEST(McfuserSearchTest, NoSplitsUnlessAskedOrWithoutRoom) {
+  auto chain = ir::ParseChainText(testing::kConstFfn);
+  auto t = [](const CandidateSpec& c) { return c.prediction.t_estm_s; };
+  for (const auto& [splits, budget] : {std::pair{0, 16}, std::pair{3, 3}}) {
+    McfuserSearchOptions o;
+    o.split_candidates = splits;
+    auto s = MakeMcfuserSearch(o);
+    ASSERT_TRUE(s->Initialize({&*chain, Cpu(), budget}).ok());
+    for (const std::string& text : Drive(*s, 4, t)) EXPECT_FALSE(space::IsSplitText(text)) << text;
+  }
 }
 
 }  // namespace

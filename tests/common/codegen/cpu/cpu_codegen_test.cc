@@ -9,10 +9,15 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
 
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "common/space/space.h"
+#include "common/space/split.h"
 #include "tests/test_chains.h"
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
@@ -376,6 +381,52 @@ TEST(CpuCodegenTest, BaselinesOfF16AndConvChains) {
 TEST(CpuCodegenTest, BaselinesOfGemmChainsWithEpilogues) {
   CheckBaseline(testing::kGemmChain);
   CheckBaseline(kBf16Mlp);
+}
+
+// A split kernel of `text` after `boundary`, each part fused (under its
+// space's best-ranked schedule) or unfused as `fused` says, validated
+// against the whole chain's reference (fusor_run and, with constants, the
+// prepared run).
+void CheckSplit(const std::string& text, const std::string& boundary, std::array<bool, 2> fused) {
+  SCOPED_TRACE(absl::StrCat("split after ", boundary, ": head ", fused[0] ? "fused" : "unfused", ", tail ",
+                            fused[1] ? "fused" : "unfused"));
+  auto chain = ir::ParseChainText(text);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  auto parts = space::SplitChain(*chain, chain->FindTensor(boundary));
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  std::array<std::string, 2> texts;
+  for (int p = 0; p < 2; ++p) {
+    texts[p] = "unfused onednn";
+    if (!fused[p]) continue;
+    auto space = space::BuildSpace(parts->parts[p], TestTarget());
+    ASSERT_TRUE(space.ok() && !space->ranked.empty()) << space.status();
+    texts[p] = space::ScheduleToText(space->ranked[0].schedule, parts->parts[p]);
+  }
+  const std::string schedule = space::SplitToText(*chain, chain->FindTensor(boundary), texts);
+  auto kernel = EmitCpuSplitKernel(*chain, schedule, TestTarget());
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_NE(kernel->source.find("namespace fusor_head {"), std::string::npos);
+  EXPECT_NE(kernel->source.find("namespace fusor_tail {"), std::string::npos);
+  const nlohmann::json meta = nlohmann::json::parse(kernel->metadata_json);
+  EXPECT_EQ(meta["schedule"], schedule);
+  EXPECT_EQ(meta["parts"].size(), 2u);
+  EXPECT_EQ(meta.contains("link_libs"), !fused[0] || !fused[1]);
+  bool constants = false;
+  for (int p = 0; p < 2; ++p) {
+    for (int t : parts->parts[p].inputs) constants = constants || (fused[p] && parts->parts[p].tensors[t].constant);
+  }
+  EXPECT_EQ(meta.contains("prepare"), constants) << meta.dump();
+  worker::Validation v = CompileAndValidate(*chain, *kernel);
+  EXPECT_TRUE(v.ok) << schedule << ": " << v.detail << "\n" << kernel->source;
+}
+
+TEST(CpuCodegenTest, SplitKernelsOfEveryKind) {
+  // The FFN with constant weights: a fused part packs them once.
+  CheckSplit(testing::kConstFfn, "G", {true, false});
+  CheckSplit(testing::kConstFfn, "G", {false, true});
+  CheckSplit(testing::kConstFfn, "H", {true, true});  // the bias and GELU fused into the second GEMM's prologue
+  CheckSplit(kAttention, "S", {false, true});          // the scores handed on, the softmax with the second GEMM
+  CheckSplit(testing::kConvChain, "U", {true, false});
 }
 
 }  // namespace
