@@ -52,13 +52,13 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
                           "validated)\n",
                           FormatSeconds(m.median_s()), m.samples_s_size(), 100 * m.spread(), r.baseline_kind());
     if (r.fused_s() > 0) {
+      const bool split = space::IsSplitText(r.fused_schedule());
       absl::StrAppendFormat(&out, "fused      %s  the best %s (%s), measured in the same task\n",
-                            FormatSeconds(r.fused_s()),
-                            space::IsSplitText(r.fused_schedule()) ? "candidate, partly fused," : "fused kernel",
+                            FormatSeconds(r.fused_s()), split ? "candidate, partly fused" : "fused kernel",
                             r.fused_schedule());
-      absl::StrAppendFormat(&out, "unfused wins: fusion does not pay here (the fused kernel runs at %.2fx the "
+      absl::StrAppendFormat(&out, "unfused wins: fusion does not pay here (the %s runs at %.2fx the "
                             "unfused chain's speed); the answer runs the chain unfused\n",
-                            m.median_s() / r.fused_s());
+                            split ? "partly fused chain" : "fused kernel", m.median_s() / r.fused_s());
     }
     return out;
   }

@@ -213,11 +213,11 @@ class McfuserSearch : public SearchStrategy {
       for (const Way& head : ways[0]) {
         for (const Way& tail : ways[1]) {
           if (head.text == unfused && tail.text == unfused) continue;  // the baseline, measured anyway
+          const space::SplitSchedule split{boundary, *parts, {head.text, tail.text}};
           CandidateSpec c;
-          c.schedule_text = space::SplitToText(*task_.chain, boundary, {head.text, tail.text});
-          auto split = space::ParseSplit(c.schedule_text, *task_.chain);
-          if (!split.ok() || !texts.insert(c.schedule_text).second) continue;
-          c.mapping = space::SplitMappings(*split, task_.target);
+          c.schedule_text = space::SplitToText(*task_.chain, boundary, split.texts);
+          if (!texts.insert(c.schedule_text).second) continue;
+          c.mapping = space::SplitMappings(split, task_.target);
           c.prediction.t_mem_s = head.prediction.t_mem_s + tail.prediction.t_mem_s;
           c.prediction.t_comp_s = head.prediction.t_comp_s + tail.prediction.t_comp_s;
           c.prediction.t_estm_s = head.prediction.t_estm_s + tail.prediction.t_estm_s;

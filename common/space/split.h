@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "common/hw/target.h"
 #include "common/ir/chain.h"
+#include "common/space/schedule.h"
 
 namespace fusor::space {
 
@@ -53,8 +54,7 @@ std::vector<int> SplitPoints(const ir::Chain& chain);
 // the part's ops' own loops and mappings (a part of one op has no stream
 // loop: its dims become the op's innermost own loops where it sums over
 // them, block dims otherwise). INVALID_ARGUMENT for a regrouped schedule.
-absl::StatusOr<struct Schedule> ProjectSchedule(const struct Schedule& schedule, const ir::Chain& chain,
-                                                const ir::Chain& part);
+absl::StatusOr<Schedule> ProjectSchedule(const Schedule& schedule, const ir::Chain& chain, const ir::Chain& part);
 
 struct SplitSchedule {
   int boundary = -1;                 // tensor id in the chain

@@ -13,6 +13,7 @@
 
 #include "common/ir/parse.h"
 #include "common/util/process.h"
+#include "tests/test_chains.h"
 
 namespace fusor::worker {
 namespace {
@@ -231,6 +232,23 @@ TEST(RunJobIsolatedTest, ConstantInputsArePreparedOnceAndTimedApart) {
   out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / -"), CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_EQ(out.resources_json.find("prepare_s"), std::string::npos) << out.resources_json;
+}
+
+// The chain in two parts, the second through oneDNN: built, validated
+// against the whole chain's reference and timed like any candidate.
+TEST(RunJobIsolatedTest, MeasuresASplitCandidate) {
+  JobSpec spec = Spec(JobKind::kCandidate, "split after C: m=16 / - / - | unfused onednn");
+  spec.chain_json = ir::ChainToJson(*ir::ParseChainText(testing::kGemmChain));
+  JobOutcome out = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
+  ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+  EXPECT_GE(out.samples_s.size(), 3u);
+  EXPECT_LT(out.max_rel_error, 1e-4);
+  EXPECT_THAT(out.compile_flags, HasSubstr("-ldnnl"));
+  // A part's schedule that does not fit it is the candidate's compile error.
+  spec.schedule_text = "split after C: m=16 / - / E(h=8) | unfused onednn";
+  out = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
+  EXPECT_EQ(out.status, OutcomeStatus::kCompileError);
+  EXPECT_THAT(out.error, HasSubstr("head"));
 }
 
 TEST(RunJobIsolatedTest, ABadScheduleIsACompileError) {

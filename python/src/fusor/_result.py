@@ -72,10 +72,11 @@ class Result:
         lines.append(f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)")
         if self.unfused:
             if self.fused_s > 0:
-                what = ("candidate, partly fused," if self.fused_schedule.startswith("split after ")
-                        else "fused kernel")
-                lines.append(f"fused      {_duration(self.fused_s)}  the best {what} ({self.fused_schedule})")
-                lines.append(f"unfused wins: fusion does not pay here (the fused kernel runs at "
+                split = self.fused_schedule.startswith("split after ")
+                lines.append(f"fused      {_duration(self.fused_s)}  the best "
+                             f"{'candidate, partly fused' if split else 'fused kernel'} ({self.fused_schedule})")
+                lines.append(f"unfused wins: fusion does not pay here (the "
+                             f"{'partly fused chain' if split else 'fused kernel'} runs at "
                              f"{self.best_s / self.fused_s:.2f}x the unfused chain's speed); the answer runs the "
                              "chain unfused")
         elif self.baseline_s > 0:

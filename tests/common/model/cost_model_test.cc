@@ -119,6 +119,22 @@ TEST(CostModelTest, AlphaChargesTheLastWaveAndEstimatesApply) {
 namespace fusor::hw {
 namespace {
 
+// The unfused chain: every op reads and writes its whole tensors once at W,
+// its FLOPs at P.
+TEST(CostModelTest, UnfusedChainMovesEveryTensorOncePerOp) {
+  const ir::Chain chain = *ir::ParseChainText(testing::kGemmChain);  // m=64 n=64 k=32 h=32
+  hw::TargetDesc t;
+  t.compute_units = 2;
+  t.bandwidth_bytes_per_s = 1e10;
+  t.peak_flops = 1e11;
+  const model::Prediction p = model::PredictUnfused(chain, t);
+  // C: C + A + B = 4096 + 2048 + 2048 elements; E: E + C + D = 2048 + 4096 + 2048.
+  EXPECT_DOUBLE_EQ(p.t_mem_s, 16384.0 * 4 / 1e10);
+  EXPECT_DOUBLE_EQ(p.t_comp_s, (2.0 * 64 * 64 * 32 + 2.0 * 64 * 32 * 64) / 1e11);
+  EXPECT_DOUBLE_EQ(p.t_estm_s, p.t_mem_s + p.t_comp_s);
+  EXPECT_EQ(p.alpha, 1);
+}
+
 TEST(RatesTest, CalibratedThenDeviceTableThenEstimate) {
   TargetDesc cpu;
   cpu.compute_units = 4;
