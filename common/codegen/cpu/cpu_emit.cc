@@ -63,6 +63,7 @@ const char* Suffix(ir::DType dtype) {
 }  // namespace
 
 std::string VectorLoad(const Lanes& l) {
+  if (!l.value.empty()) return l.value;
   if (!l.stride_expr.empty()) {
     return absl::StrCat("fusor_vgather", Suffix(l.dtype), "(", l.ptr, ", ", l.stride_expr, ")");
   }

@@ -42,6 +42,7 @@ struct Lanes {
   int64_t stride = 1;
   std::string stride_expr;            // a run-time stride instead, when not empty
   ir::DType dtype = ir::DType::kF32;  // of the stored elements
+  std::string value;                  // the lanes' values already held (a register): VectorLoad is this
 };
 // A fusor_vf expression of the lanes' f32 values.
 std::string VectorLoad(const Lanes& lanes);

@@ -273,6 +273,48 @@ out G E
 // Large scores and masked rows (every column masked in some rows, some
 // columns in others): the online softmax and the plain one both match the
 // float64 reference.
+// A GEMM's epilogue applied by its micro-kernels to each register tile as
+// the tile's sum completes: whole in one call, or at the last of its k
+// chunks (c = 40 in chunks of 16); rows past a whole micro-kernel; inside
+// the stream loop and before it; vectors of the compiler's width (AVX-512)
+// and lane by lane (an AVX2 kernel built for this machine). A bias, a
+// scaled residual and a ReLU fold; a GELU keeps its pass over the block.
+TEST(CpuCodegenTest, CheapEpiloguesOnRegisterTiles) {
+  const std::string relu = R"(
+chain linear_relu
+dtype f32
+dim m=37 c=40 f=64 o=48
+in X[m,c] W[c,f] B[f] R[m,f] S[m] W2[f,o]
+H[m,f] = sum(c) X[m,c] * W[c,f]
+G[m,f] = relu(H[m,f] + B[f] - R[m,f] * S[m])
+Y[m,o] = sum(f) G[m,f] * W2[f,o]
+out Y
+)";
+  std::string gelu = relu;
+  gelu.replace(gelu.find("relu("), 5, "gelu(");
+  hw::TargetDesc wide = TestTarget();
+  wide.isa_features = {"avx512f"};
+  wide.vector_lanes_f32 = 16;
+  auto folded = [](const std::string& text, const std::string& schedule, const hw::TargetDesc& target) {
+    auto chain = ir::ParseChainText(text);
+    auto parsed = space::ParseSchedule(schedule, *chain);
+    auto nest = space::BuildLoopNest(*chain, *parsed, target);
+    EXPECT_TRUE(nest.ok()) << nest.status();
+    if (!nest.ok()) return false;
+    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
+    EXPECT_TRUE(kernel.ok()) << kernel.status();
+    return kernel.ok() && kernel->source.find("applied by the micro-kernels") != std::string::npos;
+  };
+  for (const std::string schedule : {"m=16 / - / -", "m=16 / - / H(c=16)", "m=16 / f=32 / H(c=16)"}) {
+    SCOPED_TRACE(schedule);
+    for (const hw::TargetDesc& target : {wide, TestTarget()}) {
+      EXPECT_TRUE(folded(relu, schedule, target));
+      CheckFused(relu, schedule, target);
+      EXPECT_FALSE(folded(gelu, schedule, target));
+    }
+  }
+}
+
 TEST(CpuCodegenTest, OnlineAndPlainSoftmaxOnLargeAndMaskedInputs) {
   auto chain = ir::ParseChainText(R"(
 dim b=2 m=20 n=70 k=16 h=8

@@ -1,7 +1,7 @@
 // The SIMD helpers emitted kernels include (simd.inc), compiled as kernels
 // are for AVX-512 (this machine's -march=native where it has it), AVX2
 // (-march=haswell) and plain x86-64 (128-bit vectors), and checked against
-// float64: exp, erf, GELU, tanh, sigmoid, f16/bf16 conversions (bit-exact
+// float64: exp, erf, GELU, tanh, sigmoid (their limits at +-infinity), f16/bf16 conversions (bit-exact
 // against the prelude's scalar ones), softmax rows and the transposing pack.
 #include <cmath>
 #include <fstream>
@@ -94,12 +94,20 @@ extern "C" int fusor_simd_check(double* out) {
   out[10] = wrong;
   out[11] = FUSOR_VL;
   out[12] = gelu_tanh_abs;
+  /* Far out and infinite arguments: limits, not NaN (the reciprocal's
+   * Newton step has no answer at 0 and infinity). */
+  const fusor_vf big = fusor_vsplat(1e30f), inf = fusor_vsplat(INFINITY);
+  const float tiny = 1e-37f; /* exp's argument is clamped to -88 */
+  out[13] = fusor_vsigmoid(-big)[0] < tiny && fusor_vsigmoid(big)[0] == 1.0f && fusor_vsigmoid(-inf)[0] < tiny &&
+            fusor_vtanh(big)[0] == 1.0f && fusor_vtanh(-big)[0] == -1.0f && fusor_vtanh(-inf)[0] == -1.0f &&
+            fusor_vgelu(big)[0] == 1e30f && fusor_vgelu(inf)[0] == INFINITY && fusor_vgelu(-big)[0] == 0.0f &&
+            fusor_verf(inf)[0] == 1.0f && fusor_verf(-inf)[0] == -1.0f;
   return 0;
 }
 )";
 
 struct Figures {
-  double v[13] = {};
+  double v[14] = {};
 };
 
 Figures Run(const std::string& march) {
@@ -137,6 +145,7 @@ void ExpectAccurate(const std::string& march, int lanes) {
   EXPECT_LT(f.v[8], 1e-5) << "softmax row max and sum";
   EXPECT_EQ(f.v[9], 1) << "a fully masked row";
   EXPECT_EQ(f.v[10], 0) << "transposing pack";
+  EXPECT_EQ(f.v[13], 1) << "sigmoid, tanh, gelu and erf of +-1e30 and +-inf";
 }
 
 bool CpuHas(const char* feature) {
