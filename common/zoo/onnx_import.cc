@@ -26,9 +26,6 @@
 namespace fusor::zoo {
 namespace {
 
-// Rounds of shape inference and folding at most (each round forks once).
-constexpr int kMaxFoldRounds = 8;
-
 // Why a candidate pattern does not make a chain ("" when it is no
 // candidate at all).
 struct Reject {
@@ -1482,10 +1479,15 @@ void BindDims(onnx::GraphProto& g, const std::map<std::string, int64_t>& dims) {
   for (onnx::ValueInfoProto& v : *g.mutable_value_info()) bind(v, true);
 }
 
-// ONNX's shape inference, in a child process: libonnx 1.12 reads some
-// malformed graphs out of bounds (a convolution whose weight has the wrong
-// rank crashes it), and a damaged file must never take the caller down.
-absl::Status InferShapesIsolated(onnx::ModelProto& model) {
+// ONNX's shape inference taking turns with folding, in a child process:
+// libonnx 1.12 reads some malformed graphs out of bounds (a convolution
+// whose weight has the wrong rank crashes it), and a damaged file must never
+// take the caller down. A folded shape computation gives inference a
+// Reshape's target, whose output shape lets the next Shape fold; onnxruntime's
+// contrib operators get their shapes between inferences, and each turn may
+// reach only one more of them (a layer of an optimized transformer takes
+// three). So the turns go on until nothing changes, at most once per node.
+absl::Status InferAndFoldIsolated(onnx::ModelProto& model, int64_t opset) {
   // The operator schemas are registered on first use: once here, not again
   // in every child.
   static const bool schemas_registered = onnx::OpSchemaRegistry::Schema("Add", 1) != nullptr;
@@ -1494,9 +1496,15 @@ absl::Status InferShapesIsolated(onnx::ModelProto& model) {
   ASSIGN_OR_RETURN(ForkedResult run, RunForked(
                                          [&](std::string* bytes) {
                                            try {
-                                             onnx::shape_inference::InferShapes(
-                                                 model, onnx::OpSchemaRegistry::Instance(),
-                                                 onnx::ShapeInferenceOptions(false, 0, /*data_prop=*/true));
+                                             const int turns = model.graph().node_size() + 1;
+                                             for (int turn = 0;; ++turn) {
+                                               onnx::shape_inference::InferShapes(
+                                                   model, onnx::OpSchemaRegistry::Instance(),
+                                                   onnx::ShapeInferenceOptions(false, 0, /*data_prop=*/true));
+                                               if (turn == turns) break;
+                                               onnx::GraphProto& g = *model.mutable_graph();
+                                               if (FoldShapeComputations(g, opset) + InferContribShapes(g) == 0) break;
+                                             }
                                              return model.SerializeToString(bytes) ? 0 : kUnserializable;
                                            } catch (const std::exception& e) {
                                              *bytes = e.what();
@@ -1530,16 +1538,8 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
   for (const onnx::OperatorSetIdProto& o : model.opset_import()) {
     if (o.domain().empty() || o.domain() == "ai.onnx") opset = o.version();
   }
-  // Shape inference and folding take turns: a folded shape computation
-  // gives inference a Reshape's target, whose output shape lets the next
-  // Shape fold. onnxruntime's contrib operators get their shapes here too.
-  for (int round = 0;; ++round) {
-    if (absl::Status st = InferShapesIsolated(model); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
-    }
-    if (round == kMaxFoldRounds) break;
-    const int changed = FoldShapeComputations(*model.mutable_graph(), opset) + InferContribShapes(*model.mutable_graph());
-    if (changed == 0) break;
+  if (absl::Status st = InferAndFoldIsolated(model, opset); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
   }
   // Nodes the patterns read must have their operands: a malformed graph is
   // an error naming the node, never an out-of-range read.

@@ -2,8 +2,8 @@
 // produce (BERT-style attention with its head transposes and padding mask,
 // a GELU MLP written out with Erf, convolution chains, a ResNet bottleneck), checked chain by chain against
 // hand-written chains by canonical key; a model with nothing to fuse, one
-// whose external weight data is missing, unbound symbolic dims, and
-// corrupt files.
+// whose external weight data is missing, unbound symbolic dims, corrupt
+// files, and onnxruntime's optimizer output twelve layers deep.
 #include "common/zoo/onnx_import.h"
 
 #include <onnx/onnx_pb.h>
@@ -15,6 +15,7 @@
 #include <limits>
 #include <variant>
 
+#include "absl/strings/str_cat.h"
 #include "common/ir/canonical.h"
 #include "common/ir/parse.h"
 #include "common/util/process.h"
@@ -558,6 +559,46 @@ Y[a,o] = sum(f) G[a,f] * W2[o,f]
 Z[a,o] = Y[a,o] + B2[o]
 out Z
 )")) << ir::ChainToText(out->chains[2].chain);
+}
+
+// onnxruntime's optimizer output at depth: layer after layer of the packed
+// Attention, an FFN through FastGelu and a SkipLayerNormalization, each
+// layer's input the last one's output. Every contrib op's shape comes from
+// the one before it through ONNX's inference of the MatMuls between them,
+// three turns of inference and folding a layer: twelve layers take 36.
+TEST_F(OnnxImportTest, DeepOptimizedGraphIsReadToTheLastLayer) {
+  constexpr int kLayers = 12;
+  Model m("deep");
+  m.Opset("com.microsoft", 1);
+  m.Opset("", 20);
+  m.Input("x0", {2, 10, 32});
+  std::string x = "x0";
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string p = absl::StrCat("l", l, "_");
+    for (const auto& [name, dims] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"qkv_w", {32, 96}}, {"qkv_b", {96}}, {"w1", {32, 64}}, {"b1", {64}}, {"w2", {64, 32}},
+             {"b2", {32}}, {"gamma", {32}}, {"beta", {32}}}) {
+      m.ExternalWeight(p + name, dims);
+    }
+    auto* att = m.Node("Attention", {x, p + "qkv_w", p + "qkv_b"}, p + "att");
+    att->set_domain("com.microsoft");
+    Attr(att, "num_heads", 4);
+    m.Node("MatMul", {p + "att", p + "w1"}, p + "h");
+    m.Node("FastGelu", {p + "h", p + "b1"}, p + "g")->set_domain("com.microsoft");
+    m.Node("MatMul", {p + "g", p + "w2"}, p + "y");
+    x = p + "n";
+    m.Node("SkipLayerNormalization", {p + "y", p + "att", p + "gamma", p + "beta", p + "b2"}, x)
+        ->set_domain("com.microsoft");
+  }
+  m.Output(x);
+  auto out = ExtractOnnx(m.Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->rejected.empty()) << out->rejected[0];
+  ASSERT_EQ(out->chains.size(), 2u);
+  for (const ModelChain& c : out->chains) {
+    EXPECT_EQ(c.instances, kLayers) << c.role << ": " << c.layers;
+    EXPECT_THAT(c.layers, HasSubstr(absl::StrCat("l", kLayers - 1, "_")));
+  }
 }
 
 TEST_F(OnnxImportTest, CausalMaskByWhere) {
