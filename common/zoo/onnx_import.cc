@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/codegen/cpu/prelude.h"
 #include "common/ir/parse.h"
 #include "common/util/files.h"
 #include "common/util/process.h"
@@ -156,10 +157,28 @@ class Graph {
           return d;
         }
         break;
+      case onnx::TensorProto::FLOAT16:
+      case onnx::TensorProto::BFLOAT16:
+      case onnx::TensorProto::BOOL: {
+        // 16-bit floats and bools are kept in int32_data, one per element,
+        // or in raw_data, two bytes and one byte each.
+        const size_t bytes = p->data_type() == onnx::TensorProto::BOOL ? 1 : 2;
+        uint16_t bits = 0;
+        if (p->int32_data_size() == 1) {
+          bits = static_cast<uint16_t>(p->int32_data(0));
+        } else if (p->raw_data().size() == bytes) {
+          std::memcpy(&bits, p->raw_data().data(), bytes);  // little-endian, as ONNX stores it
+        } else {
+          break;
+        }
+        if (p->data_type() == onnx::TensorProto::BOOL) return bits != 0 ? 1.0 : 0.0;
+        return static_cast<double>(p->data_type() == onnx::TensorProto::FLOAT16 ? codegen::rt::fusor_f16_to_f32(bits)
+                                                                                 : codegen::rt::fusor_bf16_to_f32(bits));
+      }
       default:
         break;
     }
-    return Reject{absl::StrCat("'", t, "' is not an f32 or f64 scalar")};
+    return Reject{absl::StrCat("'", t, "' is not a float or bool scalar")};
   }
   bool IsScalar(const std::string& t, double value) const {
     auto v = Scalar(t);
@@ -543,17 +562,43 @@ std::variant<ScorePath, Reject> FindScorePath(const Graph& g, const onnx::NodePr
   return path;
 }
 
+// Why a Dropout node is not the identity it is at inference: it runs in
+// training mode (opset 12's third input, a constant true, or a graph input
+// that may be), or its mask output is read. Empty when it is the identity.
+std::string DropoutInTraining(const Graph& g, const onnx::NodeProto& d) {
+  if (d.output_size() > 1 && !d.output(1).empty() && !g.Consumers(d.output(1)).empty()) {
+    return absl::StrCat(Label(d), "'s dropout mask is read");
+  }
+  if (d.input_size() < 3 || d.input(2).empty()) return "";
+  auto mode = g.Scalar(d.input(2));
+  if (!std::holds_alternative<double>(mode)) {
+    return absl::StrCat(Label(d), " may run in training mode (its training_mode '", d.input(2),
+                        "' is not a constant): dropout is random");
+  }
+  if (std::get<double>(mode) == 0) return "";
+  return absl::StrCat(Label(d), " runs in training mode (training_mode = true): dropout is random; export the "
+                      "model in eval mode");
+}
+
 // The MatMul the probabilities (Softmax `s`'s output) feed as its left
 // operand, possibly through the exporters' NaN guard Where(IsNaN(P), 0, P)
-// (a row whose keys are all masked) and Casts to the type they have (eager
-// attention's softmax(x, dtype=f32).to(dtype)).
+// (a row whose keys are all masked), Casts to the type they have (eager
+// attention's softmax(x, dtype=f32).to(dtype)) and a Dropout in inference
+// mode (the identity).
 std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& g, const onnx::NodeProto& s,
                                                                    std::vector<std::string>* notes,
                                                                    std::vector<const onnx::NodeProto*>* nodes) {
   std::string probs = s.output(0);
   const onnx::NodeProto* pv = g.SoleConsumer(probs);
+  std::string training;
   auto skip_casts = [&] {
-    while (pv != nullptr && pv->op_type() == "Cast" && AttrInt(*pv, "to", -1) == ElemType(g, probs)) {
+    while (pv != nullptr && training.empty()) {
+      if (pv->op_type() == "Dropout") {
+        training = DropoutInTraining(g, *pv);
+        if (!training.empty()) return;
+      } else if (pv->op_type() != "Cast" || AttrInt(*pv, "to", -1) != ElemType(g, probs)) {
+        return;
+      }
       nodes->push_back(pv);
       probs = pv->output(0);
       pv = g.SoleConsumer(probs);
@@ -574,6 +619,7 @@ std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& 
       skip_casts();
     }
   }
+  if (!training.empty()) return Reject{absl::StrCat("the probabilities go through a dropout: ", training)};
   if (pv == nullptr || pv->op_type() != "MatMul" || pv->input(0) != probs) {
     return Reject{"the probabilities do not feed one MatMul as its left operand"};
   }

@@ -77,6 +77,20 @@ class Model {
     t->set_data_type(onnx::TensorProto::FLOAT);
     t->add_float_data(value);
   }
+  // A scalar of a 16-bit float type or bool, given its bits: in raw_data
+  // (little-endian) or in int32_data, the two ways ONNX stores them.
+  void Bits(const std::string& name, int type, uint16_t bits, bool raw) {
+    auto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(type);
+    if (!raw) {
+      t->add_int32_data(bits);
+    } else if (type == onnx::TensorProto::BOOL) {
+      t->set_raw_data(std::string(1, static_cast<char>(bits)));
+    } else {
+      t->set_raw_data(std::string{static_cast<char>(bits & 0xff), static_cast<char>(bits >> 8)});
+    }
+  }
   void Int64s(const std::string& name, const std::vector<int64_t>& values) {
     auto* t = m_.mutable_graph()->add_initializer();
     t->set_name(name);
@@ -618,6 +632,51 @@ out O
   ASSERT_EQ(out->rejected.size(), 1u);
   EXPECT_THAT(out->rejected[0], HasSubstr("'kept2_node' (Where) sets masked scores to 'minus_one', which is not a "
                                           "scalar of -1e4 or below"));
+}
+
+// Attention exported in f16 and in bf16: the scale and the causal fill are
+// 16-bit scalars (in raw_data for f16, in int32_data for bf16); a Dropout in
+// inference mode is looked through, one in training mode is named as why
+// its attention is not fused.
+TEST_F(OnnxImportTest, HalfPrecisionScalarsAndDropout) {
+  struct Case {
+    int type;
+    uint16_t sqrt_d, fill;  // 2.828 and the fill, in the type's bits
+    bool raw;
+    const char* fill_text;
+  };
+  for (const Case& c : {Case{onnx::TensorProto::FLOAT16, 0x41a8, 0xfbff, true, "-65504"},
+                        Case{onnx::TensorProto::BFLOAT16, 0x4035, 0xf149, false, "-9.9"}}) {
+    SCOPED_TRACE(c.type);
+    Model m("half");
+    m.Opset("", 13);
+    m.Input("q", {2, 4, 10, 8}, c.type);
+    m.Input("kt", {2, 4, 8, 10}, c.type);
+    m.Input("v", {2, 4, 10, 8}, c.type);
+    m.Input("causal", {1, 1, 10, 10}, onnx::TensorProto::BOOL);
+    m.Bits("sqrt_d", c.type, c.sqrt_d, c.raw);
+    m.Bits("fill", c.type, c.fill, c.raw);
+    m.Bits("eval", onnx::TensorProto::BOOL, 0, c.raw);
+    m.Bits("train", onnx::TensorProto::BOOL, 1, c.raw);
+    for (const std::string mode : {"eval", "train"}) {
+      m.Node("MatMul", {"q", "kt"}, mode + "_s");
+      m.Node("Div", {mode + "_s", "sqrt_d"}, mode + "_scaled");
+      m.Node("Where", {"causal", mode + "_scaled", "fill"}, mode + "_kept");
+      m.Node("Softmax", {mode + "_kept"}, mode + "_p");
+      m.Node("Dropout", {mode + "_p", "", mode}, mode + "_d");
+      m.Node("MatMul", {mode + "_d", "v"}, mode + "_o");
+      m.Output(mode + "_o");
+    }
+    auto out = ExtractOnnx(m.Write(dir_->path()), {});
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+    EXPECT_THAT(out->chains[0].layers, HasSubstr("eval_d_node"));
+    EXPECT_THAT(out->chains[0].layers, HasSubstr(absl::StrCat(c.fill_text)));
+    EXPECT_THAT(ir::ChainToText(out->chains[0].chain), HasSubstr("0.35"));
+    ASSERT_EQ(out->rejected.size(), 1u);
+    EXPECT_THAT(out->rejected[0], HasSubstr("the probabilities go through a dropout: 'train_d_node' (Dropout) runs "
+                                            "in training mode"));
+  }
 }
 
 TEST_F(OnnxImportTest, NothingToFuseAndUnboundDims) {
