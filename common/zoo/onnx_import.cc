@@ -580,11 +580,19 @@ std::string DropoutInTraining(const Graph& g, const onnx::NodeProto& d) {
                       "model in eval mode");
 }
 
+// Whether every value of float type `from` is exactly one of type `to`.
+bool Widens(int from, int to) {
+  using T = onnx::TensorProto;
+  const bool half = from == T::FLOAT16 || from == T::BFLOAT16;
+  return (half && (to == T::FLOAT || to == T::DOUBLE)) || (from == T::FLOAT && to == T::DOUBLE);
+}
+
 // The MatMul the probabilities (Softmax `s`'s output) feed as its left
 // operand, possibly through the exporters' NaN guard Where(IsNaN(P), 0, P)
-// (a row whose keys are all masked), Casts to the type they have (eager
-// attention's softmax(x, dtype=f32).to(dtype)) and a Dropout in inference
-// mode (the identity).
+// (a row whose keys are all masked), Casts to the type they have or to a
+// wider one and back (eager attention's softmax(x, dtype=f32).to(dtype), in
+// an f16 export: f16 -> f32 -> f16) and a Dropout in inference mode (the
+// identity).
 std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& g, const onnx::NodeProto& s,
                                                                    std::vector<std::string>* notes,
                                                                    std::vector<const onnx::NodeProto*>* nodes) {
@@ -593,11 +601,19 @@ std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& 
   std::string training;
   auto skip_casts = [&] {
     while (pv != nullptr && training.empty()) {
+      const int type = ElemType(g, probs);
       if (pv->op_type() == "Dropout") {
         training = DropoutInTraining(g, *pv);
         if (!training.empty()) return;
-      } else if (pv->op_type() != "Cast" || AttrInt(*pv, "to", -1) != ElemType(g, probs)) {
+      } else if (pv->op_type() != "Cast") {
         return;
+      } else if (const int to = AttrInt(*pv, "to", -1); to != type) {
+        const onnx::NodeProto* back = g.SoleConsumer(pv->output(0));
+        if (!Widens(type, to) || back == nullptr || back->op_type() != "Cast" || AttrInt(*back, "to", -1) != type) {
+          return;
+        }
+        nodes->push_back(pv);
+        pv = back;
       }
       nodes->push_back(pv);
       probs = pv->output(0);

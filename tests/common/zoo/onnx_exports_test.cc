@@ -2,8 +2,8 @@
 // BERT, GPT-2, T5 (encoder), ViT and LLaMA (hidden 64, 4 heads, LLaMA's
 // over 2 K/V heads, FFN 256) exported
 // by the TorchScript exporter (opset 17) and the dynamo exporter (opset 18),
-// each with eager and SDPA attention, and onnxruntime's optimizer output
-// for BERT. The fixtures are graphs only, made by
+// each with eager and SDPA attention, GPT-2 and LLaMA in float16 too, and
+// onnxruntime's optimizer output for BERT. The fixtures are graphs only, made by
 // tests/common/zoo/exports/make_exports.py.
 #include <string>
 
@@ -165,6 +165,32 @@ TEST_P(OtherModelsTest, EveryLayerFound) {
   EXPECT_EQ(out->chains[1].role, "gemm chain");
   EXPECT_EQ(out->chains[1].instances, 2);
   EXPECT_EQ(out->chains[1].key, Key(want.ffn)) << ir::ChainToText(out->chains[1].chain);
+}
+
+// GPT-2 and LLaMA exported in float16 by both exporters: the scale and the
+// mask are FLOAT16 scalars, and LLaMA's softmax in f32 (TorchScript: a Cast
+// up and back around it) is exact. The same chains as the f32 exports, in
+// f16.
+TEST(OnnxExportsTest, Float16ExportsReadAsTheirF32Twins) {
+  for (const char* fixture :
+       {"gpt2_torchscript_eager", "gpt2_dynamo_eager", "llama_torchscript_eager", "llama_dynamo_eager"}) {
+    SCOPED_TRACE(fixture);
+    auto half = Extract(absl::StrCat(fixture, "_f16"));
+    auto single = Extract(fixture);
+    ASSERT_TRUE(half.ok()) << half.status();
+    ASSERT_TRUE(single.ok()) << single.status();
+    EXPECT_TRUE(half->rejected.empty()) << half->rejected[0];
+    ASSERT_EQ(half->chains.size(), 2u);
+    ASSERT_EQ(single->chains.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      const ModelChain& h = half->chains[i];
+      ir::Chain want = single->chains[i].chain;
+      want.dtype = ir::DType::kF16;
+      EXPECT_EQ(h.chain.dtype, ir::DType::kF16);
+      EXPECT_EQ(h.instances, 2);
+      EXPECT_EQ(h.key, ir::Canonicalize(want).key) << ir::ChainToText(h.chain);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

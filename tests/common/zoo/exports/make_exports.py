@@ -6,7 +6,8 @@ Models are built from small configs with random weights (nothing is
 downloaded) and exported with PyTorch's TorchScript exporter (opset 17) and
 its dynamo exporter (opset 18), each with eager and with SDPA attention; the
 TorchScript BERT export also goes through onnxruntime's transformer
-optimizer. Only the graphs are kept: every tensor of 1 KiB or more is moved
+optimizer, and GPT-2 and LLaMA are exported in float16 too (eager attention,
+both exporters: their scales and mask fills become FLOAT16 scalars). Only the graphs are kept: every tensor of 1 KiB or more is moved
 to external data, which is then deleted, so the files stay small and the
 importer sees what it sees when a model's weights are elsewhere.
 
@@ -100,6 +101,7 @@ def llama(attn):
 
 MODELS = {"bert": bert, "gpt2": gpt2, "t5": t5, "vit": vit, "llama": llama, "bert_base": bert_base}
 FIXTURES = ["bert", "gpt2", "t5", "vit", "llama"]
+HALF = ["gpt2", "llama"]  # also exported in float16, eager attention
 
 
 def graph_only(path, out_path):
@@ -118,8 +120,11 @@ def graph_only(path, out_path):
     onnx.save_model(graph, out_path)
 
 
-def export(name, make, attn, exporter, out_dir):
+def export(name, make, attn, exporter, out_dir, half=False):
     model, args, dims = make(attn)
+    if half:
+        model = model.half()
+        args = tuple(a.half() if a.is_floating_point() else a for a in args)
     inputs, outputs = list(dims), ["last_hidden_state"]
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "model.onnx")
@@ -133,10 +138,10 @@ def export(name, make, attn, exporter, out_dir):
             program = torch.onnx.export(model, args, input_names=inputs, output_names=outputs, opset_version=18,
                                         dynamic_shapes=shapes, dynamo=True)
             program.save(raw)
-        out = os.path.join(out_dir, f"{name}_{exporter}_{attn}.onnx")
+        out = os.path.join(out_dir, f"{name}_{exporter}_{attn}{'_f16' if half else ''}.onnx")
         graph_only(raw, out)
         print("wrote", out, os.path.getsize(out), "bytes")
-        if name == "bert" and exporter == "torchscript" and attn == "eager":
+        if name == "bert" and exporter == "torchscript" and attn == "eager" and not half:
             from onnxruntime.transformers import optimizer
             optimized = optimizer.optimize_model(raw, model_type="bert", num_heads=HEADS, hidden_size=HIDDEN,
                                                  opt_level=0)
@@ -157,12 +162,13 @@ def main():
     for name in names:
         make = MODELS[name]
         for exporter in ("torchscript", "dynamo"):
-            for attn in ("eager", "sdpa"):
+            variants = [("eager", False), ("sdpa", False)] + ([("eager", True)] if name in HALF else [])
+            for attn, half in variants:
                 try:
-                    export(name, make, attn, exporter, out_dir)
+                    export(name, make, attn, exporter, out_dir, half)
                 except Exception as e:  # an export PyTorch itself cannot make: no fixture
                     why = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0])
-                    print(f"skipped {name}_{exporter}_{attn}: {type(e).__name__}: {why}")
+                    print(f"skipped {name}_{exporter}_{attn}{'_f16' if half else ''}: {type(e).__name__}: {why}")
 
 
 if __name__ == "__main__":
