@@ -599,7 +599,7 @@ std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& 
   std::string probs = s.output(0);
   const onnx::NodeProto* pv = g.SoleConsumer(probs);
   std::string training;
-  auto skip_casts = [&] {
+  auto skip_identities = [&] {
     while (pv != nullptr && training.empty()) {
       const int type = ElemType(g, probs);
       if (pv->op_type() == "Dropout") {
@@ -620,7 +620,7 @@ std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& 
       pv = g.SoleConsumer(probs);
     }
   };
-  skip_casts();
+  skip_identities();
   if (const std::vector<const onnx::NodeProto*> readers = g.Consumers(probs); pv == nullptr && readers.size() == 2) {
     const onnx::NodeProto* is_nan = readers[0]->op_type() == "IsNaN" ? readers[0] : readers[1];
     const onnx::NodeProto* where = readers[0] == is_nan ? readers[1] : readers[0];
@@ -632,7 +632,7 @@ std::variant<const onnx::NodeProto*, Reject> FindProbabilityMatMul(const Graph& 
       probs = where->output(0);
       pv = g.SoleConsumer(probs);
       notes->push_back("the exporter's zeroing of NaN probabilities (rows with every key masked) is not kept");
-      skip_casts();
+      skip_identities();
     }
   }
   if (!training.empty()) return Reject{absl::StrCat("the probabilities go through a dropout: ", training)};
