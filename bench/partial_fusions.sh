@@ -15,29 +15,31 @@ if [ ${#chains[@]} -eq 0 ]; then
 fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for chain in "${chains[@]}"; do
-  "$root/build/client/fusor" --db "$work/t.db" tune "$chain" > "$work/out.txt" 2> "$work/err.txt" || {
-    cat "$work/err.txt"; exit 1; }
-done
 echo "| chain | one fused kernel | best split | its kind | confirmation (of) | unfused beside it | answer |"
 echo "|---|---:|---:|---|---:|---:|---|"
 best="select min(m.median_s) * 1e3 from measurements m join candidates c on c.id = m.candidate_id
       where m.task_id = t.id and m.kind = 'candidate' and m.status = 'ok'"
-sqlite3 -separator ' | ' "$work/t.db" "
+ms() { echo "case when ($1) is null then '–' else printf('%.3f', ($1)) end"; }  # no trusted one: a dash
+for i in "${!chains[@]}"; do
+  db="$work/$i.db"  # a fresh database per chain: no learned model from the chains before it
+  "$root/build/client/fusor" --db "$db" tune "${chains[$i]}" > /dev/null 2> "$work/err.txt" || {
+    cat "$work/err.txt"; exit 1; }
+  sqlite3 -separator ' | ' "$db" "
 select '| ' || w.name,
-  printf('%.3f', ($best and c.schedule not like 'split%')),
-  printf('%.3f', ($best and c.schedule like 'split%')),
-  (select case when c.schedule like '%: unfused%' then 'unfused, then fused'
-               when c.schedule like '%| unfused%' then 'fused, then unfused' else 'fused, then fused' end
+  $(ms "$best and c.schedule not like 'split%'"),
+  $(ms "$best and c.schedule like 'split%'"),
+  coalesce((select case when c.schedule like '%: unfused%' then 'unfused, then fused'
+                        when c.schedule like '%| unfused%' then 'fused, then unfused' else 'fused, then fused' end
      from measurements m join candidates c on c.id = m.candidate_id
      where m.task_id = t.id and m.kind = 'candidate' and m.status = 'ok' and c.schedule like 'split%'
-     order by m.median_s limit 1),
-  (select printf('%.3f (%s)', m.median_s * 1e3, case when c.schedule like 'split%' then 'split' else 'fused' end)
+     order by m.median_s limit 1), '–'),
+  coalesce((select printf('%.3f (%s)', m.median_s * 1e3, case when c.schedule like 'split%' then 'split' else 'fused' end)
      from measurements m join candidates c on c.id = m.candidate_id
-     where m.task_id = t.id and m.kind = 'confirm' and m.status = 'ok' order by m.id desc limit 1),
-  (select printf('%.3f', json_extract(m.resources_json, '$.beside.median_s') * 1e3) from measurements m
-     where m.task_id = t.id and m.kind = 'confirm' and m.status = 'ok' order by m.id desc limit 1),
+     where m.task_id = t.id and m.kind = 'confirm' and m.status = 'ok' order by m.id desc limit 1), '–'),
+  coalesce((select printf('%.3f', json_extract(m.resources_json, '$.beside.median_s') * 1e3) from measurements m
+     where m.task_id = t.id and m.kind = 'confirm' and m.status = 'ok' order by m.id desc limit 1), '–'),
   (select case when c.schedule like 'unfused%' then 'unfused' when c.schedule like 'split%' then 'split'
                else 'fused' end || ' |'
      from best b join candidates c on c.id = b.candidate_id where b.workload_key = t.workload_key)
 from tasks t join workloads w on w.key = t.workload_key order by t.created_ms"
+done

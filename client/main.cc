@@ -577,8 +577,8 @@ int CompileUnfused(const std::string& file, const std::string& out_dir, const st
   if (!workload.ok()) return Fail(workload.status());
   auto chain = fusor::wire::ChainFromWorkload(*workload);
   if (!chain.ok()) return Fail(chain.status());
-  auto kernel = fusor::codegen::EmitCpuUnfusedBaseline(
-      *chain, blas == "onednn" ? fusor::codegen::CpuBlas::kOneDnn : fusor::codegen::CpuBlas::kOpenBlas);
+  // The option's choices are the libraries' names.
+  auto kernel = fusor::codegen::EmitCpuUnfusedBaseline(*chain, *fusor::codegen::CpuBlasNamed(blas));
   if (!kernel.ok()) return Fail(kernel.status());
   const nlohmann::json meta = nlohmann::json::parse(kernel->metadata_json);
   const std::string base = out_dir + "/" + WorkloadName(file);

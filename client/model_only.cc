@@ -1,5 +1,6 @@
 #include "client/model_only.h"
 
+#include <array>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -77,9 +78,6 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
   if (!schedule_text.empty() && target.backend == hw::Backend::kCuda) {
     return absl::InvalidArgumentError("--schedule is for CPU targets; a GPU's pick must compile within its limits");
   }
-  auto space = space::BuildSpace(chain, target);
-  if (!space.ok()) return space.status();
-  if (space->ranked.empty()) return absl::FailedPreconditionError("the pruned space is empty");
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
@@ -101,13 +99,13 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
                           {"mapping", r.mappings},
                           {"predicted_s", r.prediction.t_estm_s}};
   };
-  if (target.backend != hw::Backend::kCuda && space::IsSplitText(schedule_text)) {
+  if (space::IsSplitText(schedule_text)) {  // a CPU target: --schedule is refused for a GPU above
     // The chain in two parts, as a CPU answer may run it: each part's
     // prediction (fused or unfused) summed.
     ASSIGN_OR_RETURN(space::SplitSchedule split, space::ParseSplit(schedule_text, chain));
     ASSIGN_OR_RETURN(codegen::KernelSource kernel, codegen::EmitCpuSplitKernel(chain, schedule_text, target));
     out.schedule = schedule_text;
-    out.mapping = space::SplitMappings(split, target);
+    std::array<std::string, 2> mappings = split.texts;  // an unfused part's is its text
     for (int p = 0; p < 2; ++p) {
       const ir::Chain& part = split.chains.parts[p];
       if (!space::UnfusedVendor(split.texts[p]).empty()) {
@@ -116,8 +114,10 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
       }
       ASSIGN_OR_RETURN(space::Schedule given, space::ParseSchedule(split.texts[p], part));
       ASSIGN_OR_RETURN(space::LoopNest nest, space::BuildLoopNest(part, given, target));
+      mappings[p] = space::DescribeMappings(part, nest);
       out.predicted_s += model::Predict(nest, target, part).t_estm_s;
     }
+    out.mapping = absl::StrCat(mappings[0], " | ", mappings[1]);
     const nlohmann::json meta = {{"unmeasured", true},
                                  {"note", "never measured, never stored as a best record"},
                                  {"chain", chain.name},
@@ -130,6 +130,9 @@ absl::StatusOr<ModelOnlyOutput> CompileModelOnly(const ir::Chain& chain, const h
     RETURN_IF_ERROR(WriteFile(base + ".json", meta.dump(2) + "\n", out.files));
     return out;
   }
+  auto space = space::BuildSpace(chain, target);
+  if (!space.ok()) return space.status();
+  if (space->ranked.empty()) return absl::FailedPreconditionError("the pruned space is empty");
   if (target.backend != hw::Backend::kCuda) {
     space::RankedSchedule r = space->ranked[0];
     int rank = 1;

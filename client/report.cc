@@ -18,15 +18,11 @@ std::string FormatSeconds(double s) {
 
 // How a split schedule ("split after T: HEAD | TAIL") runs its parts, in words.
 static std::string SplitParts(const std::string& schedule) {
-  const std::string rest = schedule.substr(sizeof(space::kSplitPrefix) - 1);
-  const size_t colon = rest.find(':');
-  const size_t bar = rest.find('|');
-  if (colon == std::string::npos || bar == std::string::npos || bar < colon) return schedule;
-  std::string out = absl::StrCat("the chain in two kernels run in turn, split after ", rest.substr(0, colon), ": ");
-  const std::string parts[2] = {std::string(absl::StripAsciiWhitespace(rest.substr(colon + 1, bar - colon - 1))),
-                                std::string(absl::StripAsciiWhitespace(rest.substr(bar + 1)))};
+  absl::StatusOr<space::SplitWords> words = space::ReadSplitWords(schedule);
+  if (!words.ok()) return schedule;
+  std::string out = absl::StrCat("the chain in two kernels run in turn, split after ", words->tensor, ": ");
   for (int p = 0; p < 2; ++p) {
-    const std::string vendor = space::UnfusedVendor(parts[p]);
+    const std::string vendor = space::UnfusedVendor(words->texts[p]);
     absl::StrAppend(&out, p == 0 ? "the head " : ", the tail ", vendor.empty() ? "fused" : "unfused, through " + vendor);
   }
   return out;

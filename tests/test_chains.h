@@ -3,7 +3,6 @@
 
 namespace fusor::testing {
 
-// C = A·B, E = C·D: the MCFuser GEMM chain (loops m, n, k, h).
 // A feed-forward block whose weights are declared constant; odd extents,
 // so that tiles have remainders.
 inline constexpr char kConstFfn[] = R"(
@@ -16,6 +15,7 @@ Y[m,o] = sum(f) G[m,f] * W2[f,o]
 out Y
 )";
 
+// C = A·B, E = C·D: the MCFuser GEMM chain (loops m, n, k, h).
 inline constexpr char kGemmChain[] = R"(
 chain gemm2
 dim m=64 n=64 k=32 h=32

@@ -18,7 +18,6 @@
 #include "common/hw/target.h"
 #include "common/ir/chain.h"
 #include "common/space/loop_nest.h"
-#include "common/space/split.h"
 #include "worker/job.h"
 
 namespace fusor::worker {

@@ -2,62 +2,70 @@
 """Peak memory of one attention call: fusor's tuned kernel, PyTorch SDPA and
 onnxruntime's MultiHeadAttention, each in a fresh process.
 
-For an attention chain file of the plain form (Q[b,m,k] K[b,n,k] V[b,n,h],
-optionally an additive key mask M[n]; b is the heads of one sequence), each
-implementation runs once in a child process of its own; what the call adds to
-the process's peak resident set (ru_maxrss after the call less before it, the
-inputs already allocated and touched) is printed, next to the inputs' and
-the output's own size: fusor writes into an output already resident, SDPA and
-onnxruntime allocate theirs in the call. fusor's kernel comes from `fusor compile` (the
-database given, tuning on a miss) and its metadata's scratch bytes per thread
-are printed too.
+For an attention chain file of the plain form (inputs Q[b,m,k] K[b,n,k]
+V[b,n,h], optionally an additive key mask M[n]; b is the heads of one
+sequence), each implementation runs once in a child process of its own, its
+inputs made and the temporaries that made them freed first. What the call adds
+to the process's resident set at its peak (VmHWM, reset just before the call,
+less VmRSS then) is printed next to the inputs' and the output's size: fusor
+writes into an output already resident, SDPA and onnxruntime allocate theirs
+in the call. fusor's kernel comes from `fusor compile` (the database given,
+tuning on a miss); its metadata's scratch bytes per thread are printed too.
 
   bench/peers/attention_memory.py --db FRESH.db bench/chains/attention_h4_d64_s8192.fusor
 
-Needs numpy, PyTorch and onnxruntime (the environment of deploy/peers-env.sh --torch).
+Needs numpy, PyTorch and onnxruntime (the environment of deploy/peers-env.sh --torch) and Linux
+(/proc/self/clear_refs).
 """
 
 import argparse
 import ctypes
+import gc
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fusor_kernel import build_kernel, run_cmd  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_chain(path):
+    """(dims, dtype, masked) of a plain attention chain; SystemExit for any other."""
     text = open(path).read()
     dims = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", re.search(r"^dim (.*)$", text, re.M).group(1))}
     dtype = re.search(r"^dtype (\w+)", text, re.M).group(1)
-    return dims, dtype, " M[n]" in text
+    inputs = re.search(r"^in\s+(.*)$", text, re.M).group(1).split()
+    plain = ["Q[b,m,k]", "K[b,n,k]", "V[b,n,h]"]
+    if inputs not in (plain, plain + ["M[n]"]):
+        raise SystemExit(f"{path}: inputs {' '.join(inputs)}; this measures {' '.join(plain)} [M[n]] only")
+    return dims, dtype, len(inputs) == 4
 
 
-def peak_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def resident_kib(field):
+    """VmRSS or VmHWM of this process, in KiB."""
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1))
 
 
-def fusor_call(args, path, dims, masked, inputs, output):
-    """The kernel `fusor compile` hands out, built as its metadata says."""
+def fusor_call(args, inputs, output):
+    """The kernel `fusor compile` hands out, built as its metadata says; (call, note)."""
     work = tempfile.mkdtemp(prefix="fusor-memory-")
-    subprocess.run([args.fusor, "--db", args.db, "compile", path, "-o", work], check=True, stdout=subprocess.DEVNULL)
-    source = [f for f in os.listdir(work) if f.endswith(".cc")][0]
-    meta = json.load(open(os.path.join(work, source[:-3] + ".json")))
-    kmeta = meta.get("kernel", meta)
-    so = os.path.join(work, "kernel.so")
-    libs = ["-l" + lib for lib in kmeta.get("link_libs", [])]
-    subprocess.run(["c++"] + kmeta["compile_flags"] + ["-shared", "-fPIC", "-o", so, os.path.join(work, source)] + libs,
-                   check=True)
-    fn = ctypes.CDLL(so)["fusor_run"]
+    run_cmd([args.fusor, "--db", args.db, "compile", args.chain, "-o", work])
+    fn, meta = build_kernel(work)
     ins = (ctypes.c_void_p * len(inputs))(*[a.ctypes.data for a in inputs])
     outs = (ctypes.c_void_p * 1)(output.ctypes.data)
-    scratch = re.search(r"scratch per thread: (\d+) bytes", open(os.path.join(work, source)).read())
-    note = f"scratch {int(scratch.group(1)) / 2**20:.1f} MiB per thread" if scratch else ""
-    return (lambda: fn(ins, outs, args.threads)), note
+    scratch = meta.get("kernel", meta).get("scratch_bytes_per_thread")
+    note = f"scratch {scratch / 2**20:.1f} MiB per thread" if scratch else ""
+
+    def call():
+        if fn(ins, outs, args.threads) != 0:
+            raise SystemExit("fusor's kernel returned an error")
+    return call, note
 
 
 def run_one(args):
@@ -73,7 +81,8 @@ def run_one(args):
         inputs = [np.ascontiguousarray(store(a)) for a in f32]
         output = np.empty((b, m, h), dtype=inputs[0].dtype)
         output.fill(0)  # touched: the kernel writes into memory already resident
-        call, note = fusor_call(args, args.chain, dims, masked, inputs, output)
+        call, note = fusor_call(args, inputs, output)
+        in_bytes, out_bytes = sum(a.nbytes for a in inputs), output.nbytes
     elif args.impl == "sdpa":
         import torch
         torch.set_num_threads(args.threads)
@@ -82,8 +91,9 @@ def run_one(args):
         mask = torch.from_numpy(f32[3]).to(tdtype).view(1, n) if masked else None
         scale = 1 / k ** 0.5
         call = lambda: torch.nn.functional.scaled_dot_product_attention(q, kk, v, attn_mask=mask, scale=scale)
+        in_bytes = sum(t.nbytes for t in (q, kk, v) + ((mask,) if masked else ()))
+        out_bytes = b * m * h * q.element_size()
     else:
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper
         if dtype != "f32" or masked:
@@ -99,10 +109,15 @@ def run_one(args):
         # [heads, seq, dim] to one sequence of [seq, heads * dim].
         feed = {x: np.ascontiguousarray(a.transpose(1, 0, 2).reshape(1, a.shape[1], -1)) for x, a in zip("qkv", f32)}
         call = lambda: session.run(None, feed)
-    before = peak_kib()
+        in_bytes, out_bytes = sum(a.nbytes for a in feed.values()), b * m * h * 4
+    del f32
+    gc.collect()
+    before = resident_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak (VmHWM) starts again from the current resident set
     call()
-    print(json.dumps({"impl": args.impl, "added_mib": (peak_kib() - before) / 1024,
-                      "in_mib": sum(a.nbytes for a in f32) / 2**20, "out_mib": b * m * h * 4 / 2**20, "note": note}))
+    print(json.dumps({"impl": args.impl, "added_mib": (resident_kib("VmHWM") - before) / 1024,
+                      "in_mib": in_bytes / 2**20, "out_mib": out_bytes / 2**20, "note": note}))
 
 
 def main():
@@ -127,7 +142,7 @@ def main():
         if "skipped" in r:
             print(f"  {impl}: skipped ({r['skipped']})")
         else:
-            print(f"  {impl}: +{r['added_mib']:.1f} MiB (inputs {r['in_mib']:.1f} MiB, f32 output {r['out_mib']:.1f} MiB"
+            print(f"  {impl}: +{r['added_mib']:.1f} MiB (inputs {r['in_mib']:.1f} MiB, output {r['out_mib']:.1f} MiB"
                   f"{', written in place' if impl == 'fusor' else ', allocated by the call'}) {r['note']}")
 
 

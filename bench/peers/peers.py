@@ -58,6 +58,10 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fusor_kernel as fusor_kernel_lib  # noqa: E402
+from fusor_kernel import run_cmd  # noqa: E402
+
 try:
     import torch  # noqa: E402
     import torch.nn.functional as F  # noqa: E402
@@ -747,14 +751,6 @@ def make_session(model):
 
 # ------------------------------------------------------------- fusor ---
 
-def run_cmd(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if r.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s%s" % (" ".join(shlex.quote(c) for c in cmd), r.returncode,
-                                                     r.stdout[-3000:], r.stderr[-3000:]))
-    return r.stdout
-
-
 def fusor_base():
     cmd = [ARGS.fusor]
     if ARGS.server:
@@ -765,25 +761,7 @@ def fusor_base():
 
 
 def build_kernel(out):
-    """Builds the kernel `fusor compile` wrote into `out` with its recorded flags; (entry point, metadata)."""
-    source = [f for f in os.listdir(out) if f.endswith(".cc")][0]
-    meta = json.load(open(os.path.join(out, source[:-3] + ".json")))
-    kmeta = meta.get("kernel", meta)
-    so = os.path.join(out, "kernel.so")
-    libs = ["-l" + l for l in kmeta.get("link_libs", meta.get("link_libs", []))]
-    run_cmd([ARGS.compiler] + kmeta["compile_flags"] + ["-shared", "-fPIC", "-o", so, os.path.join(out, source)] + libs)
-    lib = ctypes.CDLL(so)
-    fn = lib[kmeta.get("entry_point", "fusor_run")]
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-    fn.restype = ctypes.c_int
-    if kmeta.get("prepare"):
-        # The constant inputs packed once (fusor_prepare), then every call prepared: as a model runs it.
-        lib.fusor_prepare.argtypes, lib.fusor_prepare.restype = [ctypes.POINTER(ctypes.c_void_p)], ctypes.c_void_p
-        lib.fusor_run_prepared.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-        lib.fusor_run_prepared.restype = ctypes.c_int
-        fn.prepare, fn.run_prepared = lib.fusor_prepare, lib.fusor_run_prepared
-    return fn, meta
+    return fusor_kernel_lib.build_kernel(out, ARGS.compiler)
 
 
 def fusor_kernel(path, work):

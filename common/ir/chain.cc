@@ -222,11 +222,19 @@ std::string OpToString(const Op& op, const Chain& chain) {
 }
 
 std::string ChainToText(const Chain& chain) {
-  std::string out = absl::StrCat("chain ", chain.name, "\ndtype ", DTypeName(chain.dtype), "\ndim");
-  for (const Dim& d : chain.dims) absl::StrAppend(&out, " ", d.name, "=", d.extent);
+  std::vector<int> dims(chain.dims.size()), ops(chain.ops.size());
+  for (size_t d = 0; d < dims.size(); ++d) dims[d] = static_cast<int>(d);
+  for (size_t o = 0; o < ops.size(); ++o) ops[o] = static_cast<int>(o);
+  return ChainToText(chain, chain.name, dims, ops, chain.inputs, chain.outputs);
+}
+
+std::string ChainToText(const Chain& chain, const std::string& name, const std::vector<int>& dims,
+                        const std::vector<int>& ops, const std::vector<int>& inputs, const std::vector<int>& outputs) {
+  std::string out = absl::StrCat("chain ", name, "\ndtype ", DTypeName(chain.dtype), "\ndim");
+  for (int d : dims) absl::StrAppend(&out, " ", chain.dims[d].name, "=", chain.dims[d].extent);
   out += "\nin ";
   std::vector<std::string> decls;
-  for (int t : chain.inputs) {
+  for (int t : inputs) {
     const Tensor& tensor = chain.tensors[t];
     std::vector<std::string> axes;
     for (size_t a = 0; a < tensor.shape.size(); ++a) {
@@ -237,13 +245,13 @@ std::string ChainToText(const Chain& chain) {
   }
   out += absl::StrJoin(decls, " ") + "\n";
   std::vector<std::string> constants;
-  for (int t : chain.inputs) {
+  for (int t : inputs) {
     if (chain.tensors[t].constant) constants.push_back(chain.tensors[t].name);
   }
   if (!constants.empty()) out += "const " + absl::StrJoin(constants, " ") + "\n";
-  for (const Op& op : chain.ops) out += OpToString(op, chain) + "\n";
+  for (int o : ops) out += OpToString(chain.ops[o], chain) + "\n";
   std::vector<std::string> outs;
-  for (int t : chain.outputs) outs.push_back(chain.tensors[t].name);
+  for (int t : outputs) outs.push_back(chain.tensors[t].name);
   out += "out " + absl::StrJoin(outs, " ") + "\n";
   return out;
 }

@@ -121,6 +121,10 @@ std::string ExprToString(const Expr& e, const Chain& chain);
 std::string OpToString(const Op& op, const Chain& chain);
 // The whole chain as text that ParseChainText reads back to an equal chain.
 std::string ChainToText(const Chain& chain);
+// The text of a chain made of some of `chain`'s parts: `dims`, `ops`
+// (ids, in order), reading `inputs` and writing `outputs` (tensor ids).
+std::string ChainToText(const Chain& chain, const std::string& name, const std::vector<int>& dims,
+                        const std::vector<int>& ops, const std::vector<int>& inputs, const std::vector<int>& outputs);
 
 // FLOPs of one evaluation of the chain (multiply-add = 2).
 double ChainFlops(const Chain& chain);

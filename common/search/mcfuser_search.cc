@@ -42,7 +42,7 @@ class McfuserSearch : public SearchStrategy {
                          space::TilingExpression(schedule, *task.chain) + " " + space_.ranked[i].mappings);
     }
     proposed_.assign(space_.ranked.size(), false);
-    if (!space::SplitPoints(*task.chain).empty()) {
+    if (options_.split_candidates > 0 && !space::SplitPoints(*task.chain).empty()) {
       split_room_ = std::min(options_.split_candidates, task.budget / 4);
     }
     return absl::OkStatus();
@@ -162,12 +162,10 @@ class McfuserSearch : public SearchStrategy {
     splits_made_ = true;
     if (split_room_ <= 0) return;
     const std::string unfused = absl::StrCat(space::kUnfusedPrefix, options_.split_library);
-    const Measured* best = nullptr;
-    for (const Measured& m : measured_) {
-      if (m.median_s > 0 && (best == nullptr || m.median_s < best->median_s)) best = &m;
-    }
+    const Measured* best = BestMeasured();
     struct Way {
       std::string text;
+      std::string mapping;  // DescribeMappings of a fused part, or the unfused text
       model::Prediction prediction;
       double score = 0;
     };
@@ -187,13 +185,18 @@ class McfuserSearch : public SearchStrategy {
           std::vector<space::Schedule> tries;
           if (projected.ok()) {
             tries.push_back(*projected);
-            tries.push_back(*projected);
-            tries.back().split = 1;
-            tries.push_back(tries.back());
-            space::Schedule& blocks = tries.back();
-            blocks.block.insert(blocks.block.end(), blocks.stream.begin(), blocks.stream.end());
-            std::sort(blocks.block.begin(), blocks.block.end());
-            blocks.stream.clear();
+            if (projected->split != 1) {
+              tries.push_back(*projected);
+              tries.back().split = 1;
+            }
+            if (!projected->stream.empty()) {
+              tries.push_back(tries.back());
+              space::Schedule& blocks = tries.back();
+              blocks.split = 1;
+              blocks.block.insert(blocks.block.end(), blocks.stream.begin(), blocks.stream.end());
+              std::sort(blocks.block.begin(), blocks.block.end());
+              blocks.stream.clear();
+            }
           }
           for (size_t i = 0; i < tries.size() && !fused.ok(); ++i) {
             fused = space::EvaluateSchedule(part, task_.target, tries[i], options_.space);
@@ -204,20 +207,19 @@ class McfuserSearch : public SearchStrategy {
           if (space.ok() && !space->ranked.empty()) fused = space->ranked[0];
         }
         if (fused.ok()) {
-          ways[p].push_back({space::ScheduleToText(fused->schedule, part), fused->prediction,
+          ways[p].push_back({space::ScheduleToText(fused->schedule, part), fused->mappings, fused->prediction,
                              fused->prediction.t_estm_s * std::exp(typical_log_ratio_)});
         }
         const model::Prediction u = model::PredictUnfused(part, task_.target);
-        ways[p].push_back({unfused, u, u.t_estm_s});
+        ways[p].push_back({unfused, unfused, u, u.t_estm_s});
       }
       for (const Way& head : ways[0]) {
         for (const Way& tail : ways[1]) {
           if (head.text == unfused && tail.text == unfused) continue;  // the baseline, measured anyway
-          const space::SplitSchedule split{boundary, *parts, {head.text, tail.text}};
           CandidateSpec c;
-          c.schedule_text = space::SplitToText(*task_.chain, boundary, split.texts);
+          c.schedule_text = space::SplitToText(*task_.chain, boundary, {head.text, tail.text});
           if (!texts.insert(c.schedule_text).second) continue;
-          c.mapping = space::SplitMappings(split, task_.target);
+          c.mapping = absl::StrCat(head.mapping, " | ", tail.mapping);
           c.prediction.t_mem_s = head.prediction.t_mem_s + tail.prediction.t_mem_s;
           c.prediction.t_comp_s = head.prediction.t_comp_s + tail.prediction.t_comp_s;
           c.prediction.t_estm_s = head.prediction.t_estm_s + tail.prediction.t_estm_s;
@@ -297,10 +299,7 @@ class McfuserSearch : public SearchStrategy {
   std::vector<int> LaunchVariants(int count) {
     std::vector<int> out;
     if (task_.target.backend != hw::Backend::kCuda) return out;
-    const Measured* best = nullptr;
-    for (const Measured& m : measured_) {
-      if (m.median_s > 0 && (best == nullptr || m.median_s < best->median_s)) best = &m;
-    }
+    const Measured* best = BestMeasured();
     if (best == nullptr) return out;
     const space::Schedule parent = space_.ranked[best->index].schedule;
     const int warps = space::WarpsOf(parent), stages = space::StagesOf(parent);
@@ -460,6 +459,15 @@ class McfuserSearch : public SearchStrategy {
     double median_s;  // 0 when it failed
     double ratio;     // measured / predicted
   };
+
+  // The fastest measurement so far, or null.
+  const Measured* BestMeasured() const {
+    const Measured* best = nullptr;
+    for (const Measured& m : measured_) {
+      if (m.median_s > 0 && (best == nullptr || m.median_s < best->median_s)) best = &m;
+    }
+    return best;
+  }
 
   McfuserSearchOptions options_;
   SearchTask task_;

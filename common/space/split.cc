@@ -10,6 +10,7 @@
 #include "common/ir/parse.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
+#include "common/util/status_macros.h"
 
 namespace fusor::space {
 namespace {
@@ -41,26 +42,7 @@ std::string PartText(const ir::Chain& chain, const std::string& name, const std:
       }
     });
   }
-  std::string out = absl::StrCat("chain ", name, "\ndtype ", ir::DTypeName(chain.dtype), "\ndim");
-  for (int d : dims) absl::StrAppend(&out, " ", chain.dims[d].name, "=", chain.dims[d].extent);
-  std::vector<std::string> decls, constants;
-  for (int t : inputs) {
-    const ir::Tensor& tensor = chain.tensors[t];
-    std::vector<std::string> axes;
-    for (size_t a = 0; a < tensor.shape.size(); ++a) {
-      const int d = tensor.axis_dims[a];
-      axes.push_back(d >= 0 ? chain.dims[d].name : absl::StrCat(tensor.shape[a]));
-    }
-    decls.push_back(absl::StrCat(tensor.name, "[", absl::StrJoin(axes, ","), "]"));
-    if (tensor.constant) constants.push_back(tensor.name);
-  }
-  absl::StrAppend(&out, "\nin ", absl::StrJoin(decls, " "), "\n");
-  if (!constants.empty()) absl::StrAppend(&out, "const ", absl::StrJoin(constants, " "), "\n");
-  for (int o : ops) absl::StrAppend(&out, ir::OpToString(chain.ops[o], chain), "\n");
-  absl::StrAppend(&out, "out ", absl::StrJoin(outputs, " ", [&](std::string* s, int t) {
-                    s->append(chain.tensors[t].name);
-                  }), "\n");
-  return out;
+  return ir::ChainToText(chain, name, std::vector<int>(dims.begin(), dims.end()), ops, inputs, outputs);
 }
 
 }  // namespace
@@ -194,26 +176,33 @@ absl::StatusOr<Schedule> ProjectSchedule(const Schedule& schedule, const ir::Cha
   return Canonical(out, part);
 }
 
-absl::StatusOr<SplitSchedule> ParseSplit(absl::string_view text, const ir::Chain& chain) {
+absl::StatusOr<SplitWords> ReadSplitWords(absl::string_view text) {
   if (!IsSplitText(text)) return absl::InvalidArgumentError(absl::StrCat("not a split: '", text, "'"));
   absl::string_view rest = text.substr(sizeof(kSplitPrefix) - 1);
   const size_t colon = rest.find(':');
   if (colon == absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat("split '", text, "': expected 'split after TENSOR: HEAD | TAIL'"));
   }
-  SplitSchedule s;
-  const std::string name(absl::StripAsciiWhitespace(rest.substr(0, colon)));
-  s.boundary = chain.FindTensor(name);
-  if (s.boundary < 0) return absl::InvalidArgumentError(absl::StrCat("split: chain has no tensor '", name, "'"));
-  absl::StatusOr<ChainParts> parts = SplitChain(chain, s.boundary);
-  if (!parts.ok()) return parts.status();
-  s.chains = std::move(*parts);
-  const std::vector<std::string> texts = absl::StrSplit(rest.substr(colon + 1), '|');
+  const std::vector<absl::string_view> texts = absl::StrSplit(rest.substr(colon + 1), '|');
   if (texts.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("split '", text, "': expected two parts separated by '|'"));
   }
+  SplitWords words;
+  words.tensor = std::string(absl::StripAsciiWhitespace(rest.substr(0, colon)));
+  for (int p = 0; p < 2; ++p) words.texts[p] = std::string(absl::StripAsciiWhitespace(texts[p]));
+  return words;
+}
+
+absl::StatusOr<SplitSchedule> ParseSplit(absl::string_view text, const ir::Chain& chain) {
+  ASSIGN_OR_RETURN(SplitWords words, ReadSplitWords(text));
+  SplitSchedule s;
+  s.boundary = chain.FindTensor(words.tensor);
+  if (s.boundary < 0) return absl::InvalidArgumentError(absl::StrCat("split: chain has no tensor '", words.tensor, "'"));
+  absl::StatusOr<ChainParts> parts = SplitChain(chain, s.boundary);
+  if (!parts.ok()) return parts.status();
+  s.chains = std::move(*parts);
+  s.texts = std::move(words.texts);
   for (int p = 0; p < 2; ++p) {
-    s.texts[p] = std::string(absl::StripAsciiWhitespace(texts[p]));
     if (!UnfusedVendor(s.texts[p]).empty()) continue;
     absl::StatusOr<Schedule> schedule = ParseSchedule(s.texts[p], s.chains.parts[p]);
     if (!schedule.ok()) {

@@ -62,6 +62,13 @@ struct SplitSchedule {
   std::array<std::string, 2> texts;  // per part: a fused schedule text of its chain, or an unfused text
 };
 absl::StatusOr<SplitSchedule> ParseSplit(absl::string_view text, const ir::Chain& chain);
+// The words of a split's text, without a chain to check them against:
+// "split after TENSOR: HEAD | TAIL".
+struct SplitWords {
+  std::string tensor;
+  std::array<std::string, 2> texts;
+};
+absl::StatusOr<SplitWords> ReadSplitWords(absl::string_view text);
 std::string SplitToText(const ir::Chain& chain, int boundary, const std::array<std::string, 2>& texts);
 // How each part maps onto the target, "HEAD | TAIL": a fused part's
 // DescribeMappings, an unfused part's text.

@@ -48,6 +48,14 @@ def attention_reference(q, k, v, scale, mask=None):
     return p @ v.astype(np.float64)
 
 
+def ffn_reference(x, w1, b1, w2):
+    """FFN's Y = gelu(X W1 + B1) W2 (the exact, erf GELU) in float64."""
+    from math import erf, sqrt
+
+    h = x.astype(np.float64) @ w1 + b1
+    return (h * 0.5 * (1 + np.vectorize(erf)(h / sqrt(2)))) @ w2
+
+
 # Scheduler flags for tests: short timing, no candidate refused as noisy, and the fused kernel as the answer
 # even where the unfused chain measured faster (these small kernels take microseconds on a shared machine; the
 # tests check results, not timings; test_client.py checks an unfused answer).

@@ -219,6 +219,11 @@ def test_parameters_are_packed_once_and_again_when_they_change(monkeypatch):
     with torch.inference_mode():
         torch.testing.assert_close(region(*args), region.original(*args), rtol=1e-5, atol=1e-5)
     assert len(region._packed) == 2
+    # Parameters that are inference tensors have no version counter: never packed, run packing per call.
+    with torch.inference_mode():
+        frozen = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in args)
+        torch.testing.assert_close(region(*frozen), region.original(*frozen), rtol=1e-5, atol=1e-5)
+    assert len(region._packed) == 2
 
 
 @torch.inference_mode()

@@ -20,6 +20,7 @@
 #include "server/scheduler.h"
 #include "server/wire_rows.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::server {
 namespace {
@@ -49,13 +50,7 @@ class SchedulerRobustnessTest : public ::testing::Test {
     scheduler_ = std::move(*s);
   }
 
-  static hw::TargetDesc CpuTarget() {
-    hw::TargetDesc t;
-    t.compute_units = 2;
-    t.isa_features = {"avx2", "fma"};
-    t.vector_lanes_f32 = 8;
-    return t;
-  }
+  static hw::TargetDesc CpuTarget() { return testing::Avx2Target(); }
 
   WorkerCredentials RegisterWorker(const std::string& name, const hw::TargetDesc& t = CpuTarget()) {
     auto r = scheduler_->Register(name, t);

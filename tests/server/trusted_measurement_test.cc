@@ -15,6 +15,7 @@
 #include "server/scheduler.h"
 #include "server/wire_rows.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::server {
 namespace {
@@ -132,11 +133,7 @@ class TrustedMeasurementTest : public ::testing::Test {
     auto s = Scheduler::Create(o);
     ASSERT_TRUE(s.ok()) << s.status();
     scheduler_ = std::move(*s);
-    hw::TargetDesc t;
-    t.compute_units = 2;
-    t.isa_features = {"avx2", "fma"};
-    t.vector_lanes_f32 = 8;
-    auto r = scheduler_->Register("", t);
+    auto r = scheduler_->Register("", testing::Avx2Target());
     ASSERT_TRUE(r.ok()) << r.status();
     worker_ = r->credentials;
   }

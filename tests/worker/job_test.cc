@@ -14,6 +14,7 @@
 #include "common/ir/parse.h"
 #include "common/util/process.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::worker {
 namespace {
@@ -21,10 +22,7 @@ namespace {
 using ::testing::HasSubstr;
 
 hw::TargetDesc Target() {
-  hw::TargetDesc t;
-  t.compute_units = 2;
-  t.vector_lanes_f32 = 8;
-  t.isa_features = {"avx2", "fma"};
+  hw::TargetDesc t = testing::Avx2Target();
   t.compiler = "test";
   return t;
 }
@@ -218,7 +216,7 @@ TEST(RunJobIsolatedTest, AConfirmationTimesTheBaselineBesideTheCandidate) {
 }
 
 // A constant input is packed once before timing; the packing's time is
-// recorded apart, and the samples are of the prepared run.
+// recorded apart.
 TEST(RunJobIsolatedTest, ConstantInputsArePreparedOnceAndTimedApart) {
   JobSpec spec = Spec(JobKind::kCandidate, "m=8 / - / -");
   std::string text = kChain;

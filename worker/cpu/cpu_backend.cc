@@ -14,6 +14,7 @@
 #include "common/codegen/cpu/cpu_codegen.h"
 #include "common/ir/reference.h"
 #include "common/space/schedule.h"
+#include "common/space/split.h"
 #include "common/util/files.h"
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
@@ -56,8 +57,8 @@ absl::StatusOr<codegen::KernelSource> CompositeKernel(const ir::Chain& chain, co
                                                       const hw::TargetDesc& target) {
   if (space::IsSplitText(schedule_text)) return codegen::EmitCpuSplitKernel(chain, schedule_text, target);
   const std::string vendor = space::UnfusedVendor(schedule_text);
-  for (codegen::CpuBlas blas : {codegen::CpuBlas::kOpenBlas, codegen::CpuBlas::kOneDnn}) {
-    if (vendor == codegen::CpuBlasName(blas)) return codegen::EmitCpuUnfusedBaseline(chain, blas);
+  if (const std::optional<codegen::CpuBlas> blas = codegen::CpuBlasNamed(vendor)) {
+    return codegen::EmitCpuUnfusedBaseline(chain, *blas);
   }
   return absl::InvalidArgumentError(absl::StrCat("no CPU library '", vendor, "' to run the chain unfused through"));
 }

@@ -51,32 +51,28 @@ KernelCalls::~KernelCalls() {
   for (auto& [pointers, state] : states_) kernel_.prepare()->release(state);
 }
 
+// The prepared state of this input set: found, or made now (null when
+// fusor_prepare ran out of memory).
 void* KernelCalls::StateFor(const void* const* inputs) {
   for (auto& [pointers, state] : states_) {
     if (std::equal(pointers.begin(), pointers.end(), inputs)) return state;
   }
-  return nullptr;
-}
-
-int KernelCalls::Prepare(const void* const* inputs) {
-  if (!prepared_ || StateFor(inputs) != nullptr) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   void* state = kernel_.prepare()->prepare(inputs);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (state == nullptr) return 1;
+  if (state == nullptr) return nullptr;
   if (states_.empty()) prepare_s_ = seconds;
   states_.emplace_back(std::vector<const void*>(inputs, inputs + num_inputs_), state);
-  return 0;
+  return state;
 }
+
+int KernelCalls::Prepare(const void* const* inputs) { return !prepared_ || StateFor(inputs) != nullptr ? 0 : 1; }
 
 int KernelCalls::Run(const void* const* inputs, void* const* outputs) {
   if (!prepared_) return kernel_.entry()(inputs, outputs, threads_);
-  void* state = StateFor(inputs);  // one lookup on the timed path: every set is prepared before timing
-  if (state == nullptr) {
-    if (int rc = Prepare(inputs); rc != 0) return rc;
-    state = StateFor(inputs);
-  }
-  return kernel_.prepare()->run(state, inputs, outputs, threads_);
+  // One lookup on the timed path: every set is prepared before timing.
+  void* state = StateFor(inputs);
+  return state == nullptr ? 1 : kernel_.prepare()->run(state, inputs, outputs, threads_);
 }
 
 void* LoadedKernel::Symbol(const std::string& name) const { return dlsym(handle_, name.c_str()); }

@@ -69,7 +69,7 @@ class KernelCalls {
   const int threads_;
   const bool prepared_;
   std::vector<std::pair<std::vector<const void*>, void*>> states_;  // by input pointers
-  void* StateFor(const void* const* inputs);
+  void* StateFor(const void* const* inputs);  // found, or prepared now; null: out of memory
   double prepare_s_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include "common/codegen/cpu/cpu_emit.h"
 #include "common/codegen/emit.h"
 #include "common/mapping/mapping.h"
+#include "common/space/split.h"
 
 namespace fusor::codegen {
 namespace {
@@ -401,18 +402,21 @@ class BaselineEmitter {
 
 const char* CpuBlasName(CpuBlas blas) { return blas == CpuBlas::kOneDnn ? "onednn" : "openblas"; }
 
+std::optional<CpuBlas> CpuBlasNamed(absl::string_view name) {
+  for (CpuBlas blas : {CpuBlas::kOpenBlas, CpuBlas::kOneDnn}) {
+    if (name == CpuBlasName(blas)) return blas;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain, CpuBlas blas) {
   KernelSource k;
   k.source = BaselineEmitter(chain, blas).Emit();
   k.compile_flags = cpu::CompileFlags();
   k.link_libs = {blas == CpuBlas::kOneDnn ? "dnnl" : "openblas"};
-  nlohmann::json meta = {{"entry_point", k.entry_point},
-                         {"language", "c++"},
-                         {"inputs", emit::TensorsJson(chain, chain.inputs)},
-                         {"outputs", emit::TensorsJson(chain, chain.outputs)},
-                         {"baseline", absl::StrCat("unfused, GEMMs through ", CpuBlasName(blas))},
-                         {"compile_flags", k.compile_flags},
-                         {"link_libs", k.link_libs}};
+  nlohmann::json meta = cpu::KernelJson(chain, absl::StrCat(space::kUnfusedPrefix, CpuBlasName(blas)));
+  meta["baseline"] = absl::StrCat("unfused, GEMMs through ", CpuBlasName(blas));
+  meta["link_libs"] = k.link_libs;
   k.metadata_json = meta.dump(2);
   return k;
 }

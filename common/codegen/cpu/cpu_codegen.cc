@@ -87,11 +87,8 @@ class FusedEmitter : public NestWalker {
       direct_c_.push_back(DirectCStride(on));
     }
     epilogue_.assign(chain.ops.size(), nullptr);
-    folded_.assign(chain.ops.size(), false);
     for (size_t i = 0; i + 1 < nest.ops.size(); ++i) {
-      if (!FoldsInto(nest.ops[i], nest.ops[i + 1])) continue;
-      epilogue_[nest.ops[i].op] = &nest.ops[i + 1];
-      folded_[nest.ops[i + 1].op] = true;
+      if (FoldsInto(nest.ops[i], nest.ops[i + 1])) epilogue_[nest.ops[i].op] = &nest.ops[i + 1];
     }
     // The packed sides whose every factor is a constant input: packed once
     // by fusor_prepare, for every visit of every block.
@@ -606,7 +603,7 @@ class FusedEmitter : public NestWalker {
 
   void EmitMap(const Op& op, const space::OpNest& on) override {
     if (prep_mode_) return;  // the prepare walk: loops and constant packs only
-    if (folded_[on.op]) {
+    if (std::any_of(epilogue_.begin(), epilogue_.end(), [&](const space::OpNest* m) { return m == &on; })) {
       w_.Line("// applied by the micro-kernels above, to each register tile as its sum completes");
       return;
     }
@@ -1313,7 +1310,6 @@ class FusedEmitter : public NestWalker {
   std::vector<ASide> a_;  // per op
   std::vector<int64_t> direct_c_;  // per op: the row stride of C written in place, or 0
   std::vector<const space::OpNest*> epilogue_;  // per sum: the map its micro-kernels apply to finished tiles
-  std::vector<bool> folded_;       // per op: a map applied by a sum's micro-kernels (FoldsInto)
   std::map<int, int64_t> partial_slot_;  // split stream: accumulated op -> its partial sums in `partials`
   std::vector<ConstantPack> constant_;
   bool prep_mode_ = false;  // emitting fusor_prep_walk: loops and constant packs only

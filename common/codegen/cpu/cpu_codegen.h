@@ -8,15 +8,16 @@
 // returns 0 on success and nonzero if it could not allocate its scratch.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/ir/chain.h"
 #include "common/hw/target.h"
 #include "common/space/loop_nest.h"
-#include "common/space/split.h"
 
 namespace fusor::codegen {
 
@@ -46,6 +47,8 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const ir::Chain& chain, const sp
 // (dnnl_sgemm); "openblas" or "onednn".
 enum class CpuBlas { kOpenBlas, kOneDnn };
 const char* CpuBlasName(CpuBlas blas);
+// The BLAS of that name; nullopt for any other.
+std::optional<CpuBlas> CpuBlasNamed(absl::string_view name);
 
 // The unfused chain as a user would otherwise run it: each op over whole
 // tensors in turn, GEMM-shaped sums through `blas` (batches of small GEMMs

@@ -14,6 +14,7 @@
 #include "common/codegen/cpu/cpu_emit.h"
 #include "common/codegen/emit.h"
 #include "common/space/schedule.h"
+#include "common/space/split.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::codegen {
@@ -24,9 +25,7 @@ constexpr const char* kPartNames[2] = {"fusor_head", "fusor_tail"};
 absl::StatusOr<KernelSource> PartKernel(const ir::Chain& part, const std::string& text,
                                         const hw::TargetDesc& target) {
   if (const std::string vendor = space::UnfusedVendor(text); !vendor.empty()) {
-    for (CpuBlas blas : {CpuBlas::kOpenBlas, CpuBlas::kOneDnn}) {
-      if (vendor == CpuBlasName(blas)) return EmitCpuUnfusedBaseline(part, blas);
-    }
+    if (const std::optional<CpuBlas> blas = CpuBlasNamed(vendor)) return EmitCpuUnfusedBaseline(part, *blas);
     return absl::InvalidArgumentError(absl::StrCat("no CPU library '", vendor, "' to run a part through"));
   }
   ASSIGN_OR_RETURN(space::Schedule schedule, space::ParseSchedule(text, part));

@@ -48,7 +48,7 @@ class Result:
     @property
     def split(self) -> bool:
         """Whether the answer runs the chain in two parts, one after the other, each fused or unfused."""
-        return self.schedule.startswith("split after ")
+        return _is_split(self.schedule)
 
     @property
     def unfused(self) -> bool:
@@ -72,7 +72,7 @@ class Result:
         lines.append(f"measured   {_duration(self.best_s)}  (spread {self.spread * 100:.0f}%)")
         if self.unfused:
             if self.fused_s > 0:
-                split = self.fused_schedule.startswith("split after ")
+                split = _is_split(self.fused_schedule)
                 lines.append(f"fused      {_duration(self.fused_s)}  the best "
                              f"{'candidate, partly fused' if split else 'fused kernel'} ({self.fused_schedule})")
                 lines.append(f"unfused wins: fusion does not pay here (the "
@@ -160,9 +160,17 @@ class Task:
                    t)
 
 
+_SPLIT = "split after "
+
+
+def _is_split(schedule: str) -> bool:
+    """Whether a schedule text runs the chain in two parts ("split after T: HEAD | TAIL")."""
+    return schedule.startswith(_SPLIT)
+
+
 def _parts(schedule: str) -> str:
     """How a split schedule ("split after T: HEAD | TAIL") runs its parts, in words."""
-    boundary, _, parts = schedule[len("split after "):].partition(":")
+    boundary, _, parts = schedule[len(_SPLIT):].partition(":")
     words = [f"the {name} {'unfused, through ' + text.strip()[len('unfused '):] if text.strip().startswith('unfused ') else 'fused'}"
              for name, text in zip(("head", "tail"), parts.split("|"))]
     return f"the chain in two kernels run in turn, split after {boundary}: " + ", ".join(words)

@@ -113,12 +113,6 @@ TEST(CostModelTest, AlphaChargesTheLastWaveAndEstimatesApply) {
   EXPECT_DOUBLE_EQ(alpha(1, gpu), (256.0 + gpu.compute_units) / 256);
 }
 
-}  // namespace
-}  // namespace fusor::model
-
-namespace fusor::hw {
-namespace {
-
 // The unfused chain: every op reads and writes its whole tensors once at W,
 // its FLOPs at P.
 TEST(CostModelTest, UnfusedChainMovesEveryTensorOncePerOp) {
@@ -127,13 +121,19 @@ TEST(CostModelTest, UnfusedChainMovesEveryTensorOncePerOp) {
   t.compute_units = 2;
   t.bandwidth_bytes_per_s = 1e10;
   t.peak_flops = 1e11;
-  const model::Prediction p = model::PredictUnfused(chain, t);
+  const model::Prediction p = PredictUnfused(chain, t);
   // C: C + A + B = 4096 + 2048 + 2048 elements; E: E + C + D = 2048 + 4096 + 2048.
   EXPECT_DOUBLE_EQ(p.t_mem_s, 16384.0 * 4 / 1e10);
   EXPECT_DOUBLE_EQ(p.t_comp_s, (2.0 * 64 * 64 * 32 + 2.0 * 64 * 32 * 64) / 1e11);
   EXPECT_DOUBLE_EQ(p.t_estm_s, p.t_mem_s + p.t_comp_s);
   EXPECT_EQ(p.alpha, 1);
 }
+
+}  // namespace
+}  // namespace fusor::model
+
+namespace fusor::hw {
+namespace {
 
 TEST(RatesTest, CalibratedThenDeviceTableThenEstimate) {
   TargetDesc cpu;

@@ -11,6 +11,7 @@
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::model {
 namespace {
@@ -44,10 +45,7 @@ TEST(LearnedModelTest, FeatureNamesMatchTheFeatures) {
   EXPECT_EQ(FeatureNames()[kOwnLoops], "own_loops");
   EXPECT_EQ(FeatureNames()[kPadding], "log_padding");
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  hw::TargetDesc target;
-  target.compute_units = 2;
-  target.isa_features = {"avx2", "fma"};
-  target.vector_lanes_f32 = 8;
+  const hw::TargetDesc target = testing::Avx2Target();
   auto sample = MakeSample(*chain, "m=16 / - / C(n=32) E(h=16 n=32)", target, 1e-3, "g");
   ASSERT_TRUE(sample.ok()) << sample.status();
   EXPECT_EQ(sample->features.size(), FeatureNames().size());
@@ -124,10 +122,7 @@ TEST(LearnedModelTest, PersistsAsJson) {
 // the correction, and a space ranked with the model follows it.
 TEST(LearnedModelTest, CorrectsTheAnalyticalPredictionOfANest) {
   auto chain = ir::ParseChainText(testing::kGemmChain);
-  hw::TargetDesc target;
-  target.compute_units = 2;
-  target.isa_features = {"avx2", "fma"};
-  target.vector_lanes_f32 = 8;
+  hw::TargetDesc target = testing::Avx2Target();
   target.bandwidth_bytes_per_s = 1e10;
   target.peak_flops = 1e11;
   auto space = space::BuildSpace(*chain, target);

@@ -12,15 +12,13 @@
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
 #include "common/util/process.h"
+#include "tests/test_targets.h"
 
 namespace fusor::search {
 namespace {
 
 hw::TargetDesc Target() {
-  hw::TargetDesc t;
-  t.compute_units = 2;
-  t.vector_lanes_f32 = 8;
-  t.isa_features = {"avx2", "fma"};
+  hw::TargetDesc t = testing::Avx2Target();
   t.l1d_bytes = 32 << 10;
   t.l2_bytes = 1 << 20;
   t.bandwidth_bytes_per_s = 20e9;

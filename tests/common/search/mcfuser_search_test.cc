@@ -13,6 +13,7 @@
 #include "common/search/search_strategy.h"
 #include "common/space/split.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::search {
 namespace {
@@ -20,10 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 
 hw::TargetDesc Cpu() {
-  hw::TargetDesc t;
-  t.compute_units = 2;
-  t.isa_features = {"avx2", "fma"};
-  t.vector_lanes_f32 = 8;
+  hw::TargetDesc t = testing::Avx2Target();
   t.l1d_bytes = 32 << 10;
   t.l2_bytes = 1 << 20;
   t.bandwidth_bytes_per_s = 20e9;
@@ -270,12 +268,6 @@ TEST(McfuserSearchTest, RanksWithTheCostModelItIsGiven) {
   EXPECT_DOUBLE_EQ(g[0].prediction.t_estm_s, space->ranked.front().prediction.t_estm_s);
   for (const space::RankedSchedule& r : space->ranked) EXPECT_GE(r.prediction.t_estm_s, g[0].prediction.t_estm_s);
 }
-
-}  // namespace
-}  // namespace fusor::search
-
-namespace fusor::search {
-namespace {
 
 TEST(McfuserSearchTest, SplitsComeLastWithinTheBudgetOnePerKindFirst) {
   auto chain = ir::ParseChainText(testing::kConstFfn);

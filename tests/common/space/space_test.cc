@@ -15,6 +15,7 @@
 #include "common/ir/parse.h"
 #include "common/ir/regroup.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::space {
 namespace {
@@ -183,10 +184,7 @@ out E
 )";
 
 hw::TargetDesc Cpu() {
-  hw::TargetDesc t;
-  t.compute_units = 2;
-  t.isa_features = {"avx512f"};
-  t.vector_lanes_f32 = 16;
+  hw::TargetDesc t = testing::Avx512Target();
   t.l1d_bytes = 48 << 10;
   t.l2_bytes = 2 << 20;
   return t;

@@ -6,6 +6,7 @@
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::space {
 namespace {
@@ -16,13 +17,7 @@ std::vector<std::string> Names(const ir::Chain& chain, const std::vector<int>& t
   return out;
 }
 
-hw::TargetDesc Target() {
-  hw::TargetDesc t;
-  t.compute_units = 2;
-  t.vector_lanes_f32 = 8;
-  t.isa_features = {"avx2", "fma"};
-  return t;
-}
+hw::TargetDesc Target() { return testing::Avx2Target(); }
 
 TEST(SplitTest, PartsKeepTheirNamesAndHandOnWhatTheTailReads) {
   const ir::Chain ffn = *ir::ParseChainText(testing::kConstFfn);

@@ -22,17 +22,12 @@
 #include "worker/cpu/compiler.h"
 #include "worker/cpu/measure.h"
 #include "common/util/process.h"
+#include "tests/test_targets.h"
 
 namespace fusor::codegen {
 namespace {
 
-hw::TargetDesc TestTarget() {
-  hw::TargetDesc t;
-  t.compute_units = 2;
-  t.vector_lanes_f32 = 8;
-  t.isa_features = {"avx2", "fma"};
-  return t;
-}
+hw::TargetDesc TestTarget() { return testing::Avx2Target(); }
 
 // Compiles `kernel` (for `march` instead of the build machine, when given)
 // and validates it on `chain`; returns the validation.
@@ -95,9 +90,7 @@ TEST(CpuCodegenTest, AttentionWholeProblemInOneBlock) {
 }
 
 TEST(CpuCodegenTest, AttentionAvx512AndScalarMicroKernels) {
-  hw::TargetDesc wide = TestTarget();
-  wide.isa_features = {"avx512f"};
-  wide.vector_lanes_f32 = 16;
+  const hw::TargetDesc wide = testing::Avx512Target();
   CheckFused(kAttention, "b=1 m=8 / - / S(n=32 k=16) O(n=32)", wide);
   hw::TargetDesc narrow = TestTarget();
   narrow.isa_features = {};
@@ -270,9 +263,6 @@ out G E
              "m=16 / n=16 / -", TestTarget());
 }
 
-// Large scores and masked rows (every column masked in some rows, some
-// columns in others): the online softmax and the plain one both match the
-// float64 reference.
 // A GEMM's epilogue applied by its micro-kernels to each register tile as
 // the tile's sum completes: whole in one call, or at the last of its k
 // chunks (c = 40 in chunks of 16); rows past a whole micro-kernel; inside
@@ -292,9 +282,7 @@ out Y
 )";
   std::string gelu = relu;
   gelu.replace(gelu.find("relu("), 5, "gelu(");
-  hw::TargetDesc wide = TestTarget();
-  wide.isa_features = {"avx512f"};
-  wide.vector_lanes_f32 = 16;
+  const hw::TargetDesc wide = testing::Avx512Target();
   auto folded = [](const std::string& text, const std::string& schedule, const hw::TargetDesc& target) {
     auto chain = ir::ParseChainText(text);
     auto parsed = space::ParseSchedule(schedule, *chain);
@@ -315,6 +303,9 @@ out Y
   }
 }
 
+// Large scores and masked rows (every column masked in some rows, some
+// columns in others): the online softmax and the plain one both match the
+// float64 reference.
 TEST(CpuCodegenTest, OnlineAndPlainSoftmaxOnLargeAndMaskedInputs) {
   auto chain = ir::ParseChainText(R"(
 dim b=2 m=20 n=70 k=16 h=8
