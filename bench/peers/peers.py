@@ -631,8 +631,14 @@ def onnx_program(chain, dtype, values=None):
                     w = node("Reshape", [w, const(chain.shape[conv["w"]] + [1, 1], [4])])
                 y = node("Conv", [x, w], strides=[sp, sq], dilations=[dp, dq])
                 used_ops.add("Conv")
-                y = node("Slice", [y, const([0, 0], [2]), const([chain.extent[p], chain.extent[q]], [2]),
-                                   const([2, 3], [2])])
+                # Cut to the chain's extents where the input holds more rows than they read.
+                shape = chain.shape[conv["x"]]
+                kernel = [1, 1] if conv.get("pointwise") else chain.shape[conv["w"]][2:]
+                natural = [(shape[2 + i] - off - dil * (kernel[i] - 1) - 1) // st + 1
+                           for i, (st, dil, off) in enumerate(((sp, dp, a), (sq, dq, b)))]
+                if natural != [chain.extent[p], chain.extent[q]]:
+                    y = node("Slice", [y, const([0, 0], [2]), const([chain.extent[p], chain.extent[q]], [2]),
+                                       const([2, 3], [2])])
                 if conv["scale"] != 1:
                     y = node("Mul", [y, const(conv["scale"])])
                 perm = [conv["order"].index(d) for d in index]
@@ -663,7 +669,13 @@ def onnx_program(chain, dtype, values=None):
         value[op["output"]] = y
     outs = []
     for t in chain.outputs:
-        nodes.append(helper.make_node("Identity", [value[t]], [t + "_out"]))
+        # The node that computes an output writes it (an Identity only where
+        # the value is an input or feeds other nodes too).
+        maker = [nd for nd in nodes if value[t] in nd.output]
+        if maker and not any(value[t] in nd.input for nd in nodes):
+            maker[0].output[list(maker[0].output).index(value[t])] = t + "_out"
+        else:
+            nodes.append(helper.make_node("Identity", [value[t]], [t + "_out"]))
         outs.append(helper.make_tensor_value_info(t + "_out", elem, chain.shape[t]))
     graph = helper.make_graph(nodes, chain.name, graph_in, outs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),

@@ -16,7 +16,7 @@ void NestWalker::WalkBlock() {
 bool NestWalker::StagedAtLevel(const space::OpNest& on, bool a_side, int level) const {
   if (!on.gemm.ok) return false;
   if (a_side) return on.a_depth == level && !on.a_hoisted && !on.a_per_point && !ReadsAInPlace(on);
-  return on.b_depth == level && !on.b_hoisted && !on.b_per_point;
+  return on.b_depth == level && !on.b_hoisted && !on.b_per_point && !ReadsBInPlace(on);
 }
 
 void NestWalker::OpenOwnLoop(const space::OpNest& on, int level) { x_.OpenTileLoop(w_, on.loops[level]); }
@@ -34,13 +34,13 @@ void NestWalker::EmitStream() {
     if (on.online) ResetOnlineState(on);
   }
   for (const space::OpNest& on : nest_.ops) {
-    const bool pack_a = on.a_hoisted && !ReadsAInPlace(on);
-    if (on.region != space::Region::kStream || !on.gemm.ok || !(pack_a || on.b_hoisted)) continue;
+    const bool pack_a = on.a_hoisted && !ReadsAInPlace(on), pack_b = on.b_hoisted && !ReadsBInPlace(on);
+    if (on.region != space::Region::kStream || !on.gemm.ok || !(pack_a || pack_b)) continue;
     w_.Line(absl::StrCat("// ", chain_.tensors[chain_.ops[on.op].output].name, HoistedNote()));
     w_.Open("");
     x_.DefineFullRanges(w_, on);
     if (pack_a) Pack(on, true);
-    if (on.b_hoisted) Pack(on, false);
+    if (pack_b) Pack(on, false);
     w_.Close();
   }
   OpenStreamLoop();
@@ -72,13 +72,35 @@ void NestWalker::EmitSum(const ir::Op& op, const space::OpNest& on) {
     StageAtLevel(on, level);
     if (level < num_loops) OpenOwnLoop(on, level);
   }
-  if (on.gemm.ok) {
+  if (on.gemm.ok && PointsInKernel(on)) {
+    w_.Open("");
+    std::vector<int> points;
+    for (int d : on.gemm.outer_reduce) {
+      if (d != WindowDim(on)) points.push_back(d);
+    }
+    if (on.b_per_point) {
+      const int outer = emit::OpenPointLoops(w_, points, n_);
+      Pack(on, false);
+      emit::CloseScopes(w_, outer);
+    }
+    TileProduct(on);
+    w_.Close();
+  } else if (on.gemm.ok) {
     // Once per point of the reduced dims no intrinsic axis took, staging
     // the operands that depend on them.
     w_.Open("");
-    const int outer = emit::OpenPointLoops(w_, on.gemm.outer_reduce, n_);
+    const int window = WindowDim(on);
+    std::vector<int> points;
+    for (int d : on.gemm.outer_reduce) {
+      if (d != window) points.push_back(d);
+    }
+    int outer = emit::OpenPointLoops(w_, points, n_);
+    if (window >= 0) {
+      Pack(on, false);
+      outer += emit::OpenPointLoops(w_, {window}, n_);
+    }
     if (on.a_per_point && !ReadsAInPlace(on)) Pack(on, true);
-    if (on.b_per_point) Pack(on, false);
+    if (on.b_per_point && window < 0) Pack(on, false);
     TileProduct(on);
     emit::CloseScopes(w_, outer);
     w_.Close();

@@ -79,8 +79,16 @@ class NestWalker {
   virtual void StoreSum(const ir::Op& op, const space::OpNest& on) = 0;
   // Stages one side of a GEMM-shaped sum's current tile.
   virtual void Pack(const space::OpNest& on, bool a_side) = 0;
-  // A GEMM-shaped sum whose A side the product reads where it is, unstaged.
+  // A GEMM-shaped sum whose A (B) side the product reads where it is, unstaged.
   virtual bool ReadsAInPlace(const space::OpNest& on) const { return false; }
+  virtual bool ReadsBInPlace(const space::OpNest& on) const { return false; }
+  // The unmapped reduced dim whose points all read one B pack (a
+  // convolution's window row), looped innermost; -1: B is packed per point.
+  virtual int WindowDim(const space::OpNest& on) const { return -1; }
+  // Whether TileProduct loops over the unmapped reduced dims itself (its
+  // tile's sum over every point in registers), after B is packed for every
+  // point (one pack per point of them but the window dim).
+  virtual bool PointsInKernel(const space::OpNest& on) const { return false; }
 
   const ir::Chain& chain_;
   const space::LoopNest& nest_;

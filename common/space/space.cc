@@ -178,6 +178,14 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& t
   if (loopable && extent >= 8) {
     for (int64_t t = step > 0 ? step : 1; t < extent; t *= 2) opts.insert(t);
   }
+  // On a CPU, a block dim also splits evenly over the cores, once or twice
+  // over (28 rows on 2 cores: 14 and 7, where 16 leaves one core 12).
+  if (target.backend == hw::Backend::kCpu && step == 0 && extent >= 8 && Contains(context.block_eligible, dim)) {
+    for (int64_t parts = target.compute_units; parts <= 2 * target.compute_units; parts *= 2) {
+      const int64_t t = (extent + parts - 1) / parts;
+      if (parts > 1 && t >= 2 && t < extent) opts.insert(t);
+    }
+  }
   return {opts.begin(), opts.end()};
 }
 

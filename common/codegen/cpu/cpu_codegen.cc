@@ -53,9 +53,27 @@ struct ASide {
   int64_t row_stride = 1, k_stride = 1;  // elements; packed: 1 and mr
 };
 
+// A B side packed once for every point of an unmapped reduced dim r that
+// it reads only as p + r, p the outermost column dim the tile spans (a
+// convolution's window rows). Point r's panels are the pack shifted by r
+// rows of p: the pack holds p's range plus r's less one rows of the later
+// column dims, [batch][k][ld] row by row, instead of one pack per point.
+struct Window {
+  int dim = -1;        // r; -1: no window, B is packed per point
+  int row = -1;        // p
+  int64_t ld = 0;      // floats per k row of the pack
+  int64_t floats = 0;  // of the pack
+};
+
 class FusedEmitter : public NestWalker {
  public:
   FusedEmitter(const Chain& chain, const space::LoopNest& nest) : NestWalker(chain, nest) {
+    for (const space::OpNest& on : nest.ops) {
+      a_.push_back(ASideOf(on));
+      b_direct_.push_back(BDirectStride(on));
+      window_.push_back(WindowOf(on));
+      points_.push_back(PointsFold(on));
+    }
     // Scratch layout: block-local buffers, then the temporaries of the ops
     // inside the stream loop (each its own: hoisted packs live across
     // iterations), then one area the other ops share in turn.
@@ -81,10 +99,11 @@ class FusedEmitter : public NestWalker {
         shared_floats = std::max(shared_floats, Temps(on));
       }
     }
-    scratch_floats_ = shared + shared_floats;
+    // B read in place may be read a panel past its tile's last column.
+    scratch_floats_ = shared + shared_floats + 64;
     for (const space::OpNest& on : nest.ops) {
-      a_.push_back(ASideOf(on));
       direct_c_.push_back(DirectCStride(on));
+      c_tail_.push_back(CTail(on));
     }
     epilogue_.assign(chain.ops.size(), nullptr);
     for (size_t i = 0; i + 1 < nest.ops.size(); ++i) {
@@ -97,7 +116,9 @@ class FusedEmitter : public NestWalker {
       for (bool a_side : {true, false}) {
         const int64_t floats = a_side ? on.pack_a_floats : on.pack_b_floats;
         const std::vector<Access>& factors = a_side ? on.gemm.a_side : on.gemm.b_side;
-        if ((a_side && a_[on.op].direct) || floats == 0 || factors.empty()) continue;
+        if ((a_side && a_[on.op].direct) || (!a_side && b_direct_[on.op] > 0) || floats == 0 || factors.empty()) {
+          continue;
+        }
         ConstantPack c{on.op, a_side, floats, {}};
         bool constant = true;
         for (const Access& a : factors) {
@@ -322,8 +343,20 @@ class FusedEmitter : public NestWalker {
   }
 
  private:
-  static int64_t Temps(const space::OpNest& on) {
-    return on.acc_floats + on.pack_a_floats + on.pack_b_floats + on.row_floats + on.state_floats;
+  int64_t Temps(const space::OpNest& on) const {
+    const int64_t slots = points_[on.op] && on.b_per_point ? *ConstCount(SlotDims(on), on) : 1;
+    return on.acc_floats + on.pack_a_floats + BSlotFloats(on) * slots + on.row_floats + on.state_floats;
+  }
+  int64_t BSlotFloats(const space::OpNest& on) const {
+    return window_[on.op].dim >= 0 ? window_[on.op].floats : on.pack_b_floats;
+  }
+  // The unmapped reduced dims B has a pack for each point of.
+  std::vector<int> SlotDims(const space::OpNest& on) const {
+    std::vector<int> dims;
+    for (int d : on.gemm.outer_reduce) {
+      if (d != window_[on.op].dim) dims.push_back(d);
+    }
+    return dims;
   }
 
   std::string Sfx(int o) const { return absl::StrCat(o); }
@@ -389,27 +422,127 @@ class FusedEmitter : public NestWalker {
     return a;
   }
 
+  // The largest range of dim d an op's statements see.
+  int64_t MaxRange(int d, const space::OpNest& on) const {
+    const std::optional<int64_t> r = ConstRange(d, on);
+    return r ? *r : std::min(s_.tile[d], chain_.dims[d].extent);
+  }
+
+  // Where B's one factor (not a constant: those are packed once per call
+  // anyway) reads p + r and r nowhere else, p in no other index, the column
+  // dims before p one point each: the window over r (see Window).
+  Window WindowOf(const space::OpNest& on) const {
+    Window win;
+    const space::GemmForm& g = on.gemm;
+    if (!g.ok || !on.b_per_point || g.b_side.size() != 1) return win;
+    const Access& b = g.b_side[0];
+    if (chain_.tensors[b.tensor].role == TensorRole::kInput && chain_.tensors[b.tensor].constant) return win;
+    size_t i = 0;
+    while (i < g.cols.size() && ConstRange(g.cols[i], on) == 1) ++i;
+    if (i == g.cols.size()) return win;
+    const int p = g.cols[i];
+    int64_t shift = 1;  // columns per row of p, at most
+    for (size_t j = i + 1; j < g.cols.size(); ++j) shift *= MaxRange(g.cols[j], on);
+    auto uses = [&](int d) {
+      int n = 0;
+      for (const ir::AffineExpr& e : b.index) n += e.DependsOn(d) ? 1 : 0;
+      return n;
+    };
+    for (int r : g.outer_reduce) {
+      if (uses(r) != 1 || uses(p) != 1) continue;
+      bool pair = false;
+      for (const ir::AffineExpr& e : b.index) {
+        pair = pair || (e.DependsOn(r) && e.DependsOn(p) && e.Coefficient(r) == e.Coefficient(p));
+      }
+      if (!pair) continue;
+      const hw::MicroKernel& k = on.kernel;
+      const int64_t cols_pad = (MaxRange(p, on) * shift + k.nr - 1) / k.nr * k.nr;
+      win.dim = r;
+      win.row = p;
+      win.ld = (cols_pad + (MaxRange(r, on) - 1) * shift + 15) / 16 * 16;
+      win.floats = on.batch_tile * on.k_tile * win.ld;
+      return win;
+    }
+    return win;
+  }
+
+  // Whether an access's element moves by the tile's flattened column index:
+  // the last column dim adjacent, each earlier one the later ones' whole
+  // ranges further (a convolution's p.q over whole rows of q). Column dims
+  // of one point do not count.
+  bool ColumnsFlat(const Access& a, const space::OpNest& on) const {
+    const std::vector<int>& cols = on.gemm.cols;
+    int64_t expect = 1;
+    std::optional<int64_t> later = 1;  // the range of the last dim checked
+    for (size_t j = cols.size(); j-- > 0;) {
+      const std::optional<int64_t> range = ConstRange(cols[j], on);
+      if (range == 1) continue;
+      if (!later || Stride(a, cols[j]) != expect) return false;
+      later = range;
+      if (range) expect *= *range;
+    }
+    return true;
+  }
+
+  // The micro-kernels read B where it is, rows of the returned stride
+  // apart, when it is one block-local f32 buffer, one reduced dim on the
+  // intrinsic, columns flat (see ColumnsFlat), not rescaled and not packed
+  // per point. A tile's last panel may read past its columns: the scratch
+  // has room after its last buffer, and those columns are never stored.
+  int64_t BDirectStride(const space::OpNest& on) const {
+    const space::GemmForm& g = on.gemm;
+    if (!g.ok || g.b_side.size() != 1 || g.kdims.size() != 1 || on.b_per_point || g.cols.empty()) return 0;
+    if (a_[on.op].direct && g.scale != 1) return 0;
+    const Access& b = g.b_side[0];
+    if (!HasLocal(b.tensor) || !ColumnsFlat(b, on)) return 0;
+    return Stride(b, g.kdims[0]);
+  }
+
+  // Whether the micro-kernel sums its tile over every point of the unmapped
+  // reduced dims (a convolution's r and s), C in registers throughout,
+  // reading A and B at each point's offset: when there are a few such
+  // points (known), A is read in place or packed once for all of them, and
+  // B is not a constant packed per point.
+  bool PointsFold(const space::OpNest& on) const {
+    const space::GemmForm& g = on.gemm;
+    if (!g.ok || g.outer_reduce.empty() || (on.a_per_point && !a_[on.op].direct)) return false;
+    const std::optional<int64_t> points = ConstCount(g.outer_reduce, on);
+    if (!points || *points > kMaxPoints) return false;
+    for (const Access& b : g.b_side) {
+      const ir::Tensor& t = chain_.tensors[b.tensor];
+      if (on.b_per_point && t.role == TensorRole::kInput && t.constant) return false;
+    }
+    return true;
+  }
+  static constexpr int64_t kMaxPoints = 64;
+
   // The micro-kernels write C straight to the op's result (no accumulator
   // tile, no copy) when it is a plain f32 destination: the block-local
   // buffer of an intermediate, or an f32 output, neither accumulated across
-  // the stream loop nor rescaled; one row and one column dim, adjacent
-  // columns, and a column tile of whole panels (the micro-kernel writes nr
-  // columns). Returns the destination's row stride, or 0.
+  // the stream loop nor rescaled; one row dim, and columns flat in it (see
+  // ColumnsFlat). The last panel of a tile whose columns are not whole
+  // panels is written lane by lane. Returns the destination's row stride,
+  // or 0.
   //
   // (Accumulating in place across the stream loop measured slower than
   // the tile plus an adding pass: 2-3% on BERT-base's FFN at 512 rows.)
   int64_t DirectCStride(const space::OpNest& on) const {
     const space::GemmForm& g = on.gemm;
     const Op& op = chain_.ops[on.op];
-    if (!g.ok || g.rows.size() != 1 || g.cols.size() != 1 || on.accumulates || on.online_softmax >= 0) return 0;
+    if (!g.ok || g.rows.size() != 1 || g.cols.empty() || on.accumulates || on.online_softmax >= 0) return 0;
     const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
     if (HasLocal(op.output) == output) return 0;  // both or neither
     if (output && chain_.dtype != ir::DType::kF32) return 0;
-    const std::optional<int64_t> cols = ConstRange(g.cols[0], on);
-    if (!cols || *cols % on.kernel.nr != 0) return 0;
     const Access self = emit::NestIndex::SelfAccess(op);
-    if (Stride(self, g.cols[0]) != 1) return 0;
+    if (!ColumnsFlat(self, on)) return 0;
     return Stride(self, g.rows[0]);
+  }
+
+  // Whether C is written in place and the tile's columns may end inside a
+  // panel.
+  bool CTail(const space::OpNest& on) const {
+    const std::optional<int64_t> cols = ConstCount(on.gemm.cols, on);
+    return direct_c_[on.op] > 0 && !(cols && *cols % on.kernel.nr == 0);
   }
 
   // Whether an expression costs a few vector instructions a lane: sums,
@@ -451,7 +584,16 @@ class FusedEmitter : public NestWalker {
         if (x.tensor == h && (&op != &map || x.index != self.index)) only_map = false;
       });
     }
-    return only_map;
+    // The epilogue's vectors run along the flattened columns: every access
+    // moves with them, or stays put.
+    if (s.gemm.cols.size() == 1) return only_map;
+    bool flat = ColumnsFlat(emit::NestIndex::SelfAccess(map), s);
+    ir::ForEachAccess(map.body, [&](const Access& x) {
+      bool still = true;
+      for (int d : s.gemm.cols) still = still && Stride(x, d) == 0;
+      flat = flat && (still || ColumnsFlat(x, s));
+    });
+    return only_map && flat;
   }
 
   void DeclareScratchPointers() {
@@ -498,6 +640,9 @@ class FusedEmitter : public NestWalker {
   const char* HoistedNote() const override { return ": packs hoisted out of the stream loop"; }
 
   bool ReadsAInPlace(const space::OpNest& on) const override { return a_[on.op].direct; }
+  bool ReadsBInPlace(const space::OpNest& on) const override { return b_direct_[on.op] > 0; }
+  int WindowDim(const space::OpNest& on) const override { return window_[on.op].dim; }
+  bool PointsInKernel(const space::OpNest& on) const override { return points_[on.op]; }
 
   // The loop over the stream dim, or over this block's part of it when
   // the loop is split.
@@ -640,9 +785,11 @@ class FusedEmitter : public NestWalker {
   }
 
   // The micro-kernel of op `on`: C[MR x nr] (=, or += unless FIRST) the
-  // product of A[MR x kc] and the packed B panel [kc][nr], C held in
-  // registers over the whole kc. A row r, step p is at a[r * row_stride +
-  // p * k_stride]; constants are compiled in where the nest knows them.
+  // product of A[MR x kc] and the packed B panel [kc][nr] (rows of a
+  // window's ld apart), C held in registers over the whole kc. A row r,
+  // step p is at a[r * row_stride + p * k_stride]; constants are compiled
+  // in where the nest knows them. With a column tail, C's first nc columns
+  // are read and written (nc < nr in a tile's last panel).
   std::string MicroKernel(const space::OpNest& on) const {
     const hw::MicroKernel& k = on.kernel;
     const int vecs = k.nr / k.lanes;
@@ -652,44 +799,75 @@ class FusedEmitter : public NestWalker {
     std::string splat = "{av";
     for (int l = 1; l < k.lanes; ++l) splat += ", av";
     splat += "}";
-    const bool epilogue = epilogue_[on.op] != nullptr;
+    const bool epilogue = epilogue_[on.op] != nullptr, tail = c_tail_[on.op], fold = points_[on.op];
+    const std::string ap = fold ? "ap" : "a", bp = fold ? "bp" : "b";
     Writer w;
+    const Window& win = window_[on.op];
     w.Line(absl::StrCat("// ", chain_.tensors[chain_.ops[on.op].output].name, ": ", k.name, ", A ",
-                        a.direct ? "read in place" : "packed", ", B packed, C in registers",
+                        a.direct ? "read in place" : "packed",
+                        win.dim >= 0 ? ", B a window" : b_direct_[on.op] > 0 ? ", B read in place" : ", B packed",
+                        ", C in registers",
                         epilogue ? "; when LAST, epi(row, column, tile) writes the finished tile" : ""));
     w.Line(epilogue ? "template <int MR, bool FIRST, bool LAST, class EPI>" : "template <int MR, bool FIRST>");
     w.Open(absl::StrCat("static inline void fusor_mk", on.op,
                         "(const float* __restrict a, const float* __restrict b, float* __restrict c, long ldc, "
-                        "long kc",
+                        "long kc", tail ? ", long nc" : "",
+                        fold ? ", const long* __restrict aoff, const long* __restrict boff" : "",
                         epilogue ? ", const EPI& epi)" : ")"));
     if (kc) w.Line("(void)kc;");
     w.Line(absl::StrCat(vt, " acc[MR][", vecs, "];"));
     w.Line("#pragma GCC unroll 16");
     w.Open("for (int r = 0; r < MR; ++r)");
     w.Line("#pragma GCC unroll 16");
-    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) acc[r][v] = FIRST ? ", vt, "{} : *(const ", vt,
-                        "*)(c + r * ldc + v * ", k.lanes, ");"));
+    const std::string load = absl::StrCat("*(const ", vt, "*)(c + r * ldc + v * ", k.lanes, ")");
+    if (tail) {
+      w.Open(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v)"));
+      w.Line(absl::StrCat("const long nl = nc - v * ", k.lanes, ";"));
+      w.Line(absl::StrCat("if (FIRST || nl < ", k.lanes, ") acc[r][v] = ", vt, "{};"));
+      w.Line(absl::StrCat("if (!FIRST && nl >= ", k.lanes, ") acc[r][v] = ", load, ";"));
+      w.Line(absl::StrCat("else if (!FIRST && nl > 0) for (long l = 0; l < nl; ++l) acc[r][v][l] = c[r * ldc + v * ", k.lanes,
+                          " + l];"));
+      w.Close();
+    } else {
+      w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) acc[r][v] = FIRST ? ", vt, "{} : ", load, ";"));
+    }
     w.Close();
+    if (fold) {
+      w.Open(absl::StrCat("for (int pt = 0; pt < ", *ConstCount(on.gemm.outer_reduce, on), "; ++pt)"));
+      w.Line("const float* const ap = a + aoff[pt];");
+      w.Line("const float* const bp = b + boff[pt];");
+    }
     w.Line("#pragma GCC unroll 4");
     w.Open(absl::StrCat("for (long p = 0; p < ", kc ? absl::StrCat(*kc, "L") : "kc", "; ++p)"));
     w.Line(absl::StrCat(vt, " bv[", vecs, "];"));
     w.Line("#pragma GCC unroll 16");
-    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) bv[v] = *(const ", vt, "*)(b + p * ", k.nr,
-                        " + v * ", k.lanes, ");"));
+    w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) bv[v] = *(const ", vt, "*)(", bp, " + p * ",
+                        win.dim >= 0 ? win.ld : b_direct_[on.op] > 0 ? b_direct_[on.op] : k.nr, " + v * ", k.lanes,
+                        ");"));
     w.Line("#pragma GCC unroll 16");
     w.Open("for (int r = 0; r < MR; ++r)");
-    w.Line(absl::StrCat("const float av = a[r * ", a.row_stride, "L + p * ", a.k_stride, "L];"));
+    w.Line(absl::StrCat("const float av = ", ap, "[r * ", a.row_stride, "L + p * ", a.k_stride, "L];"));
     w.Line(absl::StrCat("const ", vt, " ar = ", splat, ";"));
     w.Line("#pragma GCC unroll 16");
     w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) acc[r][v] += ar * bv[v];"));
     w.Close();
     w.Close();
+    if (fold) w.Close();
     w.Line("#pragma GCC unroll 16");
     w.Open("for (int r = 0; r < MR; ++r)");
     w.Line("#pragma GCC unroll 16");
     const std::string store =
         absl::StrCat("*(", vt, "*)(c + r * ldc + v * ", k.lanes, ") = acc[r][v];");
-    if (epilogue) {
+    if (tail) {
+      w.Open(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v)"));
+      w.Line(absl::StrCat("const long nl = nc - v * ", k.lanes, " < ", k.lanes, " ? nc - v * ", k.lanes, " : ",
+                          k.lanes, ";"));
+      w.Line("if (nl <= 0) break;");
+      if (epilogue) w.Line(absl::StrCat("if (LAST) epi(r, v * ", k.lanes, ", acc[r][v], nl);"));
+      w.Line(absl::StrCat(epilogue ? "else if" : "if", " (nl == ", k.lanes, ") ", store));
+      w.Line(absl::StrCat("else for (long l = 0; l < nl; ++l) c[r * ldc + v * ", k.lanes, " + l] = acc[r][v][l];"));
+      w.Close();
+    } else if (epilogue) {
       w.Open(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v)"));
       w.Line(absl::StrCat("if (LAST) epi(r, v * ", k.lanes, ", acc[r][v]);"));
       w.Line(absl::StrCat("else ", store));
@@ -746,26 +924,86 @@ class FusedEmitter : public NestWalker {
                            constant_[c].floats, "L;"));
       w_.Close();
       w_.Line("else");
-    } else {
+    } else if (a_side || window_[on.op].dim < 0) {
       w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side"));
     }
-    w_.Open("");
-    w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ",
-                         a_side ? names.rows_pad : names.cols_pad, ", kc = ", names.kc, ";"));
-    const int opened = OpenPointLoops(w_, g.batch, n_);
-    w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
     side.value = ProductToC(side.factors, side.scale, load);
-    if (side.own.size() == 1) {
-      PackPanels(on, side);
-    } else {
-      PackSeveralDims(on, side);
+    // With the points in the micro-kernel, B has a slot for each point.
+    const bool slotted = !a_side && c < 0 && points_[on.op] && on.b_per_point;
+    if (slotted) {
+      w_.Open("");
+      w_.Line(absl::StrCat("float* const ", side.buf, "s = ", side.buf, " + (", FlatIndex(SlotDims(on), n_), ") * ",
+                           BSlotFloats(on), "L;"));
+      side.buf += "s";
     }
-    CloseScopes(w_, opened);
-    w_.Close();
+    if (!a_side && window_[on.op].dim >= 0) {
+      PackWindow(on, side);
+    } else {
+      w_.Open("");
+      w_.Line(absl::StrCat("const long own = ", a_side ? names.rows : names.cols, ", own_pad = ",
+                           a_side ? names.rows_pad : names.cols_pad, ", kc = ", names.kc, ";"));
+      const int opened = OpenPointLoops(w_, g.batch, n_);
+      w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
+      if (side.own.size() == 1) {
+        PackPanels(on, side);
+      } else {
+        PackSeveralDims(on, side);
+      }
+      CloseScopes(w_, opened);
+      w_.Close();
+    }
+    if (slotted) w_.Close();
     if (prep_mode_) {
       w_.Close();
       w_.Close();
     }
+  }
+
+  // Columns per row of a window's p: the later column dims' ranges.
+  std::string WindowShift(const space::OpNest& on) const {
+    const std::vector<int>& cols = on.gemm.cols;
+    const auto p = std::find(cols.begin(), cols.end(), window_[on.op].row);
+    return Count(std::vector<int>(p + 1, cols.end()), n_);
+  }
+
+  // B's window (see Window), before the loop over its dim r: every k row
+  // holds p's range plus r's less one rows of the later column dims, and
+  // zeros to ld.
+  void PackWindow(const space::OpNest& on, const PackSide& side) {
+    const space::GemmForm& g = on.gemm;
+    const Window& win = window_[on.op];
+    const int r = win.dim, p = win.row;
+    const auto at = std::find(g.cols.begin(), g.cols.end(), p);
+    const std::vector<int> before(g.cols.begin(), at), after(at + 1, g.cols.end());
+    w_.Line(absl::StrCat("// pack B side once for every ", chain_.dims[r].name, ": its point ", chain_.dims[r].name,
+                         " reads the window ", chain_.dims[r].name, " rows of ", chain_.dims[p].name, " on"));
+    w_.Open("");
+    w_.Line(absl::StrCat("const long kc = ", Gemm(on).kc, ", shift = ", WindowShift(on), ";"));
+    w_.Line(absl::StrCat("const long ", n_.I(r), " = 0, ", n_.V(r), " = ", n_.O(r), ";"));
+    int opened = OpenPointLoops(w_, g.batch, n_);
+    w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
+    opened += OpenPointLoops(w_, g.kdims, n_);
+    w_.Line(absl::StrCat("float* const dst = ", side.buf, " + (bi * kc + (", FlatIndex(g.kdims, n_), ")) * ", win.ld,
+                         "L;"));
+    opened += OpenPointLoops(w_, before, n_);
+    w_.Line(absl::StrCat("const long rows = ", n_.N(p), " + ", n_.N(r), " - 1;"));
+    w_.Open(absl::StrCat("for (long ", n_.I(p), " = 0; ", n_.I(p), " < rows; ++", n_.I(p), ")"));
+    w_.Line(absl::StrCat("const long ", n_.V(p), " = ", n_.O(p), " + ", n_.I(p), ";"));
+    w_.Line(absl::StrCat("float* const run = dst + ", n_.I(p), " * shift;"));
+    const bool adjacent = after.size() == 1 && Stride(side.factors[0], after[0]) == 1;
+    if (adjacent) {
+      const int q = after[0];
+      CopyRun(side, q, n_.I(q), n_.N(q), absl::StrCat("const long ", n_.V(q), " = ", n_.O(q), " + ", n_.I(q), ";"),
+              "run");
+    } else {
+      const int inner = OpenPointLoops(w_, after, n_);
+      w_.Line(absl::StrCat("run[", after.empty() ? std::string("0") : FlatIndex(after, n_), "] = ", side.value, ";"));
+      CloseScopes(w_, inner);
+    }
+    w_.Close();
+    w_.Line(absl::StrCat("for (long x = rows * shift; x < ", win.ld, "L; ++x) dst[x] = 0.0f;"));
+    CloseScopes(w_, opened);
+    w_.Close();
   }
 
   // The product of the side's factors (scaled) at the lanes along dim d,
@@ -776,6 +1014,36 @@ class FusedEmitter : public NestWalker {
     std::string v = absl::StrJoin(parts, " * ");
     if (side.scale != 1) absl::StrAppend(&v, " * ", emit::FloatLit(side.scale));
     return v;
+  }
+
+  // Writes the side's values along dim d to dst[var] for var in [0, count),
+  // in vectors; `define` defines d's indices from var. A plain f32 copy
+  // ends in one masked vector, anything else lane by lane.
+  void CopyRun(const PackSide& side, int d, const std::string& var, const std::string& count,
+               const std::string& define, const std::string& dst) {
+    const Lanes src = side.factors.size() == 1 ? AccessLanes(side.factors[0], d) : Lanes{};
+    const bool plain = side.factors.size() == 1 && side.scale == 1 && src.dtype == ir::DType::kF32 && src.stride == 1;
+    if (!plain) {
+      VectorLoop(w_, var, count, define, [&](bool vector) {
+        if (vector) {
+          w_.Line(absl::StrCat("fusor_vstore(", dst, " + ", var, ", ", VectorProduct(side, d), ");"));
+        } else {
+          w_.Line(absl::StrCat(dst, "[", var, "] = ", side.value, ";"));
+        }
+      });
+      return;
+    }
+    w_.Open("");
+    w_.Line(absl::StrCat("long ", var, " = 0;"));
+    w_.Open(absl::StrCat("for (; ", var, " + FUSOR_VL <= ", count, "; ", var, " += FUSOR_VL)"));
+    w_.Line(define);
+    w_.Line(absl::StrCat("fusor_vstore(", dst, " + ", var, ", fusor_vload(", src.ptr, "));"));
+    w_.Close();
+    w_.Open(absl::StrCat("if (", var, " < ", count, ")"));
+    w_.Line(define);
+    w_.Line(absl::StrCat("fusor_vcopy_n(", dst, " + ", var, ", ", src.ptr, ", ", count, " - ", var, ");"));
+    w_.Close();
+    w_.Close();
   }
 
   // Opens the loop over the tile's panels of `own` (one dim, d) and defines
@@ -912,22 +1180,29 @@ class FusedEmitter : public NestWalker {
     const std::string define_last = absl::StrCat("const long ", n_.V(last), " = ", n_.O(last), " + ", n_.I(last), ";");
     if (run_adjacent) {
       w_.Open(absl::StrCat("if (x0 % ", width, "L + ", n_.N(last), " <= ", width, "L)"));
-      VectorLoop(w_, n_.I(last), n_.N(last), define_last, [&](bool vector) {
-        if (vector) {
-          w_.Line(absl::StrCat("fusor_vstore(run + ", n_.I(last), ", ", VectorProduct(side, last), ");"));
-        } else {
-          w_.Line(absl::StrCat("run[", n_.I(last), "] = ", side.value, ";"));
-        }
-      });
+      CopyRun(side, last, n_.I(last), n_.N(last), define_last, "run");
       w_.Close();
+      // A run crossing panels: a piece into each.
       w_.Open("else");
+      w_.Open(absl::StrCat("for (long i0 = 0; i0 < ", n_.N(last), ";)"));
+      w_.Line(absl::StrCat("const long x = x0 + i0, left = ", width, "L - x % ", width, "L, piece = left < ",
+                           n_.N(last), " - i0 ? left : ", n_.N(last), " - i0;"));
+      w_.Line(absl::StrCat("float* const out = dst + (x / ", width, "L) * kc * ", width, "L + x % ", width, "L;"));
+      CopyRun(side, last, "j", "piece",
+              absl::StrCat("const long ", n_.I(last), " = i0 + j, ", n_.V(last), " = ", n_.O(last), " + ", n_.I(last),
+                           ";"),
+              "out");
+      w_.Line("i0 += piece;");
+      w_.Close();
+      w_.Close();
+    } else {
+      w_.Open(absl::StrCat("for (long ", n_.I(last), " = 0; ", n_.I(last), " < ", n_.N(last), "; ++", n_.I(last),
+                           ")"));
+      w_.Line(define_last);
+      w_.Line(absl::StrCat("const long x = x0 + ", n_.I(last), ";"));
+      w_.Line(absl::StrCat("dst[(x / ", width, "L) * kc * ", width, "L + x % ", width, "L] = ", side.value, ";"));
+      w_.Close();
     }
-    w_.Open(absl::StrCat("for (long ", n_.I(last), " = 0; ", n_.I(last), " < ", n_.N(last), "; ++", n_.I(last), ")"));
-    w_.Line(define_last);
-    w_.Line(absl::StrCat("const long x = x0 + ", n_.I(last), ";"));
-    w_.Line(absl::StrCat("dst[(x / ", width, "L) * kc * ", width, "L + x % ", width, "L] = ", side.value, ";"));
-    w_.Close();
-    if (run_adjacent) w_.Close();
     CloseScopes(w_, inner);
     if (!side.a_side) {
       w_.Line(absl::StrCat("for (long x = own; x < own_pad; ++x) dst[(x / ", width, "L) * kc * ", width,
@@ -946,34 +1221,79 @@ class FusedEmitter : public NestWalker {
   // The lambda the micro-kernels of `on` call with each finished register
   // tile (row and column in the tile, the vector of lanes along the
   // columns): the folded map's expression, its result stored as the map
-  // stores it. Where the vectors are not fusor_vf's width, lane by lane.
+  // stores it. Where the vectors are not fusor_vf's width, or a column
+  // tail's last vector has fewer lanes (nl), lane by lane.
   void EmitEpilogue(const space::OpNest& on) {
     const Op& sum = chain_.ops[on.op];
     const space::OpNest& map_nest = *epilogue_[on.op];
     const Op& map = chain_.ops[map_nest.op];
-    const int row = on.gemm.rows[0], col = on.gemm.cols[0], lanes = on.kernel.lanes;
+    const std::vector<int>& cols = on.gemm.cols;
+    const int row = on.gemm.rows[0], col = cols.back(), lanes = on.kernel.lanes;
+    const bool tail = c_tail_[on.op];
     auto define = [&](int d, const std::string& at) {
       w_.Line(absl::StrCat("const long ", n_.I(d), " = ", at, ", ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
     };
-    w_.Open(absl::StrCat("auto epi = [&](long rr, long cc, fusor_v", lanes, " h)"));
+    // The column dims at flattened column `at`.
+    auto define_cols = [&](const std::string& at) {
+      if (cols.size() == 1) return define(col, at);
+      w_.Line(absl::StrCat("long flat = ", at, ";"));
+      for (size_t j = cols.size(); j-- > 1;) {
+        define(cols[j], absl::StrCat("flat % ", n_.N(cols[j])));
+        w_.Line(absl::StrCat("flat /= ", n_.N(cols[j]), ";"));
+      }
+      define(cols[0], "flat");
+    };
+    w_.Open(absl::StrCat("auto epi = [&](long rr, long cc, fusor_v", lanes, " h", tail ? ", long nl)" : ")"));
     define(row, "r + rr");
     w_.Line(absl::StrCat("#if FUSOR_VL == ", lanes));
-    define(col, "c + cc");
+    if (tail) w_.Open(absl::StrCat("if (nl == ", lanes, ")"));
+    define_cols("c + cc");
     w_.Line(absl::StrCat("const fusor_vf value = ", VectorExpr(map.body, [&](const Access& x) {
                            Lanes l = AccessLanes(x, col);
                            if (x.tensor == sum.output) l.value = "h";
                            return l;
                          }), ";"));
     StoreVector(map_nest, col, "value");
-    w_.Line("#else");
-    w_.Open(absl::StrCat("for (int l = 0; l < ", lanes, "; ++l)"));
-    define(col, "c + cc + l");
+    if (tail) {
+      w_.Line("return;");
+      w_.Close();
+    }
+    w_.Line(tail ? "#endif" : "#else");
+    w_.Open(absl::StrCat("for (int l = 0; l < ", tail ? "nl" : absl::StrCat(lanes), "; ++l)"));
+    define_cols("c + cc + l");
     x_.Store(w_, map_nest, ExprToC(map.body, [&](const Access& x) {
                return x.tensor == sum.output ? std::string("h[l]") : x_.Load(x);
              }));
     w_.Close();
-    w_.Line("#endif");
+    if (!tail) w_.Line("#endif");
     w_.Close(";");
+  }
+
+  // Where each point of the unmapped reduced dims reads A and B, from the
+  // tile's first: aoff[pt] and boff[pt] (B's slot and window row).
+  void EmitPointOffsets(const space::OpNest& on) {
+    const space::GemmForm& g = on.gemm;
+    const Window& win = window_[on.op];
+    const int64_t points = *ConstCount(g.outer_reduce, on);
+    w_.Line(absl::StrCat("long aoff[", points, "], boff[", points, "];"));
+    w_.Open("");
+    w_.Line("long pt = 0;");
+    const int opened = OpenPointLoops(w_, g.outer_reduce, n_);
+    std::vector<std::string> a_terms = {"0"}, b_terms = {"0"};
+    if (a_[on.op].direct) {
+      for (int d : g.outer_reduce) {
+        if (const int64_t st = Stride(g.a_side[0], d); st != 0) a_terms.push_back(absl::StrCat(n_.I(d), " * ", st, "L"));
+      }
+    }
+    if (on.b_per_point) {
+      b_terms.push_back(absl::StrCat("(", FlatIndex(SlotDims(on), n_), ") * ", BSlotFloats(on), "L"));
+      if (win.dim >= 0) b_terms.push_back(absl::StrCat(n_.I(win.dim), " * (", WindowShift(on), ")"));
+    }
+    w_.Line(absl::StrCat("aoff[pt] = ", absl::StrJoin(a_terms, " + "), ";"));
+    w_.Line(absl::StrCat("boff[pt] = ", absl::StrJoin(b_terms, " + "), ";"));
+    w_.Line("++pt;");
+    CloseScopes(w_, opened);
+    w_.Close();
   }
 
   // The micro-kernel over the whole tile: every batch point, row strip and
@@ -989,27 +1309,49 @@ class FusedEmitter : public NestWalker {
     w_.Open("");
     w_.Line(absl::StrCat("const long rows = ", names.rows, ", rows_pad = ", names.rows_pad, ", cols_pad = ",
                          names.cols_pad, ", kc = ", names.kc, ";"));
+    if (c_tail_[on.op]) w_.Line(absl::StrCat("const long cols = ", names.cols, ";"));
     int opened = OpenPointLoops(w_, g.batch, n_);
     w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
     if (a.direct) {
       // A's element at the tile's first row and k.
       w_.Line("const float* a0;");
       w_.Open("");
-      for (int d : {g.rows[0], g.kdims[0]}) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
+      std::vector<int> origin = {g.rows[0], g.kdims[0]};
+      if (points_[on.op]) origin.insert(origin.end(), g.outer_reduce.begin(), g.outer_reduce.end());
+      for (int d : origin) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
       w_.Line(absl::StrCat("a0 = ", AccessLanes(g.a_side[0], g.rows[0]).ptr, ";"));
       w_.Close();
     } else {
       w_.Line(absl::StrCat("const float* const a0 = pa", o, " + bi * rows_pad * kc;"));
     }
-    w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * cols_pad * kc;"));
+    const Window& win = window_[on.op];
+    if (points_[on.op]) EmitPointOffsets(on);
+    if (win.dim >= 0) {
+      w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * kc * ", win.ld, "L",
+                           points_[on.op] ? "" : absl::StrCat(" + ", n_.I(win.dim), " * (", WindowShift(on), ")"),
+                           ";"));
+    } else if (b_direct_[on.op] > 0) {
+      // B's element at the tile's first column and k.
+      w_.Line("const float* b0;");
+      w_.Open("");
+      std::vector<int> origin = g.cols;
+      origin.push_back(g.kdims[0]);
+      for (int d : origin) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
+      w_.Line(absl::StrCat("b0 = ", AccessLanes(g.b_side[0], g.cols.back()).ptr, ";"));
+      w_.Close();
+    } else {
+      w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * cols_pad * kc;"));
+    }
     const int64_t c_stride = direct_c_[on.op];
     if (c_stride > 0) {
       // The result's element at the tile's first row and column.
       w_.Line("float* c0;");
       w_.Open("");
-      for (int d : {g.rows[0], g.cols[0]}) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
+      std::vector<int> dims = g.cols;
+      dims.push_back(g.rows[0]);
+      for (int d : dims) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
       const Access self = emit::NestIndex::SelfAccess(chain_.ops[on.op]);
-      w_.Line(absl::StrCat("c0 = ", AccessLanes(self, g.cols[0]).ptr, ";"));
+      w_.Line(absl::StrCat("c0 = ", AccessLanes(self, g.cols.back()).ptr, ";"));
       w_.Close();
     } else {
       w_.Line(absl::StrCat("float* const c0 = acc", o, " + bi * rows_pad * cols_pad;"));
@@ -1022,8 +1364,11 @@ class FusedEmitter : public NestWalker {
     auto calls = [&](const std::string& mr_value) {
       w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", nr, "L)"));
       if (epilogue) EmitEpilogue(on);
-      const std::string args = absl::StrCat("(", a_at, ", b0 + c * kc, c0 + r * ", ldc, " + c, ", ldc, ", kc",
-                                            epilogue ? ", epi);" : ");");
+      const std::string args = absl::StrCat(
+          "(", a_at, win.dim >= 0 || b_direct_[on.op] > 0 ? ", b0 + c, c0 + r * " : ", b0 + c * kc, c0 + r * ", ldc,
+          " + c, ", ldc, ", kc",
+          c_tail_[on.op] ? absl::StrCat(", cols - c < ", nr, "L ? cols - c : ", nr, "L") : "",
+          points_[on.op] ? ", aoff, boff" : "", epilogue ? ", epi);" : ");");
       // One call per variant, each under the conditions that pick it.
       std::vector<std::pair<std::string, std::string>> variants;
       for (const auto& [f, f_when] : Variants(first)) {
@@ -1101,7 +1446,7 @@ class FusedEmitter : public NestWalker {
       firsts.push_back(absl::StrCat(n_.O(d), " == 0"));
       lasts.push_back(absl::StrCat(n_.O(d), " + ", n_.N(d), " >= ", chain_.dims[d].extent, "L"));
     }
-    for (int d : on.gemm.outer_reduce) {
+    for (int d : points_[on.op] ? std::vector<int>{} : on.gemm.outer_reduce) {
       firsts.push_back(absl::StrCat(n_.I(d), " == 0"));
       lasts.push_back(absl::StrCat(n_.I(d), " + 1 == ", n_.N(d)));
     }
@@ -1308,7 +1653,11 @@ class FusedEmitter : public NestWalker {
   std::vector<int64_t> temp_offset_;
   int64_t scratch_floats_ = 0;
   std::vector<ASide> a_;  // per op
+  std::vector<Window> window_;  // per op
+  std::vector<int64_t> b_direct_;  // per op: the row stride of B read in place, or 0
+  std::vector<bool> points_;     // per op: the unmapped reduced dims looped in the micro-kernel
   std::vector<int64_t> direct_c_;  // per op: the row stride of C written in place, or 0
+  std::vector<bool> c_tail_;       // per op: C in place, and a last panel of fewer columns
   std::vector<const space::OpNest*> epilogue_;  // per sum: the map its micro-kernels apply to finished tiles
   std::map<int, int64_t> partial_slot_;  // split stream: accumulated op -> its partial sums in `partials`
   std::vector<ConstantPack> constant_;

@@ -345,6 +345,51 @@ out O
   }
 }
 
+// A stride-1 convolution (odd sizes, remainder tiles, a bias and ReLU):
+// one window of B packed per point of s for every r, the sum over r and s
+// in the micro-kernel's registers, C written in place along whole rows of
+// q with a last panel of fewer columns, and the 1x1 convolution reading the
+// ReLU's block-local result in place. Each schedule is checked against the
+// float64 reference, built for AVX-512 and AVX2 micro-kernels, and for a
+// CPU without AVX-512 (8-lane vectors under the 16-lane kernel).
+TEST(CpuCodegenTest, ConvolutionWindowsInRegisters) {
+  const std::string conv = R"(
+chain conv_s1
+dtype f32
+dim n=2 c=8 k=20 p=9 q=11 r=3 s=3 j=12 y=11 x=13
+in I[n,c,y,x] W1[k,c,r,s] B[k] W2[j,k]
+T[n,k,p,q] = sum(c,r,s) I[n,c,p+r,q+s] * W1[k,c,r,s]
+U[n,k,p,q] = relu(T[n,k,p,q] + B[k])
+O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k]
+out O
+)";
+  const hw::TargetDesc wide = testing::Avx512Target();
+  auto source = [&](const std::string& schedule) {
+    auto chain = ir::ParseChainText(conv);
+    auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), wide);
+    EXPECT_TRUE(nest.ok()) << nest.status();
+    if (!nest.ok()) return std::string();
+    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
+    EXPECT_TRUE(kernel.ok()) << kernel.status();
+    return kernel.ok() ? kernel->source : std::string();
+  };
+  const std::string rows = source("n=1 p=4 / - / -");
+  EXPECT_NE(rows.find("// T: fma.avx512.8x32, A read in place, B a window"), std::string::npos) << rows;
+  EXPECT_NE(rows.find("// O: fma.avx512.8x32, A read in place, B read in place"), std::string::npos) << rows;
+  EXPECT_NE(rows.find("aoff[pt]"), std::string::npos);
+  EXPECT_NE(rows.find("long nc, const long* __restrict aoff"), std::string::npos);
+  EXPECT_NE(rows.find("applied by the micro-kernels"), std::string::npos);
+  for (const std::string schedule : {"n=1 p=4 / - / -", "n=1 q=4 / - / -", "- / - / -", "n=1 p=4 / k=8 / -",
+                                     "n=1 p=2 / - / T(c=4)"}) {
+    SCOPED_TRACE(schedule);
+    for (const hw::TargetDesc& target : {wide, TestTarget()}) CheckFused(conv, schedule, target);
+    CheckFused(conv, schedule, wide, "-march=haswell");
+  }
+  std::string constant = conv;
+  constant.insert(constant.find("\nT["), "\nconst W1 B W2");
+  CheckFused(constant, "n=1 p=4 / - / -", wide);
+}
+
 // Mappings other than the default: batch dims and unmapped reduced dims
 // outside the intrinsic (packed per point), narrower units, and mixed
 // intrinsics in one kernel.
