@@ -66,43 +66,46 @@ void NestWalker::EmitOp(const space::OpNest& on) {
   w_.Close();
 }
 
+std::vector<int> NestWalker::PackPoints(const space::OpNest& on) const {
+  std::vector<int> points;
+  for (int d : on.gemm.outer_reduce) {
+    if (d != WindowDim(on)) points.push_back(d);
+  }
+  return points;
+}
+
 void NestWalker::EmitSum(const ir::Op& op, const space::OpNest& on) {
   const int num_loops = static_cast<int>(on.loops.size());
   for (int level = 0; level <= num_loops; ++level) {
     StageAtLevel(on, level);
     if (level < num_loops) OpenOwnLoop(on, level);
   }
-  if (on.gemm.ok && PointsInKernel(on)) {
+  if (on.gemm.ok) {
+    // The reduced dims no intrinsic axis took: once per point of them (but
+    // the window dim, whose points share one pack of B) the operands that
+    // depend on them are staged, and the tile's product taken; or the
+    // micro-kernels sum over every point themselves, after every point's B.
+    const int window = WindowDim(on);
+    const std::vector<int> points = PackPoints(on);
     w_.Open("");
-    std::vector<int> points;
-    for (int d : on.gemm.outer_reduce) {
-      if (d != WindowDim(on)) points.push_back(d);
-    }
-    if (on.b_per_point) {
-      const int outer = emit::OpenPointLoops(w_, points, n_);
-      Pack(on, false);
+    if (PointsInKernel(on)) {
+      if (on.b_per_point) {
+        const int outer = emit::OpenPointLoops(w_, points, n_);
+        Pack(on, false);
+        emit::CloseScopes(w_, outer);
+      }
+      TileProduct(on);
+    } else {
+      int outer = emit::OpenPointLoops(w_, points, n_);
+      if (window >= 0) {
+        Pack(on, false);
+        outer += emit::OpenPointLoops(w_, {window}, n_);
+      }
+      if (on.a_per_point && !ReadsAInPlace(on)) Pack(on, true);
+      if (on.b_per_point && window < 0) Pack(on, false);
+      TileProduct(on);
       emit::CloseScopes(w_, outer);
     }
-    TileProduct(on);
-    w_.Close();
-  } else if (on.gemm.ok) {
-    // Once per point of the reduced dims no intrinsic axis took, staging
-    // the operands that depend on them.
-    w_.Open("");
-    const int window = WindowDim(on);
-    std::vector<int> points;
-    for (int d : on.gemm.outer_reduce) {
-      if (d != window) points.push_back(d);
-    }
-    int outer = emit::OpenPointLoops(w_, points, n_);
-    if (window >= 0) {
-      Pack(on, false);
-      outer += emit::OpenPointLoops(w_, {window}, n_);
-    }
-    if (on.a_per_point && !ReadsAInPlace(on)) Pack(on, true);
-    if (on.b_per_point && window < 0) Pack(on, false);
-    TileProduct(on);
-    emit::CloseScopes(w_, outer);
     w_.Close();
   } else {
     AccumulateSum(op, on);

@@ -89,6 +89,8 @@ class NestWalker {
   // tile's sum over every point in registers), after B is packed for every
   // point (one pack per point of them but the window dim).
   virtual bool PointsInKernel(const space::OpNest& on) const { return false; }
+  // The unmapped reduced dims but the window dim: B has a pack per point.
+  std::vector<int> PackPoints(const space::OpNest& on) const;
 
   const ir::Chain& chain_;
   const space::LoopNest& nest_;

@@ -344,19 +344,11 @@ class FusedEmitter : public NestWalker {
 
  private:
   int64_t Temps(const space::OpNest& on) const {
-    const int64_t slots = points_[on.op] && on.b_per_point ? *ConstCount(SlotDims(on), on) : 1;
+    const int64_t slots = points_[on.op] && on.b_per_point ? *ConstCount(PackPoints(on), on) : 1;
     return on.acc_floats + on.pack_a_floats + BSlotFloats(on) * slots + on.row_floats + on.state_floats;
   }
   int64_t BSlotFloats(const space::OpNest& on) const {
     return window_[on.op].dim >= 0 ? window_[on.op].floats : on.pack_b_floats;
-  }
-  // The unmapped reduced dims B has a pack for each point of.
-  std::vector<int> SlotDims(const space::OpNest& on) const {
-    std::vector<int> dims;
-    for (int d : on.gemm.outer_reduce) {
-      if (d != window_[on.op].dim) dims.push_back(d);
-    }
-    return dims;
   }
 
   std::string Sfx(int o) const { return absl::StrCat(o); }
@@ -825,8 +817,8 @@ class FusedEmitter : public NestWalker {
       w.Line(absl::StrCat("const long nl = nc - v * ", k.lanes, ";"));
       w.Line(absl::StrCat("if (FIRST || nl < ", k.lanes, ") acc[r][v] = ", vt, "{};"));
       w.Line(absl::StrCat("if (!FIRST && nl >= ", k.lanes, ") acc[r][v] = ", load, ";"));
-      w.Line(absl::StrCat("else if (!FIRST && nl > 0) for (long l = 0; l < nl; ++l) acc[r][v][l] = c[r * ldc + v * ", k.lanes,
-                          " + l];"));
+      w.Line(absl::StrCat("else if (!FIRST && nl > 0) for (long l = 0; l < nl; ++l) acc[r][v][l] = c[r * ldc + v * ",
+                          k.lanes, " + l];"));
       w.Close();
     } else {
       w.Line(absl::StrCat("for (int v = 0; v < ", vecs, "; ++v) acc[r][v] = FIRST ? ", vt, "{} : ", load, ";"));
@@ -932,7 +924,7 @@ class FusedEmitter : public NestWalker {
     const bool slotted = !a_side && c < 0 && points_[on.op] && on.b_per_point;
     if (slotted) {
       w_.Open("");
-      w_.Line(absl::StrCat("float* const ", side.buf, "s = ", side.buf, " + (", FlatIndex(SlotDims(on), n_), ") * ",
+      w_.Line(absl::StrCat("float* const ", side.buf, "s = ", side.buf, " + (", FlatIndex(PackPoints(on), n_), ") * ",
                            BSlotFloats(on), "L;"));
       side.buf += "s";
     }
@@ -1282,11 +1274,12 @@ class FusedEmitter : public NestWalker {
     std::vector<std::string> a_terms = {"0"}, b_terms = {"0"};
     if (a_[on.op].direct) {
       for (int d : g.outer_reduce) {
-        if (const int64_t st = Stride(g.a_side[0], d); st != 0) a_terms.push_back(absl::StrCat(n_.I(d), " * ", st, "L"));
+        const int64_t st = Stride(g.a_side[0], d);
+        if (st != 0) a_terms.push_back(absl::StrCat(n_.I(d), " * ", st, "L"));
       }
     }
     if (on.b_per_point) {
-      b_terms.push_back(absl::StrCat("(", FlatIndex(SlotDims(on), n_), ") * ", BSlotFloats(on), "L"));
+      b_terms.push_back(absl::StrCat("(", FlatIndex(PackPoints(on), n_), ") * ", BSlotFloats(on), "L"));
       if (win.dim >= 0) b_terms.push_back(absl::StrCat(n_.I(win.dim), " * (", WindowShift(on), ")"));
     }
     w_.Line(absl::StrCat("aoff[pt] = ", absl::StrJoin(a_terms, " + "), ";"));
