@@ -344,8 +344,13 @@ class FusedEmitter : public NestWalker {
 
  private:
   int64_t Temps(const space::OpNest& on) const {
-    const int64_t slots = points_[on.op] && on.b_per_point ? *ConstCount(PackPoints(on), on) : 1;
-    return on.acc_floats + on.pack_a_floats + BSlotFloats(on) * slots + on.row_floats + on.state_floats;
+    return on.acc_floats + on.pack_a_floats + BPackFloats(on) + on.row_floats + on.state_floats;
+  }
+  // The scratch of B's packs: with the points in the micro-kernel, a slot
+  // for each point B is packed for.
+  int64_t BPackFloats(const space::OpNest& on) const {
+    const bool slots = points_[on.op] && on.b_per_point;
+    return BSlotFloats(on) * (slots ? *ConstCount(PackPoints(on), on) : 1);
   }
   int64_t BSlotFloats(const space::OpNest& on) const {
     return window_[on.op].dim >= 0 ? window_[on.op].floats : on.pack_b_floats;
@@ -607,7 +612,7 @@ class FusedEmitter : public NestWalker {
       };
       ptr("acc", on.acc_floats);
       ptr("pa", on.pack_a_floats);
-      ptr("pb", on.pack_b_floats);
+      ptr("pb", BPackFloats(on));
       ptr("row", on.row_floats);
       ptr("smax", on.state_floats / 3);
       ptr("ssum", on.state_floats / 3);
