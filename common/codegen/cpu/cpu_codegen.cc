@@ -700,7 +700,8 @@ class FusedEmitter : public NestWalker {
   }
 
   // Point loops over `dims`, the one over `inner` in vectors (and a
-  // scalar tail); `body(vector)` emits one step.
+  // masked or scalar tail); `body(vector)` emits one step of lanes that
+  // are independent of each other.
   void PointwiseLoops(const std::vector<int>& dims, int inner, const std::function<void(bool)>& body) {
     std::vector<int> outer;
     for (int d : dims) {
@@ -709,7 +710,7 @@ class FusedEmitter : public NestWalker {
     const int opened = OpenPointLoops(w_, outer, n_);
     VectorLoop(w_, n_.I(inner), n_.N(inner), absl::StrCat("const long ", n_.V(inner), " = ", n_.O(inner), " + ",
                                                           n_.I(inner), ";"),
-               body);
+               body, /*masked_tail=*/true);
     CloseScopes(w_, opened);
   }
 

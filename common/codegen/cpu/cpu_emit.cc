@@ -109,17 +109,33 @@ std::string VectorExpr(const ir::Expr& e, const std::function<Lanes(const ir::Ac
 }
 
 void VectorLoop(emit::Writer& w, const std::string& var, const std::string& count, const std::string& define,
-                const std::function<void(bool vector)>& body) {
+                const std::function<void(bool vector)>& body, bool masked_tail) {
+  static const char* const kMasked[] = {"fusor_vload",      "fusor_vstore",      "fusor_vgather",
+                                        "fusor_vscatter",   "fusor_vload_f16",   "fusor_vstore_f16",
+                                        "fusor_vload_bf16", "fusor_vstore_bf16", "fusor_vgather_f16",
+                                        "fusor_vgather_bf16", "fusor_vscatter_f16", "fusor_vscatter_bf16"};
   w.Open("");
   w.Line(absl::StrCat("long ", var, " = 0;"));
   w.Open(absl::StrCat("for (; ", var, " + FUSOR_VL <= ", count, "; ", var, " += FUSOR_VL)"));
   if (!define.empty()) w.Line(define);
   body(true);
   w.Close();
+  if (masked_tail) {
+    w.Line("#if FUSOR_VL == 16");
+    w.Open(absl::StrCat("if (", var, " < ", count, ")"));
+    if (!define.empty()) w.Line(define);
+    w.Line(absl::StrCat("const __mmask16 fusor_m = fusor_mask(", count, " - ", var, ");"));
+    for (const char* f : kMasked) w.Line(absl::StrCat("#define ", f, "(...) ", f, "_m(__VA_ARGS__, fusor_m)"));
+    body(true);
+    for (const char* f : kMasked) w.Line(absl::StrCat("#undef ", f));
+    w.Close();
+    w.Line("#else");
+  }
   w.Open(absl::StrCat("for (; ", var, " < ", count, "; ++", var, ")"));
   if (!define.empty()) w.Line(define);
   body(false);
   w.Close();
+  if (masked_tail) w.Line("#endif");
   w.Close();
 }
 

@@ -58,8 +58,12 @@ std::string VectorFunc(ir::Func f);
 // A loop over `var` in [0, count): whole vectors of FUSOR_VL lanes, then
 // the remaining elements one at a time. `body(true)` emits one vector step
 // (lanes var .. var + FUSOR_VL - 1), `body(false)` one element; `define`
-// is emitted first in both (e.g. the dim's index from `var`).
+// is emitted first in both (e.g. the dim's index from `var`). With
+// `masked_tail`, for a body that only loads, computes lane by lane and
+// stores (no reduction across lanes or steps), the remaining elements are
+// one vector step under a lane mask where the target has AVX-512: its
+// loads and stores are the masked twins (simd.inc).
 void VectorLoop(emit::Writer& w, const std::string& var, const std::string& count, const std::string& define,
-                const std::function<void(bool vector)>& body);
+                const std::function<void(bool vector)>& body, bool masked_tail = false);
 
 }  // namespace fusor::codegen::cpu
