@@ -672,7 +672,8 @@ def onnx_program(chain, dtype, values=None):
         # The node that computes an output writes it (an Identity only where
         # the value is an input or feeds other nodes too).
         maker = [nd for nd in nodes if value[t] in nd.output]
-        if maker and not any(value[t] in nd.input for nd in nodes):
+        shared = sum(value[u] == value[t] for u in chain.outputs) > 1
+        if maker and not shared and not any(value[t] in nd.input for nd in nodes):
             maker[0].output[list(maker[0].output).index(value[t])] = t + "_out"
         else:
             nodes.append(helper.make_node("Identity", [value[t]], [t + "_out"]))

@@ -459,8 +459,12 @@ void PlaceSum(const ir::Chain& chain, LoopNest& nest, int o, const std::vector<i
     AddStatement(chain, nest, StmtKind::kCompute, on.op, -1, 0, elems, s.block);
   }
   if (chain.tensors[op.output].role == ir::TensorRole::kOutput) {
-    const double bytes = PointsOf(op.index, range) * ir::DTypeBytes(chain.dtype);
-    AddStatement(chain, nest, StmtKind::kStore, on.op, op.output, bytes, 0,
+    // An output accumulated across the stream loop is written once per
+    // block, all of the block's part at once (its own loops' tiles
+    // included); any other once per tile.
+    const double points =
+        on.accumulates ? static_cast<double>(nest.local[op.output].floats) : PointsOf(op.index, range);
+    AddStatement(chain, nest, StmtKind::kStore, on.op, op.output, points * ir::DTypeBytes(chain.dtype), 0,
                  on.accumulates ? s.block : LoopsTo(outer, on, on.num_out_loops));
   }
 }

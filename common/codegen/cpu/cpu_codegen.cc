@@ -150,7 +150,7 @@ class FusedEmitter : public NestWalker {
     std::string title = absl::StrCat(
         "// fusor fused CPU kernel for chain '", chain_.name, "'\n", "// schedule: ", schedule_text, "  (",
         space::TilingExpression(s_, chain_), ")\n", "// mapping:  ", mapping, "\n", "// blocks: ", nest_.num_blocks,
-        ", scratch per thread: ", nest_.scratch_bytes, " bytes\n", "// chain:\n");
+        ", scratch per thread: ", ScratchBytes(), " bytes\n", "// chain:\n");
     for (const Op& op : chain_.ops) absl::StrAppend(&title, "//   ", ir::OpToString(op, chain_), "\n");
     std::string out = cpu::Preamble(title + "\n");
     std::set<int> lanes;
@@ -171,7 +171,7 @@ class FusedEmitter : public NestWalker {
                     : "extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
                       "int num_threads)");
     cpu::DeclareArguments(w, chain_, n_);
-    const int64_t scratch_bytes = std::max<int64_t>(64, (scratch_floats_ * 4 + 63) / 64 * 64);
+    const int64_t scratch_bytes = ScratchBytes();
     if (nest_.split > 1) {
       // Per accumulated output, one partial sum per part of the split stream.
       int64_t floats = 0;
@@ -333,6 +333,10 @@ class FusedEmitter : public NestWalker {
     int64_t floats = 0;     // one pack (the side's buffer)
     std::vector<int> dims;  // that its factors read
   };
+
+  // The scratch each thread allocates: the nest's, with the windows, slots
+  // and slack this emitter adds.
+  int64_t ScratchBytes() const { return std::max<int64_t>(64, (scratch_floats_ * 4 + 63) / 64 * 64); }
 
   // The index of op's constant side, or -1.
   int ConstantSide(int op, bool a_side) const {
@@ -532,6 +536,9 @@ class FusedEmitter : public NestWalker {
     if (output && chain_.dtype != ir::DType::kF32) return 0;
     const Access self = emit::NestIndex::SelfAccess(op);
     if (!ColumnsFlat(self, on)) return 0;
+    // A one-lane micro-kernel (scalar.4x4) writes whole panels only.
+    const std::optional<int64_t> cols = ConstCount(g.cols, on);
+    if (on.kernel.lanes == 1 && !(cols && *cols % on.kernel.nr == 0)) return 0;
     return Stride(self, g.rows[0]);
   }
 
@@ -565,7 +572,7 @@ class FusedEmitter : public NestWalker {
     const Op& sum = chain_.ops[s.op];
     const Op& map = chain_.ops[m.op];
     if (direct_c_[s.op] == 0 || s.accumulates || map.kind != ir::OpKind::kMap || !Cheap(map.body) ||
-        m.region != s.region || m.accumulates || m.online_softmax >= 0) {
+        m.region != s.region || m.accumulates || m.online_softmax >= 0 || s.kernel.lanes == 1) {
       return false;
     }
     const int h = sum.output;
@@ -1015,33 +1022,20 @@ class FusedEmitter : public NestWalker {
   }
 
   // Writes the side's values along dim d to dst[var] for var in [0, count),
-  // in vectors; `define` defines d's indices from var. A plain f32 copy
-  // ends in one masked vector, anything else lane by lane.
+  // in vectors, the last one under a lane mask; `define` defines d's
+  // indices from var.
   void CopyRun(const PackSide& side, int d, const std::string& var, const std::string& count,
                const std::string& define, const std::string& dst) {
-    const Lanes src = side.factors.size() == 1 ? AccessLanes(side.factors[0], d) : Lanes{};
-    const bool plain = side.factors.size() == 1 && side.scale == 1 && src.dtype == ir::DType::kF32 && src.stride == 1;
-    if (!plain) {
-      VectorLoop(w_, var, count, define, [&](bool vector) {
-        if (vector) {
-          w_.Line(absl::StrCat("fusor_vstore(", dst, " + ", var, ", ", VectorProduct(side, d), ");"));
-        } else {
-          w_.Line(absl::StrCat(dst, "[", var, "] = ", side.value, ";"));
-        }
-      });
-      return;
-    }
-    w_.Open("");
-    w_.Line(absl::StrCat("long ", var, " = 0;"));
-    w_.Open(absl::StrCat("for (; ", var, " + FUSOR_VL <= ", count, "; ", var, " += FUSOR_VL)"));
-    w_.Line(define);
-    w_.Line(absl::StrCat("fusor_vstore(", dst, " + ", var, ", fusor_vload(", src.ptr, "));"));
-    w_.Close();
-    w_.Open(absl::StrCat("if (", var, " < ", count, ")"));
-    w_.Line(define);
-    w_.Line(absl::StrCat("fusor_vcopy_n(", dst, " + ", var, ", ", src.ptr, ", ", count, " - ", var, ");"));
-    w_.Close();
-    w_.Close();
+    VectorLoop(
+        w_, var, count, define,
+        [&](bool vector) {
+          if (vector) {
+            w_.Line(absl::StrCat("fusor_vstore(", dst, " + ", var, ", ", VectorProduct(side, d), ");"));
+          } else {
+            w_.Line(absl::StrCat(dst, "[", var, "] = ", side.value, ";"));
+          }
+        },
+        /*masked_tail=*/true);
   }
 
   // Opens the loop over the tile's panels of `own` (one dim, d) and defines
@@ -1679,7 +1673,7 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const spac
   nlohmann::json meta = cpu::KernelJson(chain, schedule_text);
   meta["mapping"] = mapping;
   meta["blocks"] = nest.num_blocks;
-  meta["scratch_bytes_per_thread"] = nest.scratch_bytes;
+  meta["scratch_bytes_per_thread"] = emitter.ScratchBytes();
   if (const std::vector<std::string> packed = emitter.ConstantPacks(); !packed.empty()) {
     meta["prepare"] = cpu::PrepareJson(packed);
   }

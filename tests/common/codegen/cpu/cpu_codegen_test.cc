@@ -385,6 +385,8 @@ out O
     for (const hw::TargetDesc& target : {wide, TestTarget()}) CheckFused(conv, schedule, target);
     CheckFused(conv, schedule, wide, "-march=haswell");
   }
+  // A one-lane micro-kernel writes whole panels only: no tail, no epilogue.
+  CheckFused(conv, "n=1 p=4 / - / - / T=scalar.4x4[i=k j=n.p.q k=c swap]", wide);
   std::string constant = conv;
   constant.insert(constant.find("\nT["), "\nconst W1 B W2");
   CheckFused(constant, "n=1 p=4 / - / -", wide);
