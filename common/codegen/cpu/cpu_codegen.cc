@@ -122,7 +122,7 @@ class FusedEmitter : public NestWalker {
         ConstantPack c{on.op, a_side, floats, {}};
         bool constant = true;
         for (const Access& a : factors) {
-          constant = constant && chain.tensors[a.tensor].role == TensorRole::kInput && chain.tensors[a.tensor].constant;
+          constant = constant && ConstantInput(a.tensor);
           for (const ir::AffineExpr& e : a.index) {
             for (const auto& [d, coef] : e.terms) {
               if (!Contains(c.dims, d)) c.dims.push_back(d);
@@ -350,9 +350,10 @@ class FusedEmitter : public NestWalker {
   int64_t Temps(const space::OpNest& on) const {
     return on.acc_floats + on.pack_a_floats + BPackFloats(on) + on.row_floats + on.state_floats;
   }
-  // The scratch of B's packs: with the points in the micro-kernel, a slot
-  // for each point B is packed for.
+  // The scratch of B's packs: none when B is read in place; with the points
+  // in the micro-kernel, a slot for each point B is packed for.
   int64_t BPackFloats(const space::OpNest& on) const {
+    if (b_direct_[on.op] > 0) return 0;
     const bool slots = points_[on.op] && on.b_per_point;
     return BSlotFloats(on) * (slots ? *ConstCount(PackPoints(on), on) : 1);
   }
@@ -383,6 +384,9 @@ class FusedEmitter : public NestWalker {
   }
 
   bool HasLocal(int tensor) const { return nest_.local[tensor].floats > 0; }
+  bool ConstantInput(int tensor) const {
+    return chain_.tensors[tensor].role == TensorRole::kInput && chain_.tensors[tensor].constant;
+  }
 
   // How far an access's element moves per step of dim d (elements of its
   // block-local buffer, or of its tensor in global memory).
@@ -437,7 +441,7 @@ class FusedEmitter : public NestWalker {
     const space::GemmForm& g = on.gemm;
     if (!g.ok || !on.b_per_point || g.b_side.size() != 1) return win;
     const Access& b = g.b_side[0];
-    if (chain_.tensors[b.tensor].role == TensorRole::kInput && chain_.tensors[b.tensor].constant) return win;
+    if (ConstantInput(b.tensor)) return win;
     size_t i = 0;
     while (i < g.cols.size() && ConstRange(g.cols[i], on) == 1) ++i;
     if (i == g.cols.size()) return win;
@@ -510,8 +514,7 @@ class FusedEmitter : public NestWalker {
     const std::optional<int64_t> points = ConstCount(g.outer_reduce, on);
     if (!points || *points > kMaxPoints) return false;
     for (const Access& b : g.b_side) {
-      const ir::Tensor& t = chain_.tensors[b.tensor];
-      if (on.b_per_point && t.role == TensorRole::kInput && t.constant) return false;
+      if (on.b_per_point && ConstantInput(b.tensor)) return false;
     }
     return true;
   }
@@ -1261,6 +1264,17 @@ class FusedEmitter : public NestWalker {
     w_.Close(";");
   }
 
+  // Declares `name`, the address of access `a`'s element with the `origin`
+  // dims at their ranges' starts (a tile's first row, column or k).
+  void DefineAtOrigin(const std::string& type, const std::string& name, const std::vector<int>& origin,
+                      const Access& a, int lanes_dim) {
+    w_.Line(absl::StrCat(type, " ", name, ";"));
+    w_.Open("");
+    for (int d : origin) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
+    w_.Line(absl::StrCat(name, " = ", AccessLanes(a, lanes_dim).ptr, ";"));
+    w_.Close();
+  }
+
   // Where each point of the unmapped reduced dims reads A and B, from the
   // tile's first: aoff[pt] and boff[pt] (B's slot and window row).
   void EmitPointOffsets(const space::OpNest& on) {
@@ -1303,49 +1317,36 @@ class FusedEmitter : public NestWalker {
     w_.Line(absl::StrCat("const long rows = ", names.rows, ", rows_pad = ", names.rows_pad, ", cols_pad = ",
                          names.cols_pad, ", kc = ", names.kc, ";"));
     if (c_tail_[on.op]) w_.Line(absl::StrCat("const long cols = ", names.cols, ";"));
+    if (points_[on.op]) EmitPointOffsets(on);
     int opened = OpenPointLoops(w_, g.batch, n_);
     w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
     if (a.direct) {
-      // A's element at the tile's first row and k.
-      w_.Line("const float* a0;");
-      w_.Open("");
+      // A's element at the tile's first row and k (and first point).
       std::vector<int> origin = {g.rows[0], g.kdims[0]};
       if (points_[on.op]) origin.insert(origin.end(), g.outer_reduce.begin(), g.outer_reduce.end());
-      for (int d : origin) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
-      w_.Line(absl::StrCat("a0 = ", AccessLanes(g.a_side[0], g.rows[0]).ptr, ";"));
-      w_.Close();
+      DefineAtOrigin("const float*", "a0", origin, g.a_side[0], g.rows[0]);
     } else {
       w_.Line(absl::StrCat("const float* const a0 = pa", o, " + bi * rows_pad * kc;"));
     }
     const Window& win = window_[on.op];
-    if (points_[on.op]) EmitPointOffsets(on);
     if (win.dim >= 0) {
       w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * kc * ", win.ld, "L",
                            points_[on.op] ? "" : absl::StrCat(" + ", n_.I(win.dim), " * (", WindowShift(on), ")"),
                            ";"));
     } else if (b_direct_[on.op] > 0) {
       // B's element at the tile's first column and k.
-      w_.Line("const float* b0;");
-      w_.Open("");
       std::vector<int> origin = g.cols;
       origin.push_back(g.kdims[0]);
-      for (int d : origin) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
-      w_.Line(absl::StrCat("b0 = ", AccessLanes(g.b_side[0], g.cols.back()).ptr, ";"));
-      w_.Close();
+      DefineAtOrigin("const float*", "b0", origin, g.b_side[0], g.cols.back());
     } else {
       w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * cols_pad * kc;"));
     }
     const int64_t c_stride = direct_c_[on.op];
     if (c_stride > 0) {
       // The result's element at the tile's first row and column.
-      w_.Line("float* c0;");
-      w_.Open("");
-      std::vector<int> dims = g.cols;
-      dims.push_back(g.rows[0]);
-      for (int d : dims) w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), ";"));
-      const Access self = emit::NestIndex::SelfAccess(chain_.ops[on.op]);
-      w_.Line(absl::StrCat("c0 = ", AccessLanes(self, g.cols.back()).ptr, ";"));
-      w_.Close();
+      std::vector<int> origin = g.cols;
+      origin.push_back(g.rows[0]);
+      DefineAtOrigin("float*", "c0", origin, emit::NestIndex::SelfAccess(chain_.ops[on.op]), g.cols.back());
     } else {
       w_.Line(absl::StrCat("float* const c0 = acc", o, " + bi * rows_pad * cols_pad;"));
     }
