@@ -345,6 +345,42 @@ out O
   }
 }
 
+// A plain softmax whose one reader is the product P * V leaves its rows
+// unnormalized, and the product's stores divide them by the row sums: C
+// written in place along h, or along m under a swapped mapping (the sums
+// loaded as vectors); through the accumulator into an f16 output; with
+// remainder tiles and the product's reduction in chunks. A softmax whose
+// result is also an output divides its own rows.
+TEST(CpuCodegenTest, SoftmaxRowsDividedWhereTheirProductIsStored) {
+  const hw::TargetDesc wide = testing::Avx512Target();
+  auto emitted = [&](const std::string& text, const std::string& schedule) {
+    auto chain = ir::ParseChainText(text);
+    auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), wide);
+    EXPECT_TRUE(nest.ok()) << nest.status();
+    if (!nest.ok()) return std::string();
+    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
+    EXPECT_TRUE(kernel.ok()) << kernel.status();
+    return kernel.ok() ? kernel->source : std::string();
+  };
+  const std::string f16 = testing::kMaskedF16Attention;
+  struct Case {
+    std::string chain, schedule;
+    bool divides_later;
+  };
+  for (const Case& c : {Case{kAttention, "b=1 m=16 / - / -", true},
+                        Case{kAttention, "b=2 m=24 / - / S(n=16 k=16) O(h=16 n=16)", true},
+                        Case{kAttention, "b=1 m=16 / - / O(n=16) / O=fma.avx512.8x32[i=h j=m k=n swap]", true},
+                        Case{f16, "b=1 m=16 / - / S(n=16) O(n=16)", true},
+                        Case{f16 + "out P\n", "b=1 m=16 / - / S(n=16) O(n=16)", false}}) {
+    SCOPED_TRACE(c.schedule);
+    const std::string source = emitted(c.chain, c.schedule);
+    EXPECT_EQ(source.find("the consumer divides") != std::string::npos, c.divides_later) << source;
+    CheckFused(c.chain, c.schedule, wide);
+    CheckFused(c.chain, c.schedule, wide, "-march=haswell");
+  }
+  CheckFused(kAttention, "b=2 m=24 / - / S(n=16 k=16) O(h=16 n=16)", TestTarget());
+}
+
 // A stride-1 convolution (odd sizes, remainder tiles, a bias and ReLU):
 // one window of B packed per point of s for every r, the sum over r and s
 // in the micro-kernel's registers, C written in place along whole rows of
