@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/codegen/cpu/cpu_codegen.h"
 #include "common/hw/devices.h"
 
 namespace fusor::model {
@@ -92,8 +93,9 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, co
   const double blocks = static_cast<double>(std::max<int64_t>(nest.num_blocks, 1));
   const double units = std::max(rates.compute_units, 1);
   if (target.backend == hw::Backend::kCpu) {
-    // A core's caches move about half a byte per peak FLOP.
-    pred.t_mem_s += AccumulatorBytes(nest, chain) / (0.5 * p);
+    // A core's caches move about half a byte per peak FLOP: the partial
+    // sums, and the packs, copies and passes the kernel's emitter plans.
+    pred.t_mem_s += (AccumulatorBytes(nest, chain) + codegen::CpuStagingBytes(written, nest)) / (0.5 * p);
     // Blocks are handed to the cores as they free up: the last wave runs
     // only as many cores as it has blocks.
     pred.alpha = std::ceil(blocks / units) * units / blocks;

@@ -356,7 +356,69 @@ class FusedEmitter : public NestWalker {
     return -1;
   }
 
+  // What the kernel moves through the caches besides its micro-kernels'
+  // operands, in bytes over all blocks: the packs it makes (not the sides
+  // read in place, nor constants packed once by fusor_prepare), the
+  // accumulator tiles it copies to their results (a copy whose stores are
+  // strided counted kScatterCost times), and the passes of the maps no
+  // micro-kernel applies. The cost model charges them on the CPU.
+  double StagingBytes() const {
+    constexpr double kScatterCost = 4;  // a strided vector store against a contiguous one
+    double bytes = 0;
+    for (const space::OpNest& on : nest_.ops) {
+      const Op& op = chain_.ops[on.op];
+      if (op.kind == ir::OpKind::kMap) {
+        if (std::find(epilogue_.begin(), epilogue_.end(), &on) != epilogue_.end()) continue;
+        double reads = 0;
+        ir::ForEachAccess(op.body, [&](const Access&) { ++reads; });
+        bytes += 4 * (reads + 1) * Points(op.index, on) * Executions(on, 0);
+        continue;
+      }
+      if (op.kind != ir::OpKind::kSum || !on.gemm.ok) continue;
+      const space::GemmForm& g = on.gemm;
+      if (!a_[on.op].direct && ConstantSide(on.op, true) < 0) {
+        const double points = on.a_per_point ? Points(g.outer_reduce, on) : 1;
+        bytes += 8.0 * static_cast<double>(on.pack_a_floats) * points *
+                 Executions(on, on.a_depth, on.a_hoisted);
+      }
+      if (b_direct_[on.op] == 0 && ConstantSide(on.op, false) < 0) {
+        const double points =
+            window_[on.op].dim >= 0 ? Points(PackPoints(on), on) : on.b_per_point ? Points(g.outer_reduce, on) : 1;
+        bytes += 8.0 * static_cast<double>(BSlotFloats(on)) * points * Executions(on, on.b_depth, on.b_hoisted);
+      }
+      if (direct_c_[on.op] == 0) {
+        const bool strided = !g.cols.empty() && ResultStride(on, g.cols.back()) != 1;
+        bytes += 8.0 * static_cast<double>(on.batch_tile * on.rows_tile * on.cols_tile) *
+                 (strided ? kScatterCost : 1) * Executions(on, on.num_out_loops);
+      }
+    }
+    return bytes;
+  }
+
  private:
+  // The range of dim d in op `on`'s innermost tile.
+  double Range(int d, const space::OpNest& on) const {
+    const bool tiled = x_.IsBlock(d) || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
+                       Contains(on.loops, d);
+    return static_cast<double>(tiled ? s_.tile[d] : chain_.dims[d].extent);
+  }
+  double Points(const std::vector<int>& dims, const space::OpNest& on) const {
+    double points = 1;
+    for (int d : dims) points *= Range(d, on);
+    return points;
+  }
+  // How often a statement of `on` runs that sits inside its first `depth`
+  // own loops (and the stream loop, unless hoisted out of it), over all
+  // blocks.
+  double Executions(const space::OpNest& on, int depth, bool hoisted = false) const {
+    std::vector<int> loops = s_.block;
+    if (on.region == space::Region::kStream && !hoisted) loops.push_back(nest_.stream_dim);
+    loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + std::min<int>(depth, on.loops.size()));
+    double runs = 1;
+    for (int d : loops) runs *= static_cast<double>(nest_.trips[d]);
+    return runs;
+  }
+
   int64_t Temps(const space::OpNest& on) const {
     return on.acc_floats + on.pack_a_floats + BPackFloats(on) + on.row_floats + on.state_floats;
   }
@@ -1762,6 +1824,10 @@ class FusedEmitter : public NestWalker {
 };
 
 }  // namespace
+
+double CpuStagingBytes(const Chain& written, const space::LoopNest& nest) {
+  return FusedEmitter(space::NestChain(written, nest), nest).StagingBytes();
+}
 
 absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const space::LoopNest& nest,
                                                 const std::string& schedule_text, const std::string& mapping) {

@@ -43,6 +43,12 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const ir::Chain& chain, const sp
                                                 const std::string& schedule_text,
                                                 const std::string& mapping);
 
+// The bytes the fused kernel of `nest` moves through the caches besides its
+// micro-kernels' operands: packs, accumulator copies (strided ones
+// weighted) and map passes, as its emitter plans them (the CPU cost
+// model's view of the emitter).
+double CpuStagingBytes(const ir::Chain& chain, const space::LoopNest& nest);
+
 // The BLAS an unfused baseline calls: OpenBLAS (cblas_sgemm) or oneDNN
 // (dnnl_sgemm); "openblas" or "onednn".
 enum class CpuBlas { kOpenBlas, kOneDnn };

@@ -32,10 +32,13 @@ out E
   ASSERT_TRUE(nest.ok()) << nest.status();
   Prediction p = Predict(*nest, target, *chain);
   // L(A) 2 KiB x 4 blocks, L(B) 4 KiB x 8, L(D) 2 KiB x 16, S(E) 1 KiB x 8;
-  // and on a CPU E's accumulator: its own n loop makes two partial sums, so
-  // its 64 x 32 floats are read and written once more, at P / 2 bytes/s.
-  EXPECT_DOUBLE_EQ(p.t_mem_s,
-                   (2048.0 * 4 + 4096.0 * 8 + 2048.0 * 16 + 1024.0 * 8) / 1e9 + 2 * 4 * 64.0 * 32 / (0.5 * 1e9));
+  // and on a CPU, at P / 2 bytes/s: E's accumulator (its own n loop makes
+  // two partial sums, so its 64 x 32 floats are read and written once
+  // more), and the packs the emitter makes, each read and written: B's
+  // 32 x 32 floats per n tile (x 8), D's 32 x 32 (h padded) per h and n tile
+  // (x 16). A and C are read in place, and C and E written in place.
+  EXPECT_DOUBLE_EQ(p.t_mem_s, (2048.0 * 4 + 4096.0 * 8 + 2048.0 * 16 + 1024.0 * 8) / 1e9 +
+                                  (2 * 4 * 64.0 * 32 + 8 * 1024.0 * 8 + 8 * 1024.0 * 16) / (0.5 * 1e9));
   // C(C): 2*16*32*32 FLOPs x 8; C(E): 16 x 32 (padded from 16) x 32 x 2 x 16.
   EXPECT_DOUBLE_EQ(p.t_comp_s, (32768.0 * 8 + 32768.0 * 16) / 1e9);
   // 4 blocks on 4 cores: one wave, nothing idles (a GPU's alpha would be 2).
@@ -51,6 +54,50 @@ out E
   // Tiles pad to 18 rows (16 -> 3 x 6) and 32 / 16 columns; FLOPs count at rate 1/2.
   EXPECT_DOUBLE_EQ(Predict(*narrow, target, *chain).t_comp_s,
                    (2.0 * 18 * 32 * 32 * 8 + 2.0 * 18 * 16 * 32 * 16) / (1e9 * 0.5));
+}
+
+// On a CPU the model sees what the emitter plans: a convolution's result
+// written in place from its register tiles (and its ReLU applied there)
+// against one gathered through the accumulator with strided stores, and a
+// pointwise pass; the packs of a side read in place cost nothing, nor
+// those of constant weights packed once.
+TEST(CostModelTest, CpuChargesThePacksCopiesAndPassesTheEmitterPlans) {
+  auto chain = ir::ParseChainText(R"(
+dim n=1 c=64 k=128 j=64 p=28 q=28
+in I[n,c,p,q] W1[k,c] W2[j,k]
+T[n,k,p,q] = sum(c) I[n,c,p,q] * W1[k,c]
+U[n,k,p,q] = relu(T[n,k,p,q])
+O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k]
+out O
+)");
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  hw::TargetDesc target;
+  target.isa_features = {"avx512f", "avx2", "fma"};
+  target.vector_lanes_f32 = 16;
+  target.bandwidth_bytes_per_s = 1e10;
+  target.peak_flops = 1e11;
+  target.compute_units = 2;
+  auto t_mem = [&](const ir::Chain& c, const std::string& text) {
+    auto nest = space::BuildLoopNest(c, *space::ParseSchedule(text, c), target);
+    EXPECT_TRUE(nest.ok()) << nest.status();
+    return nest.ok() ? Predict(*nest, target, c).t_mem_s : 0.0;
+  };
+  const std::string o = " O=fma.avx512.8x32[i=j j=n.p.q k=k swap]";
+  const double in_place = t_mem(*chain, "p=14 / - / - / T=fma.avx512.8x32[i=k j=n.p.q k=c swap]" + o);
+  const double gathered = t_mem(*chain, "p=14 / - / - / T=fma.avx512.8x32[i=n.p.q j=k k=c]" + o);
+  // T's two 128 x 392 tiles through the accumulator, stored 784 floats
+  // apart (4x), and U's pass over them, read and written; and T's packs per
+  // block: I as A (64 x 392 floats) and W1 as B (64 x 128), against I as B
+  // (64 x 416, its columns padded to 32) while W1 is read in place.
+  EXPECT_NEAR(gathered - in_place,
+              (8.0 * 128 * 392 * 2 * 4 + 8.0 * 128 * 392 * 2 + 8.0 * (64 * 392 + 64 * 128 - 64 * 416) * 2) /
+                  (0.5 * 1e11),
+              1e-15);
+  // Constant weights: W1's pack as T's B side is made once, by fusor_prepare.
+  auto constant = ir::ParseChainText(ir::ChainToText(*chain) + "const W1 W2\n");
+  ASSERT_TRUE(constant.ok()) << constant.status();
+  EXPECT_NEAR(gathered - t_mem(*constant, "p=14 / - / - / T=fma.avx512.8x32[i=n.p.q j=k k=c]" + o),
+              8.0 * 64 * 128 * 2 / (0.5 * 1e11), 1e-15);
 }
 
 // On a GPU, tiles of an input that other blocks already read come from
