@@ -20,6 +20,10 @@ using Json = nlohmann::json;
 double SafeLog(double x) { return std::log(std::max(x, 1e-30)); }
 double Positive(double x) { return std::max(x, 0.0); }
 
+// Below this predicted time (seconds, all cores busy) a kernel is short:
+// starting the cores is a real part of it.
+constexpr double kShortKernelS = 20e-6;
+
 // Solves (A + lambda I) x = b for a symmetric positive semi-definite A by
 // Cholesky; lambda > 0 keeps it definite.
 std::vector<double> SolveRidge(std::vector<std::vector<double>> a, std::vector<double> b, double lambda) {
@@ -75,7 +79,7 @@ double Top1OverBest(const std::vector<const Sample*>& group, const std::vector<d
 
 const std::vector<std::string>& FeatureNames() {
   static const std::vector<std::string> names = {
-      "memory_share",       "log_alpha",        "log_padding",      "log_blocks_per_unit", "fewer_blocks_than_units",
+      "memory_share",       "short_log_alpha",  "log_padding",      "log_waves",        "short_fewer_blocks",
       "log_split",          "stream_loop",      "log_stream_steps", "scratch_over_l1",     "scratch_over_l2",
       "log_flops_per_call", "log_loads_reread", "log_stores_over_outputs", "scalar_share", "log_kernel_fill",
       "log_k_tile",         "log_tile_area",    "own_loops",        "registers",           "log_warps",
@@ -137,12 +141,18 @@ std::vector<double> NestFeatures(const space::LoopNest& nest, const hw::TargetDe
       stream ? std::ceil(static_cast<double>(nest.trips[nest.stream_dim]) / std::max(nest.split, 1)) : 1;
   const double both = analytical.t_mem_s + analytical.t_comp_s;
   const bool cuda = target.backend == hw::Backend::kCuda;
+  // A last wave that idles cores counts in full on a long kernel; on a
+  // short one the cost of starting the other cores may outweigh it. The
+  // correction sees the last wave only in proportion to how short the
+  // kernel is, so that what short chains teach (one block is fastest)
+  // cannot undo it on long ones.
+  const double shortness = Positive(SafeLog(kShortKernelS / std::max(both, 1e-12)));
   return {
       both > 0 ? analytical.t_mem_s / both : 0,
-      SafeLog(analytical.alpha),
+      SafeLog(analytical.alpha) * shortness,
       SafeLog(nest.PaddingRatio()),
-      SafeLog(blocks / units),
-      Positive(SafeLog(units / blocks)),
+      Positive(SafeLog(blocks / units)),
+      Positive(SafeLog(units / blocks)) * shortness,
       SafeLog(std::max(nest.split, 1)),
       stream ? 1.0 : 0.0,
       SafeLog(stream_steps),

@@ -53,6 +53,48 @@ TEST(LearnedModelTest, FeatureNamesMatchTheFeatures) {
   EXPECT_FALSE(MakeSample(*chain, "m=16 / - / bogus", target, 1e-3, "g").ok());
 }
 
+// A last wave that idles a core is a feature only in proportion to how
+// short the kernel is (under 20 us with every core busy): what short chains
+// teach about it cannot undo it on a long one.
+TEST(LearnedModelTest, TheLastWaveIsAFeatureOfShortKernelsOnly) {
+  constexpr int kShortLogAlpha = 1, kShortFewerBlocks = 4;
+  EXPECT_EQ(FeatureNames()[kShortLogAlpha], "short_log_alpha");
+  EXPECT_EQ(FeatureNames()[kShortFewerBlocks], "short_fewer_blocks");
+  hw::TargetDesc target = testing::Avx512Target();
+  target.compute_units = 2;
+  target.bandwidth_bytes_per_s = 2e10;
+  target.peak_flops = 3e11;
+  auto features = [&](const std::string& text, const std::string& schedule) {
+    auto chain = ir::ParseChainText(text);
+    EXPECT_TRUE(chain.ok()) << chain.status();
+    auto sample = MakeSample(*chain, schedule, target, 1e-3, "g");
+    EXPECT_TRUE(sample.ok()) << sample.status();
+    return sample.ok() ? sample->features : std::vector<double>(FeatureNames().size(), 0.0);
+  };
+  const std::string attention = R"(
+dim b=4 m=512 n=512 k=16 h=16
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k]
+P[b,m,n] = softmax(n) S[b,m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+  // One block on two cores, about 0.2 ms of work: no feature to undo it.
+  std::vector<double> one = features(attention, "- / - / -");
+  EXPECT_EQ(one[kShortLogAlpha], 0);
+  EXPECT_EQ(one[kShortFewerBlocks], 0);
+  // The same at 16 tokens, well under 20 us: the last wave is a feature.
+  std::string tiny = attention;
+  tiny.replace(tiny.find("m=512 n=512"), 11, "m=16 n=16");
+  one = features(tiny, "- / - / -");
+  EXPECT_GT(one[kShortLogAlpha], 0);
+  EXPECT_GT(one[kShortFewerBlocks], 0);
+  // Enough blocks for both cores: nothing idles, short or not.
+  const std::vector<double> two = features(tiny, "b=2 / - / -");
+  EXPECT_EQ(two[kShortLogAlpha], 0);
+  EXPECT_EQ(two[kShortFewerBlocks], 0);
+}
+
 TEST(LearnedModelTest, LearnsWhatTheAnalyticalModelMissesAndRanksHeldOutWorkloads) {
   const std::vector<Sample> samples = Synthetic(4, 30);
   auto model = LearnedModel::Train(samples);
