@@ -146,7 +146,8 @@ std::vector<double> NestFeatures(const space::LoopNest& nest, const hw::TargetDe
   // correction sees the last wave only in proportion to how short the
   // kernel is, so that what short chains teach (one block is fastest)
   // cannot undo it on long ones.
-  const double shortness = Positive(SafeLog(kShortKernelS / std::max(both, 1e-12)));
+  // (On a GPU, whose waves are another matter, the features are as they were.)
+  const double shortness = cuda ? 1.0 : Positive(SafeLog(kShortKernelS / std::max(both, 1e-12)));
   return {
       both > 0 ? analytical.t_mem_s / both : 0,
       SafeLog(analytical.alpha) * shortness,

@@ -14,7 +14,8 @@
 //
 // The features (NestFeatures) are what the analytical model leaves out or
 // folds into one number: the shares of memory and compute, the last wave
-// (scaled by how short the kernel is: on a long one it stays as predicted),
+// (on a CPU scaled by how short the kernel is: on a long one it stays as
+// predicted),
 // padding, blocks against cores, the stream loop (its steps and split),
 // scratch against the caches, the FLOPs a micro-kernel call does, inputs
 // re-read and outputs re-written, a split loop's partial sums, the scalar

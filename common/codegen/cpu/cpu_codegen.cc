@@ -101,7 +101,7 @@ class FusedEmitter : public NestWalker {
     inv_offset_.assign(chain.ops.size(), -1);
     for (const space::OpNest& on : nest.ops) {
       const int c = NormalizedBy(on);
-      if (c < 0) continue;
+      if (c < 0 || Contains(normalizer_, c)) continue;  // a product divides by one softmax's sums
       normalizer_[on.op] = c;
       inv_offset_[on.op] = take(RowsPerBlock(chain.ops[on.op]));
     }
@@ -412,9 +412,11 @@ class FusedEmitter : public NestWalker {
   // blocks.
   double Executions(const space::OpNest& on, int depth, bool hoisted = false) const {
     std::vector<int> loops = s_.block;
-    if (on.region == space::Region::kStream && !hoisted) loops.push_back(nest_.stream_dim);
+    const bool streamed = on.region == space::Region::kStream && !hoisted;
+    if (streamed) loops.push_back(nest_.stream_dim);
     loops.insert(loops.end(), on.loops.begin(), on.loops.begin() + std::min<int>(depth, on.loops.size()));
-    double runs = 1;
+    // What runs outside a split stream loop runs once per part.
+    double runs = streamed ? 1 : nest_.split;
     for (int d : loops) runs *= static_cast<double>(nest_.trips[d]);
     return runs;
   }
@@ -486,15 +488,28 @@ class FusedEmitter : public NestWalker {
     return [this, d](const Access& a) { return AccessLanes(a, d); };
   }
 
+  // The GEMM's one row dim that spans more than one point in the tile (a
+  // batch of 1 in front of a model's rows spans one), or -1 when several
+  // do. The rows are then that dim's, one stride apart.
+  int RowDim(const space::OpNest& on) const {
+    int row = -1;
+    for (int d : on.gemm.rows) {
+      if (ConstRange(d, on) == std::optional<int64_t>(1)) continue;
+      if (row >= 0) return -1;
+      row = d;
+    }
+    return row >= 0 || on.gemm.rows.empty() ? row : on.gemm.rows.back();
+  }
+
   ASide ASideOf(const space::OpNest& on) const {
     ASide a;
     const space::GemmForm& g = on.gemm;
     a.k_stride = on.kernel.mr;
-    if (!g.ok || g.a_side.size() != 1 || g.rows.size() != 1 || g.kdims.size() != 1) return a;
+    if (!g.ok || g.a_side.size() != 1 || RowDim(on) < 0 || g.kdims.size() != 1) return a;
     const Access& acc = g.a_side[0];
     if (!HasLocal(acc.tensor) && chain_.dtype != ir::DType::kF32) return a;
     a.direct = true;
-    a.row_stride = Stride(acc, g.rows[0]);
+    a.row_stride = Stride(acc, RowDim(on));
     a.k_stride = Stride(acc, g.kdims[0]);
     return a;
   }
@@ -605,7 +620,7 @@ class FusedEmitter : public NestWalker {
   int64_t DirectCStride(const space::OpNest& on) const {
     const space::GemmForm& g = on.gemm;
     const Op& op = chain_.ops[on.op];
-    if (!g.ok || g.rows.size() != 1 || g.cols.empty() || on.accumulates || on.online_softmax >= 0) return 0;
+    if (!g.ok || RowDim(on) < 0 || g.cols.empty() || on.accumulates || on.online_softmax >= 0) return 0;
     const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
     if (HasLocal(op.output) == output) return 0;  // both or neither
     if (output && chain_.dtype != ir::DType::kF32) return 0;
@@ -614,7 +629,7 @@ class FusedEmitter : public NestWalker {
     // A one-lane micro-kernel (scalar.4x4) writes whole panels only.
     const std::optional<int64_t> cols = ConstCount(g.cols, on);
     if (on.kernel.lanes == 1 && !(cols && *cols % on.kernel.nr == 0)) return 0;
-    return Stride(self, g.rows[0]);
+    return Stride(self, RowDim(on));
   }
 
   // Whether C is written in place and the tile's columns may end inside a
@@ -1348,7 +1363,7 @@ class FusedEmitter : public NestWalker {
     const space::OpNest& map_nest = *epilogue_[on.op];
     const Op& map = chain_.ops[map_nest.op];
     const std::vector<int>& cols = on.gemm.cols;
-    const int row = on.gemm.rows[0], col = cols.back(), lanes = on.kernel.lanes;
+    const int row = RowDim(on), col = cols.back(), lanes = on.kernel.lanes;
     const bool tail = c_tail_[on.op];
     auto define = [&](int d, const std::string& at) {
       w_.Line(absl::StrCat("const long ", n_.I(d), " = ", at, ", ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
@@ -1364,7 +1379,7 @@ class FusedEmitter : public NestWalker {
       define(cols[0], "flat");
     };
     w_.Open(absl::StrCat("auto epi = [&](long rr, long cc, fusor_v", lanes, " h", tail ? ", long nl)" : ")"));
-    define(row, "r + rr");
+    for (int d : on.gemm.rows) define(d, d == row ? "r + rr" : "0");
     w_.Line(absl::StrCat("#if FUSOR_VL == ", lanes));
     if (tail) w_.Open(absl::StrCat("if (nl == ", lanes, ")"));
     define_cols("c + cc");
@@ -1447,9 +1462,10 @@ class FusedEmitter : public NestWalker {
     w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
     if (a.direct) {
       // A's element at the tile's first row and k (and first point).
-      std::vector<int> origin = {g.rows[0], g.kdims[0]};
+      std::vector<int> origin = g.rows;
+      origin.push_back(g.kdims[0]);
       if (points_[on.op]) origin.insert(origin.end(), g.outer_reduce.begin(), g.outer_reduce.end());
-      DefineAtOrigin("const float*", "a0", origin, g.a_side[0], g.rows[0]);
+      DefineAtOrigin("const float*", "a0", origin, g.a_side[0], RowDim(on));
     } else {
       w_.Line(absl::StrCat("const float* const a0 = pa", o, " + bi * rows_pad * kc;"));
     }
@@ -1470,7 +1486,7 @@ class FusedEmitter : public NestWalker {
     if (c_stride > 0) {
       // The result's element at the tile's first row and column.
       std::vector<int> origin = g.cols;
-      origin.push_back(g.rows[0]);
+      origin.insert(origin.end(), g.rows.begin(), g.rows.end());
       DefineAtOrigin("float*", "c0", origin, emit::NestIndex::SelfAccess(chain_.ops[on.op]), g.cols.back());
     } else {
       w_.Line(absl::StrCat("float* const c0 = acc", o, " + bi * rows_pad * cols_pad;"));
@@ -1584,10 +1600,12 @@ class FusedEmitter : public NestWalker {
   std::string RowFactor(const space::OpNest& on, int d) const {
     const int sm = Normalizes(on);
     if (sm < 0) return "";
+    const std::string at = absl::StrCat("sinv", sm, "[", x_.StateOffset(chain_.ops[sm]), "]");
+    if (d < 0) return " * " + at;
     Lanes inv;
-    inv.ptr = absl::StrCat("&sinv", sm, "[", x_.StateOffset(chain_.ops[sm]), "]");
+    inv.ptr = "&" + at;
     inv.stride = x_.StateStride(chain_.ops[sm], d);
-    return absl::StrCat(" * ", d < 0 ? inv.ptr.substr(1) : VectorLoad(inv));
+    return " * " + VectorLoad(inv);
   }
 
   void StoreSum(const Op& op, const space::OpNest& on) override {
@@ -1729,6 +1747,7 @@ class FusedEmitter : public NestWalker {
     w_.Line(absl::StrCat("const float inv = 1.0f / fusor_row_exp_sum(", row, ", ", n_.N(op.axis), ", mx);"));
     if (normalizer_[on.op] >= 0) {
       w_.Line(absl::StrCat("sinv", Sfx(on.op), "[", x_.StateOffset(op), "] = inv;  // the consumer divides"));
+      if (!RowInPlace(op)) EmitRowStore(on, row, "");
     } else if (RowInPlace(op)) {
       w_.Line(absl::StrCat("for (long j = 0; j < ", n_.N(op.axis), "; ++j) ", row, "[j] *= inv;"));
     } else {

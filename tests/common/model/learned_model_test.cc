@@ -53,9 +53,10 @@ TEST(LearnedModelTest, FeatureNamesMatchTheFeatures) {
   EXPECT_FALSE(MakeSample(*chain, "m=16 / - / bogus", target, 1e-3, "g").ok());
 }
 
-// A last wave that idles a core is a feature only in proportion to how
-// short the kernel is (under 20 us with every core busy): what short chains
-// teach about it cannot undo it on a long one.
+// On a CPU a last wave that idles a core is a feature only in proportion to
+// how short the kernel is (under 20 us with every core busy): on a long
+// kernel both of its features are 0, so no weight learned from short chains
+// moves its prediction. Blocks per core count only beyond one.
 TEST(LearnedModelTest, TheLastWaveIsAFeatureOfShortKernelsOnly) {
   constexpr int kShortLogAlpha = 1, kShortFewerBlocks = 4;
   EXPECT_EQ(FeatureNames()[kShortLogAlpha], "short_log_alpha");
@@ -93,6 +94,11 @@ out O
   const std::vector<double> two = features(tiny, "b=2 / - / -");
   EXPECT_EQ(two[kShortLogAlpha], 0);
   EXPECT_EQ(two[kShortFewerBlocks], 0);
+  constexpr int kWaves = 3;
+  EXPECT_EQ(FeatureNames()[kWaves], "log_waves");
+  EXPECT_EQ(one[kWaves], 0);
+  EXPECT_EQ(two[kWaves], 0);
+  EXPECT_DOUBLE_EQ(features(tiny, "b=1 / - / -")[kWaves], std::log(2.0));
 }
 
 TEST(LearnedModelTest, LearnsWhatTheAnalyticalModelMissesAndRanksHeldOutWorkloads) {

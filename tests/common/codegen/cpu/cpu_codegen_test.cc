@@ -345,12 +345,47 @@ out O
   }
 }
 
+// A model's FFN at batch 1: its rows are a0.a1 with a0 of extent 1, so the
+// micro-kernels read X and the intermediate in place and write H and Y in
+// place, with the ReLU (and bias) applied to H's register tiles.
+TEST(CpuCodegenTest, RowsBehindABatchOfOneReadAndWrittenInPlace) {
+  const std::string ffn = R"(
+chain ffn_batch1
+dtype f32
+dim a0=1 a1=37 c=24 f=80 o=40
+in X[a0,a1,c] W1[c,f] B1[f] W2[f,o]
+const W1 B1 W2
+H[a0,a1,f] = sum(c) X[a0,a1,c] * W1[c,f]
+A[a0,a1,f] = relu(H[a0,a1,f] + B1[f])
+Y[a0,a1,o] = sum(f) A[a0,a1,f] * W2[f,o]
+out Y
+)";
+  const hw::TargetDesc wide = testing::Avx512Target();
+  auto chain = ir::ParseChainText(ffn);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  for (const std::string schedule : {"a1=16 / - / -", "- / - / H(f=32) Y(o=32 f=32)", "a1=8 / f=32 / -"}) {
+    SCOPED_TRACE(schedule);
+    auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), wide);
+    ASSERT_TRUE(nest.ok()) << nest.status();
+    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_NE(kernel->source.find("// H: fma.avx512.8x32, A read in place"), std::string::npos) << kernel->source;
+    EXPECT_NE(kernel->source.find("// Y: fma.avx512.8x32, A read in place"), std::string::npos);
+    CheckFused(ffn, schedule, wide);
+    CheckFused(ffn, schedule, wide, "-march=haswell");
+    CheckFused(ffn, schedule, TestTarget());
+  }
+}
+
 // A plain softmax whose one reader is the product P * V leaves its rows
 // unnormalized, and the product's stores divide them by the row sums: C
-// written in place along h, or along m under a swapped mapping (the sums
-// loaded as vectors); through the accumulator into an f16 output; with
-// remainder tiles and the product's reduction in chunks. A softmax whose
-// result is also an output divides its own rows.
+// written in place along h (a pass over the tile), or along m under a
+// swapped mapping (the sums loaded as vectors); through the accumulator into
+// an f16 output; with remainder tiles and the product's reduction in
+// chunks; with the softmax's axis not P's last (its rows stored from
+// scratch, unnormalized). A softmax whose result is also an output divides
+// its own rows, and of two softmaxes read by one product only one leaves
+// its rows to it.
 TEST(CpuCodegenTest, SoftmaxRowsDividedWhereTheirProductIsStored) {
   const hw::TargetDesc wide = testing::Avx512Target();
   auto emitted = [&](const std::string& text, const std::string& schedule) {
@@ -363,22 +398,48 @@ TEST(CpuCodegenTest, SoftmaxRowsDividedWhereTheirProductIsStored) {
     return kernel.ok() ? kernel->source : std::string();
   };
   const std::string f16 = testing::kMaskedF16Attention;
+  const std::string axis_first = R"(
+dim b=3 m=40 n=56 k=24 h=20
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,n,m] = sum(k) Q[b,m,k] * K[b,n,k] * 0.125
+P[b,n,m] = softmax(n) S[b,n,m]
+O[b,m,h] = sum(n) P[b,n,m] * V[b,n,h]
+out O
+)";
+  const std::string two = R"(
+dim b=3 m=40 n=56 k=24 h=20
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.125
+P[b,m,n] = softmax(n) S[b,m,n]
+R[b,m,n] = softmax(n) S[b,m,n] * 0.5
+O[b,m,h] = sum(n) P[b,m,n] * R[b,m,n] * V[b,n,h]
+out O
+)";
   struct Case {
     std::string chain, schedule;
-    bool divides_later;
+    int divided;            // softmaxes whose rows the product divides
+    std::string also;       // and a line that says how
   };
-  for (const Case& c : {Case{kAttention, "b=1 m=16 / - / -", true},
-                        Case{kAttention, "b=2 m=24 / - / S(n=16 k=16) O(h=16 n=16)", true},
-                        Case{kAttention, "b=1 m=16 / - / O(n=16) / O=fma.avx512.8x32[i=h j=m k=n swap]", true},
-                        Case{f16, "b=1 m=16 / - / S(n=16) O(n=16)", true},
-                        Case{f16 + "out P\n", "b=1 m=16 / - / S(n=16) O(n=16)", false}}) {
+  for (const Case& c : {Case{kAttention, "b=1 m=16 / - / -", 1, "divided by the softmax's row sums"},
+                        Case{kAttention, "b=2 m=24 / - / S(n=16 k=16) O(h=16 n=16)", 1, ""},
+                        Case{kAttention, "b=1 m=16 / - / O(n=16) / O=fma.avx512.8x32[i=h j=m k=n swap]", 1,
+                             "fusor_vload(&sinv"},
+                        Case{f16, "b=1 m=16 / - / S(n=16) O(n=16)", 1, ""},
+                        Case{f16 + "out P\n", "b=1 m=16 / - / S(n=16) O(n=16)", 0, ""},
+                        Case{axis_first, "b=1 m=16 / - / -", 1, ""},
+                        Case{two, "b=1 m=16 / - / -", 1, ""}}) {
     SCOPED_TRACE(c.schedule);
     const std::string source = emitted(c.chain, c.schedule);
-    EXPECT_EQ(source.find("the consumer divides") != std::string::npos, c.divides_later) << source;
+    size_t divided = 0;
+    for (size_t at = source.find("the consumer divides"); at != std::string::npos;
+         at = source.find("the consumer divides", at + 1)) {
+      ++divided;
+    }
+    EXPECT_EQ(divided, static_cast<size_t>(c.divided)) << source;
+    if (!c.also.empty()) EXPECT_NE(source.find(c.also), std::string::npos) << source;
     CheckFused(c.chain, c.schedule, wide);
     CheckFused(c.chain, c.schedule, wide, "-march=haswell");
   }
-  CheckFused(kAttention, "b=2 m=24 / - / S(n=16 k=16) O(h=16 n=16)", TestTarget());
 }
 
 // A stride-1 convolution (odd sizes, remainder tiles, a bias and ReLU):
