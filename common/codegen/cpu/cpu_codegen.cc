@@ -368,7 +368,7 @@ class FusedEmitter : public NestWalker {
     for (const space::OpNest& on : nest_.ops) {
       const Op& op = chain_.ops[on.op];
       if (op.kind == ir::OpKind::kMap) {
-        if (std::find(epilogue_.begin(), epilogue_.end(), &on) != epilogue_.end()) continue;
+        if (Folded(on)) continue;
         double reads = 0;
         ir::ForEachAccess(op.body, [&](const Access&) { ++reads; });
         bytes += 4 * (reads + 1) * Points(op.index, on) * Executions(on, 0);
@@ -396,11 +396,19 @@ class FusedEmitter : public NestWalker {
   }
 
  private:
+  // Whether map op `on` is applied by a sum's micro-kernels.
+  bool Folded(const space::OpNest& on) const {
+    return std::find(epilogue_.begin(), epilogue_.end(), &on) != epilogue_.end();
+  }
+  // Whether a loop over dim d encloses op `on`'s statements (a block, the
+  // stream or an own loop).
+  bool Looped(int d, const space::OpNest& on) const {
+    return x_.IsBlock(d) || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
+           Contains(on.loops, d);
+  }
   // The range of dim d in op `on`'s innermost tile.
   double Range(int d, const space::OpNest& on) const {
-    const bool tiled = x_.IsBlock(d) || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
-                       Contains(on.loops, d);
-    return static_cast<double>(tiled ? s_.tile[d] : chain_.dims[d].extent);
+    return static_cast<double>(Looped(d, on) ? s_.tile[d] : chain_.dims[d].extent);
   }
   double Points(const std::vector<int>& dims, const space::OpNest& on) const {
     double points = 1;
@@ -440,10 +448,8 @@ class FusedEmitter : public NestWalker {
   // The range of dim d an op's statements see, when known at generation
   // time: the extent when nothing loops over d, the tile when it divides.
   std::optional<int64_t> ConstRange(int d, const space::OpNest& on) const {
-    const bool looped = x_.IsBlock(d) || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
-                        Contains(on.loops, d);
     const int64_t extent = chain_.dims[d].extent, tile = s_.tile[d];
-    if (!looped) return extent;
+    if (!Looped(d, on)) return extent;
     if (extent % tile == 0) return tile;
     return std::nullopt;
   }
@@ -896,7 +902,7 @@ class FusedEmitter : public NestWalker {
 
   void EmitMap(const Op& op, const space::OpNest& on) override {
     if (prep_mode_) return;  // the prepare walk: loops and constant packs only
-    if (std::any_of(epilogue_.begin(), epilogue_.end(), [&](const space::OpNest* m) { return m == &on; })) {
+    if (Folded(on)) {
       w_.Line("// applied by the micro-kernels above, to each register tile as its sum completes");
       return;
     }
