@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -47,17 +48,36 @@ worker::Validation CompileAndValidate(const ir::Chain& chain, const KernelSource
   return *v;
 }
 
+// The fused kernel of chain `text` under `schedule_text` on `target`;
+// nullopt, with the failure recorded, when any step fails.
+std::optional<KernelSource> EmitFused(const std::string& text, const std::string& schedule_text,
+                                      const hw::TargetDesc& target) {
+  auto chain = ir::ParseChainText(text);
+  EXPECT_TRUE(chain.ok()) << chain.status();
+  if (!chain.ok()) return std::nullopt;
+  auto schedule = space::ParseSchedule(schedule_text, *chain);
+  EXPECT_TRUE(schedule.ok()) << schedule.status();
+  if (!schedule.ok()) return std::nullopt;
+  auto nest = space::BuildLoopNest(*chain, *schedule, target);
+  EXPECT_TRUE(nest.ok()) << nest.status();
+  if (!nest.ok()) return std::nullopt;
+  auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule_text, "test");
+  EXPECT_TRUE(kernel.ok()) << kernel.status();
+  if (!kernel.ok()) return std::nullopt;
+  return *std::move(kernel);
+}
+
+// Its source, or "" when it cannot be built.
+std::string FusedSource(const std::string& text, const std::string& schedule_text, const hw::TargetDesc& target) {
+  std::optional<KernelSource> kernel = EmitFused(text, schedule_text, target);
+  return kernel ? kernel->source : std::string();
+}
+
 void CheckFused(const std::string& text, const std::string& schedule_text, const hw::TargetDesc& target,
                 const std::string& march = "") {
-  auto chain = ir::ParseChainText(text);
-  ASSERT_TRUE(chain.ok()) << chain.status();
-  auto schedule = space::ParseSchedule(schedule_text, *chain);
-  ASSERT_TRUE(schedule.ok()) << schedule.status();
-  auto nest = space::BuildLoopNest(*chain, *schedule, target);
-  ASSERT_TRUE(nest.ok()) << nest.status();
-  auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule_text, "test");
-  ASSERT_TRUE(kernel.ok()) << kernel.status();
-  worker::Validation v = CompileAndValidate(*chain, *kernel, march);
+  std::optional<KernelSource> kernel = EmitFused(text, schedule_text, target);
+  if (!kernel) return;
+  worker::Validation v = CompileAndValidate(*ir::ParseChainText(text), *kernel, march);
   EXPECT_TRUE(v.ok) << schedule_text << ": " << v.detail << "\n" << kernel->source;
 }
 
@@ -233,21 +253,16 @@ out Y
   CheckFused(conv, "n=1 p=4 q=8 / - / T(c=4)", TestTarget());
   CheckFused(conv, "- / - / -", TestTarget());
   // The source says what it packs.
-  auto chain = ir::ParseChainText(mlp);
-  auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule("- / f=16 / -", *chain), TestTarget());
-  ASSERT_TRUE(nest.ok()) << nest.status();
-  auto kernel = EmitCpuFusedKernel(*chain, *nest, "- / f=16 / -", "test");
-  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  std::optional<KernelSource> kernel = EmitFused(mlp, "- / f=16 / -", TestTarget());
+  ASSERT_TRUE(kernel);
   EXPECT_NE(kernel->source.find("extern \"C\" void* fusor_prepare("), std::string::npos);
   EXPECT_NE(kernel->metadata_json.find("W1 (B side of H)"), std::string::npos) << kernel->metadata_json;
   // A pack under a loop over a dim it does not read (the rows) would be kept once per trip: packed per
   // call instead. Here the stream loop over m encloses W1's and W2's packs.
   const std::string rows = "- / m=16 / H(f=16 c=16) Y(o=8 f=16)";
-  nest = space::BuildLoopNest(*chain, *space::ParseSchedule(rows, *chain), TestTarget());
-  ASSERT_TRUE(nest.ok()) << nest.status();
-  kernel = EmitCpuFusedKernel(*chain, *nest, rows, "test");
-  ASSERT_TRUE(kernel.ok()) << kernel.status();
-  EXPECT_EQ(kernel->source.find("fusor_prepare"), std::string::npos);
+  const std::string source = FusedSource(mlp, rows, TestTarget());
+  ASSERT_FALSE(source.empty());
+  EXPECT_EQ(source.find("fusor_prepare"), std::string::npos);
   CheckFused(mlp, rows, TestTarget());
 }
 
@@ -284,14 +299,7 @@ out Y
   gelu.replace(gelu.find("relu("), 5, "gelu(");
   const hw::TargetDesc wide = testing::Avx512Target();
   auto folded = [](const std::string& text, const std::string& schedule, const hw::TargetDesc& target) {
-    auto chain = ir::ParseChainText(text);
-    auto parsed = space::ParseSchedule(schedule, *chain);
-    auto nest = space::BuildLoopNest(*chain, *parsed, target);
-    EXPECT_TRUE(nest.ok()) << nest.status();
-    if (!nest.ok()) return false;
-    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
-    EXPECT_TRUE(kernel.ok()) << kernel.status();
-    return kernel.ok() && kernel->source.find("applied by the micro-kernels") != std::string::npos;
+    return FusedSource(text, schedule, target).find("applied by the micro-kernels") != std::string::npos;
   };
   for (const std::string schedule : {"m=16 / - / -", "m=16 / - / H(c=16)", "m=16 / f=32 / H(c=16)"}) {
     SCOPED_TRACE(schedule);
@@ -361,16 +369,11 @@ Y[a0,a1,o] = sum(f) A[a0,a1,f] * W2[f,o]
 out Y
 )";
   const hw::TargetDesc wide = testing::Avx512Target();
-  auto chain = ir::ParseChainText(ffn);
-  ASSERT_TRUE(chain.ok()) << chain.status();
   for (const std::string schedule : {"a1=16 / - / -", "- / - / H(f=32) Y(o=32 f=32)", "a1=8 / f=32 / -"}) {
     SCOPED_TRACE(schedule);
-    auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), wide);
-    ASSERT_TRUE(nest.ok()) << nest.status();
-    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
-    ASSERT_TRUE(kernel.ok()) << kernel.status();
-    EXPECT_NE(kernel->source.find("// H: fma.avx512.8x32, A read in place"), std::string::npos) << kernel->source;
-    EXPECT_NE(kernel->source.find("// Y: fma.avx512.8x32, A read in place"), std::string::npos);
+    const std::string source = FusedSource(ffn, schedule, wide);
+    EXPECT_NE(source.find("// H: fma.avx512.8x32, A read in place"), std::string::npos) << source;
+    EXPECT_NE(source.find("// Y: fma.avx512.8x32, A read in place"), std::string::npos);
     CheckFused(ffn, schedule, wide);
     CheckFused(ffn, schedule, wide, "-march=haswell");
     CheckFused(ffn, schedule, TestTarget());
@@ -388,15 +391,6 @@ out Y
 // its rows to it.
 TEST(CpuCodegenTest, SoftmaxRowsDividedWhereTheirProductIsStored) {
   const hw::TargetDesc wide = testing::Avx512Target();
-  auto emitted = [&](const std::string& text, const std::string& schedule) {
-    auto chain = ir::ParseChainText(text);
-    auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), wide);
-    EXPECT_TRUE(nest.ok()) << nest.status();
-    if (!nest.ok()) return std::string();
-    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
-    EXPECT_TRUE(kernel.ok()) << kernel.status();
-    return kernel.ok() ? kernel->source : std::string();
-  };
   const std::string f16 = testing::kMaskedF16Attention;
   const std::string axis_first = R"(
 dim b=3 m=40 n=56 k=24 h=20
@@ -429,7 +423,7 @@ out O
                         Case{axis_first, "b=1 m=16 / - / -", 1, ""},
                         Case{two, "b=1 m=16 / - / -", 1, ""}}) {
     SCOPED_TRACE(c.schedule);
-    const std::string source = emitted(c.chain, c.schedule);
+    const std::string source = FusedSource(c.chain, c.schedule, wide);
     size_t divided = 0;
     for (size_t at = source.find("the consumer divides"); at != std::string::npos;
          at = source.find("the consumer divides", at + 1)) {
@@ -461,16 +455,7 @@ O[n,j,p,q] = sum(k) U[n,k,p,q] * W2[j,k]
 out O
 )";
   const hw::TargetDesc wide = testing::Avx512Target();
-  auto source = [&](const std::string& schedule) {
-    auto chain = ir::ParseChainText(conv);
-    auto nest = space::BuildLoopNest(*chain, *space::ParseSchedule(schedule, *chain), wide);
-    EXPECT_TRUE(nest.ok()) << nest.status();
-    if (!nest.ok()) return std::string();
-    auto kernel = EmitCpuFusedKernel(*chain, *nest, schedule, "test");
-    EXPECT_TRUE(kernel.ok()) << kernel.status();
-    return kernel.ok() ? kernel->source : std::string();
-  };
-  const std::string rows = source("n=1 p=4 / - / -");
+  const std::string rows = FusedSource(conv, "n=1 p=4 / - / -", wide);
   EXPECT_NE(rows.find("// T: fma.avx512.8x32, A read in place, B a window"), std::string::npos) << rows;
   EXPECT_NE(rows.find("// O: fma.avx512.8x32, A read in place, B read in place"), std::string::npos) << rows;
   EXPECT_NE(rows.find("aoff[pt]"), std::string::npos);
