@@ -205,15 +205,31 @@ class Chain:
         self.ops = []
         for o in j["ops"]:
             op = dict(kind=o["kind"], output=o["output"], index=list(o["index"]), reduce=list(o.get("reduce", [])),
-                      axis=o.get("axis"), body=parse_expr(o["expr"]))
+                      axis=o.get("axis"), causal=None, body=parse_expr(o["expr"]))
+            if op["axis"] and "<=" in op["axis"]:
+                # A causal softmax, "n <= m [+ c]": keys past row m + c are dropped.
+                axis, row = (x.strip() for x in op["axis"].split("<="))
+                row, _, offset = row.partition("+")
+                op["axis"], op["causal"] = axis, (row.strip(), int(offset or 0))
             self.shape[op["output"]] = [self.extent[d] for d in op["index"]]
             self.ops.append(op)
 
     def flops(self):
+        """The sums' multiply-adds; under a causal softmax (along n, rows m), those of the sums over both m
+        and n only for the keys kept."""
+        kept = {}
+        for op in self.ops:
+            if op["causal"]:
+                (m, c), n = op["causal"], op["axis"]
+                share = sum(min(self.extent[n], r + c + 1) for r in range(self.extent[m])) / (
+                    self.extent[m] * self.extent[n])
+                kept[(m, n)] = share
         total = 0
         for op in self.ops:
             if op["kind"] == "sum":
-                total += 2 * math.prod(self.extent[d] for d in op["index"] + op["reduce"])
+                dims = op["index"] + op["reduce"]
+                share = math.prod(f for (m, n), f in kept.items() if m in dims and n in dims)
+                total += 2 * math.prod(self.extent[d] for d in dims) * share
         return total
 
 
@@ -233,6 +249,17 @@ def factors(e, scale=1.0):
             return None
         return a[0] * b[0], a[1] + b[1]
     return None
+
+
+def causal_dropped(lib, chain, op, dims):
+    """A causal softmax's dropped keys as a boolean array over `dims` (size 1 along all but its row and
+    axis): True where axis > row + offset."""
+    row, offset = op["causal"]
+    shape = [chain.extent[d] if d in (row, op["axis"]) else 1 for d in dims]
+    m = np.arange(chain.extent[row]).reshape([-1 if d == row else 1 for d in dims])
+    n = np.arange(chain.extent[op["axis"]]).reshape([-1 if d == op["axis"] else 1 for d in dims])
+    dropped = np.broadcast_to(n > m + offset, shape)
+    return torch.from_numpy(dropped.copy()) if lib == "torch" else dropped
 
 
 def attention_pattern(chain):
@@ -276,7 +303,7 @@ def attention_pattern(chain):
     batch = s["index"][:-2]
     m, n = s["index"][-2:]
     kd = s["reduce"][0]
-    if p["axis"] != n or len(o["index"]) != len(batch) + 2:
+    if p["axis"] != n or len(o["index"]) != len(batch) + 2 or (p["causal"] and p["causal"][0] != m):
         return None
     h = next((d for d in o["index"] if d not in batch and d != m), None)
     # Each operand in any axis order (an export's Q[b, m, heads, d]): the
@@ -297,7 +324,7 @@ def attention_pattern(chain):
         return None
     out_perm = [(batch + [m, h]).index(d) for d in o["index"]]
     return dict(scale=fs[0], q=q.tensor, k=k.tensor, v=v.tensor, mask=mask, batch=batch, m=m, n=n, k_dim=kd, h=h,
-                perms=perms, broadcast=broadcast, out_perm=out_perm)
+                perms=perms, broadcast=broadcast, out_perm=out_perm, causal=p["causal"], softmax=p)
 
 
 def attention_operand(lib, chain, att, env, name):
@@ -479,6 +506,9 @@ def array_program(lib, chain):
             def step(env, op=op):
                 v = evaluate(lib, chain, env, op["body"], op["index"])
                 axis = op["index"].index(op["axis"])
+                if op["causal"]:
+                    dropped = causal_dropped(lib, chain, op, op["index"])
+                    v = v.masked_fill(dropped, -math.inf) if lib == "torch" else np.where(dropped, -np.inf, v)
                 if lib == "torch":
                     return torch.softmax(v, dim=axis)
                 v = np.exp(v - v.max(axis=axis, keepdims=True))
@@ -537,13 +567,17 @@ def onnx_program(chain, dtype, values=None):
                     helper.make_tensor_value_info("v", elem, [1, n, heads * h])]
         mha_inputs = ["q", "k", "v"]
         mask = att["mask"]
+        # A causal softmax with as many queries as keys: MultiHeadAttention's own (unidirectional); any
+        # other offset is part of the bias.
+        unidirectional = att["causal"] is not None and att["causal"][1] == 0 and m == n
+        causal_bias = att["causal"] is not None and not unidirectional
         # The additive mask as MultiHeadAttention's attention_bias [1, heads or 1, m, n].
         bias_heads = heads if mask is not None and len(mask_dims(att)) > 2 else 1
-        if mask is not None:
+        if mask is not None or causal_bias:
             graph_in.append(helper.make_tensor_value_info("bias", elem, [1, bias_heads, m, n]))
             mha_inputs += ["", "", "bias"]
         nodes.append(helper.make_node("MultiHeadAttention", mha_inputs, ["o"], domain="com.microsoft",
-                                      num_heads=heads, scale=float(att["scale"])))
+                                      num_heads=heads, scale=float(att["scale"]), unidirectional=int(unidirectional)))
         graph_out = [helper.make_tensor_value_info("o", elem, [1, m, heads * h])]
         graph = helper.make_graph(nodes, chain.name, graph_in, graph_out)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
@@ -560,9 +594,14 @@ def onnx_program(chain, dtype, values=None):
                 x = attention_operand("numpy", chain, att, env, name)
                 return np.ascontiguousarray(x.reshape(heads, seq, size).transpose(1, 0, 2).reshape(1, seq, heads * size))
             feeds = {"q": heads_last("q", m, k), "k": heads_last("k", n, k), "v": heads_last("v", n, h)}
-            if mask is not None:
-                bias = np.asarray(array_program("numpy", mask_chain(chain, att))(inputs)[0], dtype=dtype)
-                bias = mask_over_batch(chain, att, bias)
+            if mask is not None or causal_bias:
+                bias = np.zeros([1] * len(att["batch"]) + [m, n], dtype=dtype)
+                if mask is not None:
+                    bias = mask_over_batch(chain, att, np.asarray(array_program("numpy", mask_chain(chain, att))(
+                        inputs)[0], dtype=dtype))
+                if causal_bias:
+                    dropped = causal_dropped("numpy", chain, att["softmax"], att["batch"] + [att["m"], att["n"]])
+                    bias = np.where(dropped, np.asarray(-np.inf, dtype=dtype), bias)
                 feeds["bias"] = np.ascontiguousarray(np.broadcast_to(bias, [chain.extent[d] for d in att["batch"]] +
                                                                      [m, n]).reshape(1, heads, m, n)[:, :bias_heads])
             return feeds
@@ -570,7 +609,8 @@ def onnx_program(chain, dtype, values=None):
         def finish(outs):
             shape = [chain.extent[d] for d in att["batch"]] + [m, h]
             return [outs[0].reshape(m, heads, h).transpose(1, 0, 2).reshape(shape).transpose(att["out_perm"])]
-        return "MultiHeadAttention (com.microsoft)", prepare, run_prepared, finish
+        return "MultiHeadAttention (com.microsoft%s)" % (", unidirectional" if unidirectional else ""), prepare, \
+            run_prepared, finish
 
     # Op by op: MatMul where the sum is a batched matrix product, Conv for
     # convolutions, Einsum otherwise; elementwise nodes and Softmax.
@@ -660,6 +700,12 @@ def onnx_program(chain, dtype, values=None):
                 raise NotImplementedError("a sum that is not a product of plain accesses")
         elif op["kind"] == "softmax":
             y = expr(op["body"], index)
+            if op["causal"]:
+                dropped = causal_dropped("numpy", chain, op, index)
+                minus = np.where(dropped, np.asarray(-np.inf, dtype=dtype), np.asarray(0, dtype=dtype))
+                name = fresh("causal")
+                inits.append(helper.make_tensor(name, elem, minus.shape, minus.flatten().tolist()))
+                y = node("Add", [y, name])
             axis = index.index(op["axis"])
             y = node("Softmax", [y], axis=axis)
             used_ops.add("Softmax")
@@ -986,9 +1032,17 @@ def bench_chain(path, work, seconds):
         if att["mask"] is not None:
             mask = array_program("torch", mask_chain(chain, att))(t_inputs)[0].to(tdtype).contiguous()
             mask = mask_over_batch(chain, att, mask)
+        # A causal softmax: SDPA's is_causal (queries aligned with the first keys, offset 0), or with a mask
+        # or another offset, the two in one additive mask, as transformers builds it.
+        is_causal = att["causal"] is not None and att["causal"][1] == 0 and mask is None
+        if att["causal"] is not None and not is_causal:
+            dropped = causal_dropped("torch", chain, att["softmax"], att["batch"] + [att["m"], att["n"]])
+            mask = (torch.zeros((), dtype=tdtype) if mask is None else mask).masked_fill(dropped, -math.inf)
+            mask = mask.contiguous()
 
         def run(q, k, v, mask):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=att["scale"]).permute(att["out_perm"])
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                  scale=att["scale"]).permute(att["out_perm"])
         return run, (q, k, v, mask), (lambda o: [o.float().numpy()])
 
     f32_inputs = [np.ascontiguousarray(x.astype(np.float32)) for x in inputs64]

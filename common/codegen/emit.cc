@@ -90,6 +90,19 @@ std::map<int, int64_t> GlobalStrides(const Access& a, const Chain& chain, int64_
   return coef;
 }
 
+std::string CausalValue(const ir::Op& softmax, const Names& n, const std::string& x, const std::string& minus_infinity) {
+  if (!softmax.Causal()) return x;
+  return absl::StrCat("(", n.V(softmax.axis), " <= ", n.V(softmax.causal_row), " + ", softmax.causal_offset, "L ? ", x,
+                      " : ", minus_infinity, ")");
+}
+
+std::string CausalKept(const ir::Op& softmax, const Names& n) {
+  const std::string ax = n.N(softmax.axis);
+  const std::string bound =
+      absl::StrCat(n.V(softmax.causal_row), " + ", softmax.causal_offset + 1, "L - ", n.O(softmax.axis));
+  return absl::StrCat("(", bound, " < 0L ? 0L : ", bound, " < ", ax, " ? ", bound, " : ", ax, ")");
+}
+
 std::string CallFunc(ir::Func f, const std::string& arg) {
   switch (f) {
     case ir::Func::kRelu: return absl::StrCat("fusor_relu(", arg, ")");
@@ -243,12 +256,16 @@ void NestIndex::DefineFullRanges(Writer& w, const space::OpNest& on) const {
     bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
                   std::find(on.loops.begin(), on.loops.end(), d) != on.loops.end();
     if (looped) continue;
-    w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+    const bool causal = nest_.causal_softmax >= 0 && chain_.ops[nest_.causal_softmax].axis == d;
+    w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ",
+                        causal ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L"), ";"));
   }
 }
 
 void NestIndex::OpenTileLoop(Writer& w, int d) const {
-  w.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", chain_.dims[d].extent, "L; ", n_.O(d), " += ",
+  const bool causal = nest_.causal_softmax >= 0 && chain_.ops[nest_.causal_softmax].axis == d;
+  const std::string end = causal ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L");
+  w.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", end, "; ", n_.O(d), " += ",
                       nest_.schedule.tile[d], "L)"));
   w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
 }
@@ -256,12 +273,25 @@ void NestIndex::OpenTileLoop(Writer& w, int d) const {
 void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) const {
   const std::vector<int>& block = nest_.schedule.block;
   if (block.empty()) return;
+  const ir::Op* causal = nest_.causal_softmax >= 0 ? &chain_.ops[nest_.causal_softmax] : nullptr;
   w.Line(absl::StrCat("long rest = ", block_index, ";"));
   for (int i = static_cast<int>(block.size()) - 1; i >= 0; --i) {
     const int d = block[i];
-    w.Line(absl::StrCat("const long ", n_.O(d), " = (rest % ", nest_.trips[d], "L) * ", nest_.schedule.tile[d],
-                        "L; rest /= ", nest_.trips[d], "L;"));
+    const int64_t trips = nest_.trips[d];
+    const std::string tile = causal && causal->causal_row == d ? absl::StrCat(trips - 1, "L - rest % ", trips, "L")
+                                                               : absl::StrCat("rest % ", trips, "L");
+    w.Line(absl::StrCat("const long ", n_.O(d), " = (", tile, ") * ", nest_.schedule.tile[d], "L; rest /= ", trips,
+                        "L;"));
     w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+  }
+  if (causal) {
+    // The axis's tiles up to the one holding the block's last kept entry.
+    const int ax = causal->axis;
+    const int64_t tile = nest_.schedule.tile[ax], extent = chain_.dims[ax].extent;
+    w.Line(absl::StrCat("const long ", n_.E(ax), "_tiles = (", n_.O(causal->causal_row), " + ",
+                        n_.N(causal->causal_row), " - 1L + ", causal->causal_offset, "L) / ", tile, "L + 1L;"));
+    w.Line(absl::StrCat("const long ", n_.E(ax), " = ", n_.E(ax), "_tiles * ", tile, "L < ", extent, "L ? ", n_.E(ax),
+                        "_tiles * ", tile, "L : ", extent, "L;"));
   }
 }
 

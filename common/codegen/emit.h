@@ -54,6 +54,7 @@ struct Names {
   std::string I(int d) const { return "i_" + chain.dims[d].name; }  // index within range
   std::string O(int d) const { return "o_" + chain.dims[d].name; }  // range origin
   std::string N(int d) const { return "n_" + chain.dims[d].name; }  // range length
+  std::string E(int d) const { return "e_" + chain.dims[d].name; }  // a causal axis's end in the block
   std::string Global(int t) const { return "g_" + chain.tensors[t].name; }
   std::string Local(int t) const { return "l_" + chain.tensors[t].name; }
   std::string Full(int t) const { return "f_" + chain.tensors[t].name; }
@@ -71,6 +72,12 @@ std::string GlobalOffset(const ir::Access& a, const Names& n);
 // Per dim: the stride of the dim's variable in `a`'s flat global offset.
 std::map<int, int64_t> GlobalStrides(const ir::Access& a, const ir::Chain& chain, int64_t* constant);
 std::string CallFunc(ir::Func f, const std::string& arg);
+// A softmax's value `x` at the current point (v_<axis>, v_<row> defined),
+// or `minus_infinity` where a causal softmax drops the entry.
+std::string CausalValue(const ir::Op& softmax, const Names& n, const std::string& x, const std::string& minus_infinity);
+// The entries a causal softmax keeps in the current row's range
+// [o_<axis>, o_<axis> + n_<axis>), as a C expression (v_<row> defined).
+std::string CausalKept(const ir::Op& softmax, const Names& n);
 using LoadFn = std::function<std::string(const ir::Access&)>;
 std::string ExprToC(const ir::Expr& e, const LoadFn& load);
 // Product of `factors` times `scale` as a C float expression.
@@ -109,11 +116,14 @@ class NestIndex {
   // global memory converted from the chain's dtype.
   std::string Load(const ir::Access& a) const;
   // o_d = 0, n_d = extent for the op's dims no block, stream or own loop
-  // ranges over.
+  // ranges over (n_d = e_d for a causal axis whose tiles the nest skips).
   void DefineFullRanges(Writer& w, const space::OpNest& on) const;
-  // for (o_d = 0; o_d < extent; o_d += tile) with n_d its range.
+  // for (o_d = 0; o_d < extent; o_d += tile) with n_d its range; up to
+  // e_d only, for the axis of a causal softmax the nest skips tiles of.
   void OpenTileLoop(Writer& w, int d) const;
-  // o_d and n_d of every block dim from the block's flat index.
+  // o_d and n_d of every block dim from the block's flat index (a causal
+  // softmax's row dim counted down: the longest rows first), and the end
+  // e_<axis> of the causal axis's tile loops in the block.
   void DefineBlockOrigins(Writer& w, const std::string& block_index) const;
   // Writes `value` to the op's result at the current point: its local
   // buffer (accumulating across the stream loop when the op does, rescaled

@@ -67,6 +67,8 @@ class Canonicalizer {
         for (int d : op.reduce) cop.reduce.push_back(MapDim(d));
         std::sort(cop.reduce.begin(), cop.reduce.end());
         if (op.axis >= 0) cop.axis = MapDim(op.axis);
+        if (op.Causal()) cop.causal_row = MapDim(op.causal_row);
+        cop.causal_offset = op.causal_offset;
         cop.body = Rewrite(bodies_[src.producer]);
         dst.axis_dims = cop.index;
         dst.producer = static_cast<int>(c.ops.size());
@@ -173,6 +175,7 @@ class Canonicalizer {
     std::vector<std::string> extents;
     for (int d : op.index) extents.push_back(absl::StrCat(in_.dims[d].extent));
     std::string axis = op.axis >= 0 ? absl::StrCat(position(op.axis)) : "-";
+    if (op.Causal()) absl::StrAppend(&axis, "<=", position(op.causal_row), "+", op.causal_offset);
     sig_[op.output] = ShortHash(absl::StrCat(OpKindName(op.kind), "[", absl::StrJoin(extents, ","),
                                              "] axis=", axis, " reduce=", reduce_no.size(), " ",
                                              ExprSig(bodies_[op_id], final_name)));

@@ -214,11 +214,26 @@ std::string OpToString(const Op& op, const Chain& chain) {
     case OpKind::kSum:
       return absl::StrCat(lhs, "sum(", DimList(op.reduce, chain), ") ", ExprToString(op.body, chain));
     case OpKind::kSoftmax:
-      return absl::StrCat(lhs, "softmax(", chain.dims[op.axis].name, ") ",
-                          ExprToString(op.body, chain));
+      return absl::StrCat(lhs, "softmax(", SoftmaxAxisText(op, chain), ") ", ExprToString(op.body, chain));
     case OpKind::kMap: return lhs + ExprToString(op.body, chain);
   }
   return lhs;
+}
+
+std::string SoftmaxAxisText(const Op& op, const Chain& chain) {
+  std::string text = chain.dims[op.axis].name;
+  if (!op.Causal()) return text;
+  absl::StrAppend(&text, " <= ", chain.dims[op.causal_row].name);
+  if (op.causal_offset != 0) absl::StrAppend(&text, " + ", op.causal_offset);
+  return text;
+}
+
+double CausalShare(const Op& op, const Chain& chain) {
+  if (!op.Causal()) return 1;
+  const int64_t n = chain.dims[op.axis].extent, m = chain.dims[op.causal_row].extent;
+  double kept = 0;
+  for (int64_t r = 0; r < m; ++r) kept += static_cast<double>(std::min(n, r + op.causal_offset + 1));
+  return kept / (static_cast<double>(n) * static_cast<double>(m));
 }
 
 std::string ChainToText(const Chain& chain) {
@@ -256,12 +271,22 @@ std::string ChainToText(const Chain& chain, const std::string& name, const std::
   return out;
 }
 
-double ChainFlops(const Chain& chain) {
+double ChainFlops(const Chain& chain, bool dense) {
   double total = 0;
+  auto over = [](const Op& op, int d) {
+    return std::find(op.index.begin(), op.index.end(), d) != op.index.end() ||
+           std::find(op.reduce.begin(), op.reduce.end(), d) != op.reduce.end();
+  };
   for (const Op& op : chain.ops) {
     double points = static_cast<double>(chain.tensors[op.output].NumElements());
     if (op.kind == OpKind::kSum) {
       for (int d : op.reduce) points *= static_cast<double>(chain.dims[d].extent);
+      // Under a causal softmax, a sum over its rows and axis does the kept keys' work only.
+      for (const Op& softmax : chain.ops) {
+        if (!dense && softmax.Causal() && over(op, softmax.axis) && over(op, softmax.causal_row)) {
+          points *= CausalShare(softmax, chain);
+        }
+      }
       total += 2 * points;
     } else {
       total += points * (op.kind == OpKind::kSoftmax ? 4 : 1);

@@ -72,7 +72,15 @@ struct Op {
   std::vector<int> index;    // output dims, one per output axis
   std::vector<int> reduce;   // kSum: summed dims
   int axis = -1;             // kSoftmax: the normalized dim
+  // kSoftmax: a causal softmax keeps only the entries with
+  // axis <= causal_row + causal_offset (written `softmax(n <= m)` or
+  // `softmax(n <= m + 3)`); the others are 0, as if their value were -inf.
+  // causal_row == -1: every entry is kept.
+  int causal_row = -1;
+  int64_t causal_offset = 0;
   Expr body;
+
+  bool Causal() const { return causal_row >= 0; }
 };
 
 enum class TensorRole { kInput, kIntermediate, kOutput };
@@ -119,6 +127,12 @@ std::string AffineToString(const AffineExpr& e, const Chain& chain);
 std::string AccessToString(const Access& a, const Chain& chain);
 std::string ExprToString(const Expr& e, const Chain& chain);
 std::string OpToString(const Op& op, const Chain& chain);
+// A softmax's axis as written: "n", or with its causal condition "n <= m",
+// "n <= m + 3".
+std::string SoftmaxAxisText(const Op& op, const Chain& chain);
+// Of the `extent_axis` x `extent_row` entries of a causal condition
+// `axis <= row + offset`, the share kept (1 for a softmax that is not causal).
+double CausalShare(const Op& op, const Chain& chain);
 // The whole chain as text that ParseChainText reads back to an equal chain.
 std::string ChainToText(const Chain& chain);
 // The text of a chain made of some of `chain`'s parts: `dims`, `ops`
@@ -126,7 +140,9 @@ std::string ChainToText(const Chain& chain);
 std::string ChainToText(const Chain& chain, const std::string& name, const std::vector<int>& dims,
                         const std::vector<int>& ops, const std::vector<int>& inputs, const std::vector<int>& outputs);
 
-// FLOPs of one evaluation of the chain (multiply-add = 2).
-double ChainFlops(const Chain& chain);
+// FLOPs of one evaluation of the chain (multiply-add = 2); under a causal
+// softmax, the sums over its rows and axis count the kept keys only, unless
+// `dense` (what computing every key and masking does).
+double ChainFlops(const Chain& chain, bool dense = false);
 
 }  // namespace fusor::ir

@@ -251,7 +251,7 @@ std::string ChainToJson(const Chain& chain) {
       for (int d : op.reduce) reduce.push_back(chain.dims[d].name);
       o["reduce"] = reduce;
     }
-    if (op.kind == OpKind::kSoftmax) o["axis"] = chain.dims[op.axis].name;
+    if (op.kind == OpKind::kSoftmax) o["axis"] = SoftmaxAxisText(op, chain);
     o["expr"] = ExprToString(op.body, chain);
     root["ops"].push_back(o);
   }

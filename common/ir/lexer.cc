@@ -59,7 +59,7 @@ absl::StatusOr<std::vector<Token>> Lex(absl::string_view text, const Where& wher
       tok.kind = Token::Kind::kNumber;
       tok.text = std::string(text.substr(i, j - i));
       i = j;
-    } else if (absl::string_view("[]()=,+-*/").find(static_cast<char>(c)) !=
+    } else if (absl::string_view("[]()=,+-*/<").find(static_cast<char>(c)) !=
                absl::string_view::npos) {
       tok.kind = Token::Kind::kPunct;
       tok.text = std::string(1, static_cast<char>(c));

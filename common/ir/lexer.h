@@ -21,7 +21,7 @@ struct Token {
 
 // Splits `text` into tokens, ending with a kEnd token at text.size().
 // Identifiers are [A-Za-z_][A-Za-z0-9_]*; numbers are decimal with an
-// optional fraction and exponent; punctuation is one of []()=,+-*/.
+// optional fraction and exponent; punctuation is one of []()=,+-*/< ("<=" is two tokens).
 absl::StatusOr<std::vector<Token>> Lex(absl::string_view text, const Where& where);
 
 bool IsIdentifier(absl::string_view s);

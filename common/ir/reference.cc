@@ -264,14 +264,16 @@ absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
       int64_t n = chain.dims[op.axis].extent;
       std::vector<double> vals(n);
       ForEachPoint(rows, chain, v, [&] {
+        // A causal softmax keeps the entries up to the row's bound; the rest are 0.
+        const int64_t kept = op.Causal() ? std::min(n, v[op.causal_row] + op.causal_offset + 1) : n;
         double mx = -std::numeric_limits<double>::infinity();
-        for (v[op.axis] = 0; v[op.axis] < n; ++v[op.axis]) {
+        for (v[op.axis] = 0; v[op.axis] < kept; ++v[op.axis]) {
           vals[v[op.axis]] = Eval(body, v);
           mx = std::max(mx, vals[v[op.axis]]);
         }
         double sum = 0;
         for (int64_t i = 0; i < n; ++i) {
-          vals[i] = std::exp(vals[i] - mx);
+          vals[i] = i < kept ? std::exp(vals[i] - mx) : 0.0;
           sum += vals[i];
         }
         for (v[op.axis] = 0; v[op.axis] < n; ++v[op.axis]) out[out_offset()] = vals[v[op.axis]] / sum;

@@ -7,6 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "common/ir/lexer.h"
 #include "common/util/status_macros.h"
 
@@ -353,6 +357,37 @@ absl::StatusOr<int> ResolveDim(const Chain& chain, const std::string& name, cons
   return d;
 }
 
+// A softmax's axis, "n", or "n <= m" / "n <= m + 3" for a causal softmax.
+absl::Status ResolveSoftmaxAxis(const Chain& chain, const OpSpec& spec, Op& op) {
+  const std::vector<std::string> parts = absl::StrSplit(spec.axis, "<=");
+  auto in_index = [&](int d) { return std::find(op.index.begin(), op.index.end(), d) != op.index.end(); };
+  ASSIGN_OR_RETURN(op.axis, ResolveDim(chain, std::string(absl::StripAsciiWhitespace(parts[0])), spec.where));
+  if (!in_index(op.axis)) {
+    return Error(spec.where, absl::StrCat("softmax axis '", chain.dims[op.axis].name, "' is not in the output index"));
+  }
+  if (parts.size() == 1) return absl::OkStatus();
+  const std::string usage = "a causal softmax is written softmax(n <= m) or softmax(n <= m + 3)";
+  if (parts.size() > 2) return Error(spec.where, usage);
+  const std::vector<std::string> terms = absl::StrSplit(parts[1], '+');
+  if (terms.size() > 2) return Error(spec.where, usage);
+  const std::string row(absl::StripAsciiWhitespace(terms[0]));
+  if (!IsIdentifier(row)) return Error(spec.where, usage);
+  ASSIGN_OR_RETURN(op.causal_row, ResolveDim(chain, row, spec.where));
+  if (op.causal_row == op.axis || !in_index(op.causal_row)) {
+    return Error(spec.where, absl::StrCat("the causal condition of softmax(", spec.axis,
+                                          ") compares the axis with another dim of the output index; ", usage));
+  }
+  if (terms.size() == 2 && !absl::SimpleAtoi(absl::StripAsciiWhitespace(terms[1]), &op.causal_offset)) {
+    return Error(spec.where, absl::StrCat("the offset in softmax(", spec.axis, ") is not an integer; ", usage));
+  }
+  if (op.causal_offset < 0 || op.causal_offset >= chain.dims[op.axis].extent) {
+    return Error(spec.where, absl::StrCat("the offset in softmax(", spec.axis, ") must be in [0, ",
+                                          chain.dims[op.axis].extent, "): a negative one leaves rows with no entry, "
+                                          "and one past the axis keeps every entry"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int>> ResolveDimList(const Chain& chain,
                                                 const std::vector<std::string>& names,
                                                 const Where& where, absl::string_view what) {
@@ -406,11 +441,7 @@ absl::Status BuildOp(const OpSpec& spec, const Limits& limits, Chain& chain) {
     return Error(spec.where, "only a sum op reduces dims");
   }
   if (op.kind == OpKind::kSoftmax) {
-    ASSIGN_OR_RETURN(op.axis, ResolveDim(chain, spec.axis, spec.where));
-    if (std::find(op.index.begin(), op.index.end(), op.axis) == op.index.end()) {
-      return Error(spec.where, absl::StrCat("softmax axis '", spec.axis,
-                                            "' is not in the output index"));
-    }
+    RETURN_IF_ERROR(ResolveSoftmaxAxis(chain, spec, op));
   } else if (!spec.axis.empty()) {
     return Error(spec.where, "only a softmax op has an axis");
   }

@@ -45,6 +45,26 @@ class LineParser {
     return Error(WhereOf(tok), absl::StrCat("expected ", expected, " but found ", got));
   }
 
+  // A softmax's axis and ')' after "softmax(": NAME, or a causal condition
+  // NAME <= NAME [+ NUMBER], returned as written for BuildChain to check.
+  absl::StatusOr<std::string> SoftmaxAxis() {
+    ASSIGN_OR_RETURN(std::string axis, Ident("the softmax axis"));
+    if (Peek().Is(',')) return Error(WhereOf(Peek()), "softmax takes exactly one axis");
+    if (Peek().Is('<')) {
+      Next();
+      RETURN_IF_ERROR(Expect('='));
+      ASSIGN_OR_RETURN(std::string row, Ident("a dim name after '<='"));
+      absl::StrAppend(&axis, " <= ", row);
+      if (Peek().Is('+')) {
+        Next();
+        if (Peek().kind != Token::Kind::kNumber) return Unexpected("an integer offset after '+'");
+        absl::StrAppend(&axis, " + ", Next().text);
+      }
+    }
+    RETURN_IF_ERROR(Expect(')'));
+    return axis;
+  }
+
   // NAME[, NAME]* ']' after an opening bracket/paren has been consumed.
   absl::StatusOr<std::vector<std::string>> NameList(char close, bool allow_numbers) {
     std::vector<std::string> names;
@@ -89,14 +109,12 @@ absl::Status ParseOpLine(LineParser& p, ChainSpec& spec) {
     bool is_sum = head.text == "sum";
     p.Next();
     RETURN_IF_ERROR(p.Expect('('));
-    ASSIGN_OR_RETURN(std::vector<std::string> dims, p.NameList(')', false));
     if (is_sum) {
       op.kind = OpKind::kSum;
-      op.reduce = std::move(dims);
+      ASSIGN_OR_RETURN(op.reduce, p.NameList(')', false));
     } else {
-      if (dims.size() != 1) return Error(p.WhereOf(head), "softmax takes exactly one axis");
       op.kind = OpKind::kSoftmax;
-      op.axis = dims[0];
+      ASSIGN_OR_RETURN(op.axis, p.SoftmaxAxis());
     }
   } else {
     op.kind = OpKind::kMap;

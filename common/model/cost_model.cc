@@ -53,7 +53,7 @@ Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target) 
     for (int t : ir::TensorsRead(op)) elements += static_cast<double>(chain.tensors[t].NumElements());
     pred.t_mem_s += elements * ir::DTypeBytes(chain.dtype) / rates.bandwidth_bytes_per_s;
   }
-  pred.t_comp_s = ir::ChainFlops(chain) / rates.peak_flops;
+  pred.t_comp_s = ir::ChainFlops(chain, /*dense=*/true) / rates.peak_flops;  // the unfused ops mask, never skip
   pred.t_estm_s = pred.t_mem_s + pred.t_comp_s;
   return pred;
 }

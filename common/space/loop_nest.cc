@@ -101,6 +101,7 @@ std::string RegisterResidentProblem(const ir::Chain& chain, const LoopNest& nest
     if (op.kind == ir::OpKind::kSum) return "only elementwise ops and one softmax may sit between the GEMMs";
     if (op.kind == ir::OpKind::kSoftmax) {
       if (softmax >= 0 || !nest.ops[o].online) return "needs at most one softmax, online along the stream loop";
+      if (op.Causal() && op.causal_row != first.gemm.rows[0]) return "a causal softmax's rows must be the GEMMs' rows";
       softmax = o;
     }
     if (op.index != point) return "the ops between the GEMMs must span the first GEMM's points";
@@ -168,6 +169,9 @@ std::string SplitProblem(const ir::Chain& chain, const hw::TargetDesc& target, c
     if ((nest.schedule.split - 1) * per_part >= nest.trips[sd]) return "a part would have no steps";
     if (nest.schedule.registers) return "";
   }
+  for (const ir::Op& op : chain.ops) {
+    if (op.Causal()) return "a causal softmax ends each row's work at the diagonal";
+  }
   bool accumulated = false;
   for (const OpNest& on : nest.ops) {
     const ir::Op& op = chain.ops[on.op];
@@ -183,6 +187,54 @@ std::string SplitProblem(const ir::Chain& chain, const hw::TargetDesc& target, c
     }
   }
   return accumulated ? "" : "nothing accumulates along it";
+}
+
+// Whether `e` is a product with `factor` among its factors.
+bool HasFactor(const ir::Expr& e, const ir::Access& factor) {
+  if (e.kind == ir::Expr::Kind::kAccess) return e.access.tensor == factor.tensor && e.access.index == factor.index;
+  if (e.kind != ir::Expr::Kind::kMul) return false;
+  for (const ir::Expr& arg : e.args) {
+    if (HasFactor(arg, factor)) return true;
+  }
+  return false;
+}
+
+// The causal softmax whose dropped entries nothing needs: its result is no
+// output, every other op over its axis feeds it (never reads its result,
+// no output) or sums along the axis a product of its result; -1 if none.
+int SkippableCausalSoftmax(const ir::Chain& chain) {
+  int c = -1;
+  for (int o = 0; o < static_cast<int>(chain.ops.size()); ++o) {
+    if (!chain.ops[o].Causal()) continue;
+    if (c >= 0) return -1;
+    c = o;
+  }
+  if (c < 0) return -1;
+  const ir::Op& softmax = chain.ops[c];
+  const int axis = softmax.axis;
+  if (chain.tensors[softmax.output].role == ir::TensorRole::kOutput) return -1;
+  ir::Access p;
+  p.tensor = softmax.output;
+  for (int d : softmax.index) p.index.push_back(ir::AffineExpr::OfDim(d));
+  std::vector<bool> over_axis(chain.tensors.size(), false);
+  for (const ir::Op& op : chain.ops) {
+    if (Contains(op.index, axis)) over_axis[op.output] = true;
+  }
+  for (int o = 0; o < static_cast<int>(chain.ops.size()); ++o) {
+    if (o == c) continue;
+    const ir::Op& op = chain.ops[o];
+    const std::vector<int> reads = ir::TensorsRead(op);
+    if (Contains(op.reduce, axis)) {
+      if (!HasFactor(op.body, p)) return -1;
+    } else if (Contains(op.index, axis)) {
+      if (Contains(reads, softmax.output) || chain.tensors[op.output].role == ir::TensorRole::kOutput) return -1;
+    } else {
+      for (int t : reads) {
+        if (over_axis[t]) return -1;
+      }
+    }
+  }
+  return c;
 }
 
 }  // namespace
@@ -741,6 +793,35 @@ void PlaceStatements(const ir::Chain& chain, LoopNest& nest) {
   nest.scratch_bytes = nest.intermediate_bytes + (stream_temps + shared_temps) * static_cast<int64_t>(sizeof(float));
 }
 
+void SkipCausalTiles(const ir::Chain& chain, LoopNest& nest) {
+  const int c = SkippableCausalSoftmax(chain);
+  if (c < 0) return;
+  const ir::Op& softmax = chain.ops[c];
+  const int axis = softmax.axis, row = softmax.causal_row;
+  if (!Contains(nest.schedule.block, row) || nest.trips[axis] == 1) return;
+  // Block b of the row dim runs the axis's tiles up to the one holding
+  // entry last_row + offset.
+  const int64_t rows = chain.dims[row].extent, row_tile = nest.schedule.tile[row], tile = nest.schedule.tile[axis];
+  double kept = 0;
+  for (int64_t b = 0; b < nest.trips[row]; ++b) {
+    const int64_t last = std::min(rows, (b + 1) * row_tile) - 1;
+    kept += static_cast<double>(std::min(nest.trips[axis], (last + softmax.causal_offset) / tile + 1));
+  }
+  nest.causal_softmax = c;
+  nest.causal_share = kept / static_cast<double>(nest.trips[row] * nest.trips[axis]);
+  double padded_skipped = 0;
+  for (Statement& st : nest.statements) {
+    if (!Contains(st.loops, axis)) continue;
+    if (st.kind == StmtKind::kCompute && chain.ops[st.op].kind == ir::OpKind::kSum) {
+      padded_skipped += st.flops * st.executions * (1 - nest.causal_share);
+    }
+    st.executions *= nest.causal_share;
+  }
+  const double kept_flops = 1 - padded_skipped / nest.padded_flops;
+  nest.padded_flops *= kept_flops;
+  nest.useful_flops *= kept_flops;
+}
+
 absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& target, LoopNest& nest) {
   const int split = nest.schedule.split;
   if (split <= 1) return absl::OkStatus();
@@ -800,6 +881,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   RETURN_IF_ERROR(phases::LinkOnlineSoftmax(chain, nest));
   phases::LayOutBuffers(chain, nest);
   phases::PlaceStatements(chain, nest);
+  phases::SkipCausalTiles(chain, nest);
   RETURN_IF_ERROR(phases::SplitStreamLoop(chain, target, nest));
   RETURN_IF_ERROR(phases::CheckRegisters(chain, nest));
   return nest;

@@ -135,6 +135,15 @@ struct LoopNest {
   std::vector<Statement> statements;
   int64_t intermediate_bytes = 0; // block-local buffers
   int64_t scratch_bytes = 0;      // everything a thread holds for a block
+  // A causal softmax whose dropped entries are skipped (ir::Op::Causal):
+  // its row dim is a block loop and its axis is tiled, and every op over
+  // the axis feeds it or sums its result times something. Each block then
+  // runs the axis's tile loops (stream and own) only up to the tile that
+  // holds its last row's last kept entry, and the blocks are visited last
+  // row tile first (the longest first). -1: none; causal softmaxes that
+  // are not skipped still drop their entries, computed and masked.
+  int causal_softmax = -1;
+  double causal_share = 1;        // of the axis's tiles, the share the blocks run
   double padded_flops = 0;        // sum ops' compute, padding included (and recomputation)
   double useful_flops = 0;        // the same without the padding
   double PaddingRatio() const { return useful_flops > 0 ? padded_flops / useful_flops : 1; }

@@ -51,6 +51,10 @@ void LayOutBuffers(const ir::Chain& chain, LoopNest& nest);
 // scratch_bytes.
 void PlaceStatements(const ir::Chain& chain, LoopNest& nest);
 
+// The causal softmax the blocks skip dropped tiles of (causal_softmax),
+// and the statements inside its axis's loops run that much less often.
+void SkipCausalTiles(const ir::Chain& chain, LoopNest& nest);
+
 // Divides the stream loop among schedule.split blocks (a no-op for 1):
 // what runs outside it runs once per part, and each accumulated output's
 // partial sums are read back and stored.

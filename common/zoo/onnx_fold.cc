@@ -1,5 +1,7 @@
 #include "common/zoo/onnx_fold.h"
 
+#include "common/codegen/cpu/prelude.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
@@ -23,18 +25,33 @@ struct Value {
   std::vector<double> v;
 };
 
+// The most elements a folded tensor may have: kMaxFoldedElements, or
+// EvaluateConstant's limit while it runs.
+thread_local int64_t max_elements = kMaxFoldedElements;
+
 int64_t Count(const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) {
-    if (d < 0 || (d > 0 && n > kMaxFoldedElements / d)) return -1;
+    if (d < 0 || (d > 0 && n > max_elements / d)) return -1;
     n *= d;
   }
   return n;
 }
 
+bool Half(int type) { return type == TensorProto::FLOAT16 || type == TensorProto::BFLOAT16; }
+
 bool Folds(int type) {
   return type == TensorProto::INT64 || type == TensorProto::INT32 || type == TensorProto::FLOAT ||
-         type == TensorProto::DOUBLE || type == TensorProto::BOOL;
+         type == TensorProto::DOUBLE || type == TensorProto::BOOL || Half(type);
+}
+
+// A 16-bit float's value from its bits, and the bits of a value rounded to it.
+double FromHalf(int type, uint16_t bits) {
+  return type == TensorProto::FLOAT16 ? codegen::rt::fusor_f16_to_f32(bits) : codegen::rt::fusor_bf16_to_f32(bits);
+}
+uint16_t ToHalf(int type, double x) {
+  const float f = static_cast<float>(x);
+  return type == TensorProto::FLOAT16 ? codegen::rt::fusor_f32_to_f16(f) : codegen::rt::fusor_f32_to_bf16(f);
 }
 
 bool IsInt(int type) { return type == TensorProto::INT64 || type == TensorProto::INT32 || type == TensorProto::BOOL; }
@@ -60,7 +77,15 @@ std::optional<Value> FromTensor(const TensorProto& t) {
       case TensorProto::FLOAT: FromRaw<float>(t.raw_data(), &out.v); break;
       case TensorProto::DOUBLE: FromRaw<double>(t.raw_data(), &out.v); break;
       case TensorProto::BOOL: FromRaw<uint8_t>(t.raw_data(), &out.v); break;
+      default:  // 16-bit floats
+        for (size_t i = 0; i + 2 <= t.raw_data().size(); i += 2) {
+          uint16_t bits;
+          std::memcpy(&bits, t.raw_data().data() + i, 2);
+          out.v.push_back(FromHalf(t.data_type(), bits));
+        }
     }
+  } else if (Half(t.data_type())) {
+    for (int32_t x : t.int32_data()) out.v.push_back(FromHalf(t.data_type(), static_cast<uint16_t>(x)));
   } else {
     for (int64_t x : t.int64_data()) out.v.push_back(static_cast<double>(x));
     for (int32_t x : t.int32_data()) out.v.push_back(x);
@@ -90,6 +115,7 @@ TensorProto ToTensor(const Value& value) {
       case TensorProto::BOOL: t.add_int32_data(static_cast<int32_t>(x)); break;
       case TensorProto::FLOAT: t.add_float_data(static_cast<float>(x)); break;
       case TensorProto::DOUBLE: t.add_double_data(x); break;
+      default: t.add_int32_data(ToHalf(value.type, x)); break;  // 16-bit floats
     }
   }
   return t;
@@ -101,6 +127,7 @@ double Typed(int type, double x) {
   if (type == TensorProto::BOOL) return x != 0;
   if (IsInt(type)) return std::trunc(x);
   if (type == TensorProto::FLOAT) return static_cast<float>(x);
+  if (Half(type)) return FromHalf(type, ToHalf(type, x));
   return x;
 }
 
@@ -129,26 +156,31 @@ std::optional<std::vector<int64_t>> Broadcast(const std::vector<const Value*>& i
   return out;
 }
 
-// Reads `x` broadcast to `dims`: Index(flat) is the element of x at output
-// position `flat`.
-class BroadcastRead {
+// Walks `x` broadcast to `dims` in row-major order: Index() is the
+// element of x at the current output position, Next() moves one on.
+class BroadcastWalk {
  public:
-  BroadcastRead(const Value& x, const std::vector<int64_t>& dims)
-      : dims_(dims), out_strides_(Strides(dims)), strides_(dims.size(), 0) {
+  BroadcastWalk(const Value& x, const std::vector<int64_t>& dims)
+      : dims_(dims), strides_(dims.size(), 0), pos_(dims.size(), 0) {
     const std::vector<int64_t> own = Strides(x.dims);
     const size_t off = dims.size() - x.dims.size();
     for (size_t i = off; i < dims.size(); ++i) {
       if (x.dims[i - off] != 1) strides_[i] = own[i - off];
     }
   }
-  int64_t Index(int64_t flat) const {
-    int64_t index = 0;
-    for (size_t i = 0; i < dims_.size(); ++i) index += (flat / out_strides_[i]) % dims_[i] * strides_[i];
-    return index;
+  int64_t Index() const { return index_; }
+  void Next() {
+    for (int i = static_cast<int>(dims_.size()) - 1; i >= 0; --i) {
+      index_ += strides_[i];
+      if (++pos_[i] < dims_[i]) return;
+      index_ -= strides_[i] * dims_[i];
+      pos_[i] = 0;
+    }
   }
 
  private:
-  std::vector<int64_t> dims_, out_strides_, strides_;
+  std::vector<int64_t> dims_, strides_, pos_;
+  int64_t index_ = 0;
 };
 
 // Copies `x` through an index map: element i of the result is x.v[index(i)].
@@ -163,13 +195,17 @@ std::optional<Value> Elementwise(const std::vector<const Value*>& in, int type,
                                  const std::function<double(const std::vector<double>&)>& f) {
   auto dims = Broadcast(in);
   if (!dims) return std::nullopt;
-  std::vector<BroadcastRead> reads;
+  std::vector<BroadcastWalk> reads;
   for (const Value* x : in) reads.emplace_back(*x, *dims);
   Value out{type, *dims, {}};
   const int64_t n = Count(*dims);
+  out.v.reserve(static_cast<size_t>(n));
   std::vector<double> args(in.size());
   for (int64_t i = 0; i < n; ++i) {
-    for (size_t k = 0; k < in.size(); ++k) args[k] = in[k]->v[reads[k].Index(i)];
+    for (size_t k = 0; k < in.size(); ++k) {
+      args[k] = in[k]->v[reads[k].Index()];
+      reads[k].Next();
+    }
     out.v.push_back(Typed(type, f(args)));
   }
   return out;
@@ -197,7 +233,9 @@ std::vector<int64_t> Ints(const Value& v) {
 
 class Folder {
  public:
-  Folder(onnx::GraphProto& g, int64_t opset) : g_(g), opset_(opset) {
+  // `finite_only`: a value with an infinity or a NaN is not folded.
+  Folder(onnx::GraphProto& g, int64_t opset, bool finite_only = true)
+      : g_(g), opset_(opset), finite_only_(finite_only) {
     auto add_shape = [&](const onnx::ValueInfoProto& v) {
       if (!v.type().has_tensor_type() || !v.type().tensor_type().has_shape()) return;
       std::vector<int64_t> dims;
@@ -221,7 +259,10 @@ class Folder {
       if (!v || Count(v->dims) < 0 || static_cast<int64_t>(v->v.size()) != Count(v->dims)) continue;
       const bool constant = n.op_type() == "Constant";
       // A division by zero or the like is left to the runtime, not baked in.
-      if (!constant && !std::all_of(v->v.begin(), v->v.end(), [](double x) { return std::isfinite(x); })) continue;
+      if (!constant && finite_only_ &&
+          !std::all_of(v->v.begin(), v->v.end(), [](double x) { return std::isfinite(x); })) {
+        continue;
+      }
       values_[n.output(0)] = *v;
       if (constant) continue;
       const std::string output = n.output(0), name = n.name();
@@ -236,6 +277,11 @@ class Folder {
       ++folded;
     }
     return folded;
+  }
+
+  const Value* Find(const std::string& name) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? nullptr : &it->second;
   }
 
  private:
@@ -288,6 +334,9 @@ class Folder {
     if (op == "Reshape" && present(1)) return Reshape(n, *in[0], Ints(*in[1]));
     if (op == "Expand" && present(1)) return Expand(*in[0], Ints(*in[1]));
     if (op == "Tile" && present(1)) return Tile(*in[0], Ints(*in[1]));
+    if (op == "Flatten") return Flatten(n, *in[0]);
+    if (op == "GatherND" && present(1)) return GatherNd(n, *in[0], *in[1]);
+    if (op == "Trilu") return Trilu(n, *in[0], present(1) ? ToInt(in[1]->v.at(0)) : 0);
     return Arithmetic(n, in);
   }
 
@@ -474,7 +523,7 @@ class Folder {
   static std::optional<Value> Range(const Value& start, const Value& limit, const Value& delta) {
     if (start.v.empty() || limit.v.empty() || delta.v.empty() || delta.v[0] == 0) return std::nullopt;
     const double count = std::max(0.0, std::ceil((limit.v[0] - start.v[0]) / delta.v[0]));
-    if (count > kMaxFoldedElements) return std::nullopt;
+    if (count > static_cast<double>(max_elements)) return std::nullopt;
     Value out{start.type, {static_cast<int64_t>(count)}, {}};
     for (int64_t i = 0; i < out.dims[0]; ++i) {
       out.v.push_back(Typed(start.type, start.v[0] + static_cast<double>(i) * delta.v[0]));
@@ -524,8 +573,12 @@ class Folder {
     const Value shape{x.type, target, {}};
     auto dims = Broadcast({&x, &shape});
     if (!dims) return std::nullopt;
-    const BroadcastRead read(x, *dims);
-    return Gathered(x, *dims, [&](int64_t flat) { return read.Index(flat); });
+    BroadcastWalk read(x, *dims);
+    Value out{x.type, *dims, {}};
+    const int64_t n = Count(out.dims);
+    out.v.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i, read.Next()) out.v.push_back(x.v[read.Index()]);
+    return out;
   }
 
   static std::optional<Value> Tile(const Value& x, const std::vector<int64_t>& repeats) {
@@ -542,8 +595,69 @@ class Folder {
     });
   }
 
+  static std::optional<Value> Flatten(const onnx::NodeProto& n, const Value& x) {
+    const int64_t rank = static_cast<int64_t>(x.dims.size());
+    const int64_t axis = Axis(AttrInt(n, "axis", 1), rank);
+    if (axis < 0 || axis > rank) return std::nullopt;
+    Value out = x;
+    out.dims = {1, 1};
+    for (int64_t i = 0; i < rank; ++i) out.dims[i < axis ? 0 : 1] *= x.dims[i];
+    return out;
+  }
+
+  // GatherND: the last axis of `idx` (q long) indexes the data's axes after
+  // its first batch_dims, which data and idx share.
+  static std::optional<Value> GatherNd(const onnx::NodeProto& n, const Value& x, const Value& idx) {
+    const int64_t batch = AttrInt(n, "batch_dims", 0), rank = static_cast<int64_t>(x.dims.size());
+    if (idx.dims.empty()) return std::nullopt;
+    const int64_t q = idx.dims.back();
+    if (batch < 0 || q < 1 || batch + q > rank || static_cast<int64_t>(idx.dims.size()) <= batch) return std::nullopt;
+    for (int64_t i = 0; i < batch; ++i) {
+      if (idx.dims[i] != x.dims[i]) return std::nullopt;
+    }
+    std::vector<int64_t> dims(idx.dims.begin(), idx.dims.end() - 1);
+    dims.insert(dims.end(), x.dims.begin() + batch + q, x.dims.end());
+    if (Count(dims) < 0) return std::nullopt;
+    int64_t slice = 1, batches = 1;
+    for (int64_t i = batch + q; i < rank; ++i) slice *= x.dims[i];
+    for (int64_t i = 0; i < batch; ++i) batches *= x.dims[i];
+    const int64_t tuples = Count(idx.dims) / q, per_batch = tuples / std::max<int64_t>(1, batches);
+    const std::vector<int64_t> strides = Strides(x.dims);
+    for (int64_t t = 0; t < tuples; ++t) {
+      for (int64_t j = 0; j < q; ++j) {
+        const double i = idx.v[t * q + j];
+        if (i < -x.dims[batch + j] || i >= x.dims[batch + j]) return std::nullopt;
+      }
+    }
+    return Gathered(x, dims, [&](int64_t flat) {
+      const int64_t t = flat / slice, within = flat % slice;
+      int64_t at = (t / per_batch) * (batches > 1 ? strides[batch - 1] : 0) + within;
+      for (int64_t j = 0; j < q; ++j) {
+        int64_t i = ToInt(idx.v[t * q + j]);
+        if (i < 0) i += x.dims[batch + j];
+        at += i * strides[batch + j];
+      }
+      return at;
+    });
+  }
+
+  // Trilu: the upper (j - i >= k) or lower (j - i <= k) triangle of the
+  // last two axes; 0 elsewhere.
+  static std::optional<Value> Trilu(const onnx::NodeProto& n, const Value& x, int64_t k) {
+    if (x.dims.size() < 2) return std::nullopt;
+    const bool upper = AttrInt(n, "upper", 1) != 0;
+    const int64_t rows = x.dims[x.dims.size() - 2], cols = x.dims.back();
+    Value out = x;
+    for (size_t e = 0; e < out.v.size(); ++e) {
+      const int64_t j = static_cast<int64_t>(e) % cols, i = static_cast<int64_t>(e) / cols % rows;
+      if (upper ? j - i < k : j - i > k) out.v[e] = 0;
+    }
+    return out;
+  }
+
   onnx::GraphProto& g_;
   const int64_t opset_;
+  const bool finite_only_;
   std::map<std::string, std::vector<int64_t>> shapes_;
   std::map<std::string, Value> values_;
 };
@@ -551,5 +665,18 @@ class Folder {
 }  // namespace
 
 int FoldShapeComputations(onnx::GraphProto& graph, int64_t opset) { return Folder(graph, opset).Run(); }
+
+std::optional<FoldedTensor> EvaluateConstant(onnx::GraphProto graph, int64_t opset, const std::string& name,
+                                             int64_t limit) {
+  const int64_t saved = max_elements;
+  max_elements = limit;
+  Folder folder(graph, opset, /*finite_only=*/false);
+  folder.Run();
+  const Value* v = folder.Find(name);
+  std::optional<FoldedTensor> out;
+  if (v != nullptr) out = FoldedTensor{v->type, v->dims, v->v};
+  max_elements = saved;
+  return out;
+}
 
 }  // namespace fusor::zoo

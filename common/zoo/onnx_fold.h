@@ -6,6 +6,11 @@
 // Tile and Slice outputs known shapes.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include <onnx/onnx_pb.h>
 
 namespace fusor::zoo {
@@ -19,5 +24,19 @@ inline constexpr int64_t kMaxFoldedElements = 1 << 16;
 // Constant node with the same output. Reads shapes from the graph's inputs,
 // value_info, outputs and initializers. Returns how many nodes it replaced.
 int FoldShapeComputations(onnx::GraphProto& graph, int64_t opset);
+
+// A tensor's ONNX element type, dims and elements (as doubles).
+struct FoldedTensor {
+  int type = 0;
+  std::vector<int64_t> dims;
+  std::vector<double> values;
+};
+
+// The value of `name` in `graph` when it is computed from constants only
+// (initializers, Constant nodes: give the graph's inputs as such), each
+// tensor on the way of at most `limit` elements; infinities are kept.
+// nullopt when it does not fold.
+std::optional<FoldedTensor> EvaluateConstant(onnx::GraphProto graph, int64_t opset, const std::string& name,
+                                             int64_t limit);
 
 }  // namespace fusor::zoo

@@ -22,6 +22,7 @@
 #include "common/util/process.h"
 #include "common/util/status_macros.h"
 #include "common/zoo/onnx_contrib.h"
+#include "common/zoo/onnx_causal.h"
 #include "common/zoo/onnx_fold.h"
 
 namespace fusor::zoo {
@@ -43,7 +44,7 @@ struct Match {
 
 class Graph {
  public:
-  explicit Graph(const onnx::GraphProto& g) : g_(g) {
+  Graph(const onnx::GraphProto& g, int64_t opset) : g_(g), opset_(opset) {
     for (const onnx::NodeProto& n : g.node()) {
       for (const std::string& out : n.output()) producer_[out] = &n;
       for (const std::string& in : n.input()) {
@@ -200,9 +201,18 @@ class Graph {
   }
 
   const onnx::GraphProto& proto() const { return g_; }
+  int64_t opset() const { return opset_; }
+  // ReadCausalMask of `mask`, evaluated once per mask (layers share theirs).
+  absl::StatusOr<CausalMask> Causality(const std::string& mask, int64_t rows, int64_t keys, int kept_if) const {
+    const std::string key = absl::StrCat(mask, " ", rows, " ", keys, " ", kept_if);
+    auto it = causal_.find(key);
+    if (it == causal_.end()) it = causal_.emplace(key, ReadCausalMask(g_, opset_, mask, rows, keys, kept_if)).first;
+    return it->second;
+  }
 
  private:
   const onnx::GraphProto& g_;
+  const int64_t opset_;
   std::map<std::string, const onnx::NodeProto*> producer_;
   std::map<std::string, std::vector<const onnx::NodeProto*>> consumers_;
   std::map<std::string, const onnx::TensorProto*> initializer_;
@@ -210,6 +220,7 @@ class Graph {
   std::map<std::string, std::string> symbolic_;
   std::set<std::string> outputs_;
   std::string unknown_hint_;  // why a shape may be unknown: the inputs' unbound dims
+  mutable std::map<std::string, absl::StatusOr<CausalMask>> causal_;
 };
 
 std::string Label(const onnx::NodeProto& n) {
@@ -447,6 +458,7 @@ std::optional<std::vector<std::string>> BroadcastAxes(const std::vector<int64_t>
 // and its name in the chain.
 struct Term {
   std::string value, name;
+  int kept_if = -1;  // a Where's condition: the scores are kept where it is this (0 or 1); -1: additive
 };
 
 // Written-out attention from its Softmax back to the Q K' MatMul: the
@@ -492,7 +504,7 @@ std::optional<Reject> ReadAdditiveTerms(const Graph& g, std::string* cur, ScoreP
     if (n->op_type() == "Add") {
       const bool first = IsScores(g, n->input(0), 2);
       const int adds = static_cast<int>(std::count_if(masks.begin(), masks.end(), [](const Term& t) { return t.name[0] != 'C'; }));
-      masks.push_back({n->input(first ? 1 : 0), adds == 0 ? "M" : adds == 1 ? "B" : "B2"});
+      masks.push_back({n->input(first ? 1 : 0), adds == 0 ? "M" : adds == 1 ? "B" : "B2", -1});
       *cur = n->input(first ? 0 : 1);
     } else {
       const bool kept_if_true = IsScores(g, n->input(1), 2);
@@ -503,7 +515,7 @@ std::optional<Reject> ReadAdditiveTerms(const Graph& g, std::string* cur, ScoreP
                                    "', which is not a scalar of -1e4 or below (not an additive mask)")};
       }
       const bool second = std::any_of(masks.begin(), masks.end(), [](const Term& t) { return t.name[0] == 'C'; });
-      masks.push_back({n->input(0), second ? "C2" : "C"});
+      masks.push_back({n->input(0), second ? "C2" : "C", kept_if_true ? 1 : 0});
       notes->push_back(absl::StrCat("C is '", n->input(0), "' as an additive mask: 0 where it is ",
                                     kept_if_true ? "true" : "false", ", ", std::get<double>(f), " where it is ",
                                     kept_if_true ? "false" : "true",
@@ -712,7 +724,7 @@ std::optional<Reject> AddScoreTerms(const Graph& g, const std::vector<Term>& mas
                                     const std::vector<int64_t>& score_extents, std::string* inputs,
                                     std::string* add) {
   std::string why;
-  for (const auto& [value, name] : masks) {
+  for (const auto& [value, name, kept_if] : masks) {
     auto mshape = g.Shape(value);
     if (Failed(mshape, &why)) return Reject{absl::StrCat("the mask: ", why)};
     const std::vector<int64_t> ms = std::get<std::vector<int64_t>>(mshape);
@@ -727,6 +739,34 @@ std::optional<Reject> AddScoreTerms(const Graph& g, const std::vector<Term>& mas
     *add += " + " + Use(name, m);
   }
   return std::nullopt;
+}
+
+// The softmax's axis, "n" or causal "n <= m [+ offset]": the first of the
+// additive terms that masks every key past the query (ReadCausalMask) makes
+// the softmax causal, and goes when it masks nothing else; `notes` say so.
+std::string ReadCausality(const Graph& g, int64_t rows, int64_t keys, std::vector<Term>* masks,
+                          std::vector<std::string>* notes) {
+  for (auto it = masks->begin(); it != masks->end(); ++it) {
+    absl::StatusOr<CausalMask> c = g.Causality(it->value, rows, keys, it->kept_if);
+    if (!c.ok() || !c->causal) continue;
+    const std::string axis = c->offset == 0 ? "n <= m" : absl::StrCat("n <= m + ", c->offset);
+    if (c->whole) {
+      // Its note as an additive input, if it had one, goes with it.
+      const std::string declared = absl::StrCat(it->name, " is '", it->value, "'");
+      notes->erase(std::remove_if(notes->begin(), notes->end(),
+                                  [&](const std::string& n) { return n.rfind(declared, 0) == 0; }),
+                   notes->end());
+      notes->push_back(absl::StrCat("'", it->value, "' is a causal mask and nothing else (evaluated): softmax(", axis,
+                                    "), no mask read"));
+      masks->erase(it);
+    } else {
+      notes->push_back(absl::StrCat("'", it->value, "' masks every key past the query (evaluated with the inputs it ",
+                                    "reads all ones, and random): softmax(", axis, ") skips those keys; ", it->name,
+                                    " is still read for the rest"));
+    }
+    return axis;
+  }
+  return "n";
 }
 
 // Attention written out, ending in Softmax `s`: Q K' (scaled), plus
@@ -744,7 +784,7 @@ std::variant<Match, Reject> MatchAttention(
   std::vector<std::string> notes;
   auto found = FindScorePath(g, s, &notes, &nodes);
   if (Failed(found, &why)) return Reject{why};
-  const ScorePath path = std::get<ScorePath>(found);
+  ScorePath path = std::get<ScorePath>(found);
   auto pv = FindProbabilityMatMul(g, s, &notes, &nodes);
   if (Failed(pv, &why)) return Reject{why};
   std::vector<std::string> batch;
@@ -759,6 +799,7 @@ std::variant<Match, Reject> MatchAttention(
   const std::vector<std::string> score_axes = WithBatch(batch, {"m", "n"});
   std::vector<int64_t> score_extents;
   for (const std::string& dim : score_axes) score_extents.push_back(dim == "g,r" ? heads : qkv.extent.at(dim));
+  const std::string softmax_axis = ReadCausality(g, qkv.extent.at("m"), qkv.extent.at("n"), &path.masks, &notes);
   if (auto r = AddScoreTerms(g, path.masks, score_axes, score_extents, &inputs, &add)) return *r;
   std::string dims;
   for (const auto& [name, e] : qkv.extent) absl::StrAppend(&dims, " ", name, "=", e);
@@ -767,7 +808,7 @@ std::variant<Match, Reject> MatchAttention(
       "chain attention_", index, "\ndtype ", DTypeOf(g, path.qk->input(0)), "\ndim", dims, "\nin ", inputs, "\n",
       "S[", p, ",n] = sum(d) ", Use("Q", qkv.q), " * ", Use("K", qkv.k),
       path.scale == 1 ? "" : absl::StrCat(" * ", path.scale), "\n",
-      "P[", p, ",n] = softmax(n) S[", p, ",n]", add, "\n",
+      "P[", p, ",n] = softmax(", softmax_axis, ") S[", p, ",n]", add, "\n",
       "O[", p, ",e] = sum(n) P[", p, ",n] * ", Use("V", qkv.v), "\nout O\n");
   return ChainMatch(text, nodes, notes);
 }
@@ -907,6 +948,7 @@ std::string HeadView(const char* name, const std::vector<int64_t>& shape, const 
 // chain assumes of its inputs.
 struct ChainPieces {
   std::string inputs, add;
+  std::string axis = "n";  // the softmax's, causal or not
   std::vector<std::string> notes;
 };
 
@@ -995,9 +1037,15 @@ std::optional<Reject> AddAttentionOpMasks(const Graph& g, const AttentionOp& op,
     if (auto r = AddBroadcastMask(g, op.Input(3), "M", x, qh, pieces)) return *r;
   }
   if (AttrInt(*op.node, op.mha || op.packed ? "unidirectional" : "is_causal", 0) != 0) {
-    absl::StrAppend(&pieces->inputs, " C[m,n]");
-    absl::StrAppend(&pieces->add, " + C[m,n]");
-    pieces->notes.push_back("C is the causal mask, additive (0 or -inf)");
+    // As many queries as keys: ONNX's (upper left) and onnxruntime's (lower
+    // right) causal masks are both n <= m.
+    if (x.S == x.L) {
+      pieces->axis = "n <= m";
+    } else {
+      absl::StrAppend(&pieces->inputs, " C[m,n]");
+      absl::StrAppend(&pieces->add, " + C[m,n]");
+      pieces->notes.push_back("C is the causal mask, additive (0 or -inf): the queries are not as many as the keys");
+    }
   }
   return std::nullopt;
 }
@@ -1047,7 +1095,7 @@ std::variant<Match, Reject> MatchAttentionOp(const Graph& g, const onnx::NodePro
       " m=", x.S, " n=", x.L, " d=", x.D, " e=", x.Dv, "\nin ", pieces.inputs, "\n",
       "S[", point, ",n] = sum(d) ", HeadView("Q", shapes[0], qh, "m", "d"), " * ",
       HeadView("K", shapes[1], kvh, "n", "d"), " * ", scale, "\n",
-      "P[", point, ",n] = softmax(n) S[", point, ",n]", pieces.add, "\n",
+      "P[", point, ",n] = softmax(", pieces.axis, ") S[", point, ",n]", pieces.add, "\n",
       "O[", out, "] = sum(n) P[", point, ",n] * ", HeadView("V", shapes[2], kvh, "n", "e"), "\nout O\n");
   return ChainMatch(text, {&a}, pieces.notes);
 }
@@ -1626,7 +1674,7 @@ absl::StatusOr<OnnxExtraction> ExtractOnnx(const std::string& path, const std::m
                                                      " inputs, needs ", needed));
     }
   }
-  const Graph g(model.graph());
+  const Graph g(model.graph(), opset);
   OnnxExtraction out;
   out.model = model.graph().name();
   std::set<const onnx::NodeProto*> used;

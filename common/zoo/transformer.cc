@@ -52,9 +52,15 @@ absl::StatusOr<ir::Chain> Attention(const TransformerConfig& c, const std::strin
     inputs += absl::StrCat(" B[", h.query, ",m,n]");
     add += absl::StrCat(" + B[", h.query, ",m,n]");
   }
+  // Causal: the softmax drops the keys past the query (as many as the keys).
+  std::string axis = "n";
   if (mask == "causal" || mask == "bias+causal") {
-    inputs += " C[m,n]";
-    add += " + C[m,n]";
+    if (queries == keys) {
+      axis = "n <= m";
+    } else {
+      inputs += " C[m,n]";
+      add += " + C[m,n]";
+    }
   }
   const std::string point = absl::StrCat("b,", h.query, ",m");
   const std::string text = absl::StrCat(
@@ -62,7 +68,7 @@ absl::StatusOr<ir::Chain> Attention(const TransformerConfig& c, const std::strin
       " d=", d, " e=", d, "\nin ", inputs, "\n",
       "S[", point, ",n] = sum(d) Q[b,", h.query, ",m,d] * K[b,", h.kv, ",n,d]",
       scale == 1 ? "" : absl::StrCat(" * ", scale), "\n",
-      "P[", point, ",n] = softmax(n) S[", point, ",n]", add, "\n",
+      "P[", point, ",n] = softmax(", axis, ") S[", point, ",n]", add, "\n",
       "O[", point, ",e] = sum(n) P[", point, ",n] * V[b,", h.kv, ",n,e]\nout O\n");
   return ir::ParseChainText(text);
 }

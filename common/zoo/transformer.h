@@ -16,8 +16,8 @@
 // architecture: encoder | decoder | encoder-decoder (then also
 // "decoder_layers" and "target_seq"); activation: gelu (erf) | gelu_tanh
 // (GPT-2's tanh approximation) | relu | swiglu;
-// mask: none | padding (additive, per batch and key) | causal (additive,
-// per query and key) | bias (additive per head, query and key: T5's
+// mask: none | padding (additive, per batch and key) | causal (a causal
+// softmax, softmax(n <= m)) | bias (additive per head, query and key: T5's
 // relative position bias; a decoder's self-attention adds the causal mask
 // to it; a decoder's self-attention is always causal); attention_scale
 // (default 1/sqrt(head dim)). kv_heads < heads is grouped-query attention: each K/V head

@@ -91,7 +91,7 @@ v1::Chain ChainToProto(const ir::Chain& chain) {
                  : op.kind == ir::OpKind::kSoftmax ? v1::OP_KIND_SOFTMAX
                                                    : v1::OP_KIND_MAP);
     for (int d : op.reduce) po->add_reduce(chain.dims[d].name);
-    if (op.axis >= 0) po->set_axis(chain.dims[op.axis].name);
+    if (op.axis >= 0) po->set_axis(ir::SoftmaxAxisText(op, chain));
     po->set_expr(ir::ExprToString(op.body, chain));
   }
   for (int t : chain.outputs) c.add_outputs(chain.tensors[t].name);

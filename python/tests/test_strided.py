@@ -60,6 +60,15 @@ def test_grouped_query_attention_reads_each_key_head_for_its_group():
         attention(q, heads(2, 8, 4, 16), heads(2, 8, 4, 16), None, 1.0, "f32", (0, 1, 2, 3), gqa=True)
 
 
+def test_causal_attention_is_the_softmax_s_condition():
+    q = heads(2, 16, 4, 16)
+    assert "P[z0,z1,m,n] = softmax(n <= m) S[z0,z1,m,n]\n" in attention(q, q, q, None, 0.25, "f32", (0, 1, 2, 3),
+                                                                       causal=0)
+    mask = View((2, 4, 16, 16), (16, 0, 0, 1))
+    assert "softmax(n <= m + 3) S[z0,z1,m,n] + M[z0,n]" in attention(q, q, q, mask, 0.25, "f32", (0, 1, 2, 3),
+                                                                      causal=3)
+
+
 def test_attention_refuses_what_does_not_chain():
     q = heads(2, 16, 4, 16)
     with pytest.raises(Unsupported, match="do not chain"):

@@ -273,6 +273,8 @@ def test_causal_grouped_sdpa_with_sliced_kv_and_a_swiglu_ffn():
     attention = [r for r in chains("attention") if "r=2" in r["text"] and "m=10" in r["text"]]
     # K and V are slices of one projection, read in place; K heads are read once per query head of the group.
     assert attention and "K[2,10,4,8]" in attention[0]["text"] and "K[z0,n,z1,d]" in attention[0]["text"]
+    # is_causal: the softmax's condition, no mask read.
+    assert "softmax(n <= m) S[" in attention[0]["text"] and "M[" not in attention[0]["text"]
     assert any("sigmoid(H[m,f])) * U[m,f]" in r["text"] for r in chains("ffn"))
 
 
@@ -384,6 +386,27 @@ def test_hugging_face_models_run_with_their_chains_fused():
         # replaced, if built, after them.
         kinds = [r.kind for r in list(_runtime._regions.values())[regions:]]
         assert sorted(kinds[:4]) == ["attention", "attention", "ffn", "ffn"], (type(model).__name__, kinds)
+    # GPT-2's and LLaMA's masks (causal and padding, one tensor under torch.compile) make causal softmaxes
+    # that still read the mask; BERT's does not.
+    texts = [r["text"] for r in chains("attention")]
+    assert sum("softmax(n <= m) S[" in t and "M[" in t for t in texts) >= 2, texts
+    assert any("softmax(n) S[" in t for t in texts), texts
+
+
+def test_a_causal_mask_is_read_from_its_values():
+    m = 6
+    tril = torch.ones(m, m, dtype=torch.bool).tril()
+    causal = torch.zeros(m, m).masked_fill(~tril, torch.finfo(torch.float32).min)
+    assert _runtime._causal_offset(causal.expand(2, 3, m, m)) == (0, True)
+    padded = causal.expand(2, 1, m, m).clone()
+    padded[1, :, :, 4:] = torch.finfo(torch.float32).min  # the second sequence's last two keys are padding
+    assert _runtime._causal_offset(padded.expand(2, 3, m, m)) == (0, False)
+    wider = torch.zeros(m, m).masked_fill(~torch.ones(m, m, dtype=torch.bool).tril(2), -1e9)
+    assert _runtime._causal_offset(wider) == (2, True)
+    assert _runtime._causal_offset(padded[:, :, :1, :].expand(2, 3, m, m)) == (None, False)  # padding only
+    leaky = causal.clone()
+    leaky[0, m - 1] = 0  # the first query sees the last key: nothing to skip
+    assert _runtime._causal_offset(leaky) == (None, False)
 
 
 @torch.inference_mode()

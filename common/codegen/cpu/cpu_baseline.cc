@@ -353,6 +353,9 @@ class BaselineEmitter {
           w_.Line(absl::StrCat(FullAt(op), " = ", ExprToC(op.body, Loader()), ";"));
         }
       });
+      if (op.Causal()) {
+        w_.Line(absl::StrCat("for (long j = ", emit::CausalKept(op, n_), "; j < ", n_.N(ax), "; ++j) row[j] = -INFINITY;"));
+      }
       w_.Line(absl::StrCat("const float inv = 1.0f / fusor_row_exp_sum(row, ", n_.N(ax), ", fusor_row_max(row, ",
                            n_.N(ax), "));"));
       w_.Line(absl::StrCat("for (long j = 0; j < ", n_.N(ax), "; ++j) row[j] *= inv;"));
@@ -364,7 +367,7 @@ class BaselineEmitter {
     w_.Line("float mx = -INFINITY;");
     w_.Open(loop);
     w_.Line(def);
-    w_.Line(absl::StrCat("const float x = ", ExprToC(op.body, Loader()), ";"));
+    w_.Line(absl::StrCat("const float x = ", emit::CausalValue(op, n_, ExprToC(op.body, Loader()), "-INFINITY"), ";"));
     w_.Line(absl::StrCat(FullAt(op), " = x;"));
     w_.Line("mx = x > mx ? x : mx;");
     w_.Close();

@@ -1699,7 +1699,9 @@ class FusedEmitter : public NestWalker {
     const int ax = op.axis;
     w_.Line("fusor_vf row_vmax = fusor_vsplat(-INFINITY);");
     w_.Line("float row_smax = -INFINITY;");
-    VectorLoop(w_, n_.I(ax), n_.N(ax), AxisVar(ax), [&](bool vector) {
+    // A causal softmax computes the entries it keeps; the rest are -inf.
+    if (op.Causal()) w_.Line(absl::StrCat("const long kept = ", emit::CausalKept(op, n_), ";"));
+    VectorLoop(w_, n_.I(ax), op.Causal() ? "kept" : n_.N(ax), AxisVar(ax), [&](bool vector) {
       if (vector) {
         w_.Line(absl::StrCat("const fusor_vf x = ", VectorExpr(op.body, LanesAlong(ax)), ";"));
         w_.Line(absl::StrCat("fusor_vstore(", row, " + ", n_.I(ax), ", x);"));
@@ -1710,6 +1712,7 @@ class FusedEmitter : public NestWalker {
         w_.Line("row_smax = x > row_smax ? x : row_smax;");
       }
     });
+    if (op.Causal()) w_.Line(absl::StrCat("for (long j = kept; j < ", n_.N(ax), "; ++j) ", row, "[j] = -INFINITY;"));
     w_.Line("const float row_hmax = fusor_vhmax(row_vmax);");
     w_.Line(absl::StrCat("const float ", max, " = row_hmax > row_smax ? row_hmax : row_smax;"));
   }

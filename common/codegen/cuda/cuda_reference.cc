@@ -82,7 +82,7 @@ KernelStep NaiveKernel(const Chain& chain, int o) {
   const int64_t count = Points(chain, outer);
   w.Line(absl::StrCat("if (p >= ", count, "L) return;"));
   Decompose(w, chain, n, "p", outer);
-  const std::string x = ExprToC(op.body, load);
+  const std::string x = emit::CausalValue(op, n, ExprToC(op.body, load), "-FUSOR_INFINITY");
   if (op.kind == ir::OpKind::kMap) {
     w.Line(absl::StrCat(out, " = ", x, ";"));
   } else if (op.kind == ir::OpKind::kSum) {

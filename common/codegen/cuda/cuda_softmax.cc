@@ -43,7 +43,8 @@ void CudaEmitter::EmitSoftmax(const Op& op, const space::OpNest& on) {
   for (int d : op.index) {
     if (d != ax) rows.push_back(d);
   }
-  const std::string x = ExprToC(op.body, [this](const Access& a) { return x_.Load(a); });
+  const std::string x =
+      emit::CausalValue(op, n_, ExprToC(op.body, [this](const Access& a) { return x_.Load(a); }), "-FUSOR_INFINITY");
   const std::string axis_loop = absl::StrCat("for (long ", n_.I(ax), " = lane; ", n_.I(ax), " < ", n_.N(ax), "; ",
                                              n_.I(ax), " += 32)");
   const std::string axis_var = absl::StrCat("const long ", n_.V(ax), " = ", n_.O(ax), " + ", n_.I(ax), ";");
@@ -344,6 +345,11 @@ void CudaEmitter::EmitScoreOps(const RegisterFragments& f) {
   std::vector<std::string> bounds;
   if (!full(rows_dim, son.rows_pad)) bounds.push_back(absl::StrCat("ri < ", n_.N(rows_dim)));
   if (!full(sd, son.cols_pad)) bounds.push_back(absl::StrCat("ci < ", n_.N(sd)));
+  if (softmax >= 0 && chain_.ops[softmax].Causal()) {
+    // Past the diagonal (CheckRegisters: the softmax's rows are S's rows).
+    bounds.push_back(absl::StrCat(n_.O(sd), " + ci <= ", n_.O(rows_dim), " + ri + ", chain_.ops[softmax].causal_offset,
+                                  "L"));
+  }
   std::string x;
   if (softmax < 0) {
     x = RegisterValue(chain_.ops[LastOp() - 1].output, 1);

@@ -248,7 +248,7 @@ class ChainBuilder:
         return self._op(output, workload_pb2.OP_KIND_SUM, expr, reduce=[over] if isinstance(over, str) else over)
 
     def softmax(self, output: str, axis: str, expr: str) -> "ChainBuilder":
-        """``output = softmax(axis) expr``."""
+        """``output = softmax(axis) expr``; a causal softmax's axis carries its condition, e.g. ``"n <= m"``."""
         return self._op(output, workload_pb2.OP_KIND_SOFTMAX, expr, axis=axis)
 
     def map(self, output: str, expr: str) -> "ChainBuilder":

@@ -122,11 +122,12 @@ def _broadcast_to(t: View, lead: Sequence[int], what: str, group_dim: int = -1) 
 
 
 def attention(q: View, k: View, v: View, mask: Optional[View], scale: float, dtype: str,
-              out_order: Sequence[int], gqa: bool = False) -> str:
+              out_order: Sequence[int], gqa: bool = False, causal: Optional[int] = None) -> str:
     """softmax(q kᵀ · scale + mask) v for q [..., M, D], k [..., N, D] and v [..., N, Dv] with the same
     leading dims (k and v may broadcast size-1 ones; with `gqa`, k and v have G heads at dim -3 for q's H,
     each read by H / G query heads in a row), and an additive mask of `dtype` already expanded to
-    [..., M, N] (broadcast dims with stride 0) or None. The output [..., M, Dv] is written dense in
+    [..., M, N] (broadcast dims with stride 0) or None. With `causal` (an offset c >= 0), query m attends
+    to keys n <= m + c only (the kernel skips the rest). The output [..., M, Dv] is written dense in
     `out_order`, a permutation of its dims, outermost first."""
     rank = len(q.sizes)
     if rank < 2 or len(k.sizes) != rank or len(v.sizes) != rank:
@@ -177,10 +178,16 @@ def attention(q: View, k: View, v: View, mask: Optional[View], scale: float, dty
         "dim " + " ".join(f"{name}={extent}" for name, extent in extents.items()),
         "in  " + " ".join(decl),
         f"S[{scores}] = sum(d) {qa.access('Q')} * {ka.access('K')} * {_number(scale)}",
-        f"P[{scores}] = softmax(n) {logits}",
+        f"P[{scores}] = softmax({_softmax_axis(causal)}) {logits}",
         f"O[{','.join(out_dims)}] = sum(n) P[{scores}] * {va.access('V')}",
         "out O", ""])
     return text
+
+
+def _softmax_axis(causal: Optional[int]) -> str:
+    if causal is None:
+        return "n"
+    return "n <= m" if causal == 0 else f"n <= m + {causal}"
 
 
 def _rows(x: View, what: str) -> View:

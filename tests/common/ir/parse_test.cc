@@ -5,6 +5,7 @@
 #include <fstream>
 #include <filesystem>
 
+#include "absl/strings/str_replace.h"
 #include "common/ir/canonical.h"
 #include "tests/test_chains.h"
 
@@ -98,6 +99,52 @@ TEST(ParseChainTextTest, ConstantInputsRoundTripAndChangeTheKey) {
                               .status()
                               .message()),
               HasSubstr("expected true or false"));
+}
+
+// Causality is written in the softmax's parentheses, kept through text,
+// JSON and the canonical form, and part of the key.
+TEST(ParseChainTextTest, CausalSoftmaxRoundTripsAndChangesTheKey) {
+  auto with = [](const std::string& axis) {
+    std::string text = kAttention;
+    text.replace(text.find("softmax(n)"), 10, "softmax(" + axis + ")");
+    return text;
+  };
+  auto chain = ParseChainText(with("n <= m"));
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  const Op& softmax = chain->ops[1];
+  EXPECT_EQ(softmax.causal_row, chain->FindDim("m"));
+  EXPECT_EQ(softmax.causal_offset, 0);
+  EXPECT_THAT(ChainToText(*chain), HasSubstr("= softmax(n <= m) S[b,m,n]"));
+  auto offset = ParseChainText(with("n<=m+7"));
+  ASSERT_TRUE(offset.ok()) << offset.status();
+  EXPECT_EQ(offset->ops[1].causal_offset, 7);
+  EXPECT_THAT(ChainToText(*offset), HasSubstr("softmax(n <= m + 7)"));
+  for (const Chain* c : {&*chain, &*offset}) {
+    auto from_json = ParseChainJson(ChainToJson(*c));
+    ASSERT_TRUE(from_json.ok()) << from_json.status();
+    EXPECT_EQ(ChainToText(*from_json), ChainToText(*c));
+    EXPECT_EQ(Canonicalize(*from_json).key, Canonicalize(*c).key);
+    EXPECT_EQ(ChainToText(*ParseChainText(ChainToText(*c))), ChainToText(*c));
+  }
+  const std::string plain = Canonicalize(*ParseChainText(kAttention)).key;
+  EXPECT_NE(Canonicalize(*chain).key, plain);
+  EXPECT_NE(Canonicalize(*offset).key, plain);
+  EXPECT_NE(Canonicalize(*offset).key, Canonicalize(*chain).key);
+  // The canonical form keeps the condition on its renamed dims.
+  EXPECT_THAT(Canonicalize(*chain).text, HasSubstr(" <= d"));
+
+  EXPECT_TRUE(ParseChainText(with("n <= b")).ok());  // any other dim of the index
+  EXPECT_THAT(ParseError(with("n <= n")).message(), HasSubstr("compares the axis with another dim of the output"));
+  EXPECT_THAT(ParseError(with("n <= k")).message(), HasSubstr("compares the axis with another dim of the output"));
+  EXPECT_THAT(ParseError(with("n <= x")).message(), HasSubstr("unknown dim 'x'"));
+  EXPECT_THAT(ParseError(with("n <= m + 512")).message(), HasSubstr("must be in [0, 512)"));
+  EXPECT_THAT(ParseError(with("n <= m + x")).message(), HasSubstr("expected an integer offset after '+'"));
+  EXPECT_THAT(ParseError(with("n <")).message(), HasSubstr("expected '='"));
+  EXPECT_THAT(ParseError(with("n, m")).message(), HasSubstr("softmax takes exactly one axis"));
+  EXPECT_THAT(std::string(ParseChainJson(absl::StrReplaceAll(ChainToJson(*chain), {{"n <= m", "n <= m - 1"}}))
+                              .status()
+                              .message()),
+              HasSubstr("a causal softmax is written softmax(n <= m)"));
 }
 
 struct BadCase {

@@ -60,5 +60,43 @@ out F
   for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ((*got)[0][i], f[i]) << i;
 }
 
+// A causal softmax is the same softmax with -inf added above the
+// diagonal (here offset by 2, with fewer rows than keys, and with its own
+// additive mask as well).
+TEST(ReferenceTest, CausalSoftmaxDropsTheEntriesPastItsRow) {
+  const std::string causal = R"(
+dim b=2 m=9 n=12 h=5
+in S[b,m,n] A[m,n] V[b,n,h]
+P[b,m,n] = softmax(n <= m + 2) S[b,m,n] + A[m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O P
+)";
+  std::string masked = causal;
+  masked.replace(masked.find("softmax(n <= m + 2)"), 19, "softmax(n)");
+  masked.replace(masked.find("A[m,n]\nO"), 6, "A[m,n] + C[m,n]");
+  masked.replace(masked.find("V[b,n,h]\n"), 8, "V[b,n,h] C[m,n]");
+  auto c = ParseChainText(causal);
+  auto m = ParseChainText(masked);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(m.ok()) << m.status() << masked;
+  std::mt19937_64 rng(3);
+  std::vector<std::vector<double>> inputs = {Random(2 * 9 * 12, rng), Random(9 * 12, rng), Random(2 * 12 * 5, rng)};
+  std::vector<double> mask(9 * 12);
+  for (int i = 0; i < 9; ++i) {
+    for (int j = 0; j < 12; ++j) mask[i * 12 + j] = j <= i + 2 ? 0.0 : -INFINITY;
+  }
+  std::vector<std::vector<double>> with_mask = inputs;
+  with_mask.push_back(mask);
+  auto want = EvaluateReference(*m, with_mask);
+  auto got = EvaluateReference(*c, inputs);
+  ASSERT_TRUE(want.ok() && got.ok());
+  ASSERT_EQ(got->size(), 2u);
+  for (size_t t = 0; t < 2; ++t) {
+    for (size_t i = 0; i < (*got)[t].size(); ++i) EXPECT_DOUBLE_EQ((*got)[t][i], (*want)[t][i]) << t << " " << i;
+  }
+  EXPECT_EQ((*got)[1][0 * 12 + 3], 0.0);  // row 0 keeps keys 0..2
+  EXPECT_GT((*got)[1][0 * 12 + 2], 0.0);
+}
+
 }  // namespace
 }  // namespace fusor::ir

@@ -311,6 +311,7 @@ enum class Phase {
   kLinkOnlineSoftmax,
   kLayOutBuffers,
   kPlaceStatements,
+  kSkipCausalTiles,
   kSplitStreamLoop,
   kCheckRegisters,
 };
@@ -325,6 +326,7 @@ absl::Status RunPhase(Phase phase, const ir::Chain& chain, const hw::TargetDesc&
     case Phase::kLinkOnlineSoftmax: return phases::LinkOnlineSoftmax(chain, nest);
     case Phase::kLayOutBuffers: phases::LayOutBuffers(chain, nest); return absl::OkStatus();
     case Phase::kPlaceStatements: phases::PlaceStatements(chain, nest); return absl::OkStatus();
+    case Phase::kSkipCausalTiles: phases::SkipCausalTiles(chain, nest); return absl::OkStatus();
     case Phase::kSplitStreamLoop: return phases::SplitStreamLoop(chain, target, nest);
     case Phase::kCheckRegisters: return phases::CheckRegisters(chain, nest);
   }
@@ -725,6 +727,68 @@ TEST(PlaceStatementsTest, SoftmaxRowsAndOnlineRescaling) {
   EXPECT_EQ(o_compute[1]->loops, (std::vector<int>{b, m, n}));
   EXPECT_DOUBLE_EQ(o_compute[2]->flops, 16 * 24);
   EXPECT_EQ(o_compute[2]->loops, (std::vector<int>{b, m}));
+}
+
+// 40 rows in tiles of 16 (rows 0-15, 16-31, 32-39) against 56 keys in
+// tiles of 16 (4 tiles): with offset 0 the blocks run 1, 2 and 3 tiles of
+// the axis (6 of 12); with offset 20, 3, 4 and 4 (11 of 12).
+TEST(SkipCausalTilesTest, StatementsOverTheAxisRunTheKeptTilesOnly) {
+  auto causal = [](const std::string& condition) {
+    std::string text = R"(
+dim b=3 m=40 n=56 k=24 h=20
+in Q[b,m,k] K[b,n,k] V[b,n,h]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k] * 0.125
+P[b,m,n] = softmax(CONDITION) S[b,m,n]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+    text.replace(text.find("CONDITION"), 9, condition);
+    auto chain = ir::ParseChainText(text);
+    EXPECT_TRUE(chain.ok()) << chain.status();
+    return *chain;
+  };
+  const ir::Chain chain = causal("n <= m");
+  const int n = chain.FindDim("n");
+  for (const auto& [condition, share] : {std::pair{"n <= m", 6.0 / 12}, std::pair{"n <= m + 20", 11.0 / 12}}) {
+    const ir::Chain c = causal(condition);
+    for (const char* schedule : {"b=1 m=16 / n=16 / -", "b=1 m=16 / - / S(n=16) O(n=16)"}) {
+      LoopNest nest = NestBefore(Phase::kSkipCausalTiles, c, schedule);
+      const LoopNest before = nest;
+      phases::SkipCausalTiles(c, nest);
+      EXPECT_EQ(nest.causal_softmax, 1) << schedule;
+      EXPECT_DOUBLE_EQ(nest.causal_share, share) << condition << " " << schedule;
+      for (size_t i = 0; i < nest.statements.size(); ++i) {
+        const std::vector<int>& loops = nest.statements[i].loops;
+        const bool inside = std::find(loops.begin(), loops.end(), n) != loops.end();
+        EXPECT_DOUBLE_EQ(nest.statements[i].executions, before.statements[i].executions * (inside ? share : 1))
+            << nest.statements[i].label;
+      }
+      EXPECT_LT(nest.padded_flops, before.padded_flops);
+    }
+  }
+  // Nothing to skip: the rows are no block loop, or the axis has one tile;
+  // or an op needs the dropped entries (P is an output, S is read beside
+  // the softmax). The softmax still drops them (emitted, masked).
+  for (const char* schedule : {"b=1 / - / S(n=16) O(n=16)", "b=1 m=16 / - / -"}) {
+    LoopNest nest = NestBefore(Phase::kSkipCausalTiles, chain, schedule);
+    phases::SkipCausalTiles(chain, nest);
+    EXPECT_EQ(nest.causal_softmax, -1) << schedule;
+    EXPECT_EQ(nest.causal_share, 1);
+  }
+  std::string with_p = ir::ChainToText(chain);
+  with_p.replace(with_p.find("out O"), 5, "out O P");
+  std::string with_rowsum = ir::ChainToText(chain);
+  with_rowsum.replace(with_rowsum.find("out O"), 5, "R[b,m] = sum(n) S[b,m,n]\nout O R");
+  for (const std::string& text : {with_p, with_rowsum}) {
+    auto other = ir::ParseChainText(text);
+    ASSERT_TRUE(other.ok()) << other.status() << text;
+    LoopNest nest = NestBefore(Phase::kSkipCausalTiles, *other, "b=1 m=16 / - / S(n=16) O(n=16)");
+    phases::SkipCausalTiles(*other, nest);
+    EXPECT_EQ(nest.causal_softmax, -1) << text;
+  }
+  // A causal stream loop is not split.
+  EXPECT_THAT(PhaseError(Phase::kSplitStreamLoop, chain, "b=1 m=16 / n=16x2 / -", *hw::LookupDevice("h100")),
+              HasSubstr("a causal softmax ends each row's work at the diagonal"));
 }
 
 TEST(SplitStreamLoopTest, PartsRunWhatIsOutsideAndAddThePartials) {

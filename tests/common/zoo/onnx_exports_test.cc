@@ -142,10 +142,14 @@ out Y
 )";
 const char kHeads[] = "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,1,m,n]";
 const char kMasked[] = "P[b0,b1,m,n] = softmax(n) S[b0,b1,m,n] + M[b0,0,m,n]\n";
+// The model's mask masks every key past the query whatever attention_mask
+// says (ReadCausalMask): the softmax is causal, the mask is still read for
+// the padding.
+const char kCausal[] = "P[b0,b1,m,n] = softmax(n <= m) S[b0,b1,m,n] + M[b0,0,m,n]\n";
 const char kGrouped[] = "in Q[b0,g,r,m,d] K[b0,g,n,d] V[b0,g,n,e] M[b0,1,m,n]";
 const char kGroupedMasked[] =
     "S[b0,g,r,m,n] = sum(d) Q[b0,g,r,m,d] * K[b0,g,n,d] * 0.25\n"
-    "P[b0,g,r,m,n] = softmax(n) S[b0,g,r,m,n] + M[b0,0,m,n]\n"
+    "P[b0,g,r,m,n] = softmax(n <= m) S[b0,g,r,m,n] + M[b0,0,m,n]\n"
     "O[b0,g,r,m,e] = sum(n) P[b0,g,r,m,n] * V[b0,g,n,e]\n";
 
 class OtherModelsTest : public ::testing::TestWithParam<OtherModel> {};
@@ -196,13 +200,14 @@ TEST(OnnxExportsTest, Float16ExportsReadAsTheirF32Twins) {
 INSTANTIATE_TEST_SUITE_P(
     Exports, OtherModelsTest,
     ::testing::Values(
-        // The causal and padding masks combined by the model into one additive mask.
+        // The causal and padding masks combined by the model into one additive
+        // mask, read as a causal softmax plus the mask.
         // (The TorchScript export appends K and V to an empty KV cache
         // first: a Concat read as the identity.)
-        OtherModel{"gpt2_torchscript_eager", kHeads, kMasked, Gpt2Ffn(true)},
-        OtherModel{"gpt2_torchscript_sdpa", kHeads, kMasked, Gpt2Ffn(true)},
-        OtherModel{"gpt2_dynamo_eager", kHeads, kMasked, Gpt2Ffn(false)},
-        OtherModel{"gpt2_dynamo_sdpa", kHeads, kMasked, Gpt2Ffn(false)},
+        OtherModel{"gpt2_torchscript_eager", kHeads, kCausal, Gpt2Ffn(true)},
+        OtherModel{"gpt2_torchscript_sdpa", kHeads, kCausal, Gpt2Ffn(true)},
+        OtherModel{"gpt2_dynamo_eager", kHeads, kCausal, Gpt2Ffn(false)},
+        OtherModel{"gpt2_dynamo_sdpa", kHeads, kCausal, Gpt2Ffn(false)},
         // T5: unscaled, the mask and the relative position bias as two terms
         // (SDPA receives their sum as one).
         OtherModel{"t5_torchscript_eager", "in Q[b0,m,b1,d] K[b0,n,b1,d] V[b0,n,b1,e] M[b0,1,m,n] B[1,b1,m,n]",
@@ -224,7 +229,8 @@ INSTANTIATE_TEST_SUITE_P(
         // LLaMA: 4 query heads over 2 K/V heads, K and V repeated
         // (repeat_kv) before the attention: read as grouped-query attention
         // (g: K/V head, r: query head in its group), K and V unrepeated;
-        // the model's causal and padding masks combined into one.
+        // the model's causal and padding masks combined into one, read as a
+        // causal softmax plus the mask.
         OtherModel{"llama_torchscript_eager", kGrouped, kGroupedMasked, kLlamaFfn},
         OtherModel{"llama_torchscript_sdpa", kGrouped, kGroupedMasked, kLlamaFfn},
         OtherModel{"llama_dynamo_eager", kGrouped, kGroupedMasked, kLlamaFfn},

@@ -113,6 +113,33 @@ class Model {
     for (int64_t p : perm) a->add_ints(p);
   }
   void Output(const std::string& name) { m_.mutable_graph()->add_output()->set_name(name); }
+  // `name`: a [size, size] boolean lower triangle (Trilu of ConstantOfShape).
+  void Tril(const std::string& name, int64_t size) {
+    Int64s(name + "_shape", {size, size});
+    auto* value = Node("ConstantOfShape", {name + "_shape"}, name + "_ones")->add_attribute();
+    value->set_name("value");
+    value->set_type(onnx::AttributeProto::TENSOR);
+    value->mutable_t()->set_data_type(onnx::TensorProto::BOOL);
+    value->mutable_t()->add_dims(1);
+    value->mutable_t()->add_int32_data(1);
+    auto* upper = Node("Trilu", {name + "_ones"}, name)->add_attribute();
+    upper->set_name("upper");
+    upper->set_type(onnx::AttributeProto::INT);
+    upper->set_i(0);
+  }
+  void Floats(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& values) {
+    auto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) t->add_dims(d);
+    for (float v : values) t->add_float_data(v);
+  }
+  void Int64(const std::string& name, int64_t value) {
+    auto* t = m_.mutable_graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_int64_data(value);
+  }
   std::string Write(const std::string& dir) const {
     const std::string path = dir + "/" + m_.graph().name() + ".onnx";
     std::ofstream f(path, std::ios::binary);
@@ -180,14 +207,14 @@ Model CausalWhere() {
 
 // Grouped-query attention as transformers writes it for LLaMA: 8 query
 // heads over 2 K/V heads, K and V repeated per query head (repeat_kv:
-// Unsqueeze -> Expand -> Reshape), the causal mask by Where.
+// Unsqueeze -> Expand -> Reshape), the causal mask (Trilu) by Where.
 Model RepeatKv() {
   Model m("repeat_kv");
-  m.Opset("", 13);
+  m.Opset("", 14);
   m.Input("q", {1, 8, 24, 16});
   m.Input("k", {1, 2, 24, 16});
   m.Input("v", {1, 2, 24, 16});
-  m.Input("causal", {24, 24}, onnx::TensorProto::BOOL);
+  m.Tril("causal", 24);
   m.Int64s("axis2", {2});
   m.Int64s("wide", {1, 2, 4, 24, 16});
   m.Int64s("heads", {1, 8, 24, 16});
@@ -205,6 +232,57 @@ Model RepeatKv() {
   m.Node("Softmax", {"masked"}, "p");
   m.Node("MatMul", {"p", "vr"}, "o");
   m.Output("o");
+  return m;
+}
+
+// Three attentions over [2, 4, 10, 8] with masks the graph computes: a
+// lower triangle alone (Trilu, then Where to 0 and -inf); the mask
+// transformers builds, a position range compared with a range (offset 2
+// here) and the attention_mask input, to 0 and -1e9; and a constant mask
+// that keeps one key past the diagonal.
+Model CausalMasks() {
+  Model m("causal_masks");
+  m.Opset("", 14);
+  m.Input("q", {2, 4, 10, 8});
+  m.Input("kt", {2, 4, 8, 10});
+  m.Input("v", {2, 4, 10, 8});
+  m.Input("attention_mask", {2, 10}, onnx::TensorProto::INT64);
+  m.Scalar("zero", 0);
+  m.Scalar("minus_inf", -std::numeric_limits<float>::infinity());
+  m.Scalar("min", -1e9f);
+  m.Tril("tril", 10);
+  m.Node("Where", {"tril", "zero", "minus_inf"}, "mask_a");
+  m.Int64("start", 0);
+  m.Int64("stop", 10);
+  m.Int64("step", 1);
+  m.Int64("two", 2);
+  m.Int64s("axis0", {0});
+  m.Int64s("axis1", {1});
+  m.Int64s("axes12", {1, 2});
+  m.Node("Range", {"start", "stop", "step"}, "positions");
+  m.Node("Unsqueeze", {"positions", "axis1"}, "rows");
+  m.Node("Add", {"rows", "two"}, "rows2");
+  m.Node("Unsqueeze", {"positions", "axis0"}, "cols");
+  m.Node("LessOrEqual", {"cols", "rows2"}, "causal");
+  auto* to = m.Node("Cast", {"attention_mask"}, "pad")->add_attribute();
+  to->set_name("to");
+  to->set_type(onnx::AttributeProto::INT);
+  to->set_i(onnx::TensorProto::BOOL);
+  m.Node("Unsqueeze", {"pad", "axes12"}, "pad4");
+  m.Node("And", {"causal", "pad4"}, "keep");
+  m.Node("Where", {"keep", "zero", "min"}, "mask_b");
+  std::vector<float> leaky(100, 0);
+  for (int i = 0; i < 10; ++i) {
+    for (int j = i + 1; j < 10; ++j) leaky[i * 10 + j] = i == 3 && j == 9 ? 0.f : -1e4f;
+  }
+  m.Floats("mask_c", {10, 10}, leaky);
+  for (const std::string x : {"a", "b", "c"}) {
+    m.Node("MatMul", {"q", "kt"}, "s_" + x);
+    m.Node("Add", {"s_" + x, "mask_" + x}, "masked_" + x);
+    m.Node("Softmax", {"masked_" + x}, "p_" + x);
+    m.Node("MatMul", {"p_" + x, "v"}, "o_" + x);
+    m.Output("o_" + x);
+  }
   return m;
 }
 
@@ -486,13 +564,12 @@ TEST_F(OnnxImportTest, SingleNodeGroupedQueryAttention) {
   EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
 dtype f16
 dim b=1 g=2 r=4 m=24 n=24 d=16 e=16
-in Q[b,g,r,m,d] K[b,g,n,d] V[b,g,n,e] C[m,n]
+in Q[b,g,r,m,d] K[b,g,n,d] V[b,g,n,e]
 S[b,g,r,m,n] = sum(d) Q[b,g,r,m,d] * K[b,g,n,d] * 0.25
-P[b,g,r,m,n] = softmax(n) S[b,g,r,m,n] + C[m,n]
+P[b,g,r,m,n] = softmax(n <= m) S[b,g,r,m,n]
 O[b,g,r,m,e] = sum(n) P[b,g,r,m,n] * V[b,g,n,e]
 out O
 )")) << ir::ChainToText(out->chains[0].chain);
-  EXPECT_THAT(out->chains[0].layers, HasSubstr("nodes o_node (C is the causal mask"));
   // The same chain as a LLaMA-style description's self-attention: a sweep
   // tunes the two once.
   auto config = ParseTransformerConfig(R"({"model": "tiny-llama", "architecture": "decoder", "hidden": 128,
@@ -545,9 +622,9 @@ TEST_F(OnnxImportTest, OnnxruntimeContribOps) {
   ASSERT_EQ(out->chains.size(), 3u);
   EXPECT_EQ(ir::Canonicalize(out->chains[0].chain).key, Key(R"(
 dim b=2 h=4 m=10 n=10 d=8 e=8
-in Q[b,m,h,d] K[b,n,h,d] V[b,n,h,e] M[b,m,n] C[m,n]
+in Q[b,m,h,d] K[b,n,h,d] V[b,n,h,e] M[b,m,n]
 S[b,h,m,n] = sum(d) Q[b,m,h,d] * K[b,n,h,d] * 0.353553
-P[b,h,m,n] = softmax(n) S[b,h,m,n] + M[b,m,n] + C[m,n]
+P[b,h,m,n] = softmax(n <= m) S[b,h,m,n] + M[b,m,n]
 O[b,m,h,e] = sum(n) P[b,h,m,n] * V[b,n,h,e]
 out O
 )")) << ir::ChainToText(out->chains[0].chain);
@@ -638,6 +715,28 @@ out O
 // 16-bit scalars (in raw_data for f16, in int32_data for bf16); a Dropout in
 // inference mode is looked through, one in training mode is named as why
 // its attention is not fused.
+TEST_F(OnnxImportTest, CausalMasksAreReadFromWhatTheyCompute) {
+  auto out = ExtractOnnx(CausalMasks().Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 3u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  const std::string head = "dim b=2 h=4 m=10 n=10 d=8 e=8\nin Q[b,h,m,d] K[b,h,d,n] V[b,h,n,e]";
+  const std::string body = "S[b,h,m,n] = sum(d) Q[b,h,m,d] * K[b,h,d,n]\n";
+  const std::string end = "O[b,h,m,e] = sum(n) P[b,h,m,n] * V[b,h,n,e]\nout O\n";
+  // The triangle alone: no mask input.
+  EXPECT_EQ(out->chains[0].key, Key(head + "\n" + body + "P[b,h,m,n] = softmax(n <= m) S[b,h,m,n]\n" + end))
+      << ir::ChainToText(out->chains[0].chain);
+  EXPECT_THAT(out->chains[0].layers, HasSubstr("'mask_a' is a causal mask and nothing else"));
+  // transformers' mask: causal (offset 2) whatever attention_mask holds; the
+  // mask still read for the padding.
+  EXPECT_EQ(out->chains[1].key,
+            Key(head + " M[b,1,m,n]\n" + body + "P[b,h,m,n] = softmax(n <= m + 2) S[b,h,m,n] + M[b,0,m,n]\n" + end))
+      << ir::ChainToText(out->chains[1].chain);
+  EXPECT_THAT(out->chains[1].layers, HasSubstr("'mask_b' masks every key past the query"));
+  // One key kept past the diagonal: an ordinary mask.
+  EXPECT_EQ(out->chains[2].key, Key(head + " M[m,n]\n" + body + "P[b,h,m,n] = softmax(n) S[b,h,m,n] + M[m,n]\n" + end))
+      << ir::ChainToText(out->chains[2].chain);
+}
+
 TEST_F(OnnxImportTest, HalfPrecisionScalarsAndDropout) {
   struct Case {
     int type;

@@ -64,7 +64,8 @@ TEST(TransformerTest, GroupedQueryAttentionSharesKAndVAcrossAGroup) {
   const ir::Chain& attention = (*chains)[0].chain;
   EXPECT_EQ(TensorNamed(attention, "Q").shape, (std::vector<int64_t>{1, 8, 4, 2048, 128}));
   EXPECT_EQ(TensorNamed(attention, "K").shape, (std::vector<int64_t>{1, 8, 2048, 128}));
-  EXPECT_EQ(TensorNamed(attention, "C").shape, (std::vector<int64_t>{2048, 2048}));  // causal
+  EXPECT_EQ(attention.FindTensor("C"), -1);  // causal: the softmax's condition, no mask read
+  EXPECT_THAT(ir::ChainToText(attention), HasSubstr("softmax(n <= m)"));
   // SwiGLU: two GEMMs into the gate, no biases.
   const ir::Chain& ffn = (*chains)[1].chain;
   int sums = 0;
@@ -82,10 +83,10 @@ TEST(TransformerTest, EncoderDecoderHasFiveChains) {
   for (const ModelChain& m : *chains) roles.push_back(m.role);
   EXPECT_EQ(roles, (std::vector<std::string>{"self-attention", "ffn", "decoder self-attention", "cross-attention",
                                              "decoder ffn"}));
-  // Decoder self-attention: position bias and the causal mask; unscaled.
+  // Decoder self-attention: position bias and a causal softmax; unscaled.
   const ir::Chain& dec = (*chains)[2].chain;
   EXPECT_EQ(TensorNamed(dec, "B").shape, (std::vector<int64_t>{12, 128, 128}));
-  EXPECT_GE(dec.FindTensor("C"), 0);
+  EXPECT_THAT(ir::ChainToText(dec), HasSubstr("softmax(n <= m) S[b,h,m,n] + B[h,m,n]"));
   EXPECT_THAT(ir::ChainToText(dec), ::testing::Not(HasSubstr(" * 0.")));
   // Cross-attention: decoder queries over encoder keys, no mask.
   const ir::Chain& cross = (*chains)[3].chain;

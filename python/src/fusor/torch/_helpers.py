@@ -109,7 +109,7 @@ def _run(text: str, backend: str, budget: int, inputs: List[torch.Tensor], out: 
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
-              scale: Optional[float] = None, *, budget: int = 0) -> torch.Tensor:
+              scale: Optional[float] = None, *, is_causal: bool = False, budget: int = 0) -> torch.Tensor:
     """softmax(q kᵀ · scale + mask) v, fused into one tuned kernel that reads the tensors where they lie
     (head views, transposes and broadcast masks are not copied).
 
@@ -119,6 +119,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         mask: an additive float mask broadcastable to [..., M, N] (e.g. BERT's [B, 1, 1, N]), or a boolean
             one (True: attend), or None.
         scale: default 1/sqrt(D).
+        is_causal: query m attends to keys n <= m only (as SDPA's ``is_causal``); the kernel skips the
+            blocks past the diagonal.
         budget: candidates measured when the chain is tuned first.
     """
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
@@ -145,7 +147,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         mask = _read_in_place(mask, names + ["m", "n"])
         inputs.append(mask)
     written = _strided.attention(View.of(q), View.of(k), View.of(v), None if mask is None else View.of(mask),
-                                1.0 / math.sqrt(d) if scale is None else scale, dtype, range(q.dim()))
+                                1.0 / math.sqrt(d) if scale is None else scale, dtype, range(q.dim()),
+                                causal=0 if is_causal else None)
     return _run(written, backend, budget, inputs, q.new_empty((*batch, m, dv)))
 
 

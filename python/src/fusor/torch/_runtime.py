@@ -382,7 +382,6 @@ class AttentionRegion(Region):
         self.form, self.scale, self.causal, self.gqa = form, scale, causal, gqa
         self.k_transposed = k_transposed
         self.out_order, self.out_groups = tuple(out_order), tuple(out_groups)
-        self._causal_masks: Dict[Any, torch.Tensor] = {}
 
     def _k(self, k: torch.Tensor) -> torch.Tensor:
         return k.transpose(-1, -2) if self.k_transposed else k
@@ -426,20 +425,23 @@ class AttentionRegion(Region):
             out = torch.matmul(torch.softmax(scores, dim=-1), v)
         return out.permute(*self.out_order).reshape(self.output_shape(q, k, v, mask))
 
-    def _mask(self, q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _mask(self, q: torch.Tensor, k: torch.Tensor,
+              mask: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], Optional[int]]:
         """The additive mask of the chain dtype, expanded to the scores' shape (broadcast dims stride 0, and
-        the query dim too when every row is the same, as a padding mask's rows are)."""
+        the query dim too when every row is the same, as a padding mask's rows are), and the causal offset
+        (None: not causal): SDPA's is_causal, or a mask that masks every key past the query's m + offset
+        (transformers' causal mask, built as a tensor), which then goes when it masks nothing else."""
+        if self.causal:
+            return None, 0
+        if mask is None:
+            return None, None
+        mask = self._additive(q, k, mask)
+        offset, whole = _causal_offset(mask)
+        return (None if whole else mask), offset
+
+    def _additive(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m, n = q.shape[-2], self._k(k).shape[-2]
         scores = list(q.shape[:-1]) + [n]
-        if self.causal:
-            key = (m, n, q.dtype, q.device)
-            if key not in self._causal_masks:
-                allowed = torch.ones(m, n, dtype=torch.bool, device=q.device).tril()
-                self._causal_masks[key] = torch.zeros(m, n, dtype=q.dtype, device=q.device).masked_fill(
-                    ~allowed, _MASKED[_DTYPES[q.dtype]])
-            return self._causal_masks[key].expand(scores)
-        if mask is None:
-            return None
         if m > 1 and mask.dim() >= 2 and mask.shape[-2] == m and mask.stride(-2) != 0:
             first = mask[..., :1, :]  # a padding mask built per row: every row the same
             if bool((mask == first).all()):
@@ -461,14 +463,33 @@ class AttentionRegion(Region):
 
     def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: Optional[torch.Tensor]) -> Tuple[Any, ...]:
-        return q, self._k(k), v, self._mask(q, k, mask)
+        return (q, self._k(k), v) + self._mask(q, k, mask)
 
-    def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> str:
+    def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+              causal: Optional[int]) -> str:
         return _strided.attention(View.of(q), View.of(k), View.of(v), None if mask is None else View.of(mask),
-                                 self._scale(q), _DTYPES[q.dtype], self.out_order, self.gqa)
+                                 self._scale(q), _DTYPES[q.dtype], self.out_order, self.gqa, causal)
 
-    def operands(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> List[torch.Tensor]:
+    def operands(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                 causal: Optional[int]) -> List[torch.Tensor]:
         return [q, k, v] + ([] if mask is None else [mask])
+
+
+def _causal_offset(mask: torch.Tensor) -> Tuple[Optional[int], bool]:
+    """For an additive mask [..., M, N]: the least offset c >= 0 such that every key n > m + c is masked
+    (-1e4 or below) in every row, when there is one below N - 1 (else None); and whether the mask is that
+    and nothing else (0 on every other key)."""
+    m, n = mask.shape[-2:]
+    if m < 2 or mask.stride(-2) == 0:
+        return None, False
+    compact = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride())]
+    kept = (compact > -1e4).reshape(-1, m, n).any(0)
+    last = torch.where(kept, torch.arange(n, device=mask.device), -1).amax(-1)  # per query: its last key kept
+    offset = max(0, int((last - torch.arange(m, device=mask.device)).amax()))
+    if offset >= n - 1:
+        return None, False
+    past = torch.ones(m, n, dtype=torch.bool, device=mask.device).triu(offset + 1)
+    return offset, bool((compact.masked_fill(past, 0) == 0).all())
 
 
 _ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -561,6 +561,30 @@ TEST(CudaEmulationTest, SplitStreamLoopsCombineInTheKernel) {
   EXPECT_NE(empty_part.status().message().find("a part would have no steps"), std::string::npos);
 }
 
+// A causal softmax (offset 5, fewer rows than keys): the blocks skip the
+// stream tiles past their last row's kept key, in registers and in shared
+// memory; masked on fragments, in rows, in the baseline and the reference.
+TEST(CudaEmulationTest, CausalAttentionSkipsTheTilesPastTheDiagonal) {
+  std::string bf16 = kBf16Attention, f32 = kAttention;
+  for (std::string* text : {&bf16, &f32}) text->replace(text->find("softmax(n)"), 10, "softmax(n <= m + 5)");
+  for (const char* schedule : {"b=1 m=16 / n=16 / - / cuda registers", "b=1 m=16 / n=16 / -"}) {
+    SCOPED_TRACE(schedule);
+    ir::Chain chain = Parse(bf16);
+    auto nest = space::BuildLoopNest(chain, *space::ParseSchedule(schedule, chain), Gpu());
+    ASSERT_TRUE(nest.ok()) << nest.status();
+    EXPECT_EQ(nest->causal_softmax, 1);
+    CheckSchedule(bf16, schedule);
+    CheckSchedule(f32, schedule);
+  }
+  CheckSchedule(f32, "b=1 m=32 / - / O(h=16)");  // a plain softmax over the whole row, masked
+  for (const std::string& text : {bf16, f32}) {
+    ir::Chain chain = Parse(text);
+    auto program = EmitCudaUnfusedBaseline(chain, Gpu());
+    ASSERT_TRUE(program.ok()) << program.status();
+    EXPECT_EQ(RunBaselineEmulated(chain, *program), "");
+  }
+}
+
 TEST(CudaEmulationTest, GemmChainF32) {
   CheckSchedule(testing::kGemmChain, "m=32 / n=32 / C(k=16) E(h=16)");
   CheckSchedule(testing::kGemmChain, "m=64 h=32 / n=16 / - / cuda warps=2 stages=1");
@@ -610,8 +634,11 @@ TEST(CudaEmulationTest, UnfusedBaselinePrograms) {
 // thread per point) agrees with the float64 interpreter far inside any
 // candidate's tolerance, for every chain kind; its kernels compile.
 TEST(CudaEmulationTest, ValidationReferenceProgram) {
-  for (const char* text : {testing::kGemmChain, kAttention, testing::kMaskedF16Attention, kBf16Attention, kFfn,
-                           kEpilogues, testing::kConvChain}) {
+  std::string causal = kAttention;
+  causal.replace(causal.find("softmax(n)"), 10, "softmax(n <= m)");
+  for (const std::string& text : {std::string(testing::kGemmChain), std::string(kAttention),
+                                  std::string(testing::kMaskedF16Attention), std::string(kBf16Attention),
+                                  std::string(kFfn), std::string(kEpilogues), std::string(testing::kConvChain), causal}) {
     ir::Chain chain = Parse(text);
     SCOPED_TRACE(chain.name);
     const Program reference = EmitCudaReference(chain);
