@@ -248,7 +248,7 @@ std::string NestIndex::Load(const Access& a) const {
   return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
 }
 
-void NestIndex::DefineFullRanges(Writer& w, const space::OpNest& on) const {
+void NestIndex::DefineFullRanges(Writer& w, const space::OpNest& on, bool in_stream) const {
   const ir::Op& op = chain_.ops[on.op];
   std::vector<int> dims = op.index;
   dims.insert(dims.end(), op.reduce.begin(), op.reduce.end());
@@ -256,18 +256,31 @@ void NestIndex::DefineFullRanges(Writer& w, const space::OpNest& on) const {
     bool looped = block_[d] || (d == nest_.stream_dim && on.region == space::Region::kStream) ||
                   std::find(on.loops.begin(), on.loops.end(), d) != on.loops.end();
     if (looped) continue;
-    const bool causal = nest_.causal_softmax >= 0 && chain_.ops[nest_.causal_softmax].axis == d;
     w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ",
-                        causal ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L"), ";"));
+                        Bounded(d, &on, in_stream) ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L"), ";"));
   }
 }
 
-void NestIndex::OpenTileLoop(Writer& w, int d) const {
-  const bool causal = nest_.causal_softmax >= 0 && chain_.ops[nest_.causal_softmax].axis == d;
-  const std::string end = causal ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L");
+void NestIndex::OpenTileLoop(Writer& w, int d, const space::OpNest* on) const {
+  const std::string end = Bounded(d, on) ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L");
   w.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", end, "; ", n_.O(d), " += ",
                       nest_.schedule.tile[d], "L)"));
   w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
+  if (nest_.causal_softmax >= 0 && chain_.ops[nest_.causal_softmax].causal_row == d && d == nest_.stream_dim) {
+    DefineCausalEnd(w);
+  }
+}
+
+void NestIndex::DefineCausalEnd(Writer& w) const {
+  // The axis's tiles up to the one holding the row tile's last kept entry;
+  // an untiled axis up to that entry.
+  const ir::Op& causal = chain_.ops[nest_.causal_softmax];
+  const int ax = causal.axis, row = causal.causal_row;
+  const int64_t tile = nest_.schedule.tile[ax], extent = chain_.dims[ax].extent;
+  const std::string last = absl::StrCat(n_.O(row), " + ", n_.N(row), " + ", causal.causal_offset, "L");
+  const std::string end =
+      nest_.trips[ax] == 1 ? last : absl::StrCat("(", last, " - 1L) / ", tile, "L * ", tile, "L + ", tile, "L");
+  w.Line(absl::StrCat("const long ", n_.E(ax), " = ", end, " < ", extent, "L ? ", end, " : ", extent, "L;"));
 }
 
 void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) const {
@@ -284,15 +297,7 @@ void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) co
                         "L;"));
     w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
   }
-  if (causal) {
-    // The axis's tiles up to the one holding the block's last kept entry.
-    const int ax = causal->axis;
-    const int64_t tile = nest_.schedule.tile[ax], extent = chain_.dims[ax].extent;
-    w.Line(absl::StrCat("const long ", n_.E(ax), "_tiles = (", n_.O(causal->causal_row), " + ",
-                        n_.N(causal->causal_row), " - 1L + ", causal->causal_offset, "L) / ", tile, "L + 1L;"));
-    w.Line(absl::StrCat("const long ", n_.E(ax), " = ", n_.E(ax), "_tiles * ", tile, "L < ", extent, "L ? ", n_.E(ax),
-                        "_tiles * ", tile, "L : ", extent, "L;"));
-  }
+  if (causal && block_[causal->causal_row]) DefineCausalEnd(w);
 }
 
 void NestIndex::Store(Writer& w, const space::OpNest& on, const std::string& value) const {

@@ -116,15 +116,23 @@ class NestIndex {
   // global memory converted from the chain's dtype.
   std::string Load(const ir::Access& a) const;
   // o_d = 0, n_d = extent for the op's dims no block, stream or own loop
-  // ranges over (n_d = e_d for a causal axis whose tiles the nest skips).
-  void DefineFullRanges(Writer& w, const space::OpNest& on) const;
-  // for (o_d = 0; o_d < extent; o_d += tile) with n_d its range; up to
-  // e_d only, for the axis of a causal softmax the nest skips tiles of.
-  void OpenTileLoop(Writer& w, int d) const;
+  // ranges over; n_d = e_d for a causal axis the op sees end there
+  // (space::CausalBounded; `in_stream`: the op's statements are emitted
+  // inside the stream loop, not hoisted out of it).
+  void DefineFullRanges(Writer& w, const space::OpNest& on, bool in_stream = true) const;
+  // for (o_d = 0; o_d < extent; o_d += tile) with n_d its range: op `on`'s
+  // own loop, or (null) the stream loop. A causal axis bounded there runs
+  // up to e_d; the stream loop over a causal softmax's rows defines e_<axis>
+  // for its tile.
+  void OpenTileLoop(Writer& w, int d, const space::OpNest* on = nullptr) const;
   // o_d and n_d of every block dim from the block's flat index (a causal
-  // softmax's row dim counted down: the longest rows first), and the end
-  // e_<axis> of the causal axis's tile loops in the block.
+  // softmax's row dim counted down: the longest rows first), and e_<axis>
+  // when the rows are a block dim.
   void DefineBlockOrigins(Writer& w, const std::string& block_index) const;
+  // Whether op `on` sees dim d end at e_d.
+  bool Bounded(int d, const space::OpNest* on, bool in_stream = true) const {
+    return space::CausalBounded(chain_, nest_, d, on, in_stream);
+  }
   // Writes `value` to the op's result at the current point: its local
   // buffer (accumulating across the stream loop when the op does, rescaled
   // by an online softmax's sscale<op>) and its global output (unless that
@@ -132,6 +140,9 @@ class NestIndex {
   void Store(Writer& w, const space::OpNest& on, const std::string& value) const;
 
  private:
+  // e_<axis>: where the causal axis ends for the current row tile.
+  void DefineCausalEnd(Writer& w) const;
+
   const ir::Chain& chain_;
   const space::LoopNest& nest_;
   Names n_;

@@ -19,7 +19,7 @@ bool NestWalker::StagedAtLevel(const space::OpNest& on, bool a_side, int level) 
   return on.b_depth == level && !on.b_hoisted && !on.b_per_point && !ReadsBInPlace(on);
 }
 
-void NestWalker::OpenOwnLoop(const space::OpNest& on, int level) { x_.OpenTileLoop(w_, on.loops[level]); }
+void NestWalker::OpenOwnLoop(const space::OpNest& on, int level) { x_.OpenTileLoop(w_, on.loops[level], &on); }
 
 void NestWalker::EmitRegion(space::Region region) {
   for (const space::OpNest& on : nest_.ops) {
@@ -38,7 +38,7 @@ void NestWalker::EmitStream() {
     if (on.region != space::Region::kStream || !on.gemm.ok || !(pack_a || pack_b)) continue;
     w_.Line(absl::StrCat("// ", chain_.tensors[chain_.ops[on.op].output].name, HoistedNote()));
     w_.Open("");
-    x_.DefineFullRanges(w_, on);
+    x_.DefineFullRanges(w_, on, /*in_stream=*/false);
     if (pack_a) Pack(on, true);
     if (pack_b) Pack(on, false);
     w_.Close();

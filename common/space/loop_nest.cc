@@ -237,6 +237,23 @@ int SkippableCausalSoftmax(const ir::Chain& chain) {
   return c;
 }
 
+// Whether statement `st` does work along dim `axis`: a loop over it
+// encloses it, or it loads or stores a tile over the axis's range, or it
+// is an op's computation (`main`: its first compute statement, not an
+// online rescaling after it) over that range.
+bool OverAxis(const ir::Chain& chain, const Statement& st, int axis, bool main) {
+  if (Contains(st.loops, axis)) return true;
+  if (st.op < 0) return false;
+  const ir::Op& op = chain.ops[st.op];
+  if (st.kind == StmtKind::kCompute) return main && (Contains(op.index, axis) || Contains(op.reduce, axis));
+  if (st.tensor == op.output) return Contains(op.index, axis);
+  bool along = false;
+  ir::ForEachAccess(op.body, [&](const ir::Access& a) {
+    if (a.tensor == st.tensor) along = along || AccessDependsOn(a, axis);
+  });
+  return along;
+}
+
 }  // namespace
 
 std::vector<int> BlockEligibleDims(const ir::Chain& chain) {
@@ -793,29 +810,42 @@ void PlaceStatements(const ir::Chain& chain, LoopNest& nest) {
   nest.scratch_bytes = nest.intermediate_bytes + (stream_temps + shared_temps) * static_cast<int64_t>(sizeof(float));
 }
 
-void SkipCausalTiles(const ir::Chain& chain, LoopNest& nest) {
+void SkipCausalTiles(const ir::Chain& chain, const hw::TargetDesc& target, LoopNest& nest) {
   const int c = SkippableCausalSoftmax(chain);
   if (c < 0) return;
   const ir::Op& softmax = chain.ops[c];
   const int axis = softmax.axis, row = softmax.causal_row;
-  if (!Contains(nest.schedule.block, row) || nest.trips[axis] == 1) return;
-  // Block b of the row dim runs the axis's tiles up to the one holding
-  // entry last_row + offset.
-  const int64_t rows = chain.dims[row].extent, row_tile = nest.schedule.tile[row], tile = nest.schedule.tile[axis];
+  const bool cpu = target.backend == hw::Backend::kCpu;
+  const bool block = Contains(nest.schedule.block, row), streamed = row == nest.stream_dim;
+  // A GPU kernel's tiles are whole tiles: the axis must be tiled.
+  if (!(block || (cpu && streamed)) || (!cpu && nest.trips[axis] == 1)) return;
+  // Row tile b runs the axis up to entry last_row + offset: the tiles up
+  // to that entry's, or (untiled) the keys up to it.
+  const int64_t rows = chain.dims[row].extent, row_tile = nest.schedule.tile[row];
+  const int64_t keys = chain.dims[axis].extent, tile = nest.schedule.tile[axis], trips = nest.trips[axis];
   double kept = 0;
   for (int64_t b = 0; b < nest.trips[row]; ++b) {
-    const int64_t last = std::min(rows, (b + 1) * row_tile) - 1;
-    kept += static_cast<double>(std::min(nest.trips[axis], (last + softmax.causal_offset) / tile + 1));
+    const int64_t last = std::min(rows, (b + 1) * row_tile) - 1 + softmax.causal_offset;
+    kept += trips == 1 ? static_cast<double>(std::min(keys, last + 1)) / static_cast<double>(keys)
+                       : static_cast<double>(std::min(trips, last / tile + 1)) / static_cast<double>(trips);
   }
+  const double share = kept / static_cast<double>(nest.trips[row]);
+  if (share >= 1) return;
   nest.causal_softmax = c;
-  nest.causal_share = kept / static_cast<double>(nest.trips[row] * nest.trips[axis]);
+  nest.causal_share = share;
+  // The statements over the axis in a block (streamed rows: in the stream
+  // loop) run that share of their work: fewer trips of the axis's loops,
+  // or a shorter untiled range.
   double padded_skipped = 0;
+  std::vector<bool> computed(chain.ops.size(), false);
   for (Statement& st : nest.statements) {
-    if (!Contains(st.loops, axis)) continue;
+    const bool main = st.kind == StmtKind::kCompute && st.op >= 0 && !computed[st.op];
+    if (main) computed[st.op] = true;
+    if (!OverAxis(chain, st, axis, main) || (streamed && !Contains(st.loops, row))) continue;
     if (st.kind == StmtKind::kCompute && chain.ops[st.op].kind == ir::OpKind::kSum) {
-      padded_skipped += st.flops * st.executions * (1 - nest.causal_share);
+      padded_skipped += st.flops * st.executions * (1 - share);
     }
-    st.executions *= nest.causal_share;
+    st.executions *= share;
   }
   const double kept_flops = 1 - padded_skipped / nest.padded_flops;
   nest.padded_flops *= kept_flops;
@@ -857,6 +887,13 @@ absl::Status CheckRegisters(const ir::Chain& chain, const LoopNest& nest) {
 
 }  // namespace phases
 
+bool CausalBounded(const ir::Chain& chain, const LoopNest& nest, int d, const OpNest* on, bool in_stream) {
+  if (nest.causal_softmax < 0 || chain.ops[nest.causal_softmax].axis != d) return false;
+  const int row = chain.ops[nest.causal_softmax].causal_row;
+  if (Contains(nest.schedule.block, row)) return true;
+  return in_stream && on != nullptr && on->region == Region::kStream;
+}
+
 absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& input, const hw::TargetDesc& target,
                                        const NestContext* context) {
   if (!input.regroup.empty()) {
@@ -881,7 +918,7 @@ absl::StatusOr<LoopNest> BuildLoopNest(const ir::Chain& chain, const Schedule& i
   RETURN_IF_ERROR(phases::LinkOnlineSoftmax(chain, nest));
   phases::LayOutBuffers(chain, nest);
   phases::PlaceStatements(chain, nest);
-  phases::SkipCausalTiles(chain, nest);
+  phases::SkipCausalTiles(chain, target, nest);
   RETURN_IF_ERROR(phases::SplitStreamLoop(chain, target, nest));
   RETURN_IF_ERROR(phases::CheckRegisters(chain, nest));
   return nest;

@@ -136,18 +136,25 @@ struct LoopNest {
   int64_t intermediate_bytes = 0; // block-local buffers
   int64_t scratch_bytes = 0;      // everything a thread holds for a block
   // A causal softmax whose dropped entries are skipped (ir::Op::Causal):
-  // its row dim is a block loop and its axis is tiled, and every op over
-  // the axis feeds it or sums its result times something. Each block then
-  // runs the axis's tile loops (stream and own) only up to the tile that
-  // holds its last row's last kept entry, and the blocks are visited last
-  // row tile first (the longest first). -1: none; causal softmaxes that
-  // are not skipped still drop their entries, computed and masked.
+  // every op over its axis feeds it or sums its result times something,
+  // and its row dim is a block loop or (on a CPU) the stream loop. Then in
+  // each block, or each step of the stream loop for the ops inside it, the
+  // axis ends at e_<axis>: its tile loops (stream and own) stop after the
+  // tile that holds the last row's last kept entry; an untiled axis (CPU)
+  // ends right after that entry. Blocks are visited last row tile first
+  // (the longest first). -1: none; causal softmaxes that are not skipped
+  // still drop their entries, computed and masked.
   int causal_softmax = -1;
   double causal_share = 1;        // of the axis's tiles, the share the blocks run
   double padded_flops = 0;        // sum ops' compute, padding included (and recomputation)
   double useful_flops = 0;        // the same without the padding
   double PaddingRatio() const { return useful_flops > 0 ? padded_flops / useful_flops : 1; }
 };
+
+// Whether the ops of `on` (or, for null, the loops around every op) see dim
+// d end at e_<d> (LoopNest::causal_softmax); `in_stream`: inside the stream
+// loop, where a row dim streamed has its current tile.
+bool CausalBounded(const ir::Chain& chain, const LoopNest& nest, int d, const OpNest* on, bool in_stream = true);
 
 // The chain a nest of `chain` runs: its regrouping, or `chain`.
 inline const ir::Chain& NestChain(const ir::Chain& chain, const LoopNest& nest) {

@@ -53,7 +53,7 @@ void PlaceStatements(const ir::Chain& chain, LoopNest& nest);
 
 // The causal softmax the blocks skip dropped tiles of (causal_softmax),
 // and the statements inside its axis's loops run that much less often.
-void SkipCausalTiles(const ir::Chain& chain, LoopNest& nest);
+void SkipCausalTiles(const ir::Chain& chain, const hw::TargetDesc& target, LoopNest& nest);
 
 // Divides the stream loop among schedule.split blocks (a no-op for 1):
 // what runs outside it runs once per part, and each accumulated output's

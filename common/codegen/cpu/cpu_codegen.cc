@@ -449,7 +449,11 @@ class FusedEmitter : public NestWalker {
   // time: the extent when nothing loops over d, the tile when it divides.
   std::optional<int64_t> ConstRange(int d, const space::OpNest& on) const {
     const int64_t extent = chain_.dims[d].extent, tile = s_.tile[d];
-    if (!Looped(d, on)) return extent;
+    if (!Looped(d, on)) {
+      // An untiled causal axis ends where the row tile's last key is.
+      if (x_.Bounded(d, &on)) return std::nullopt;
+      return extent;
+    }
     if (extent % tile == 0) return tile;
     return std::nullopt;
   }
@@ -924,15 +928,26 @@ class FusedEmitter : public NestWalker {
     std::string rows, cols, kc, nbatch, rows_pad, cols_pad, mr, nr;
   };
 
-  GemmNames Gemm(const space::OpNest& on) const {
+  // `packed_outside`: the names a side packed before the stream loop was
+  // laid out with (a causal axis over its full extent there, bounded in
+  // the loop).
+  GemmNames Gemm(const space::OpNest& on, bool packed_outside = false) const {
     const hw::MicroKernel& k = on.kernel;
+    auto count = [&](const std::vector<int>& dims) {
+      std::vector<std::string> factors;
+      for (int d : dims) {
+        const bool full = packed_outside && x_.Bounded(d, &on) && !x_.Bounded(d, &on, /*in_stream=*/false);
+        factors.push_back(full ? absl::StrCat(chain_.dims[d].extent, "L") : n_.N(d));
+      }
+      return factors.empty() ? std::string("1L") : absl::StrCat("(", absl::StrJoin(factors, " * "), ")");
+    };
     GemmNames g;
     g.mr = absl::StrCat(k.mr, "L");
     g.nr = absl::StrCat(k.nr, "L");
-    g.rows = Count(on.gemm.rows, n_);
-    g.cols = Count(on.gemm.cols, n_);
-    g.kc = Count(on.gemm.kdims, n_);
-    g.nbatch = Count(on.gemm.batch, n_);
+    g.rows = count(on.gemm.rows);
+    g.cols = count(on.gemm.cols);
+    g.kc = count(on.gemm.kdims);
+    g.nbatch = count(on.gemm.batch);
     g.rows_pad = absl::StrCat("((", g.rows, " + ", k.mr - 1, "L) / ", g.mr, " * ", g.mr, ")");
     g.cols_pad = absl::StrCat("((", g.cols, " + ", k.nr - 1, "L) / ", g.nr, " * ", g.nr, ")");
     return g;
@@ -1463,6 +1478,19 @@ class FusedEmitter : public NestWalker {
     w_.Line(absl::StrCat("const long rows = ", names.rows, ", rows_pad = ", names.rows_pad, ", cols_pad = ",
                          names.cols_pad, ", kc = ", names.kc, ";"));
     if (c_tail_[on.op]) w_.Line(absl::StrCat("const long cols = ", names.cols, ";"));
+    // A side packed before the stream loop keeps the layout it was packed
+    // in: over a causal axis's full extent, which the loop bounds.
+    const GemmNames outside = Gemm(on, /*packed_outside=*/true);
+    std::string a_kc = "kc", a_pad = "rows_pad", b_kc = "kc", b_pad = "cols_pad";
+    if (on.a_hoisted && !a.direct && (outside.kc != names.kc || outside.rows_pad != names.rows_pad)) {
+      w_.Line(absl::StrCat("const long kc_a = ", outside.kc, ", rows_pad_a = ", outside.rows_pad, ";"));
+      a_kc = "kc_a", a_pad = "rows_pad_a";
+    }
+    if (on.b_hoisted && b_direct_[on.op] == 0 && window_[on.op].dim < 0 &&
+        (outside.kc != names.kc || outside.cols_pad != names.cols_pad)) {
+      w_.Line(absl::StrCat("const long kc_b = ", outside.kc, ", cols_pad_b = ", outside.cols_pad, ";"));
+      b_kc = "kc_b", b_pad = "cols_pad_b";
+    }
     if (points_[on.op]) EmitPointOffsets(on);
     int opened = OpenPointLoops(w_, g.batch, n_);
     w_.Line(absl::StrCat("const long bi = ", FlatIndex(g.batch, n_), ";"));
@@ -1473,7 +1501,7 @@ class FusedEmitter : public NestWalker {
       if (points_[on.op]) origin.insert(origin.end(), g.outer_reduce.begin(), g.outer_reduce.end());
       DefineAtOrigin("const float*", "a0", origin, g.a_side[0], RowDim(on));
     } else {
-      w_.Line(absl::StrCat("const float* const a0 = pa", o, " + bi * rows_pad * kc;"));
+      w_.Line(absl::StrCat("const float* const a0 = pa", o, " + bi * ", a_pad, " * ", a_kc, ";"));
     }
     const Window& win = window_[on.op];
     if (win.dim >= 0) {
@@ -1486,7 +1514,7 @@ class FusedEmitter : public NestWalker {
       origin.push_back(g.kdims[0]);
       DefineAtOrigin("const float*", "b0", origin, g.b_side[0], g.cols.back());
     } else {
-      w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * cols_pad * kc;"));
+      w_.Line(absl::StrCat("const float* const b0 = pb", o, " + bi * ", b_pad, " * ", b_kc, ";"));
     }
     const int64_t c_stride = direct_c_[on.op];
     if (c_stride > 0) {
@@ -1500,13 +1528,13 @@ class FusedEmitter : public NestWalker {
     const std::string ldc = c_stride > 0 ? absl::StrCat(c_stride, "L") : "cols_pad";
     // Row strip r starts at a0 + r * (row stride); packed A holds strips of
     // mr rows, kc * mr floats each.
-    const std::string a_at = a.direct ? absl::StrCat("a0 + r * ", a.row_stride, "L") : "a0 + r * kc";
+    const std::string a_at = a.direct ? absl::StrCat("a0 + r * ", a.row_stride, "L") : "a0 + r * " + a_kc;
     const bool epilogue = epilogue_[on.op] != nullptr;
     auto calls = [&](const std::string& mr_value) {
       w_.Open(absl::StrCat("for (long c = 0; c < cols_pad; c += ", nr, "L)"));
       if (epilogue) EmitEpilogue(on);
       const std::string args = absl::StrCat(
-          "(", a_at, win.dim >= 0 || b_direct_[on.op] > 0 ? ", b0 + c, c0 + r * " : ", b0 + c * kc, c0 + r * ", ldc,
+          "(", a_at, win.dim >= 0 || b_direct_[on.op] > 0 ? ", b0 + c, c0 + r * " : ", b0 + c * " + b_kc + ", c0 + r * ", ldc,
           " + c, ", ldc, ", kc",
           c_tail_[on.op] ? absl::StrCat(", cols - c < ", nr, "L ? cols - c : ", nr, "L") : "",
           points_[on.op] ? ", aoff, boff" : "", epilogue ? ", epi);" : ");");

@@ -286,7 +286,7 @@ void CudaEmitter::OpenOwnLoop(const space::OpNest& on, int level) {
     if (on.gemm.ok && SideOf(on, a_side).pipelined && DepthOf(on, a_side) == level + 1) sides.push_back({&on, a_side});
   }
   FirstStages(sides, [](const space::OpNest&) {});
-  x_.OpenTileLoop(w_, on.loops[level]);
+  x_.OpenTileLoop(w_, on.loops[level], &on);
   if (!sides.empty()) DefineStage(on.loops[level]);
 }
 

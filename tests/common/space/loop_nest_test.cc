@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <functional>
+#include <set>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/hw/devices.h"
 #include "common/ir/parse.h"
 #include "common/mapping/mapping.h"
@@ -326,7 +328,7 @@ absl::Status RunPhase(Phase phase, const ir::Chain& chain, const hw::TargetDesc&
     case Phase::kLinkOnlineSoftmax: return phases::LinkOnlineSoftmax(chain, nest);
     case Phase::kLayOutBuffers: phases::LayOutBuffers(chain, nest); return absl::OkStatus();
     case Phase::kPlaceStatements: phases::PlaceStatements(chain, nest); return absl::OkStatus();
-    case Phase::kSkipCausalTiles: phases::SkipCausalTiles(chain, nest); return absl::OkStatus();
+    case Phase::kSkipCausalTiles: phases::SkipCausalTiles(chain, target, nest); return absl::OkStatus();
     case Phase::kSplitStreamLoop: return phases::SplitStreamLoop(chain, target, nest);
     case Phase::kCheckRegisters: return phases::CheckRegisters(chain, nest);
   }
@@ -729,10 +731,25 @@ TEST(PlaceStatementsTest, SoftmaxRowsAndOnlineRescaling) {
   EXPECT_EQ(o_compute[2]->loops, (std::vector<int>{b, m}));
 }
 
-// 40 rows in tiles of 16 (rows 0-15, 16-31, 32-39) against 56 keys in
-// tiles of 16 (4 tiles): with offset 0 the blocks run 1, 2 and 3 tiles of
-// the axis (6 of 12); with offset 20, 3, 4 and 4 (11 of 12).
-TEST(SkipCausalTilesTest, StatementsOverTheAxisRunTheKeptTilesOnly) {
+// The labels of the statements SkipCausalTiles scaled by the share (each
+// other one kept its executions).
+std::multiset<std::string> Scaled(const LoopNest& before, const LoopNest& after) {
+  std::multiset<std::string> scaled;
+  for (size_t i = 0; i < after.statements.size(); ++i) {
+    const double ratio = after.statements[i].executions / before.statements[i].executions;
+    if (ratio != 1) {
+      EXPECT_DOUBLE_EQ(ratio, after.causal_share) << after.statements[i].label;
+      scaled.insert(after.statements[i].label);
+    }
+  }
+  return scaled;
+}
+
+// 40 rows in tiles of 16 (rows 0-15, 16-31, 32-39) against 56 keys. Tiled
+// by 16 (4 tiles), with offset 0 the row tiles run 1, 2 and 3 key tiles (6
+// of 12), with offset 20, 3, 4 and 4 (11 of 12). Untiled, they run 16, 32
+// and 40 keys (88 of 3 x 56), with offset 20, 36, 52 and 56 (144).
+TEST(SkipCausalTilesTest, StatementsOverTheAxisRunTheKeptKeysOnly) {
   auto causal = [](const std::string& condition) {
     std::string text = R"(
 dim b=3 m=40 n=56 k=24 h=20
@@ -747,31 +764,44 @@ out O
     EXPECT_TRUE(chain.ok()) << chain.status();
     return *chain;
   };
-  const ir::Chain chain = causal("n <= m");
-  const int n = chain.FindDim("n");
-  for (const auto& [condition, share] : {std::pair{"n <= m", 6.0 / 12}, std::pair{"n <= m + 20", 11.0 / 12}}) {
-    const ir::Chain c = causal(condition);
-    for (const char* schedule : {"b=1 m=16 / n=16 / -", "b=1 m=16 / - / S(n=16) O(n=16)"}) {
-      LoopNest nest = NestBefore(Phase::kSkipCausalTiles, c, schedule);
+  using Labels = std::multiset<std::string>;
+  struct Case {
+    const char* schedule;
+    double share, offset_share;  // offset 0, offset 20
+    Labels scaled;
+  };
+  for (const Case& c : {
+           // Rows a block loop, keys streamed: the stream loop's statements (O rescaled
+           // at every step; divided once after the loop, not scaled).
+           Case{"b=1 m=16 / n=16 / -", 6.0 / 12, 11.0 / 12, {"L(K)", "C(S)", "C(P)", "L(V)", "C(O)", "C(O)"}},
+           // Keys in own loops: S's and O's; the softmax over the row up to the bound.
+           Case{"b=1 m=16 / - / S(n=16) O(n=16)", 6.0 / 12, 11.0 / 12, {"L(K)", "C(S)", "C(P)", "L(V)", "C(O)"}},
+           // Keys untiled (CPU): every op over them ends at the row tile's last key.
+           Case{"b=1 m=16 / - / -", 88.0 / 168, 144.0 / 168, {"L(K)", "C(S)", "C(P)", "L(V)", "C(O)"}},
+           // Rows streamed (CPU), keys untiled: K and V packed once before the loop, whole.
+           Case{"b=1 / m=16 / -", 88.0 / 168, 144.0 / 168, {"C(S)", "C(P)", "C(O)"}}}) {
+    for (const auto& [condition, share] : {std::pair{"n <= m", c.share}, std::pair{"n <= m + 20", c.offset_share}}) {
+      SCOPED_TRACE(absl::StrCat(condition, ", ", c.schedule));
+      const ir::Chain chain = causal(condition);
+      LoopNest nest = NestBefore(Phase::kSkipCausalTiles, chain, c.schedule);
       const LoopNest before = nest;
-      phases::SkipCausalTiles(c, nest);
-      EXPECT_EQ(nest.causal_softmax, 1) << schedule;
-      EXPECT_DOUBLE_EQ(nest.causal_share, share) << condition << " " << schedule;
-      for (size_t i = 0; i < nest.statements.size(); ++i) {
-        const std::vector<int>& loops = nest.statements[i].loops;
-        const bool inside = std::find(loops.begin(), loops.end(), n) != loops.end();
-        EXPECT_DOUBLE_EQ(nest.statements[i].executions, before.statements[i].executions * (inside ? share : 1))
-            << nest.statements[i].label;
-      }
+      phases::SkipCausalTiles(chain, Avx512(), nest);
+      EXPECT_EQ(nest.causal_softmax, 1);
+      EXPECT_DOUBLE_EQ(nest.causal_share, share);
+      EXPECT_EQ(Scaled(before, nest), c.scaled);
       EXPECT_LT(nest.padded_flops, before.padded_flops);
     }
   }
-  // Nothing to skip: the rows are no block loop, or the axis has one tile;
-  // or an op needs the dropped entries (P is an output, S is read beside
-  // the softmax). The softmax still drops them (emitted, masked).
-  for (const char* schedule : {"b=1 / - / S(n=16) O(n=16)", "b=1 m=16 / - / -"}) {
-    LoopNest nest = NestBefore(Phase::kSkipCausalTiles, chain, schedule);
-    phases::SkipCausalTiles(chain, nest);
+  // Nothing to skip: the rows are in no block or stream loop; on a GPU,
+  // the keys untiled or the rows streamed; an op needs the dropped entries
+  // (P is an output, S is read beside the softmax). The softmax still drops
+  // them (emitted, masked).
+  const ir::Chain chain = causal("n <= m");
+  const hw::TargetDesc gpu = *hw::LookupDevice("h100");
+  for (const auto& [schedule, target] : {std::pair{"b=1 / - / S(n=16) O(n=16)", Avx512()},
+                                         std::pair{"b=1 m=16 / - / -", gpu}, std::pair{"b=1 / m=16 / -", gpu}}) {
+    LoopNest nest = NestBefore(Phase::kSkipCausalTiles, chain, schedule, target);
+    phases::SkipCausalTiles(chain, target, nest);
     EXPECT_EQ(nest.causal_softmax, -1) << schedule;
     EXPECT_EQ(nest.causal_share, 1);
   }
@@ -783,11 +813,11 @@ out O
     auto other = ir::ParseChainText(text);
     ASSERT_TRUE(other.ok()) << other.status() << text;
     LoopNest nest = NestBefore(Phase::kSkipCausalTiles, *other, "b=1 m=16 / - / S(n=16) O(n=16)");
-    phases::SkipCausalTiles(*other, nest);
+    phases::SkipCausalTiles(*other, Avx512(), nest);
     EXPECT_EQ(nest.causal_softmax, -1) << text;
   }
   // A causal stream loop is not split.
-  EXPECT_THAT(PhaseError(Phase::kSplitStreamLoop, chain, "b=1 m=16 / n=16x2 / -", *hw::LookupDevice("h100")),
+  EXPECT_THAT(PhaseError(Phase::kSplitStreamLoop, chain, "b=1 m=16 / n=16x2 / -", gpu),
               HasSubstr("a causal softmax ends each row's work at the diagonal"));
 }
 
