@@ -179,12 +179,13 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& t
     for (int64_t t = step > 0 ? step : 1; t < extent; t *= 2) opts.insert(t);
   }
   // On a CPU, a block dim also splits evenly over the cores, once or twice
-  // over (28 rows on 2 cores: 14 and 7, where 16 leaves one core 12).
-  if (target.backend == hw::Backend::kCpu && step == 0 && extent >= 8 && Contains(context.block_eligible, dim)) {
+  // over (28 rows on 2 cores: 14 and 7, where 16 leaves one core 12; 4
+  // heads: 2 and 1, too few for a loop of their own otherwise).
+  if (target.backend == hw::Backend::kCpu && step == 0 && extent >= 2 && Contains(context.block_eligible, dim)) {
     const int64_t cores = std::max(target.compute_units, 1);
     for (int64_t parts = cores; parts <= 2 * cores; parts *= 2) {
       const int64_t t = (extent + parts - 1) / parts;
-      if (parts > 1 && t >= 2 && t < extent) opts.insert(t);
+      if (parts > 1 && t < extent) opts.insert(t);
     }
   }
   return {opts.begin(), opts.end()};
