@@ -382,8 +382,7 @@ absl::Status ResolveSoftmaxAxis(const Chain& chain, const OpSpec& spec, Op& op) 
   }
   if (op.causal_offset < 0 || op.causal_offset >= chain.dims[op.axis].extent) {
     return Error(spec.where, absl::StrCat("the offset in softmax(", spec.axis, ") must be in [0, ",
-                                          chain.dims[op.axis].extent, "): a negative one leaves rows with no entry, "
-                                          "and one past the axis keeps every entry"));
+                                          chain.dims[op.axis].extent, "): a negative one leaves rows with no entry"));
   }
   return absl::OkStatus();
 }

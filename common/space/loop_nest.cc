@@ -160,6 +160,9 @@ std::string SplitProblem(const ir::Chain& chain, const hw::TargetDesc& target, c
   const int sd = nest.stream_dim;
   if (sd < 0) return "there is no stream loop";
   if (nest.schedule.split > nest.trips[sd]) return "more parts than the loop has steps";
+  for (const ir::Op& op : chain.ops) {
+    if (op.Causal()) return "a causal softmax ends each row's work at the diagonal";
+  }
   if (target.backend != hw::Backend::kCpu) {
     // On a GPU the tile's last part to finish combines the parts; every
     // part has steps, so every part's block stages a first tile. The
@@ -168,9 +171,6 @@ std::string SplitProblem(const ir::Chain& chain, const hw::TargetDesc& target, c
     const int64_t per_part = (nest.trips[sd] + nest.schedule.split - 1) / nest.schedule.split;
     if ((nest.schedule.split - 1) * per_part >= nest.trips[sd]) return "a part would have no steps";
     if (nest.schedule.registers) return "";
-  }
-  for (const ir::Op& op : chain.ops) {
-    if (op.Causal()) return "a causal softmax ends each row's work at the diagonal";
   }
   bool accumulated = false;
   for (const OpNest& on : nest.ops) {
@@ -201,7 +201,9 @@ bool HasFactor(const ir::Expr& e, const ir::Access& factor) {
 
 // The causal softmax whose dropped entries nothing needs: its result is no
 // output, every other op over its axis feeds it (never reads its result,
-// no output) or sums along the axis a product of its result; -1 if none.
+// no output) or sums along the axis a product of its result, and every op
+// over the axis reads the results over it at the current key (a shifted
+// read would reach past a block's last key); -1 if none.
 int SkippableCausalSoftmax(const ir::Chain& chain) {
   int c = -1;
   for (int o = 0; o < static_cast<int>(chain.ops.size()); ++o) {
@@ -221,8 +223,14 @@ int SkippableCausalSoftmax(const ir::Chain& chain) {
     if (Contains(op.index, axis)) over_axis[op.output] = true;
   }
   for (int o = 0; o < static_cast<int>(chain.ops.size()); ++o) {
-    if (o == c) continue;
     const ir::Op& op = chain.ops[o];
+    bool shifted = false;
+    ir::ForEachAccess(op.body, [&](const ir::Access& a) {
+      if (chain.tensors[a.tensor].producer < 0) return;
+      for (const ir::AffineExpr& e : a.index) shifted = shifted || (e.DependsOn(axis) && !(e == ir::AffineExpr::OfDim(axis)));
+    });
+    if (shifted) return -1;
+    if (o == c) continue;
     const std::vector<int> reads = ir::TensorsRead(op);
     if (Contains(op.reduce, axis)) {
       if (!HasFactor(op.body, p)) return -1;

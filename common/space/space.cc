@@ -156,7 +156,8 @@ std::vector<int64_t> TileOptions(const ir::Chain& chain, const hw::TargetDesc& t
   const int64_t extent = chain.dims[dim].extent;
   // Only a dim that can carry a loop is tiled: one a sum op loops over, a
   // block dim or a stream dim (a tile nothing loops over is the full
-  // extent). Dims under 8 are not worth a loop.
+  // extent). Dims under 8 are not worth a loop (but see the CPU's block
+  // dims below).
   const NestContext context = MakeNestContext(chain, target);
   bool loopable = Contains(context.block_eligible, dim) || StreamCandidates(chain, context.block_eligible, target)[dim];
   // A dim alone on an axis of an op's default mapping steps by that axis'

@@ -1,6 +1,9 @@
 #include "common/zoo/onnx_causal.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <algorithm>
 #include <map>
@@ -22,8 +25,20 @@ namespace {
 // nodes; the largest tensor is the mask itself.
 constexpr int kMaxNodes = 512;
 constexpr int64_t kMaxElements = int64_t{1} << 24;
-constexpr rlim_t kMaxBytes = rlim_t{6} << 30;
+constexpr rlim_t kMaxNewBytes = rlim_t{6} << 30;  // beyond what the child inherits
 constexpr int kTrials = 3;
+
+// Caps the process's address space at what it maps now plus `more`.
+void CapAddressSpace(rlim_t more) {
+  unsigned long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + more;
+  const rlimit limit{cap, cap};
+  setrlimit(RLIMIT_AS, &limit);  // best effort: without it the 60 s bound still holds
+}
 
 // The nodes `value` is computed from, in graph order, and the graph
 // inputs (not initializers) they read; false past kMaxNodes.
@@ -89,12 +104,23 @@ std::optional<onnx::NodeProto> TrialInput(const onnx::ValueInfoProto& v, int tri
   return n;
 }
 
-// The evaluation, in the child: "causal OFFSET WHOLE" or "no WHY".
+// The evaluation, in the child: "causal OFFSET WHOLE", "no WHY" (a
+// difference found) or "unread WHY" (it could not be evaluated).
 std::string Evaluate(const onnx::GraphProto& g, int64_t opset, const std::string& mask, int64_t rows, int64_t keys,
                      int kept_if) {
   std::vector<int> nodes;
   std::set<std::string> inputs;
-  if (!Ancestors(g, mask, &nodes, &inputs)) return absl::StrCat("no its subgraph has more than ", kMaxNodes, " nodes");
+  for (const onnx::ValueInfoProto& v : g.value_info()) {
+    if (v.name() != mask || !v.type().tensor_type().has_shape()) continue;
+    double elements = 1;
+    for (const auto& d : v.type().tensor_type().shape().dim()) elements *= static_cast<double>(d.dim_value());
+    if (elements > static_cast<double>(kMaxElements)) {
+      return absl::StrCat("unread it has ", static_cast<int64_t>(elements), " elements, over the 2^24 evaluated");
+    }
+  }
+  if (!Ancestors(g, mask, &nodes, &inputs)) {
+    return absl::StrCat("unread its subgraph has more than ", kMaxNodes, " nodes");
+  }
   onnx::GraphProto base;
   *base.mutable_value_info() = g.value_info();
   std::set<std::string> read;
@@ -117,7 +143,7 @@ std::string Evaluate(const onnx::GraphProto& g, int64_t opset, const std::string
     }
     for (int i : nodes) *run.add_node() = g.node(i);
     std::optional<FoldedTensor> v = EvaluateConstant(std::move(run), opset, mask, kMaxElements);
-    if (!v) return "no it does not evaluate from the graph's inputs";
+    if (!v) return "no it does not evaluate from the graph's inputs (an op the folder lacks, or a tensor over 2^24)";
     const size_t rank = v->dims.size();
     if (rank < 2 || v->dims[rank - 2] != rows || v->dims[rank - 1] != keys) {
       return "no it is not [..., queries, keys]";
@@ -150,13 +176,13 @@ absl::StatusOr<CausalMask> ReadCausalMask(const onnx::GraphProto& graph, int64_t
                                           int64_t rows, int64_t keys, int kept_if) {
   CausalMask out;
   if (rows * keys > kMaxElements) {
-    out.why = "the mask is too large to evaluate";
+    out.evaluated = false;
+    out.why = "it is too large to evaluate";
     return out;
   }
   ASSIGN_OR_RETURN(ForkedResult run, RunForked(
                                          [&](std::string* result) {
-                                           const rlimit cap{kMaxBytes, kMaxBytes};
-                                           setrlimit(RLIMIT_AS, &cap);
+                                           CapAddressSpace(kMaxNewBytes);
                                            try {
                                              *result = Evaluate(graph, opset, mask, rows, keys, kept_if);
                                            } catch (const std::exception& e) {
@@ -166,6 +192,7 @@ absl::StatusOr<CausalMask> ReadCausalMask(const onnx::GraphProto& graph, int64_t
                                          },
                                          60));
   if (run.process.timed_out || run.process.signaled || run.process.exit_code != 0) {
+    out.evaluated = false;
     out.why = "its evaluation did not finish (too large, or the graph is malformed)";
     return out;
   }
@@ -174,7 +201,8 @@ absl::StatusOr<CausalMask> ReadCausalMask(const onnx::GraphProto& graph, int64_t
     out.causal = true;
     out.whole = words[2] == "1";
   } else {
-    out.why = words.size() > 1 ? run.output.substr(3) : run.output;
+    out.evaluated = words[0] != "unread";
+    out.why = words.size() > 1 ? run.output.substr(words[0].size() + 1) : run.output;
   }
   return out;
 }

@@ -25,7 +25,11 @@ struct CausalMask {
   // And for every input tried the mask is that and nothing else (0 on every
   // kept key, no padding): the chain needs no mask input at all.
   bool whole = false;
-  std::string why;  // when not causal: the first difference found
+  // When not causal: whether the mask was evaluated (false: too large, or
+  // its evaluation ran out of time or memory), and why not causal (what
+  // was found, or why it could not be computed).
+  bool evaluated = true;
+  std::string why;
 };
 
 // Reads `mask` (a value of `graph`, bound dims folded), broadcast to scores

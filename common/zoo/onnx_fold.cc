@@ -251,7 +251,8 @@ class Folder {
     }
   }
 
-  int Run() {
+  // Folds what it can; `rewrite`: replaces each folded node by a Constant.
+  int Run(bool rewrite = true) {
     int folded = 0;
     for (onnx::NodeProto& n : *g_.mutable_node()) {
       if (n.output_size() != 1 || !n.domain().empty()) continue;
@@ -264,7 +265,7 @@ class Folder {
         continue;
       }
       values_[n.output(0)] = *v;
-      if (constant) continue;
+      if (constant || !rewrite) continue;
       const std::string output = n.output(0), name = n.name();
       n.Clear();
       n.set_op_type("Constant");
@@ -668,15 +669,16 @@ int FoldShapeComputations(onnx::GraphProto& graph, int64_t opset) { return Folde
 
 std::optional<FoldedTensor> EvaluateConstant(onnx::GraphProto graph, int64_t opset, const std::string& name,
                                              int64_t limit) {
-  const int64_t saved = max_elements;
-  max_elements = limit;
+  struct Limit {
+    const int64_t saved = max_elements;
+    explicit Limit(int64_t limit) { max_elements = limit; }
+    ~Limit() { max_elements = saved; }
+  } scoped(limit);
   Folder folder(graph, opset, /*finite_only=*/false);
-  folder.Run();
+  folder.Run(/*rewrite=*/false);
   const Value* v = folder.Find(name);
-  std::optional<FoldedTensor> out;
-  if (v != nullptr) out = FoldedTensor{v->type, v->dims, v->v};
-  max_elements = saved;
-  return out;
+  if (v == nullptr) return std::nullopt;
+  return FoldedTensor{v->type, v->dims, v->v};
 }
 
 }  // namespace fusor::zoo

@@ -201,7 +201,6 @@ class Graph {
   }
 
   const onnx::GraphProto& proto() const { return g_; }
-  int64_t opset() const { return opset_; }
   // ReadCausalMask of `mask`, evaluated once per mask (layers share theirs).
   absl::StatusOr<CausalMask> Causality(const std::string& mask, int64_t rows, int64_t keys, int kept_if) const {
     const std::string key = absl::StrCat(mask, " ", rows, " ", keys, " ", kept_if);
@@ -748,6 +747,9 @@ std::string ReadCausality(const Graph& g, int64_t rows, int64_t keys, std::vecto
                           std::vector<std::string>* notes) {
   for (auto it = masks->begin(); it != masks->end(); ++it) {
     absl::StatusOr<CausalMask> c = g.Causality(it->value, rows, keys, it->kept_if);
+    if (c.ok() && !c->evaluated) {
+      notes->push_back(absl::StrCat("'", it->value, "' was not checked for causality: ", c->why));
+    }
     if (!c.ok() || !c->causal) continue;
     const std::string axis = c->offset == 0 ? "n <= m" : absl::StrCat("n <= m + ", c->offset);
     if (c->whole) {

@@ -407,6 +407,11 @@ def test_a_causal_mask_is_read_from_its_values():
     leaky = causal.clone()
     leaky[0, m - 1] = 0  # the first query sees the last key: nothing to skip
     assert _runtime._causal_offset(leaky) == (None, False)
+    left_padded = padded.clone()
+    left_padded[1, :, :, :2] = torch.finfo(torch.float32).min  # the second sequence's first query keeps no key
+    assert _runtime._causal_offset(left_padded.expand(2, 3, m, m)) == (None, False)
+    keys_broadcast = torch.zeros(2, 1, m, 1).expand(2, 3, m, m)  # no key masked anywhere
+    assert _runtime._causal_offset(keys_broadcast) == (None, False)
 
 
 @torch.inference_mode()

@@ -129,10 +129,12 @@ class CudaEmitter : public NestWalker {
   }
   std::string StageVar(int d) const { return "stage_" + chain_.dims[d].name; }
   // Where this block's loop over `d` begins and ends: the part_lo and
-  // part_hi of a split stream loop, else the whole extent.
+  // part_hi of a split stream loop, e_<d> for a causal axis the block ends
+  // early, else the whole extent.
   bool SplitLoop(int d) const { return nest_.split > 1 && d == nest_.stream_dim; }
   std::string LoopEnd(int d) const {
-    return SplitLoop(d) ? "part_hi" : absl::StrCat(chain_.dims[d].extent, "L");
+    if (SplitLoop(d)) return "part_hi";
+    return x_.Bounded(d, nullptr) ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L");
   }
   void DefineStage(int d);
   std::string StagePointer(const space::OpNest& on, bool a_side, const std::string& stage) const;

@@ -794,8 +794,8 @@ out O
   }
   // Nothing to skip: the rows are in no block or stream loop; on a GPU,
   // the keys untiled or the rows streamed; an op needs the dropped entries
-  // (P is an output, S is read beside the softmax). The softmax still drops
-  // them (emitted, masked).
+  // (P is an output, S is read beside the softmax) or reads a result
+  // shifted along the keys. The softmax still drops them (emitted, masked).
   const ir::Chain chain = causal("n <= m");
   const hw::TargetDesc gpu = *hw::LookupDevice("h100");
   for (const auto& [schedule, target] : {std::pair{"b=1 / - / S(n=16) O(n=16)", Avx512()},
@@ -809,7 +809,17 @@ out O
   with_p.replace(with_p.find("out O"), 5, "out O P");
   std::string with_rowsum = ir::ChainToText(chain);
   with_rowsum.replace(with_rowsum.find("out O"), 5, "R[b,m] = sum(n) S[b,m,n]\nout O R");
-  for (const std::string& text : {with_p, with_rowsum}) {
+  // A result read one key further on: a block's last key would read past its end.
+  const std::string shifted = R"(
+dim b=3 m=40 n=56 k=24 h=20 j=57
+in Q[b,m,k] K[b,n,k] V[b,n,h] L[b,j,k]
+S[b,m,n] = sum(k) Q[b,m,k] * K[b,n,k]
+T[b,m,j] = sum(k) Q[b,m,k] * L[b,j,k]
+P[b,m,n] = softmax(n <= m) S[b,m,n] + T[b,m,n+1]
+O[b,m,h] = sum(n) P[b,m,n] * V[b,n,h]
+out O
+)";
+  for (const std::string& text : {with_p, with_rowsum, shifted}) {
     auto other = ir::ParseChainText(text);
     ASSERT_TRUE(other.ok()) << other.status() << text;
     LoopNest nest = NestBefore(Phase::kSkipCausalTiles, *other, "b=1 m=16 / - / S(n=16) O(n=16)");

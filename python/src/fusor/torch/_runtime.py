@@ -478,12 +478,17 @@ class AttentionRegion(Region):
 def _causal_offset(mask: torch.Tensor) -> Tuple[Optional[int], bool]:
     """For an additive mask [..., M, N]: the least offset c >= 0 such that every key n > m + c is masked
     (-1e4 or below) in every row, when there is one below N - 1 (else None); and whether the mask is that
-    and nothing else (0 on every other key)."""
+    and nothing else (0 on every other key). A row that keeps no key at all (a padded query) makes it None:
+    the softmax over every key and over the causal ones would differ there."""
     m, n = mask.shape[-2:]
-    if m < 2 or mask.stride(-2) == 0:
+    if m < 2 or mask.stride(-2) == 0 or mask.stride(-1) == 0:
         return None, False
-    compact = mask[tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride())]
-    kept = (compact > -1e4).reshape(-1, m, n).any(0)
+    lead = tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride()[:-2])
+    compact = mask[lead]
+    kept_each = (compact > -1e4).reshape(-1, m, n)
+    if not bool(kept_each.any(-1).all()):
+        return None, False
+    kept = kept_each.any(0)
     last = torch.where(kept, torch.arange(n, device=mask.device), -1).amax(-1)  # per query: its last key kept
     offset = max(0, int((last - torch.arange(m, device=mask.device)).amax()))
     if offset >= n - 1:
