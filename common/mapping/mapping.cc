@@ -301,7 +301,16 @@ std::optional<Mapping> DefaultMapping(const ir::Chain& chain, const SoftwareOp& 
   // columns, whatever the order of the factors: the result is stored a
   // row of columns at a time, and a chain written with its factors the
   // other way round (as the canonical form may be) gets the same mapping.
-  const int last = chain.ops[sw.op].index.empty() ? -1 : chain.ops[sw.op].index.back();
+  // Trailing dims of extent 1 (a batch of one written last) are not the
+  // adjacent one.
+  const std::vector<int>& index = chain.ops[sw.op].index;
+  int last = index.empty() ? -1 : index.back();
+  for (auto d = index.rbegin(); d != index.rend(); ++d) {
+    if (chain.dims[*d].extent > 1) {
+      last = *d;
+      break;
+    }
+  }
   std::optional<Mapping> valid;
   for (bool swapped : {false, true}) {
     Mapping m = Classic(chain, sw, x, swapped);

@@ -108,6 +108,23 @@ TEST(MappingTest, DefaultMappingKeepsConvWindowLoopsOutside) {
   EXPECT_EQ(MappingToText(*m, op.chain), "wmma.m16n16k16.f16[i=k j=n.p.q k=c swap]");
 }
 
+// The product P V written [m, h, e, b] with a batch b of one last (the
+// canonical form of an attention read from a packed projection): e is the
+// adjacent dim, so it goes on the columns; a swapped mapping would store
+// the result a column at a time, with rows 768 floats apart.
+TEST(MappingTest, DefaultMappingSkipsTrailingDimsOfOne) {
+  Op op = Parse(R"(
+dim b=1 h=12 m=64 n=64 e=64
+in P[b,h,m,n] V[n,h,e]
+O[m,h,e,b] = sum(n) P[b,h,m,n] * V[n,h,e]
+out O
+)");
+  auto m = DefaultMapping(op.chain, op.sw, Wmma16());
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->swapped) << MappingToText(*m, op.chain);
+  EXPECT_THAT(MappingToText(*m, op.chain), HasSubstr(" j=e "));
+}
+
 TEST(MappingTest, NotMappable) {
   auto chain = ir::ParseChainText("dim m=8 k=8\nin A[m,k]\nS[m] = sum(k) relu(A[m,k])\nout S");
   EXPECT_TRUE(absl::IsInvalidArgument(ViewOp(*chain, 0).status()));
