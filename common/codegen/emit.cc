@@ -236,13 +236,6 @@ int64_t NestIndex::StateStride(const ir::Op& softmax, int d) const {
   return 0;
 }
 
-Access NestIndex::SelfAccess(const ir::Op& op) {
-  Access self;
-  self.tensor = op.output;
-  for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-  return self;
-}
-
 std::string NestIndex::Load(const Access& a) const {
   if (nest_.local[a.tensor].floats > 0) return absl::StrCat(n_.Local(a.tensor), "[", LocalOffset(a), "]");
   return LoadConvert(chain_.dtype, absl::StrCat(n_.Global(a.tensor), "[", GlobalOffset(a, n_), "]"));
@@ -302,7 +295,7 @@ void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) co
 
 void NestIndex::Store(Writer& w, const space::OpNest& on, const std::string& value) const {
   const ir::Op& op = chain_.ops[on.op];
-  Access self = SelfAccess(op);
+  Access self = ir::ResultAccess(op);
   if (nest_.local[op.output].floats > 0) {
     std::string at = absl::StrCat(n_.Local(op.output), "[", LocalOffset(self), "]");
     if (on.online_softmax >= 0) {

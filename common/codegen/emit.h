@@ -111,7 +111,6 @@ class NestIndex {
   // How far LocalOffset(a) and StateOffset(softmax) move per step of dim d.
   int64_t LocalStride(const ir::Access& a, int d) const;
   int64_t StateStride(const ir::Op& softmax, int d) const;
-  static ir::Access SelfAccess(const ir::Op& op);
   // The f32 value of an access inside an op: its block-local buffer, or
   // global memory converted from the chain's dtype.
   std::string Load(const ir::Access& a) const;

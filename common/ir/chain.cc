@@ -295,6 +295,13 @@ double ChainFlops(const Chain& chain, bool dense) {
   return total;
 }
 
+Access ResultAccess(const Op& op) {
+  Access self;
+  self.tensor = op.output;
+  for (int d : op.index) self.index.push_back(AffineExpr::OfDim(d));
+  return self;
+}
+
 std::vector<int> TensorsRead(const Op& op) {
   std::vector<int> out;
   ForEachAccess(op.body, [&](const Access& a) {

@@ -119,6 +119,10 @@ void ForEachAccess(const Expr& expr, Fn&& fn) {
   for (const Expr& arg : expr.args) ForEachAccess(arg, fn);
 }
 
+// The op's result at the op's own point: its output indexed by its index
+// dims, in order.
+Access ResultAccess(const Op& op);
+
 // The tensors `op` reads, each once, in the order of first access.
 std::vector<int> TensorsRead(const Op& op);
 

@@ -149,9 +149,7 @@ Verdict Validate(const ir::Chain& chain, const SoftwareOp& sw, const Mapping& m,
       v.fused[a] *= chain.dims[l].extent;
     }
   }
-  ir::Access out;
-  out.tensor = op.output;
-  for (int d : op.index) out.index.push_back(ir::AffineExpr::OfDim(d));
+  const ir::Access out = ir::ResultAccess(op);
   std::string why;
   for (const ir::Access& f : m.swapped ? sw.b_side : sw.a_side) {
     if (why.empty()) why = CheckOperand(chain, f, x.inputs[0], m, "A", degenerate);

@@ -215,9 +215,7 @@ int SkippableCausalSoftmax(const ir::Chain& chain) {
   const ir::Op& softmax = chain.ops[c];
   const int axis = softmax.axis;
   if (chain.tensors[softmax.output].role == ir::TensorRole::kOutput) return -1;
-  ir::Access p;
-  p.tensor = softmax.output;
-  for (int d : softmax.index) p.index.push_back(ir::AffineExpr::OfDim(d));
+  const ir::Access p = ir::ResultAccess(softmax);
   std::vector<bool> over_axis(chain.tensors.size(), false);
   for (const ir::Op& op : chain.ops) {
     if (Contains(op.index, axis)) over_axis[op.output] = true;

@@ -147,7 +147,7 @@ class BaselineEmitter {
     std::vector<int> outer(op.index.begin(), op.index.end() - 1);
     const int64_t rows = outer.empty() ? 1 : chain_.dims[outer[0]].extent;
     int opened = OpenPointLoops(w_, outer, n_, outer.empty() ? "" : ParallelIf(rows));
-    const cpu::Lanes out = FullLanes(NestSelf(op), inner);
+    const cpu::Lanes out = FullLanes(ir::ResultAccess(op), inner);
     cpu::VectorLoop(w_, n_.I(inner), n_.N(inner), absl::StrCat("const long ", n_.V(inner), " = ", n_.I(inner), ";"),
                     [&](bool vector) {
                       if (vector) {
@@ -185,12 +185,6 @@ class BaselineEmitter {
     w_.Close();
   }
 
-  static Access NestSelf(const Op& op) {
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    return self;
-  }
 
   LoadFn Loader() const {
     return [this](const Access& a) { return absl::StrCat(n_.Full(a.tensor), "[", GlobalOffset(a, n_), "]"); };
@@ -216,10 +210,7 @@ class BaselineEmitter {
   }
 
   std::string FullAt(const Op& op) const {
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    return absl::StrCat(n_.Full(op.output), "[", GlobalOffset(self, n_), "]");
+    return absl::StrCat(n_.Full(op.output), "[", GlobalOffset(ir::ResultAccess(op), n_), "]");
   }
 
   // One cblas_sgemm per batch point when both sides are single plain
@@ -240,10 +231,7 @@ class BaselineEmitter {
     int64_t const_a = 0, const_b = 0, const_c = 0;
     auto sa = GlobalStrides(g.a_side[0], chain_, &const_a);
     auto sb = GlobalStrides(g.b_side[0], chain_, &const_b);
-    Access self;
-    self.tensor = op.output;
-    for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-    auto sc = GlobalStrides(self, chain_, &const_c);
+    auto sc = GlobalStrides(ir::ResultAccess(op), chain_, &const_c);
     // A is M x K: element (r, k) at r*sa[r] + k*sa[k].
     bool trans_a, trans_b;
     int64_t lda, ldb;
@@ -343,7 +331,7 @@ class BaselineEmitter {
     const std::string def = absl::StrCat("const long ", n_.V(ax), " = ", n_.I(ax), ";");
     const int64_t rows = others.empty() ? 1 : chain_.dims[others[0]].extent;
     int opened = OpenPointLoops(w_, others, n_, others.empty() ? "" : ParallelIf(rows));
-    const cpu::Lanes out = FullLanes(NestSelf(op), ax);
+    const cpu::Lanes out = FullLanes(ir::ResultAccess(op), ax);
     if (out.stride == 1) {
       w_.Line(absl::StrCat("float* const row = &", n_.Full(op.output), "[", RowStart(op), "];"));
       cpu::VectorLoop(w_, n_.I(ax), n_.N(ax), def, [&](bool vector) {
@@ -388,7 +376,7 @@ class BaselineEmitter {
 
   // The offset of the softmax output row's first element (axis at 0).
   std::string RowStart(const Op& op) const {
-    Access self = NestSelf(op);
+    Access self = ir::ResultAccess(op);
     for (size_t axis = 0; axis < op.index.size(); ++axis) {
       if (op.index[axis] == op.axis) self.index[axis] = ir::AffineExpr{};
     }

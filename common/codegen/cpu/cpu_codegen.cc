@@ -634,7 +634,7 @@ class FusedEmitter : public NestWalker {
     const bool output = chain_.tensors[op.output].role == TensorRole::kOutput;
     if (HasLocal(op.output) == output) return 0;  // both or neither
     if (output && chain_.dtype != ir::DType::kF32) return 0;
-    const Access self = emit::NestIndex::SelfAccess(op);
+    const Access self = ir::ResultAccess(op);
     if (!ColumnsFlat(self, on)) return 0;
     // A one-lane micro-kernel (scalar.4x4) writes whole panels only.
     const std::optional<int64_t> cols = ConstCount(g.cols, on);
@@ -681,7 +681,7 @@ class FusedEmitter : public NestWalker {
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
     if (a != b) return false;
-    const Access self = emit::NestIndex::SelfAccess(sum);
+    const Access self = ir::ResultAccess(sum);
     bool only_map = true;
     for (const Op& op : chain_.ops) {
       ir::ForEachAccess(op.body, [&](const Access& x) {
@@ -691,7 +691,7 @@ class FusedEmitter : public NestWalker {
     // The epilogue's vectors run along the flattened columns: every access
     // moves with them, or stays put.
     if (s.gemm.cols.size() == 1) return only_map;
-    bool flat = ColumnsFlat(emit::NestIndex::SelfAccess(map), s);
+    bool flat = ColumnsFlat(ir::ResultAccess(map), s);
     ir::ForEachAccess(map.body, [&](const Access& x) {
       bool still = true;
       for (int d : s.gemm.cols) still = still && Stride(x, d) == 0;
@@ -721,7 +721,7 @@ class FusedEmitter : public NestWalker {
         chain_.tensors[sm.output].role != TensorRole::kIntermediate) {
       return -1;
     }
-    const Access self = emit::NestIndex::SelfAccess(sm);
+    const Access self = ir::ResultAccess(sm);
     int consumer = -1, reads = 0;
     for (size_t o = 0; o < chain_.ops.size(); ++o) {
       ir::ForEachAccess(chain_.ops[o].body, [&](const Access& x) {
@@ -847,7 +847,7 @@ class FusedEmitter : public NestWalker {
   // ------------------------------------------------------- pointwise ---
 
   int64_t ResultStride(const space::OpNest& on, int d) const {
-    return Stride(emit::NestIndex::SelfAccess(chain_.ops[on.op]), d);
+    return Stride(ir::ResultAccess(chain_.ops[on.op]), d);
   }
 
   // The dim to vectorize a pass over `dims` along: the last one whose
@@ -878,7 +878,7 @@ class FusedEmitter : public NestWalker {
   // op's result at the lanes along dim d.
   void StoreVector(const space::OpNest& on, int d, const std::string& value) {
     const Op& op = chain_.ops[on.op];
-    const Access self = emit::NestIndex::SelfAccess(op);
+    const Access self = ir::ResultAccess(op);
     if (HasLocal(op.output)) {
       const Lanes at = AccessLanes(self, d);
       if (on.online_softmax >= 0) {
@@ -1521,7 +1521,7 @@ class FusedEmitter : public NestWalker {
       // The result's element at the tile's first row and column.
       std::vector<int> origin = g.cols;
       origin.insert(origin.end(), g.rows.begin(), g.rows.end());
-      DefineAtOrigin("float*", "c0", origin, emit::NestIndex::SelfAccess(chain_.ops[on.op]), g.cols.back());
+      DefineAtOrigin("float*", "c0", origin, ir::ResultAccess(chain_.ops[on.op]), g.cols.back());
     } else {
       w_.Line(absl::StrCat("float* const c0 = acc", o, " + bi * rows_pad * cols_pad;"));
     }
@@ -1654,7 +1654,7 @@ class FusedEmitter : public NestWalker {
       // The micro-kernels wrote it; what is left is dividing its rows.
       if (Normalizes(on) < 0) return;
       w_.Line("// divided by the softmax's row sums");
-      const Access self = emit::NestIndex::SelfAccess(op);
+      const Access self = ir::ResultAccess(op);
       const int inner = InnerDim(op.index, [&](int d) { return ResultStride(on, d); });
       PointwiseLoops(op.index, inner, [&](bool vector) {
         if (vector) {
@@ -1761,7 +1761,7 @@ class FusedEmitter : public NestWalker {
   // Whether the softmax's row can be worked on where it is stored: its
   // result only in a block-local buffer, adjacent along the axis.
   bool RowInPlace(const Op& op) const {
-    const Access self = emit::NestIndex::SelfAccess(op);
+    const Access self = ir::ResultAccess(op);
     return HasLocal(op.output) && chain_.tensors[op.output].role != TensorRole::kOutput &&
            x_.LocalStride(self, op.axis) == 1;
   }
@@ -1772,7 +1772,7 @@ class FusedEmitter : public NestWalker {
     w_.Line("float* row;");
     w_.Open("");
     w_.Line(absl::StrCat("const long ", n_.V(op.axis), " = ", n_.O(op.axis), ";"));
-    w_.Line(absl::StrCat("row = ", AccessLanes(emit::NestIndex::SelfAccess(op), op.axis).ptr, ";"));
+    w_.Line(absl::StrCat("row = ", AccessLanes(ir::ResultAccess(op), op.axis).ptr, ";"));
     w_.Close();
     return "row";
   }
@@ -1827,7 +1827,7 @@ class FusedEmitter : public NestWalker {
   void WriteComplete(const space::OpNest& on, bool output) override {
     if (prep_mode_) return;  // the prepare walk: loops and constant packs only
     const Op& op = chain_.ops[on.op];
-    const Access self = emit::NestIndex::SelfAccess(op);
+    const Access self = ir::ResultAccess(op);
     const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(self), "]");
     const int inner = InnerDim(op.index, [&](int d) { return x_.LocalStride(self, d); });
     const Op* sm = on.online_softmax >= 0 ? &chain_.ops[on.online_softmax] : nullptr;

@@ -55,9 +55,7 @@ std::optional<GemmStep> CublasGemmStep(const Chain& chain, int o) {
       if (!e.IsPlainDim()) return std::nullopt;
     }
   }
-  ir::Access self;
-  self.tensor = op.output;
-  for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
+  const ir::Access self = ir::ResultAccess(op);
   int64_t ca = 0, cb = 0, cc = 0;
   auto sa = emit::GlobalStrides(g.a_side[0], chain, &ca);
   auto sb = emit::GlobalStrides(g.b_side[0], chain, &cb);

@@ -44,7 +44,7 @@ void CudaEmitter::StoreSum(const Op& op, const space::OpNest& on) {
 void CudaEmitter::WriteComplete(const space::OpNest& on, bool output) {
   const Op& op = chain_.ops[on.op];
   OpenParallelPoints(op.index);
-  const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(emit::NestIndex::SelfAccess(op)), "]");
+  const std::string at = absl::StrCat(n_.Local(op.output), "[", x_.LocalOffset(ir::ResultAccess(op)), "]");
   if (on.online_softmax >= 0) {
     w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", x_.StateOffset(chain_.ops[on.online_softmax]),
                          "];"));
@@ -52,10 +52,10 @@ void CudaEmitter::WriteComplete(const space::OpNest& on, bool output) {
   if (output && nest_.split > 1 && on.accumulates) {
     // This part's share, to the workspace (EmitSharedSplitCombine).
     w_.Line(absl::StrCat("((float*)args.work)[", SplitPartsOffset(on.op), "L + blockIdx.x * ",
-                         nest_.local[op.output].floats, "L + ", x_.LocalOffset(emit::NestIndex::SelfAccess(op)),
+                         nest_.local[op.output].floats, "L + ", x_.LocalOffset(ir::ResultAccess(op)),
                          "] = ", at, ";"));
   } else if (output) {
-    w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(op), n_), "] = ",
+    w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(ir::ResultAccess(op), n_), "] = ",
                          StoreConvert(chain_.dtype, at), ";"));
   }
   w_.Close();
@@ -92,10 +92,10 @@ void CudaEmitter::EmitSharedSplitCombine() {
       }
       OpenParallelPoints(op.index);
       w_.Line(absl::StrCat("const float* const parts = work + ", SplitPartsOffset(on.op), "L + tile_id * ",
-                           split * floats, "L + ", x_.LocalOffset(emit::NestIndex::SelfAccess(op)), ";"));
+                           split * floats, "L + ", x_.LocalOffset(ir::ResultAccess(op)), ";"));
       w_.Line("float sum = 0.0f;");
       w_.Line(absl::StrCat("for (int q = 0; q < ", split, "; ++q) sum += fusor_load_cg(parts + q * ", floats, "L);"));
-      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(op), n_), "] = ",
+      w_.Line(absl::StrCat(n_.Global(op.output), "[", GlobalOffset(ir::ResultAccess(op), n_), "] = ",
                            StoreConvert(chain_.dtype, "sum"), ";"));
       w_.Close();
       w_.Close();

@@ -73,10 +73,7 @@ KernelStep NaiveKernel(const Chain& chain, int o) {
   }
   w.Line(absl::StrCat("float* const ", n.Global(op.output), " = (float*)args.out[0];"));
   const auto load = [&](const ir::Access& a) { return absl::StrCat(n.Global(a.tensor), "[", GlobalOffset(a, n), "]"); };
-  ir::Access self;
-  self.tensor = op.output;
-  for (int d : op.index) self.index.push_back(ir::AffineExpr::OfDim(d));
-  const std::string out = absl::StrCat(n.Global(op.output), "[", GlobalOffset(self, n), "]");
+  const std::string out = absl::StrCat(n.Global(op.output), "[", GlobalOffset(ir::ResultAccess(op), n), "]");
   std::vector<int> outer = op.index;
   if (op.kind == ir::OpKind::kSoftmax) outer.erase(std::find(outer.begin(), outer.end(), op.axis));
   const int64_t count = Points(chain, outer);

@@ -590,7 +590,7 @@ void CudaEmitter::StoreOutputElement(const std::string& value) {
     w_.Line(absl::StrCat("const long ", n_.V(d), " = ", n_.O(d), within, ";"));
   }
   const std::string scaled = oon.gemm.scale != 1 ? absl::StrCat("(", value, ") * ", FloatLit(oon.gemm.scale)) : value;
-  w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(emit::NestIndex::SelfAccess(oop), n_), "] = ",
+  w_.Line(absl::StrCat(n_.Global(oop.output), "[", GlobalOffset(ir::ResultAccess(oop), n_), "] = ",
                        StoreConvert(chain_.dtype, scaled), ";"));
 }
 

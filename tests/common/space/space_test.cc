@@ -332,6 +332,13 @@ out T
   EXPECT_EQ(TileOptions(*conv, Cpu(), conv->FindDim("c")), (std::vector<int64_t>{16}));
   auto wide = ir::ParseChainText("dim m=256 n=256 k=64\nin A[m,k] B[k,n]\nC[m,n] = sum(k) A[m,k] * B[k,n]\nout C");
   EXPECT_EQ(TileOptions(*wide, Cpu(), wide->FindDim("n")), (std::vector<int64_t>{32, 64, 128, 256}));
+  // A block dim under 8 (4 heads) still splits over a CPU's cores: 2 and 1
+  // on 2 cores; a GPU leaves it whole.
+  auto heads = ir::ParseChainText("dim b=4 m=64 n=64 k=16\nin A[b,m,k] B[b,k,n]\nC[b,m,n] = sum(k) A[b,m,k] * B[b,k,n]\nout C");
+  hw::TargetDesc two_cores = Cpu();
+  two_cores.compute_units = 2;
+  EXPECT_EQ(TileOptions(*heads, two_cores, heads->FindDim("b")), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(TileOptions(*heads, h100, heads->FindDim("b")), (std::vector<int64_t>{4}));
 }
 
 }  // namespace

@@ -151,5 +151,66 @@ TEST_F(FoldTest, UnknownDimsAndLargeTensorsStay) {
   EXPECT_EQ(Producer("ones").op_type(), "ConstantOfShape");
 }
 
+// What causal masks are built with: Flatten, GatherND (with and without
+// batch dims), Trilu, and 16-bit floats, on x = 0..23 as [2, 3, 4].
+TEST_F(FoldTest, MaskOpsFold) {
+  std::vector<int64_t> counting(24);
+  for (int64_t i = 0; i < 24; ++i) counting[i] = i;
+  Ints("flat", counting);
+  Ints("shape234", {2, 3, 4});
+  Node("Reshape", {"flat", "shape234"}, "v");
+  IntAttr(Node("Flatten", {"v"}, "flat2"), "axis", 2);
+  // v[1, 2, :] and v[0, 1, :].
+  Ints("pairs", {1, 2, 0, 1});
+  Ints("shape22", {2, 2});
+  Node("Reshape", {"pairs", "shape22"}, "idx");
+  Node("GatherND", {"v", "idx"}, "rows");
+  // Batch dim 0 shared: v[0, 2, :] and v[1, 0, :].
+  Ints("singles", {2, 0});
+  Ints("shape21", {2, 1});
+  Node("Reshape", {"singles", "shape21"}, "idx1");
+  IntAttr(Node("GatherND", {"v", "idx1"}, "batched"), "batch_dims", 1);
+  // The lower triangle of each [3, 4] matrix, and the upper one from k = 1.
+  IntAttr(Node("Trilu", {"v"}, "lower"), "upper", 0);
+  Ints("k1", {1}, /*scalar=*/true);
+  Node("Trilu", {"v", "k1"}, "upper");
+  // f16 1.5 and -2 (raw bits 0x3e00, 0xc000) cast to f32.
+  onnx::TensorProto half;
+  half.set_data_type(onnx::TensorProto::FLOAT16);
+  half.add_dims(2);
+  half.set_raw_data(std::string{'\x00', '\x3e', '\x00', '\xc0'});
+  Constant("h", half);
+  IntAttr(Node("Cast", {"h"}, "hf"), "to", onnx::TensorProto::FLOAT);
+
+  FoldShapeComputations(g_, 14);
+  EXPECT_THAT(Folded("flat2").first, ElementsAre(6, 4));
+  EXPECT_EQ(Folded("rows").second, (std::vector<double>{20, 21, 22, 23, 4, 5, 6, 7}));
+  EXPECT_THAT(Folded("batched").first, ElementsAre(2, 4));
+  EXPECT_EQ(Folded("batched").second, (std::vector<double>{8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_EQ(Folded("lower").second, (std::vector<double>{0, 0, 0, 0, 4, 5, 0, 0, 8, 9, 10, 0,  //
+                                                         12, 0, 0, 0, 16, 17, 0, 0, 20, 21, 22, 0}));
+  EXPECT_EQ(Folded("upper").second, (std::vector<double>{0, 1, 2, 3, 0, 0, 6, 7, 0, 0, 0, 11,  //
+                                                         0, 13, 14, 15, 0, 0, 18, 19, 0, 0, 0, 23}));
+  EXPECT_EQ(Folded("hf").second, (std::vector<double>{1.5, -2}));
+}
+
+// EvaluateConstant keeps infinities (a mask's fill) that folding leaves to
+// the runtime, and reads nothing it cannot compute.
+TEST_F(FoldTest, EvaluateConstantKeepsInfinities) {
+  Ints("shape", {2, 2});
+  Node("ConstantOfShape", {"shape"}, "zeros");
+  Float("zero", 0);
+  Node("Equal", {"zeros", "zero"}, "all");
+  Float("minus_inf", -std::numeric_limits<float>::infinity());
+  Node("Where", {"all", "minus_inf", "zero"}, "mask");
+  auto mask = EvaluateConstant(g_, 13, "mask", 1 << 10);
+  ASSERT_TRUE(mask.has_value());
+  EXPECT_THAT(mask->dims, ElementsAre(2, 2));
+  EXPECT_EQ(mask->values, std::vector<double>(4, -std::numeric_limits<double>::infinity()));
+  EXPECT_FALSE(EvaluateConstant(g_, 13, "x", 1 << 10).has_value());  // an input without a value
+  FoldShapeComputations(g_, 13);
+  EXPECT_EQ(Producer("mask").op_type(), "Where");
+}
+
 }  // namespace
 }  // namespace fusor::zoo

@@ -737,6 +737,29 @@ TEST_F(OnnxImportTest, CausalMasksAreReadFromWhatTheyCompute) {
       << ir::ChainToText(out->chains[2].chain);
 }
 
+// A mask of more elements than the evaluation takes (2 x 4096 x 4096):
+// not checked, and the chain's source says so.
+TEST_F(OnnxImportTest, AMaskTooLargeToEvaluateIsNamed) {
+  Model m("big_mask");
+  m.Input("q", {2, 1, 4096, 8});
+  m.Input("kt", {2, 1, 8, 4096});
+  m.Input("v", {2, 1, 4096, 8});
+  m.Scalar("zero", 0);
+  m.Int64s("shape", {2, 1, 4096, 4096});
+  m.Node("Expand", {"zero", "shape"}, "mask");
+  m.Node("MatMul", {"q", "kt"}, "s");
+  m.Node("Add", {"s", "mask"}, "masked");
+  m.Node("Softmax", {"masked"}, "p");
+  m.Node("MatMul", {"p", "v"}, "o");
+  m.Output("o");
+  auto out = ExtractOnnx(m.Write(dir_->path()), {});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->chains.size(), 1u) << (out->rejected.empty() ? "" : out->rejected[0]);
+  EXPECT_THAT(ir::ChainToText(out->chains[0].chain), HasSubstr("softmax(n) S["));
+  EXPECT_THAT(out->chains[0].layers,
+              HasSubstr("'mask' was not checked for causality: it has 33554432 elements, over the 2^24 evaluated"));
+}
+
 TEST_F(OnnxImportTest, HalfPrecisionScalarsAndDropout) {
   struct Case {
     int type;

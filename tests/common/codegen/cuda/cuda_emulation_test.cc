@@ -573,6 +573,9 @@ TEST(CudaEmulationTest, CausalAttentionSkipsTheTilesPastTheDiagonal) {
     auto nest = space::BuildLoopNest(chain, *space::ParseSchedule(schedule, chain), Gpu());
     ASSERT_TRUE(nest.ok()) << nest.status();
     EXPECT_EQ(nest->causal_softmax, 1);
+    auto kernel = Emit(chain, *space::ParseSchedule(schedule, chain), Gpu());
+    ASSERT_TRUE(kernel.ok()) << kernel.status();
+    EXPECT_NE(kernel->source.find("o_n < e_n; o_n += 16)"), std::string::npos) << "the key loop ends at the diagonal";
     CheckSchedule(bf16, schedule);
     CheckSchedule(f32, schedule);
   }
