@@ -394,24 +394,78 @@ def test_hugging_face_models_run_with_their_chains_fused():
 
 
 def test_a_causal_mask_is_read_from_its_values():
+    def offset(mask, *shape):  # an additive mask, expanded to the scores' shape as the region does
+        shape = shape or mask.shape
+        return _runtime._causal_offset((mask > -1e4).expand(shape), mask.expand(shape))
+
     m = 6
     tril = torch.ones(m, m, dtype=torch.bool).tril()
     causal = torch.zeros(m, m).masked_fill(~tril, torch.finfo(torch.float32).min)
-    assert _runtime._causal_offset(causal.expand(2, 3, m, m)) == (0, True)
+    assert offset(causal, 2, 3, m, m) == (0, True)
+    assert _runtime._causal_offset(tril.expand(2, 3, m, m)) == (0, True)  # a boolean one: where it keeps
     padded = causal.expand(2, 1, m, m).clone()
     padded[1, :, :, 4:] = torch.finfo(torch.float32).min  # the second sequence's last two keys are padding
-    assert _runtime._causal_offset(padded.expand(2, 3, m, m)) == (0, False)
+    assert offset(padded, 2, 3, m, m) == (0, False)
+    assert _runtime._causal_offset((padded > -1e4).expand(2, 3, m, m)) == (0, False)
     wider = torch.zeros(m, m).masked_fill(~torch.ones(m, m, dtype=torch.bool).tril(2), -1e9)
-    assert _runtime._causal_offset(wider) == (2, True)
-    assert _runtime._causal_offset(padded[:, :, :1, :].expand(2, 3, m, m)) == (None, False)  # padding only
+    assert offset(wider) == (2, True)
+    assert offset(padded[:, :, :1, :], 2, 3, m, m) == (None, False)  # padding only
     leaky = causal.clone()
     leaky[0, m - 1] = 0  # the first query sees the last key: nothing to skip
-    assert _runtime._causal_offset(leaky) == (None, False)
+    assert offset(leaky) == (None, False)
+    biased = causal.clone()
+    biased[3, 1] = 0.5  # kept, but not 0: the mask is read
+    assert offset(biased) == (0, False)
     left_padded = padded.clone()
     left_padded[1, :, :, :2] = torch.finfo(torch.float32).min  # the second sequence's first query keeps no key
-    assert _runtime._causal_offset(left_padded.expand(2, 3, m, m)) == (None, False)
-    keys_broadcast = torch.zeros(2, 1, m, 1).expand(2, 3, m, m)  # no key masked anywhere
-    assert _runtime._causal_offset(keys_broadcast) == (None, False)
+    assert offset(left_padded, 2, 3, m, m) == (None, False)
+    assert offset(torch.zeros(2, 1, m, 1), 2, 3, m, m) == (None, False)  # keys broadcast: none masked
+
+
+class Layers(nn.Module):
+    def __init__(self, count=2, **sizes):
+        super().__init__()
+        self.layers = nn.ModuleList(Block(**sizes) for _ in range(count))
+
+    def forward(self, x, mask):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+@torch.inference_mode()
+def test_a_mask_shared_by_the_layers_is_read_once_per_forward_pass(monkeypatch):
+    from fusor.torch import _dispatch, _graph
+    torch.manual_seed(13)
+    model, seq = Layers(hidden=24, heads=2, ffn=32).eval(), 10
+    x = torch.randn(1, seq, 24)
+    causal = torch.zeros(1, 1, seq, seq).masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(),
+                                                     torch.finfo(torch.float32).min)
+    padded = causal.clone()
+    padded[..., seq - 2:] = torch.finfo(torch.float32).min  # the last two keys padding too: the mask is read
+    compiled = compiled_and_checked(model, x, causal, calls=3)
+    for mask in (padded, causal):  # new values, same shapes: each pass reads them anew
+        torch.testing.assert_close(compiled(x, mask), model(x, mask), rtol=1e-5, atol=1e-5)
+
+    # In the graph: one mask_form for both layers' attention, computed once per pass.
+    captured = []
+    torch._dynamo.reset()
+    torch.compile(model, backend=lambda gm, inputs: captured.append((gm, inputs)) or gm.forward)(x, causal)
+    gm, inputs = captured[0]
+    _graph.rewrite(gm, _dispatch.parameters(gm, inputs), _runtime.Settings(tune="ahead", budget=2))
+    forms = [n for n in gm.graph.nodes if n.target is torch.ops.fusor.mask_form.default]
+    calls = [n for n in gm.graph.nodes if n.target is torch.ops.fusor.attention.default]
+    assert len(forms) == 1 and len(calls) == 2 and all(c.args[-1] is forms[0] for c in calls), gm.graph
+    reads = []
+    read = _runtime.AttentionRegion.mask_form
+    monkeypatch.setattr(_runtime.AttentionRegion, "mask_form", lambda self, *a: reads.append(1) or read(self, *a))
+    for mask in (causal, padded):
+        torch.testing.assert_close(gm(*[mask if t is causal else t for t in inputs])[0], model(x, mask),
+                                   rtol=1e-5, atol=1e-5)
+    assert len(reads) == 2, reads
+    # The causal mask went; the padded one is still read, by a causal softmax.
+    texts = [r["text"] for r in chains("attention") if "m=10 n=10" in r["text"] and "softmax(n <= m)" in r["text"]]
+    assert any("M[" not in t for t in texts) and any("M[" in t for t in texts), texts
 
 
 @torch.inference_mode()

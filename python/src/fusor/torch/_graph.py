@@ -541,10 +541,19 @@ def rewrite(gm: fx.GraphModule, params: Set[fx.Node], settings: Settings,
     found = [m for i, m in enumerate(Finder(gm, params, settings).find()) if keep is None or i in keep]
     graph = gm.graph
     replaced: Dict[fx.Node, fx.Node] = {}  # the value of a chain replaced already, read by a later one
+    forms: Dict[Tuple[fx.Node, str, str], fx.Node] = {}  # a mask's form, read once for the regions it masks
     for match in found:
         operands = tuple(replaced.get(o, o) if isinstance(o, fx.Node) else o for o in match.operands)
+        region_id = match.region.register()
         with graph.inserting_before(match.end):
-            call = graph.call_function(match.op, (match.region.register(), *operands))
+            region = match.region
+            if isinstance(region, AttentionRegion) and isinstance(operands[3], fx.Node) and not region.causal:
+                key = (operands[3], region.form, region.mask_mode)
+                if key not in forms:
+                    forms[key] = graph.call_function(torch.ops.fusor.mask_form.default,
+                                                     (region_id, operands[0], operands[1], operands[3]))
+                operands = operands + (forms[key],)
+            call = graph.call_function(match.op, (region_id, *operands))
         replaced[match.end] = call
         call.meta.update({k: v for k, v in match.end.meta.items() if k not in ("example_value", "val")})
         match.end.replace_all_uses_with(call)

@@ -394,7 +394,8 @@ class AttentionRegion(Region):
     def logical_shape(self, q: torch.Tensor, v: torch.Tensor) -> List[Any]:
         return list(q.shape[:-1]) + [v.shape[-1]]
 
-    def output_shape(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> List[Any]:
+    def output_shape(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                     form: Optional[torch.Tensor] = None) -> List[Any]:
         dims = self.logical_shape(q, v)
         ordered = [dims[i] for i in self.out_order]
         shape, at = [], 0
@@ -406,7 +407,8 @@ class AttentionRegion(Region):
             at += count
         return shape
 
-    def original(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def original(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                 form: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.form == "sdpa":
             kwargs: Dict[str, Any] = {"attn_mask": mask, "is_causal": self.causal, "scale": self.scale}
             if self.gqa:
@@ -425,27 +427,57 @@ class AttentionRegion(Region):
             out = torch.matmul(torch.softmax(scores, dim=-1), v)
         return out.permute(*self.out_order).reshape(self.output_shape(q, k, v, mask))
 
-    def _mask(self, q: torch.Tensor, k: torch.Tensor,
-              mask: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], Optional[int]]:
+    def mask_form(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """What the kernel needs to know of the mask's values, as int64 [M, N, rows_same, offset, whole]: whether
+        every query's row is the same (a padding mask built per row), the causal offset c (-1: not causal)
+        when every key past the query's m + c is masked, and whether the mask is that and nothing else. A
+        mask shared by many regions (every layer's) is read once per forward pass: the graph computes it
+        once (the ``fusor::mask_form`` operator) and hands it to each region."""
+        m, n = q.shape[-2], self._k(k).shape[-2]
+        rows_same, offset, whole = False, None, False
+        if m > 1 and mask.dim() >= 2 and mask.shape[-2] == m and mask.stride(-2) != 0:
+            first = mask[..., :1, :]
+            # The last row first: a causal mask's differs from the first's, so its rows are not compared.
+            rows_same = (bool((mask[..., -1:, :] == first).all()) and bool((mask == first).all()))
+        kept = self._kept(mask, q.dtype)
+        if kept is not None and not rows_same:
+            scores = list(q.shape[:-1]) + [n]
+            values = None if mask.dtype == torch.bool else mask.expand(scores)
+            offset, whole = _causal_offset(kept.expand(scores), values)
+        return torch.tensor([m, n, rows_same, -1 if offset is None else offset, whole], dtype=torch.int64)
+
+    def _kept(self, mask: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Where the mask keeps the scores (None where the kernel cannot read it: see _additive)."""
+        if mask.dtype == torch.bool:
+            if self.form == "matmul" and self.mask_mode == "add":
+                return None
+            return ~mask if self.mask_mode == "fill" else mask
+        if self.mask_mode != "add" or mask.dtype != dtype:
+            return None
+        return mask > -1e4
+
+    def _mask(self, q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor],
+              form: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], Optional[int]]:
         """The additive mask of the chain dtype, expanded to the scores' shape (broadcast dims stride 0, and
         the query dim too when every row is the same, as a padding mask's rows are), and the causal offset
         (None: not causal): SDPA's is_causal, or a mask that masks every key past the query's m + offset
-        (transformers' causal mask, built as a tensor), which then goes when it masks nothing else."""
+        (transformers' causal mask, built as a tensor), which then goes when it masks nothing else. `form`:
+        the mask's mask_form, when the graph computed it for this forward pass."""
         if self.causal:
             return None, 0
         if mask is None:
             return None, None
-        mask = self._additive(q, k, mask)
-        offset, whole = _causal_offset(mask)
-        return (None if whole else mask), offset
+        m, n = q.shape[-2], self._k(k).shape[-2]
+        values = form.tolist() if form is not None else []
+        if values[:2] != [m, n]:
+            values = self.mask_form(q, k, mask).tolist()
+        _, _, rows_same, offset, whole = values
+        if whole:
+            return None, offset
+        return self._additive(q, k, mask[..., :1, :] if rows_same else mask), (None if offset < 0 else offset)
 
     def _additive(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        m, n = q.shape[-2], self._k(k).shape[-2]
-        scores = list(q.shape[:-1]) + [n]
-        if m > 1 and mask.dim() >= 2 and mask.shape[-2] == m and mask.stride(-2) != 0:
-            first = mask[..., :1, :]  # a padding mask built per row: every row the same
-            if bool((mask == first).all()):
-                mask = first
+        scores = list(q.shape[:-1]) + [self._k(k).shape[-2]]
         mask = mask.expand(scores)
         if mask.dtype == torch.bool and self.form == "matmul" and self.mask_mode == "add":
             raise Unsupported("a boolean mask added to the scores")
@@ -461,9 +493,9 @@ class AttentionRegion(Region):
             raise Unsupported(f"the mask is {mask.dtype}, the scores {q.dtype}")
         return mask
 
-    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: Optional[torch.Tensor]) -> Tuple[Any, ...]:
-        return (q, self._k(k), v) + self._mask(q, k, mask)
+    def prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                form: Optional[torch.Tensor] = None) -> Tuple[Any, ...]:
+        return (q, self._k(k), v) + self._mask(q, k, mask, form)
 
     def write(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               causal: Optional[int]) -> str:
@@ -475,26 +507,27 @@ class AttentionRegion(Region):
         return [q, k, v] + ([] if mask is None else [mask])
 
 
-def _causal_offset(mask: torch.Tensor) -> Tuple[Optional[int], bool]:
-    """For an additive mask [..., M, N]: the least offset c >= 0 such that every key n > m + c is masked
-    (-1e4 or below) in every row, when there is one below N - 1 (else None); and whether the mask is that
-    and nothing else (0 on every other key). A row that keeps no key at all (a padded query) makes it None:
-    the softmax over every key and over the causal ones would differ there."""
-    m, n = mask.shape[-2:]
-    if m < 2 or mask.stride(-2) == 0 or mask.stride(-1) == 0:
+def _causal_offset(kept: torch.Tensor, values: Optional[torch.Tensor] = None) -> Tuple[Optional[int], bool]:
+    """For a mask [..., M, N] that keeps the scores where `kept` is true: the least offset c >= 0 such that
+    every key n > m + c is masked in every row, when there is one below N - 1 (else None); and whether the
+    mask is that and nothing else (every other key kept and, for an additive mask, its `values` 0 there).
+    A row that keeps no key at all (a padded query) makes it None: the softmax over every key and over the
+    causal ones would differ there."""
+    m, n = kept.shape[-2:]
+    if m < 2 or kept.stride(-2) == 0 or kept.stride(-1) == 0:
         return None, False
-    lead = tuple(slice(0, 1) if st == 0 else slice(None) for st in mask.stride()[:-2])
-    compact = mask[lead]
-    kept_each = (compact > -1e4).reshape(-1, m, n)
+    lead = tuple(slice(0, 1) if st == 0 else slice(None) for st in kept.stride()[:-2])
+    kept_each = kept[lead].reshape(-1, m, n)
     if not bool(kept_each.any(-1).all()):
         return None, False
-    kept = kept_each.any(0)
-    last = torch.where(kept, torch.arange(n, device=mask.device), -1).amax(-1)  # per query: its last key kept
-    offset = max(0, int((last - torch.arange(m, device=mask.device)).amax()))
+    last = torch.where(kept_each.any(0), torch.arange(n, device=kept.device), -1).amax(-1)  # per query: its last key
+    offset = max(0, int((last - torch.arange(m, device=kept.device)).amax()))
     if offset >= n - 1:
         return None, False
-    past = torch.ones(m, n, dtype=torch.bool, device=mask.device).triu(offset + 1)
-    return offset, bool((compact.masked_fill(past, 0) == 0).all())
+    past = torch.ones(m, n, dtype=torch.bool, device=kept.device).triu(offset + 1)
+    if values is not None:
+        return offset, bool((values[lead].masked_fill(past, 0) == 0).all())
+    return offset, bool(kept_each.masked_fill(past, True).all())
 
 
 _ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -601,14 +634,24 @@ class ConvRegion(Region):
 # (contiguous, as the real ones return), so graphs stay traceable by inductor and by export.
 @torch.library.custom_op("fusor::attention", mutates_args=())
 def attention_op(region_id: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 mask: Optional[torch.Tensor]) -> torch.Tensor:
-    return region(region_id)(q, k, v, mask)
+                 mask: Optional[torch.Tensor], form: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return region(region_id)(q, k, v, mask, form)
 
 
 @attention_op.register_fake
 def _attention_fake(region_id: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    mask: Optional[torch.Tensor]) -> torch.Tensor:
+                    mask: Optional[torch.Tensor], form: Optional[torch.Tensor] = None) -> torch.Tensor:
     return q.new_empty(region(region_id).output_shape(q, k, v, mask))
+
+
+@torch.library.custom_op("fusor::mask_form", mutates_args=())
+def mask_form_op(region_id: str, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return region(region_id).mask_form(q, k, mask)
+
+
+@mask_form_op.register_fake
+def _mask_form_fake(region_id: str, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((5,), dtype=torch.int64, device="cpu")
 
 
 @torch.library.custom_op("fusor::ffn", mutates_args=())
