@@ -81,6 +81,12 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
                                 {"sweeps", Scheduler::Quota::kSweeps}}) {
     absl::StrAppend(&out, "fusor_quota_refusals_total{limit=\"", name, "\"} ", core.quota_refusals(q), "\n");
   }
+  Family(out, "fusor_implausible_reports_total", "counter",
+         "Worker reports refused as implausible (a time under the chain's physical floor on its target) since the "
+         "scheduler started, by worker id.");
+  for (const auto& [worker, n] : core.ImplausibleReports()) {
+    absl::StrAppend(&out, "fusor_implausible_reports_total{worker=\"", Label(worker), "\"} ", n, "\n");
+  }
   Family(out, "fusor_storage_failures_total", "counter",
          "Database writes or reads refused by the storage since the scheduler started, by cause (full: out of "
          "space; io: I/O error; readonly: not writable).");

@@ -14,7 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ir/parse.h"
+#include "common/hw/devices.h"
 #include "common/mapping/mapping.h"
+#include "common/model/cost_model.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
 #include "common/space/split.h"
@@ -49,8 +51,8 @@ struct Scheduler::Task {
   // confirmation.
   std::vector<std::string> baseline_jobs;
   // The best candidate measured again at the end: the fastest of many
-  // noisy medians is biased low, and a speedup quoted from it too high.
-  // One that comes out noisy is tried once more.
+  // noisy medians is biased low, and a speedup quoted from it too high;
+  // and one worker's number alone is never the best (see Advance).
   std::vector<std::string> confirm_jobs;
 };
 
@@ -64,6 +66,51 @@ using db::MeasurementStatus;
 using db::TaskState;
 
 bool Finished(JobState state) { return state == JobState::kDone || state == JobState::kFailed; }
+
+// Runs of a task's best candidate again before anything is cached.
+constexpr size_t kConfirmAttempts = 3;
+
+// What a task's measurements say of its best: the fastest trusted candidate
+// measurement whose candidate no trusted confirmation contradicted, and the
+// confirmation that agrees with it (medians within `max_spread` of the
+// larger), if there is one yet.
+struct BestOfTask {
+  const db::MeasurementRow* candidate = nullptr;
+  const db::MeasurementRow* confirmation = nullptr;
+};
+
+BestOfTask FindBest(const std::vector<db::MeasurementRow>& rows, double max_spread) {
+  std::map<int64_t, const db::MeasurementRow*> fastest;  // candidate id -> its fastest trusted measurement
+  for (const db::MeasurementRow& m : rows) {
+    if (m.kind != JobKind::kCandidate || m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
+    const db::MeasurementRow*& f = fastest[*m.candidate_id];
+    if (f == nullptr || m.median_s < f->median_s) f = &m;
+  }
+  std::map<int64_t, const db::MeasurementRow*> agreeing;
+  std::set<int64_t> refuted;
+  for (const db::MeasurementRow& m : rows) {
+    if (m.kind != JobKind::kConfirm || m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
+    auto it = fastest.find(*m.candidate_id);
+    if (it == fastest.end()) continue;
+    const double a = it->second->median_s, b = m.median_s;
+    if (std::abs(a - b) <= max_spread * std::max(a, b)) {
+      agreeing[*m.candidate_id] = &m;
+    } else {
+      refuted.insert(*m.candidate_id);
+    }
+  }
+  BestOfTask best;
+  for (const auto& [id, m] : fastest) {
+    if (refuted.count(id) == 0 && (best.candidate == nullptr || m->median_s < best.candidate->median_s)) {
+      best.candidate = m;
+    }
+  }
+  if (best.candidate != nullptr) {
+    auto it = agreeing.find(*best.candidate->candidate_id);
+    if (it != agreeing.end()) best.confirmation = it->second;
+  }
+  return best;
+}
 
 // What a baseline measurement ran, from its resources ({"baseline": ...}).
 std::string BaselineKind(const std::string& resources_json) {
@@ -696,10 +743,30 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
   m.worker_id = worker_id;
   // The spread from the samples themselves, whatever the worker says: an
   // ok measurement beyond the bound is noisy (an older worker's, say).
-  m.spread = Summarize(m.samples_s).spread;
+  const SampleStats stats = Summarize(m.samples_s);
+  m.spread = stats.spread;
   m.measured_ms = NowMs();
   if (m.status == MeasurementStatus::kOk && (m.samples_s.empty() || m.median_s <= 0)) {
     return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");
+  }
+  if (!m.samples_s.empty() && !(std::abs(m.median_s - stats.median) <= 1e-9 * stats.median)) {
+    return absl::InvalidArgumentError(absl::StrCat("report: the median ", m.median_s, " s is not the median of the ",
+                                                   m.samples_s.size(), " samples reported (", stats.median,
+                                                   " s); nothing was recorded"));
+  }
+  // A time below what the chain needs on any such device is no measurement
+  // (a broken or forged report): recorded as an invalid result, so that it
+  // is never the best, and counted against the worker.
+  std::string implausible;
+  if (m.status == MeasurementStatus::kOk || m.status == MeasurementStatus::kNoisy) {
+    const double floor_s = ImplausibleBelowS(job.task_id);
+    if (m.median_s < floor_s) {
+      implausible = absl::StrCat("implausible: a median of ", m.median_s, " s is under ", floor_s,
+                                 " s, the least the chain can take on this target (its FLOPs at the most any such "
+                                 "device computes, or its bytes beyond the caches at the most any moves)");
+      m.status = MeasurementStatus::kInvalidResult;
+      m.error = implausible;
+    }
   }
   if (m.status == MeasurementStatus::kOk && m.spread > options_.measure.max_spread) {
     m.status = MeasurementStatus::kNoisy;
@@ -721,10 +788,19 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
   if (rec.outcome == db::ReportOutcome::kStaleLease) {
     return absl::FailedPreconditionError(absl::StrCat(
         "report: lease ", report.lease_id, " of job ", job.id, " is no longer valid: ",
-        rec.job.state == JobState::kQueued
-            ? "it expired and the job was requeued"
-            : absl::StrCat("the job is under another lease now (worker ", rec.job.worker_id, "'s)"),
+        rec.job.state == JobState::kQueued ? "it expired and the job was requeued"
+        : Finished(rec.job.state)          ? "the job was finished under another lease"
+                                           : absl::StrCat("the job is under another lease now (worker ",
+                                                          rec.job.worker_id, "'s)"),
         "; nothing was recorded"));
+  }
+  if (!implausible.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(implausible_mu_);
+      ++implausible_[worker_id];
+    }
+    Log()->warn("[task={} job={} worker={}] {} report refused: {}", job.task_id, job.id, worker_id,
+                std::string(db::Name(job.kind)), implausible);
   }
   const bool ok = m.status == MeasurementStatus::kOk;
   Log()->info("[task={} job={} worker={}] {} {}: {}{}", job.task_id, job.id, worker_id,
@@ -737,7 +813,22 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
     RETURN_IF_ERROR(RefreshProgress(*it->second));
     RETURN_IF_ERROR(Advance(*it->second));
   }
+  if (!implausible.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("report: ", implausible, "; recorded as an invalid result"));
+  }
   return ReportReceipt::kRecorded;
+}
+
+double Scheduler::ImplausibleBelowS(const std::string& task_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tasks_.find(task_id);
+  if (it == tasks_.end()) return 0;
+  return model::PhysicalFloorS(it->second->chain, it->second->target);
+}
+
+std::map<std::string, int64_t> Scheduler::ImplausibleReports() {
+  std::lock_guard<std::mutex> lock(implausible_mu_);
+  return implausible_;
 }
 
 // --------------------------------------------------------------- tasks ---
@@ -820,36 +911,39 @@ absl::Status Scheduler::Advance(Task& task) {
     }
     lease_cv_.notify_all();
   }
-  // Nothing more to propose: the best measured again, with a baseline
-  // beside it; once more when that came out noisy; then finish.
+  // Nothing more to propose: the best measured again (by another worker of
+  // the target where there is one), with a baseline beside it; again while
+  // no trusted run agrees with it (a contradicted one gives way to the next
+  // fastest), up to kConfirmAttempts runs; then finish.
   std::vector<std::string> waiting = task.baseline_jobs;
   waiting.insert(waiting.end(), task.confirm_jobs.begin(), task.confirm_jobs.end());
   for (const std::string& id : waiting) {
     ASSIGN_OR_RETURN(db::JobRow job, db_->GetJob(id));
     if (!Finished(job.state)) return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(bool confirm, NeedsConfirmation(task));
-  if (confirm) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> best, BestCandidate(task));
-    if (best) {
-      const int64_t now = NowMs();
-      db::JobRow job;
-      job.id = NewId("j-");
-      job.task_id = task.row.id;
-      job.kind = JobKind::kConfirm;
-      job.candidate_id = *best;
-      job.target_fp = task.row.target_fp;
-      job.state = JobState::kQueued;
-      RETURN_IF_ERROR(db_->InsertJob(job, now));
-      task.confirm_jobs.push_back(job.id);
-      // A CPU worker times the baseline together with the confirmation; a
-      // GPU's is a job of its own, beside it.
-      if (task.target.backend != hw::Backend::kCpu && task.baseline_jobs.size() <= task.confirm_jobs.size()) {
-        RETURN_IF_ERROR(QueueBaseline(task, now));
-      }
-      lease_cv_.notify_all();
-      return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+  const BestOfTask best = FindBest(rows, options_.measure.max_spread);
+  if (best.candidate != nullptr && best.confirmation == nullptr && task.confirm_jobs.size() < kConfirmAttempts) {
+    const int64_t now = NowMs();
+    db::JobRow job;
+    job.id = NewId("j-");
+    job.task_id = task.row.id;
+    job.kind = JobKind::kConfirm;
+    job.candidate_id = best.candidate->candidate_id;
+    job.target_fp = task.row.target_fp;
+    job.state = JobState::kQueued;
+    // Measured again elsewhere, where another worker of the target is
+    // there: one worker's numbers alone never make the best.
+    job.not_worker = best.candidate->worker_id;
+    RETURN_IF_ERROR(db_->InsertJob(job, now));
+    task.confirm_jobs.push_back(job.id);
+    // A CPU worker times the baseline together with the confirmation; a
+    // GPU's is a job of its own, beside it.
+    if (task.target.backend != hw::Backend::kCpu && task.baseline_jobs.size() <= task.confirm_jobs.size()) {
+      RETURN_IF_ERROR(QueueBaseline(task, now));
     }
+    lease_cv_.notify_all();
+    return absl::OkStatus();
   }
   return Finalize(task);
 }
@@ -985,57 +1079,34 @@ absl::Status Scheduler::SetUnfusedResult(const db::MeasurementRow& meas, const s
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Scheduler::NeedsConfirmation(const Task& task) {
-  constexpr size_t kConfirmAttempts = 2;
-  if (task.confirm_jobs.empty()) return true;
-  if (task.confirm_jobs.size() >= kConfirmAttempts) return false;
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id, JobKind::kConfirm));
-  for (const db::MeasurementRow& m : rows) {
-    if (m.job_id == task.confirm_jobs.back()) return m.status == MeasurementStatus::kNoisy;
-  }
-  return false;
-}
-
-absl::StatusOr<std::optional<int64_t>> Scheduler::BestCandidate(const Task& task) {
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
-  const db::MeasurementRow* best = nullptr;
-  for (const db::MeasurementRow& m : rows) {
-    if (m.kind == JobKind::kCandidate && m.status == MeasurementStatus::kOk &&
-        (best == nullptr || m.median_s < best->median_s)) {
-      best = &m;
-    }
-  }
-  if (best == nullptr) return std::optional<int64_t>();
-  return std::optional<int64_t>(*best->candidate_id);
-}
-
 absl::Status Scheduler::Finalize(Task& task) {
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
-  const db::MeasurementRow* best = nullptr;
   const db::MeasurementRow* first_failure = nullptr;
-  const db::MeasurementRow* confirmed = nullptr;
-  int candidates = 0;
+  int candidates = 0, trusted = 0;
   for (const db::MeasurementRow& m : rows) {
-    if (m.kind == JobKind::kConfirm && m.status == MeasurementStatus::kOk) confirmed = &m;
     if (m.kind != JobKind::kCandidate) continue;
     ++candidates;
-    if (m.status == MeasurementStatus::kOk) {
-      if (best == nullptr || m.median_s < best->median_s) best = &m;
-    } else if (first_failure == nullptr) {
-      first_failure = &m;
-    }
+    trusted += m.status == MeasurementStatus::kOk;
+    if (m.status != MeasurementStatus::kOk && first_failure == nullptr) first_failure = &m;
   }
-  // The best's own measurement again, when it was trusted: that is what
-  // the task reports and caches.
-  if (best != nullptr && confirmed != nullptr && confirmed->candidate_id == best->candidate_id) best = confirmed;
+  // What the task reports and caches is the best's confirmation: its
+  // candidate measured again, trusted and agreeing.
+  const BestOfTask found = FindBest(rows, options_.measure.max_spread);
+  const db::MeasurementRow* best = found.confirmation;
   const int64_t now = NowMs();
   std::optional<db::BestRow> unfused;  // the unfused chain, where it beat every fused kernel
-  if (best == nullptr) {
+  if (trusted == 0) {
     task.row.state = TaskState::kFailed;
     task.row.error = candidates == 0
                          ? "the search proposed no candidates"
                          : absl::StrCat("all ", candidates, " candidates failed; the first: ",
                                         db::Name(first_failure->status), ": ", first_failure->error.substr(0, 2000));
+  } else if (best == nullptr) {
+    // Nothing is cached: a later request for the chain tunes it again.
+    task.row.state = TaskState::kFailed;
+    task.row.error = absl::StrCat("unconfirmed: ", task.confirm_jobs.size(), " runs again of the fastest candidates ",
+                                  "gave no trusted time within ", options_.measure.max_spread * 100,
+                                  "% of theirs; nothing was cached (tune again, on a quieter machine)");
   } else {
     ASSIGN_OR_RETURN(unfused, UnfusedBest(task, *best));
     RETURN_IF_ERROR(db_->OfferBest(task.row.workload_key, task.row.target_fp, task.row.salt,

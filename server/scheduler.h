@@ -316,6 +316,9 @@ class Scheduler {
   enum class Quota { kTasks, kCandidates, kSweeps };
   void NoteQuotaRefusal(Quota q) { quota_refusals_[static_cast<int>(q)]++; }
   int64_t quota_refusals(Quota q) const { return quota_refusals_[static_cast<int>(q)]; }
+  // Reports refused as implausible (a time under the chain's physical
+  // floor), by worker id.
+  std::map<std::string, int64_t> ImplausibleReports();
 
  private:
   struct Task;
@@ -333,10 +336,6 @@ class Scheduler {
   // splits are candidates too, unless answers must be fused.
   search::McfuserSearchOptions SearchOptions(const Task& task, std::shared_ptr<const model::CostModel> model) const;
   absl::Status QueueBaseline(Task& task, int64_t now_ms);  // mu_ held
-  // The candidate of the task's fastest trusted measurement, if any.
-  absl::StatusOr<std::optional<int64_t>> BestCandidate(const Task& task);  // mu_ held
-  // Whether the best is to be measured again: not yet, or last time noisy.
-  absl::StatusOr<bool> NeedsConfirmation(const Task& task);  // mu_ held
   // The baseline measured by task `task_id` into `r`, and the speedup of
   // `best` over it: for a confirmation, the baseline timed together with it
   // (else the trusted one measured nearest it); otherwise every trusted
@@ -350,6 +349,8 @@ class Scheduler {
   // fused kernel it beat.
   absl::Status SetUnfusedResult(const db::MeasurementRow& meas, const std::string& vendor, TuneResult& r);
   absl::Status RefreshProgress(Task& task);  // mu_ held
+  // A median below this is refused as implausible (0 for a task not running).
+  double ImplausibleBelowS(const std::string& task_id);
   absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held
   absl::StatusOr<TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
   void ReaperLoop();
@@ -379,6 +380,8 @@ class Scheduler {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> cache_hits_{0}, cache_misses_{0};
   std::atomic<int64_t> quota_refusals_[3] = {};
+  std::mutex implausible_mu_;
+  std::map<std::string, int64_t> implausible_;  // worker id -> reports refused as implausible
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   std::thread reaper_;

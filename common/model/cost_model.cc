@@ -58,6 +58,30 @@ Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target) 
   return pred;
 }
 
+double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target) {
+  hw::TargetDesc identity = target;
+  identity.bandwidth_bytes_per_s = identity.peak_flops = 0;
+  hw::ModelRates rates = hw::RatesFor(identity);  // the device table's, else an estimate
+  const double units = rates.compute_units;
+  if (target.backend == hw::Backend::kCpu) {
+    const bool narrow = chain.dtype == ir::DType::kF16 || chain.dtype == ir::DType::kBF16;  // a library may use AMX
+    rates.peak_flops = units * std::max(target.vector_lanes_f32, 1) * 2 * 2 * 5e9 * (narrow ? 16 : 1);
+    rates.bandwidth_bytes_per_s = units * 50e9;
+  } else if (rates.source != hw::RateSource::kDeviceTable) {
+    rates.peak_flops = std::max(rates.peak_flops, units * 8192 * 3e9);
+    rates.bandwidth_bytes_per_s = std::max(rates.bandwidth_bytes_per_s, 10e12);
+  }
+  double bytes = 0;
+  for (const std::vector<int>* ids : {&chain.inputs, &chain.outputs}) {
+    for (int t : *ids) bytes += static_cast<double>(chain.tensors[t].NumElements()) * ir::DTypeBytes(chain.dtype);
+  }
+  const double caches = target.backend == hw::Backend::kCpu
+                            ? static_cast<double>(target.l2_bytes) * units + static_cast<double>(target.l3_bytes)
+                            : static_cast<double>(target.l2_bytes);
+  return std::max(ir::ChainFlops(chain) / rates.peak_flops,
+                  std::max(0.0, bytes - caches) / rates.bandwidth_bytes_per_s);
+}
+
 Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, const ir::Chain& written) {
   const ir::Chain& chain = space::NestChain(written, nest);
   const hw::ModelRates rates = hw::RatesFor(target);

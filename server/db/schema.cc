@@ -207,6 +207,10 @@ const std::vector<Migration>& SchemaMigrations() {
              "CREATE INDEX cost_models_by_target ON cost_models(target_fp, id);"
              "ALTER TABLE tasks ADD COLUMN cost_model_id INTEGER NOT NULL DEFAULT 0;");
        }},
+      // A nullable column: older fusor goes on reading and writing (it may
+      // lease a confirmation to the worker that measured the candidate).
+      {10, 1, "jobs.not_worker: a worker that must not lease the job (a confirmation's candidate's measurer)",
+       [](Database& db) { return db.Exec("ALTER TABLE jobs ADD COLUMN not_worker TEXT;"); }},
   };
   return *migrations;
 }

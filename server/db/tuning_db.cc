@@ -14,7 +14,7 @@ namespace {
 
 constexpr char kJobColumns[] =
     "id, task_id, kind, candidate_id, target_fp, state, COALESCE(worker_id, ''), COALESCE(lease_id, ''), "
-    "COALESCE(lease_expires_ms, 0), attempts";
+    "COALESCE(lease_expires_ms, 0), attempts, COALESCE(not_worker, '')";
 
 absl::StatusOr<JobRow> ReadJob(const Statement& s) {
   JobRow j;
@@ -28,6 +28,7 @@ absl::StatusOr<JobRow> ReadJob(const Statement& s) {
   j.lease_id = s.Text(7);
   j.lease_expires_ms = s.Int(8);
   j.attempts = static_cast<int>(s.Int(9));
+  j.not_worker = s.Text(10);
   return j;
 }
 
@@ -399,9 +400,9 @@ absl::StatusOr<CandidateRow> TuningDb::GetCandidate(int64_t id) {
 absl::Status TuningDb::InsertJob(const JobRow& j, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO jobs(id, task_id, kind, candidate_id, target_fp, state, "
-                                             "created_ms) VALUES (?,?,?,?,?,?,?)"));
+                                             "created_ms, not_worker) VALUES (?,?,?,?,?,?,?,NULLIF(?, ''))"));
   return s.Bind(1, j.id).Bind(2, j.task_id).Bind(3, Name(j.kind)).Bind(4, j.candidate_id).Bind(5, j.target_fp)
-      .Bind(6, Name(j.state)).Bind(7, now_ms).Run();
+      .Bind(6, Name(j.state)).Bind(7, now_ms).Bind(8, j.not_worker).Run();
 }
 
 absl::StatusOr<JobRow> TuningDb::GetJobLocked(const std::string& id) {
@@ -440,12 +441,15 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worke
       "clients AS (SELECT client, SUM(state = ?3) AS leased, MAX(COALESCE(leased_ms, 0)) AS served "
       "FROM live GROUP BY client) "
       "SELECT ", kJobColumns, " FROM live JOIN clients USING (client) WHERE state = ?4 "
+      // A job kept from a worker goes to it only when no other live worker of the target is there.
+      "AND (not_worker IS NULL OR not_worker <> ?5 OR NOT EXISTS (SELECT 1 FROM workers w WHERE "
+      "w.target_fp = ?1 AND w.state = ?6 AND w.id <> ?5)) "
       "ORDER BY clients.leased, clients.served, created_ms, id LIMIT 1");
   std::vector<JobRow> jobs;
   while (static_cast<int>(jobs.size()) < max_jobs) {
     ASSIGN_OR_RETURN(Statement s, db_->Prepare(pick));
     s.Bind(1, target_fp).Bind(2, Name(TaskState::kRunning)).Bind(3, Name(JobState::kLeased));
-    s.Bind(4, Name(JobState::kQueued));
+    s.Bind(4, Name(JobState::kQueued)).Bind(5, worker_id).Bind(6, Name(WorkerState::kAlive));
     ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) break;
     ASSIGN_OR_RETURN(JobRow j, ReadJob(s));
@@ -522,7 +526,10 @@ absl::StatusOr<RecordResult> TuningDb::RecordMeasurement(const std::string& leas
   if (!lease_id.empty() && job.lease_id == lease_id && job.worker_id != m.worker_id) {
     return RecordResult{ReportOutcome::kNotYourLease, 0, job};
   }
-  if (job.state == JobState::kDone || job.state == JobState::kFailed) {
+  // A report again of a finished job: only under the lease it was finished
+  // under, by its worker (anything else is someone else's lease, or none).
+  if ((job.state == JobState::kDone || job.state == JobState::kFailed) && job.lease_id == lease_id &&
+      !lease_id.empty()) {
     return RecordResult{ReportOutcome::kDuplicate, 0, job};
   }
   if (job.state != JobState::kLeased || job.lease_id != lease_id) {

@@ -120,6 +120,9 @@ struct JobRow {
   std::string lease_id;
   int64_t lease_expires_ms = 0;
   int attempts = 0;
+  // A worker that must not lease it while another live worker of its target
+  // can (a confirmation is run elsewhere than its candidate's measurement).
+  std::string not_worker;
 };
 
 struct MeasurementRow {

@@ -181,6 +181,20 @@ TEST_F(SchedulerRobustnessTest, ReportsAreBoundToTheWorkerThatLeasedTheJob) {
   ASSERT_TRUE(honest_report.ok()) << honest_report.status();
   EXPECT_EQ(*honest_report, ReportReceipt::kRecorded);
   EXPECT_EQ(Measurements(), before + 1);
+
+  // Once the job is done, a report under a made-up lease (by anyone) is
+  // refused, not taken for a repeat; the same report again is.
+  LeasedJob made_up = job;
+  made_up.job.lease_id = "l-made-up";
+  for (const WorkerCredentials& w : {impostor, honest}) {
+    auto late = scheduler_->Report(Report(w.worker_id, w.secret, made_up, 1e-3));
+    EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+    EXPECT_THAT(std::string(late.status().message()), HasSubstr("finished under another lease"));
+  }
+  auto repeated = scheduler_->Report(Report(honest.worker_id, honest.secret, job, 2e-3));
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_EQ(*repeated, ReportReceipt::kDuplicate);
+  EXPECT_EQ(Measurements(), before + 1);
 }
 
 TEST_F(SchedulerRobustnessTest, AnExpiredLeaseSaysSo) {

@@ -5,6 +5,7 @@
 // drive it, with made-up sample sets.
 #include <map>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -362,6 +363,135 @@ TEST_F(TrustedMeasurementTest, AChainSplitInTwoIsTheAnswerWhenItIsFastest) {
   EXPECT_EQ(meta["schedule"], text);
   const bool unfused_part = !space::UnfusedVendor(split->texts[0]).empty() || !space::UnfusedVendor(split->texts[1]).empty();
   EXPECT_EQ(meta.contains("link_libs"), unfused_part);
+}
+
+// Findings of an outside tester with a worker token (issue 36): a best is
+// only ever a confirmed measurement, and a time under the chain's physical
+// floor is no measurement.
+class ForgedResultTest : public TrustedMeasurementTest {
+ protected:
+  // Runs a task of `budget` candidates with `workers` leasing in turn,
+  // `measure(worker index, job)` making each report; returns the task id and
+  // the reports' statuses.
+  std::string Run(int budget, const std::vector<WorkerCredentials>& workers,
+                  const std::function<db::MeasurementRow(size_t, const LeasedJob&)>& measure,
+                  std::vector<absl::Status>* statuses = nullptr) {
+    auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
+    EXPECT_TRUE(req.ok()) << req.status();
+    auto start = scheduler_->StartTune(*req, TuneOptions{budget}, {"test", "test"});
+    EXPECT_TRUE(start.ok()) << start.status();
+    const std::string task = start->started.task_id;
+    for (int round = 0; round < 30; ++round) {
+      for (size_t w = 0; w < workers.size(); ++w) {
+        auto jobs = scheduler_->Lease(workers[w], 16, absl::ZeroDuration(), nullptr);
+        EXPECT_TRUE(jobs.ok()) << jobs.status();
+        for (const LeasedJob& job : jobs.value_or(std::vector<LeasedJob>())) {
+          absl::Status st = scheduler_->Report({workers[w], job.job.id, job.job.lease_id, measure(w, job)}).status();
+          if (statuses != nullptr) statuses->push_back(st);
+        }
+      }
+      auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
+      if (snap.ok() && snap->state != db::TaskState::kRunning) break;
+    }
+    return task;
+  }
+
+  std::optional<db::BestRow> Cached() {
+    auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
+    auto best = scheduler_->db().GetBest(req->canonical.key, req->target_fp, scheduler_->Salt());
+    EXPECT_TRUE(best.ok()) << best.status();
+    return best.value_or(std::nullopt);
+  }
+};
+
+TEST_F(ForgedResultTest, ATimeUnderThePhysicalFloorIsRefusedCountedAndNeverTheBest) {
+  std::vector<absl::Status> statuses;
+  int forged = 0;
+  const std::string task = Run(4, {worker_}, [&](size_t, const LeasedJob& job) {
+    // Every first run of a candidate claims 1 ns; the rest are honest.
+    if (job.job.kind == db::JobKind::kCandidate && forged++ == 0) return Ok(Steady(1e-9));
+    return Ok(Steady(job.job.kind == db::JobKind::kBaseline ? 8e-3 : 2e-3));
+  }, &statuses);
+  int refused = 0;
+  for (const absl::Status& st : statuses) {
+    if (st.ok()) continue;
+    ++refused;
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("implausible"));
+  }
+  EXPECT_EQ(refused, 1);
+  EXPECT_EQ(scheduler_->ImplausibleReports()[worker_.worker_id], 1);
+  auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
+  ASSERT_EQ(snap->state, db::TaskState::kDone) << snap->error;
+  EXPECT_DOUBLE_EQ(snap->result->measured.median_s, Summarize(Steady(2e-3)).median);
+  // Recorded as an invalid result, with why.
+  int invalid = 0;
+  auto rows = scheduler_->db().MeasurementsOfTask(task);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  for (const db::MeasurementRow& m : *rows) {
+    if (m.status != db::MeasurementStatus::kInvalidResult) continue;
+    ++invalid;
+    EXPECT_THAT(m.error, ::testing::HasSubstr("the least the chain can take on this target"));
+  }
+  EXPECT_EQ(invalid, 1);
+}
+
+TEST_F(ForgedResultTest, AReportedMedianMustBeTheMedianOfItsSamples) {
+  auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
+  ASSERT_TRUE(scheduler_->StartTune(*req, TuneOptions{2}, {"test", "test"}).ok());
+  auto jobs = scheduler_->Lease(worker_, 1, absl::ZeroDuration(), nullptr);
+  ASSERT_TRUE(jobs.ok() && !jobs->empty());
+  db::MeasurementRow m = Ok(Steady(2e-3));
+  m.median_s = 1e-4;
+  auto r = scheduler_->Report({worker_, (*jobs)[0].job.id, (*jobs)[0].job.lease_id, m});
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("is not the median of the 20 samples"));
+  EXPECT_EQ(scheduler_->db().CountMeasurements().value_or(-1), 0);
+}
+
+TEST_F(ForgedResultTest, AnotherWorkerConfirmsAndAForgedTimeIsNeverCached) {
+  auto second = scheduler_->Register("", testing::Avx2Target());
+  ASSERT_TRUE(second.ok()) << second.status();
+  const WorkerCredentials forger = worker_, honest = second->credentials;
+  std::map<int64_t, int> order;
+  int forger_confirmations = 0;
+  const std::string task = Run(4, {forger, honest}, [&](size_t w, const LeasedJob& job) {
+    if (job.job.kind == db::JobKind::kBaseline) return Ok(Steady(8e-3));
+    const int n = order.emplace(job.candidate->id, static_cast<int>(order.size()) + 1).first->second;
+    if (w == 0 && job.job.kind == db::JobKind::kConfirm) ++forger_confirmations;
+    // The forger claims its first candidate runs in 0.2 ms (plausible, and
+    // false); every candidate really takes 2, 4, 6, 8 ms.
+    return Ok(Steady(w == 0 && n == 1 ? 2e-4 : 2e-3 * n));
+  });
+  EXPECT_EQ(forger_confirmations, 0);
+  auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
+  ASSERT_EQ(snap->state, db::TaskState::kDone) << snap->error;
+  // The forged candidate was contradicted by the honest worker; the next
+  // fastest, confirmed by the honest worker, is the best.
+  const std::optional<db::BestRow> best = Cached();
+  ASSERT_TRUE(best.has_value());
+  auto measurement = scheduler_->db().GetMeasurement(best->measurement_id);
+  ASSERT_TRUE(measurement.ok());
+  EXPECT_EQ(measurement->kind, db::JobKind::kConfirm);
+  EXPECT_EQ(measurement->worker_id, honest.worker_id);
+  EXPECT_DOUBLE_EQ(measurement->median_s, Summarize(Steady(4e-3)).median);
+}
+
+TEST_F(ForgedResultTest, AnUnconfirmedTimeIsNeverCached) {
+  int confirmations = 0;
+  const std::string task = Run(4, {worker_}, [&](size_t, const LeasedJob& job) {
+    if (job.job.kind == db::JobKind::kBaseline) return Ok(Steady(8e-3));
+    if (job.job.kind == db::JobKind::kConfirm) {
+      ++confirmations;
+      return Ok(Steady(2e-2));  // every run again ten times slower: no candidate's time holds
+    }
+    return Ok(Steady(2e-3));
+  });
+  EXPECT_EQ(confirmations, 3);  // then it gives up
+  auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
+  EXPECT_EQ(snap->state, db::TaskState::kFailed);
+  EXPECT_THAT(snap->error, ::testing::HasSubstr("unconfirmed"));
+  EXPECT_FALSE(Cached().has_value());
 }
 
 }  // namespace
