@@ -9,6 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/ir/spec.h"
+#include "common/util/files.h"
+#include "common/util/status_macros.h"
 #include "proto/wire/grpc_status.h"
 
 namespace fusor::client {
@@ -104,17 +107,20 @@ absl::StatusOr<v1::SweepReport> Client::Sweep(const v1::SweepRequest& request,
 }
 
 absl::StatusOr<v1::Workload> ReadWorkloadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read workload file '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  // The scheduler's limits, applied before anything is parsed.
+  auto read = ReadFile(path, static_cast<int64_t>(ir::Limits().max_spec_bytes));
+  if (absl::IsNotFound(read.status())) {
+    return absl::NotFoundError(absl::StrCat("cannot read workload file '", path, "'"));
+  }
+  if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat("workload file ", read.status().message()));
+  const std::string& text = *read;
   v1::Workload workload;
   size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos || text[first] != '{') {
     workload.set_text(text);
     return workload;
   }
+  RETURN_IF_ERROR(CheckJsonDepth(text, path));
   nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not chain text and not a JSON object"));

@@ -23,7 +23,7 @@ absl::StatusOr<Extraction> ExtractModel(const std::string& path, const std::map<
     e.rejected = std::move(onnx.rejected);
     return e;
   }
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path, kMaxDescriptionBytes));
   auto config = zoo::ParseTransformerConfig(text);
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", config.status().message()));
   zoo::TransformerConfig& c = *config;

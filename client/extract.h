@@ -22,6 +22,9 @@ struct Extraction {
   std::vector<std::string> rejected;
 };
 
+// A model description is at most 1 MiB, nested at most kMaxJsonDepth deep.
+inline constexpr int64_t kMaxDescriptionBytes = int64_t{1} << 20;
+
 // Reads `path` (*.onnx: an ONNX model, whose symbolic dims `dims` binds;
 // otherwise a model description, where `dims` sets batch, seq or
 // target_seq).

@@ -451,7 +451,7 @@ int ExportRecords(const GlobalOptions& g, const std::string& workload, const std
 }
 
 int ImportRecords(const GlobalOptions& g, const std::string& path) {
-  auto text = fusor::ReadFile(path);
+  auto text = fusor::ReadFile(path, fusor::server::kMaxImportBytes);  // what the scheduler takes in one import
   if (!text.ok()) return Fail(text.status());
   std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   fusor::db::ImportStats stats;

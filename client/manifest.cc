@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
 
@@ -103,9 +104,12 @@ absl::StatusOr<ManifestModel> ParseModel(const std::string& path, const std::fil
 
 absl::StatusOr<Manifest> LoadManifest(const std::string& path) {
   if (!std::filesystem::is_regular_file(path)) return absl::NotFoundError(absl::StrCat("no manifest '", path, "'"));
+  // Bounded before parsing: the YAML parser recurses over nesting.
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path, kMaxManifestBytes));
+  RETURN_IF_ERROR(CheckJsonDepth(text, path));
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ":", e.mark.line + 1, ": not YAML or JSON: ", e.msg));
   }

@@ -44,6 +44,10 @@ struct Manifest {
   std::vector<ManifestModel> models;
 };
 
+// A manifest is at most 1 MiB (as a request to the scheduler), nested at
+// most kMaxJsonDepth deep: checked before it is parsed.
+inline constexpr int64_t kMaxManifestBytes = int64_t{1} << 20;
+
 // INVALID_ARGUMENT naming the line, the model and the key for anything
 // malformed or unknown; NOT_FOUND for a missing manifest or model file.
 absl::StatusOr<Manifest> LoadManifest(const std::string& path);

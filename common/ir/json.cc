@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::ir {
@@ -153,35 +154,6 @@ absl::StatusOr<ChainSpec> SpecFromJson(const Json& root) {
   return spec;
 }
 
-// A workload is at most a few levels deep; anything much deeper is refused
-// before the parser (iterative) builds a tree that later walks recurse over.
-constexpr int kMaxJsonDepth = 32;
-
-absl::Status CheckJsonDepth(absl::string_view json) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < json.size(); ++i) {
-    const char c = json[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) {
-        return absl::InvalidArgumentError(absl::StrCat("workload JSON nests deeper than ", kMaxJsonDepth,
-                                                       " levels at byte ", i, " (limit)"));
-      }
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<Chain> ParseChainJson(absl::string_view json, const Limits& limits) {
@@ -189,7 +161,9 @@ absl::StatusOr<Chain> ParseChainJson(absl::string_view json, const Limits& limit
     return absl::InvalidArgumentError(absl::StrCat("workload JSON is ", json.size(),
                                                    " bytes; the limit is ", limits.max_spec_bytes));
   }
-  RETURN_IF_ERROR(CheckJsonDepth(json));
+  // A workload is a few levels deep: anything much deeper is refused before
+  // the parser builds a tree that later walks recurse over.
+  RETURN_IF_ERROR(CheckJsonDepth(json, "workload"));
   Json root = Json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) {
     // Re-parse with exceptions only to get the position of the syntax error.

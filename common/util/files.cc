@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace fusor {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -21,6 +23,43 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::string text(static_cast<size_t>(max_bytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<int64_t>(text.size()) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is larger than ", max_bytes, " bytes (the limit)"));
+  }
+  return text;
+}
+
+absl::Status CheckJsonDepth(absl::string_view text, absl::string_view what, int max_depth) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > max_depth) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": JSON nests deeper than ", max_depth, " levels at byte ", i, " (limit)"));
+      }
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return absl::OkStatus();
 }
 
 void EvictLeastRecentlyUsed(const std::string& dir, int64_t max_bytes, const std::string& keep) {

@@ -1,5 +1,6 @@
-// Whole-file reads and writes with errors as Status, a least-recently-used
-// bound on a cache directory, and an exclusive lock on a file.
+// Whole-file reads (bounded where asked) and writes with errors as Status, a
+// JSON nesting check, a least-recently-used bound on a cache directory, and
+// an exclusive lock on a file.
 #pragma once
 
 #include <cstdint>
@@ -7,11 +8,21 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace fusor {
 
 // NOT_FOUND when `path` cannot be read.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
+// The same, INVALID_ARGUMENT (naming the limit) when `path` holds more than
+// `max_bytes`: nothing past the limit is read.
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes);
+
+// INVALID_ARGUMENT when JSON `text` nests objects and arrays deeper than
+// `max_depth`, checked before any parser builds its tree (`what`: the
+// file or message, for the error).
+inline constexpr int kMaxJsonDepth = 32;
+absl::Status CheckJsonDepth(absl::string_view text, absl::string_view what, int max_depth = kMaxJsonDepth);
 // INTERNAL when `path` cannot be written.
 absl::Status WriteFile(const std::string& path, const std::string& bytes);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/ir/canonical.h"
 #include "common/ir/parse.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::zoo {
@@ -115,6 +116,7 @@ void AddDistinct(std::vector<ModelChain>& chains, ModelChain chain) {
 }
 
 absl::StatusOr<TransformerConfig> ParseTransformerConfig(const std::string& text) {
+  RETURN_IF_ERROR(CheckJsonDepth(text, "model description"));
   const Json j = Json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("a model description is a JSON object");
   TransformerConfig c;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/files.h"
 #include "common/util/status_macros.h"
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
@@ -66,6 +67,7 @@ struct Record {
 bool OfCandidate(JobKind kind) { return kind == JobKind::kCandidate || kind == JobKind::kConfirm; }
 
 absl::StatusOr<Record> ParseRecord(const std::string& line) {
+  RETURN_IF_ERROR(CheckJsonDepth(line, "record"));
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   Record r;

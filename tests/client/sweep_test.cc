@@ -12,6 +12,8 @@
 #include <variant>
 
 #include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "client/extract.h"
 #include "client/manifest.h"
 #include "client/sweep_report.h"
 
@@ -121,6 +123,34 @@ TEST_F(ManifestTest, ErrorsNameTheLineAndTheKey) {
 
 // An ONNX model in a manifest, its symbolic dim swept: a graph of
 // MatMul -> Relu -> MatMul (weights never needed).
+// Every file the CLI reads is bounded in size and nesting before it is
+// parsed, as the scheduler bounds what it receives (issue 36, finding 8).
+TEST_F(ManifestTest, FilesAreBoundedInSizeAndNestingBeforeTheyAreParsed) {
+  const std::string deep = std::string(20000, '[') + std::string(20000, ']');
+  const std::string chain_deep = "{\"inputs\": " + deep + "}";
+  const std::string big = "{\"text\": \"" + std::string(200 << 10, 'x') + "\"}";
+  auto workload = ReadWorkloadFile(Write("deep.json", chain_deep));
+  EXPECT_TRUE(absl::IsInvalidArgument(workload.status())) << workload.status();
+  EXPECT_THAT(std::string(workload.status().message()), HasSubstr("nests deeper than 32 levels"));
+  workload = ReadWorkloadFile(Write("big.json", big));
+  EXPECT_TRUE(absl::IsInvalidArgument(workload.status())) << workload.status();
+  EXPECT_THAT(std::string(workload.status().message()), HasSubstr("larger than 65536 bytes"));
+  workload = ReadWorkloadFile(Write("big.fusor", std::string(100 << 10, '#')));  // chain text too
+  EXPECT_TRUE(absl::IsInvalidArgument(workload.status())) << workload.status();
+
+  absl::Status st = Error("models: " + deep);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("nests deeper than 32 levels"));
+  st = Error("# " + std::string(kMaxManifestBytes, 'x'));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("larger than 1048576 bytes"));
+
+  auto description = ExtractModel(Write("models/deep.json", "{\"model\": \"deep\", \"seq\": " + deep + "}"), {});
+  EXPECT_TRUE(absl::IsInvalidArgument(description.status())) << description.status();
+  EXPECT_THAT(std::string(description.status().message()), HasSubstr("nests deeper than 32 levels"));
+  description = ExtractModel(Write("models/big.json", std::string(kMaxDescriptionBytes + 1, ' ')), {});
+  EXPECT_THAT(std::string(description.status().message()), HasSubstr("larger than 1048576 bytes"));
+}
+
 TEST_F(ManifestTest, OnnxModelsTakeTheirDims) {
   onnx::ModelProto model;
   model.set_ir_version(8);
