@@ -31,6 +31,7 @@
 #include "common/codegen/cpu/cpu_codegen.h"
 #include "common/util/files.h"
 #include "common/util/log.h"
+#include "common/util/text.h"
 #include "common/hw/devices.h"
 #include "common/space/loop_nest.h"
 #include "common/space/space.h"
@@ -315,7 +316,7 @@ absl::StatusOr<std::pair<fusor::client::Manifest, std::vector<fusor::client::Swe
   auto models = fusor::client::ExtractManifest(*manifest, [&](const fusor::client::SweepModel& m) {
     for (const auto& c : m.extraction.chains) keys.insert(c.key);
     chains += static_cast<int>(m.extraction.chains.size());
-    std::cerr << absl::StrCat("  ", m.name, ": ", m.extraction.chains.size(), " chains",
+    std::cerr << absl::StrCat("  ", fusor::Echo(m.name), ": ", m.extraction.chains.size(), " chains",
                               m.extraction.rejected.empty()
                                   ? ""
                                   : absl::StrCat(" (", m.extraction.rejected.size(), " candidates not fused)"),
@@ -374,7 +375,7 @@ int Sweep(Client& client, const GlobalOptions& g, const fusor::client::Manifest&
               << "follows it and writes the report\n";
     return 0;
   }
-  if (out_dir.empty()) out_dir = "fusor-sweep-" + manifest.name;
+  if (out_dir.empty()) out_dir = "fusor-sweep-" + fusor::SafeName(manifest.name);  // under the working directory
   auto written = fusor::client::WriteSweepReport(*report, models, out_dir);
   if (!written.ok()) return Fail(written.status());
   int failed = 0, cache = 0, tuned = 0;

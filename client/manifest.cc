@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
+#include "common/util/text.h"
 #include "proto/wire/convert.h"
 
 namespace fusor::client {
@@ -78,6 +79,9 @@ absl::StatusOr<ManifestModel> ParseModel(const std::string& path, const std::fil
       if (!value.IsScalar() || value.Scalar().empty()) {
         return absl::InvalidArgumentError(absl::StrCat(Where(path, value), what, ".name must be a string"));
       }
+      if (absl::Status st = CheckName(value.Scalar(), "model"); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(Where(path, value), st.message()));
+      }
       m.name = value.Scalar();
     } else if (key == "batch" || key == "seq" || key == "target_seq") {
       RETURN_IF_ERROR(add_dim(key, value));
@@ -116,7 +120,7 @@ absl::StatusOr<Manifest> LoadManifest(const std::string& path) {
   if (!root.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": a manifest is a mapping with 'models'"));
   Manifest m;
   m.path = path;
-  m.name = std::filesystem::path(path).stem().string();
+  m.name = SafeName(std::filesystem::path(path).stem().string());
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   bool has_models = false;
   try {
@@ -125,6 +129,10 @@ absl::StatusOr<Manifest> LoadManifest(const std::string& path) {
       if (key == "name") {
         if (!kv.second.IsScalar() || kv.second.Scalar().empty()) {
           return absl::InvalidArgumentError(absl::StrCat(Where(path, kv.second), "name must be a string"));
+        }
+        // It names the report's directory: no path in it.
+        if (absl::Status st = CheckName(kv.second.Scalar(), "sweep"); !st.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(Where(path, kv.second), st.message()));
         }
         m.name = kv.second.Scalar();
       } else if (key == "budget") {

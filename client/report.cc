@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "common/space/split.h"
+#include "common/util/text.h"
 
 namespace fusor::client {
 
@@ -100,8 +101,9 @@ std::string FormatWorkers(const v1::ListWorkersResponse& workers, int64_t now_ms
   std::string out = absl::StrFormat("%-20s %-24s %-6s %-21s %-14s %5s %9s %10s %6s %s\n", "WORKER", "NAME", "STATE",
                                     "TARGET", "ARCH", "CORES", "W GB/s", "P GFLOP/s", "JOBS", "LAST SEEN");
   for (const v1::WorkerInfo& w : workers.workers()) {
-    absl::StrAppendFormat(&out, "%-20s %-24s %-6s %-21s %-14s %5d %9.1f %10.1f %6d %.0f s ago\n", w.worker_id(),
-                          w.name(), w.state(), w.target().fingerprint(), w.target().arch(),
+    // Names from before they were checked at registration: escaped, one line each.
+    absl::StrAppendFormat(&out, "%-20s %-24s %-6s %-21s %-14s %5d %9.1f %10.1f %6d %.0f s ago\n", Echo(w.worker_id(), 64),
+                          Echo(w.name(), 64), w.state(), Echo(w.target().fingerprint(), 64), Echo(w.target().arch(), 64),
                           w.target().compute_units(), w.target().bandwidth_bytes_per_s() / 1e9,
                           w.target().peak_flops() / 1e9, w.jobs_done(),
                           static_cast<double>(now_ms - w.last_seen_unix_ms()) / 1000);

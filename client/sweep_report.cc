@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +16,7 @@
 #include "client/report.h"
 #include "common/util/files.h"
 #include "common/util/status_macros.h"
+#include "common/util/text.h"
 
 namespace fusor::client {
 namespace {
@@ -53,16 +55,25 @@ std::string TargetLine(const v1::Target& t) {
                       t.fingerprint(), ")");
 }
 
+// Every name in a report is text from outside (a model's, a chain's, an
+// error): each format escapes it for itself, after Echo has written its
+// control characters, bidirectional controls and invalid UTF-8 as escapes.
 std::string CsvField(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  return absl::StrCat("\"", absl::StrReplaceAll(s, {{"\"", "\"\""}}), "\"");
+  std::string text = Echo(s, s.size());
+  // A spreadsheet would run a field that starts like a formula.
+  if (!text.empty() && absl::StrContains("=+-@", text[0])) text = "'" + text;
+  if (text.find_first_of(",\"'") == std::string::npos) return text;
+  return absl::StrCat("\"", absl::StrReplaceAll(text, {{"\"", "\"\""}}), "\"");
 }
 
 std::string Xml(const std::string& s) {
-  return absl::StrReplaceAll(s, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
+  return absl::StrReplaceAll(Echo(s, s.size()),
+                             {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}, {"'", "&apos;"}});
 }
 
-std::string MdCell(const std::string& s) { return absl::StrReplaceAll(s, {{"|", "\\|"}, {"\n", " "}}); }
+std::string MdCell(const std::string& s) {
+  return absl::StrReplaceAll(Echo(s, s.size()), {{"|", "\\|"}, {"<", "&lt;"}, {">", "&gt;"}, {"`", "\\`"}});
+}
 
 struct Counts {
   int chains = 0, cache = 0, tuned = 0, failed = 0, other = 0;
@@ -123,10 +134,10 @@ std::vector<ModelTotals> TotalsPerModel(const v1::SweepReport& report) {
 
 std::string SweepReportMarkdown(const v1::SweepReport& r, const std::vector<SweepModel>& models) {
   const Counts n = CountDistinct(r);
-  std::string out = absl::StrCat("# Sweep ", r.name(), "\n\n");
+  std::string out = absl::StrCat("# Sweep ", MdCell(r.name()), "\n\n");
   absl::StrAppend(&out, "- sweep ", r.sweep_id(), " (", r.state(), "), started ", Date(r.created_unix_ms()),
                   ", finished ", Date(r.finished_unix_ms()), "\n");
-  absl::StrAppend(&out, "- target ", TargetLine(r.target()), "; budget ", r.budget(), " candidates per chain\n");
+  absl::StrAppend(&out, "- target ", MdCell(TargetLine(r.target())), "; budget ", r.budget(), " candidates per chain\n");
   absl::StrAppend(&out, "- ", r.results_size(), " chains in ", ByModel(r).size(), " models, ", n.chains,
                   " distinct: ", n.cache, " from the cache, ", n.tuned, " tuned (",
                   absl::StrFormat("%.1f", n.tuning_s), " s of tuning), ", n.failed, " failed");
@@ -140,10 +151,10 @@ std::string SweepReportMarkdown(const v1::SweepReport& r, const std::vector<Swee
                     " | ", Ms(t.baseline_s), " | ", Ms(t.fused_s), " | ", Speedup(t.speedup()), " |\n");
   }
   for (const auto& [model, chains] : ByModel(r)) {
-    absl::StrAppend(&out, "\n## ", model, "\n\n");
+    absl::StrAppend(&out, "\n## ", MdCell(model), "\n\n");
     for (const SweepModel& m : models) {
       if (m.name != model) continue;
-      for (const std::string& line : m.extraction.about) absl::StrAppend(&out, "- ", line, "\n");
+      for (const std::string& line : m.extraction.about) absl::StrAppend(&out, "- ", MdCell(line), "\n");
       if (!m.extraction.about.empty()) absl::StrAppend(&out, "\n");
     }
     absl::StrAppend(&out, "| chain | role | from | runs | result | fused (ms) | unfused (ms) | speedup | tuning (s) |\n"
@@ -162,8 +173,8 @@ std::string SweepReportMarkdown(const v1::SweepReport& r, const std::vector<Swee
     if (m.extraction.rejected.empty() && !m.extraction.chains.empty()) continue;
     if (!any_rejected) absl::StrAppend(&out, "\n## Not fused\n\n");
     any_rejected = true;
-    if (m.extraction.chains.empty()) absl::StrAppend(&out, "- ", m.name, ": no fusible chain\n");
-    for (const std::string& why : m.extraction.rejected) absl::StrAppend(&out, "- ", m.name, ": ", MdCell(why), "\n");
+    if (m.extraction.chains.empty()) absl::StrAppend(&out, "- ", MdCell(m.name), ": no fusible chain\n");
+    for (const std::string& why : m.extraction.rejected) absl::StrAppend(&out, "- ", MdCell(m.name), ": ", MdCell(why), "\n");
   }
   return out;
 }
@@ -229,7 +240,9 @@ std::string SweepReportJson(const v1::SweepReport& r, const std::vector<SweepMod
     out_models.push_back(std::move(m));
   }
   j["models"] = std::move(out_models);
-  return j.dump(2) + "\n";
+  // ASCII only (a bidi control in a name is \u202e, not a reversed terminal line), and invalid
+  // UTF-8 in a name from outside becomes U+FFFD instead of failing the report.
+  return j.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string SweepReportSvg(const v1::SweepReport& r) {

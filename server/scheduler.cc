@@ -23,6 +23,7 @@
 #include "common/util/log.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
+#include "common/util/text.h"
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
@@ -641,6 +642,20 @@ absl::StatusOr<TaskSnapshot> Scheduler::WaitForTask(const std::string& task_id, 
 
 absl::StatusOr<Registration> Scheduler::Register(const std::string& name, const hw::TargetDesc& desc) {
   if (desc.compute_units <= 0) return absl::InvalidArgumentError("register: target.compute_units must be positive");
+  if (absl::Status st = name.empty() ? absl::OkStatus() : CheckName(name, "worker"); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("register: ", st.message()));
+  }
+  // What the target says of itself is listed and logged: bounded, and
+  // printable (no line breaks or terminal escapes).
+  std::vector<std::string> texts = {desc.arch, desc.device_name, desc.compiler};
+  texts.insert(texts.end(), desc.isa_features.begin(), desc.isa_features.end());
+  for (const std::string& text : texts) {
+    if (text.size() > 256 || Echo(text, 256) != text) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("register: target field '", Echo(text, 40), "' is over 256 bytes or not printable"));
+    }
+  }
+  if (texts.size() > 64) return absl::InvalidArgumentError("register: more than 61 target.isa_features");
   const std::string fingerprint = hw::TargetFingerprint(desc);
   ASSIGN_OR_RETURN(std::string json, wire::TargetToJson(desc));
   const int64_t now = NowMs();

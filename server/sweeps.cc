@@ -5,12 +5,14 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 #include "common/util/log.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
+#include "common/util/text.h"
 #include "proto/wire/grpc_status.h"
 
 namespace fusor::server {
@@ -60,14 +62,21 @@ absl::StatusOr<SweepStarted> SweepRunner::Start(const SweepRequest& request, con
   if (request.options.force) {
     return absl::InvalidArgumentError("sweep: force is not supported; a sweep asks the cache first");
   }
+  if (!request.name.empty()) RETURN_IF_ERROR(CheckName(request.name, "sweep"));
   std::vector<PreparedRequest> prepared;
   std::string target_fp;
   std::set<std::string> models;
   for (int i = 0; i < num_entries; ++i) {
     const SweepRequest::Entry& e = request.entries[i];
     const std::string what =
-        absl::StrCat("sweep entry ", i + 1, " (model '", e.model, "', chain '", e.chain_name, "')");
+        absl::StrCat("sweep entry ", i + 1, " (model '", Echo(e.model), "', chain '", Echo(e.chain_name), "')");
     if (e.model.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": model is required"));
+    for (const auto& [label, field, most] : {std::tuple{&e.model, "model", 256}, {&e.role, "role", 256},
+                                             {&e.source, "source", 4096}}) {
+      if (absl::Status st = CheckLabel(*label, field, most); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", st.message()));
+      }
+    }
     if (e.instances < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
     // The first entry picks the target; the rest go to the same one.
     absl::StatusOr<PreparedRequest> p = !e.chain.ok()       ? absl::StatusOr<PreparedRequest>(e.chain.status())

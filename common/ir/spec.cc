@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "common/ir/lexer.h"
 #include "common/util/status_macros.h"
+#include "common/util/text.h"
 
 namespace fusor::ir {
 
@@ -50,7 +51,10 @@ const std::set<std::string, std::less<>>& ReservedWords() {
 
 absl::Status CheckName(absl::string_view name, absl::string_view what, const Where& where) {
   if (!IsIdentifier(name)) {
-    return Error(where, absl::StrCat(what, " name '", name, "' is not an identifier"));
+    return Error(where, absl::StrCat(what, " name '", Echo(name), "' is not an identifier"));
+  }
+  if (name.size() > kMaxNameBytes) {
+    return Error(where, absl::StrCat(what, " name '", Echo(name, 40), "' is longer than ", kMaxNameBytes, " bytes"));
   }
   if (ReservedWords().count(name) > 0) {
     return Error(where, absl::StrCat(what, " name '", name, "' is a reserved word"));
@@ -498,8 +502,9 @@ absl::Status BuildOp(const OpSpec& spec, const Limits& limits, Chain& chain) {
 absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
   Chain chain;
   chain.name = spec.name.empty() ? "chain" : spec.name;
-  if (!IsIdentifier(chain.name)) {
-    return Error(spec.where, absl::StrCat("chain name '", chain.name, "' is not an identifier"));
+  if (!IsIdentifier(chain.name) || chain.name.size() > kMaxNameBytes) {
+    return Error(spec.where, absl::StrCat("chain name '", Echo(chain.name, 40), "' is not an identifier of at most ",
+                                          kMaxNameBytes, " bytes"));
   }
   chain.dtype = spec.dtype.value_or(DType::kF32);
 

@@ -65,7 +65,7 @@ double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target) {
   const double units = rates.compute_units;
   if (target.backend == hw::Backend::kCpu) {
     const bool narrow = chain.dtype == ir::DType::kF16 || chain.dtype == ir::DType::kBF16;  // a library may use AMX
-    rates.peak_flops = units * std::max(target.vector_lanes_f32, 1) * 2 * 2 * 5e9 * (narrow ? 16 : 1);
+    rates.peak_flops = units * std::max(target.vector_lanes_f32, 1) * 2 * 2 * 6.5e9 * (narrow ? 16 : 1);
     rates.bandwidth_bytes_per_s = units * 50e9;
   } else if (rates.source != hw::RateSource::kDeviceTable) {
     rates.peak_flops = std::max(rates.peak_flops, units * 8192 * 3e9);

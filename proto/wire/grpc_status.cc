@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace fusor::wire {
 namespace {
@@ -35,10 +36,20 @@ constexpr std::pair<absl::StatusCode, grpc::StatusCode> kCodes[] = {
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
-  for (const auto& [a, g] : kCodes) {
-    if (status.code() == a) return grpc::Status(g, std::string(status.message()));
+  // A message travels in the trailers, which clients refuse past 16 KiB by
+  // default (and then see RESOURCE_EXHAUSTED instead of the real error):
+  // one that echoes a long input is cut, on a character's boundary.
+  constexpr size_t kMaxMessageBytes = 2048;
+  std::string message(status.message());
+  if (message.size() > kMaxMessageBytes) {
+    size_t cut = kMaxMessageBytes;
+    while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xc0) == 0x80) --cut;
+    message = absl::StrCat(message.substr(0, cut), "... (", message.size(), " bytes)");
   }
-  return grpc::Status(grpc::StatusCode::UNKNOWN, std::string(status.message()));
+  for (const auto& [a, g] : kCodes) {
+    if (status.code() == a) return grpc::Status(g, message);
+  }
+  return grpc::Status(grpc::StatusCode::UNKNOWN, message);
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

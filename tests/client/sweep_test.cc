@@ -1,6 +1,7 @@
 // Zoo manifests (YAML and JSON) and the sweep's report files.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -254,7 +255,7 @@ TEST(SweepReportTest, TotalsAndEveryFormat) {
   models[0].name = "c";
   models[0].extraction.rejected = {"node 'x' (Softmax): not the last axis"};
   const std::string md = SweepReportMarkdown(report, models);
-  EXPECT_THAT(md, HasSubstr("| a <b> | 2 | 10 | 6 | 1.67x |"));
+  EXPECT_THAT(md, HasSubstr("| a &lt;b&gt; | 2 | 10 | 6 | 1.67x |"));
   EXPECT_THAT(md, HasSubstr("3 chains in 2 models, 3 distinct: 1 from the cache, 1 tuned (12.5 s of tuning), 1 failed"));
   EXPECT_THAT(md, HasSubstr("failed: all 4 candidates failed"));
   EXPECT_THAT(md, HasSubstr("- c: node 'x' (Softmax): not the last axis"));
@@ -276,6 +277,46 @@ TEST(SweepReportTest, TotalsAndEveryFormat) {
   EXPECT_THAT(svg, HasSubstr("a &lt;b&gt;"));  // escaped
   EXPECT_THAT(svg, HasSubstr(">3.00x<"));      // the ffn's bar
   EXPECT_THAT(svg, HasSubstr(">failed<"));
+}
+
+// Names from outside reach every report escaped for its format (issue 36,
+// finding 6): no line break, terminal escape or bidi control gets through,
+// the CSV keeps one row per chain and no formula, and the SVG is XML that
+// a parser reads.
+TEST(SweepReportTest, HostileNamesAreEscapedInEveryFormat) {
+  const std::vector<std::string> names = {
+      "m\n2026-12-05 12:00:00.000 info [scheduler] a fake line", "\x1b[2J<script>&'x'</script>",
+      "=HYPERLINK(\"http://evil\")", "rtl\xe2\x80\xaetxt.exe", "bad\xff\xfe", "ok"};
+  v1::SweepReport report;
+  report.set_sweep_id("s-2");
+  report.set_name("zoo</title><a>");
+  report.set_state("done");
+  for (size_t i = 0; i < names.size(); ++i) {
+    *report.add_results() = Result(names[i], "c" + std::to_string(i), i % 2 ? "tuned" : "failed", 1, 1e-3, 2e-3);
+    report.mutable_results()->rbegin()->set_error(names[i]);
+  }
+  std::vector<SweepModel> models(1);
+  models[0].name = names[0];
+  models[0].extraction.rejected = {names[1]};
+  const std::string md = SweepReportMarkdown(report, models), csv = SweepReportCsv(report),
+                    json = SweepReportJson(report, models), svg = SweepReportSvg(report);
+  for (const std::string* text : {&md, &csv, &json, &svg}) {
+    EXPECT_EQ(text->find('\x1b'), std::string::npos);
+    EXPECT_EQ(text->find("\xe2\x80\xae"), std::string::npos);
+    EXPECT_EQ(text->find('\xff'), std::string::npos);
+    EXPECT_EQ(text->find("\n2026-12-05"), std::string::npos);
+  }
+  EXPECT_EQ(md.find("<script>"), std::string::npos);
+  std::vector<std::string> rows = absl::StrSplit(csv, '\n', absl::SkipEmpty());
+  EXPECT_EQ(rows.size(), names.size() + 1);
+  EXPECT_THAT(csv, HasSubstr("\n\"'=HYPERLINK(\"\"http://evil\"\")\",c2,"));
+  EXPECT_FALSE(nlohmann::json::parse(json, nullptr, false).is_discarded());
+  // The SVG read by an XML parser (Python's, which Debian's python3 has).
+  const auto path = std::filesystem::temp_directory_path() / ("fusor-sweep-" + std::to_string(getpid()) + ".svg");
+  std::ofstream(path) << svg;
+  const std::string parse = "python3 -c 'import sys, xml.etree.ElementTree as E; E.parse(sys.argv[1])' " + path.string();
+  EXPECT_EQ(std::system(parse.c_str()), 0) << svg;
+  std::filesystem::remove(path);
 }
 
 TEST(SweepReportTest, ProgressLine) {

@@ -322,6 +322,20 @@ TEST_F(IntegrationTest, CacheOnlyMissIsNotFoundAndBadInputIsInvalid) {
   auto bad = client.Tune(Request("dim m=4\nin A[m]\nB[m] = A[m] +\nout B", 4), nullptr, absl::Seconds(10));
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("line 3, column 14"));
+  // An error that would echo a long input (an 18 KB name) says what it is,
+  // cut short: past 16 KiB a client would see RESOURCE_EXHAUSTED instead.
+  const std::string name(18000, 'x');
+  for (const std::string& text : {"dim m=4\nin " + name + "-[m]\nB[m] = A[m]\nout B",
+                                   "dim m=4\nin " + name + "[m]\nB[m] = " + name + "[m]\nout B"}) {
+    auto long_name = client.Tune(Request(text, 4), nullptr, absl::Seconds(10));
+    EXPECT_TRUE(absl::IsInvalidArgument(long_name.status())) << long_name.status().ToString().substr(0, 300);
+    EXPECT_LT(long_name.status().message().size(), 600u);
+  }
+  std::string huge(3000, 'e');
+  auto cut = wire::FromGrpcStatus(wire::ToGrpcStatus(absl::InvalidArgumentError(huge + std::string(40000, 'f'))));
+  EXPECT_TRUE(absl::IsInvalidArgument(cut));
+  EXPECT_LT(cut.message().size(), 2100u);
+  EXPECT_THAT(std::string(cut.message()), HasSubstr("... (43000 bytes)"));
   EXPECT_EQ(*server_->core().db().CountMeasurements(), 0);
 }
 
