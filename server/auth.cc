@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/util/sha256.h"
 #include "common/util/status_macros.h"
+#include "common/util/text.h"
 
 namespace fusor::server {
 
@@ -29,6 +30,7 @@ std::string TokenHash(const std::string& token) { return Sha256Hex(token); }
 
 absl::StatusOr<std::pair<db::TokenRow, std::string>> CreateToken(db::TuningDb& db, Role role,
                                                                  const std::string& name, int64_t now_ms) {
+  RETURN_IF_ERROR(CheckName(name, "token"));  // listed and logged
   unsigned char bytes[26];
   std::ifstream random("/dev/urandom", std::ios::binary);
   if (!random.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   std::string db_path = fusor::DefaultDatabasePath(Env("XDG_DATA_HOME"), Env("HOME"));
   std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? "info" : Env("FUSOR_LOG_LEVEL");
   fusor::server::SchedulerOptions options;
-  double lease_s = 60, heartbeat_s = 2, worker_timeout_s = 20, time_budget_s = 0.3, job_timeout_s = 300;
+  double lease_s = 60, heartbeat_s = 2, worker_timeout_s = 20, lost_retention_h = 24, time_budget_s = 0.3, job_timeout_s = 300;
   app.add_option("--listen", listen, "address to serve on (host:port)")->capture_default_str();
   app.add_option("--db", db_path, "SQLite tuning database")->capture_default_str();
   app.add_option("--db-max-mb", options.db_max_mb,
@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--heartbeat-seconds", heartbeat_s, "worker heartbeat interval")->capture_default_str();
   app.add_option("--worker-timeout-seconds", worker_timeout_s, "silence after which a worker is listed lost")
+      ->capture_default_str();
+  app.add_option("--lost-worker-retention-hours", lost_retention_h,
+                 "silence after which a lost worker leaves `fusor workers` (its measurements keep its id)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--max-attempts", options.max_attempts, "leases of one job before it fails")->capture_default_str();
   app.add_option("--sweep-parallel", options.sweep_parallel, "chains of one sweep tuned at once")
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   options.lease = absl::Seconds(lease_s);
   options.heartbeat_interval = absl::Seconds(heartbeat_s);
   options.worker_timeout = absl::Seconds(worker_timeout_s);
+  options.lost_worker_retention = absl::Hours(lost_retention_h);
   options.measure.time_budget_s = time_budget_s;
   options.measure.max_spread = max_spread;
   options.unfused_answers = !fused_only;

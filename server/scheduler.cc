@@ -687,11 +687,17 @@ absl::StatusOr<db::WorkerRow> Scheduler::Authenticate(const std::string& worker_
   unsigned char diff = hash.size() != worker.secret_hash.size();
   for (size_t i = 0; i < hash.size() && i < worker.secret_hash.size(); ++i) diff |= hash[i] ^ worker.secret_hash[i];
   if (diff != 0 || secret.empty()) {
-    Log()->warn("[worker={}] {} refused: the worker secret does not match its registration", worker_id,
+    Log()->warn("[worker={}] {} refused: the worker secret does not match its registration", Echo(worker_id),
                 std::string(call));
     return absl::PermissionDeniedError(absl::StrCat(
-        call, ": the worker secret does not match the registration of worker ", worker_id,
+        call, ": the worker secret does not match the registration of worker ", Echo(worker_id),
         "; a worker acts only under the id and secret its own Register returned (register again)"));
+  }
+  {
+    // Heard from, even when the database cannot record it (a full disk):
+    // the reaper writes it down before it looks for silent workers.
+    std::lock_guard<std::mutex> lock(contact_mu_);
+    contact_ms_[worker_id] = NowMs();
   }
   return worker;
 }
@@ -1245,6 +1251,23 @@ void Scheduler::ReaperLoop() {
         if (!st.ok()) Log()->error("[task={}] {}", id, st.ToString());
       }
       lease_cv_.notify_all();
+    }
+    std::map<std::string, int64_t> contacts;
+    {
+      std::lock_guard<std::mutex> lock(contact_mu_);
+      contacts.swap(contact_ms_);
+    }
+    bool recorded = true;
+    for (const auto& [worker, ms] : contacts) {
+      const absl::Status st = db_->TouchWorker(worker, ms);
+      recorded = recorded && (st.ok() || absl::IsNotFound(st));
+    }
+    if (!recorded) {
+      // Not written (the storage refused): kept for the next pass, and no
+      // worker is marked lost while its contact cannot be recorded.
+      std::lock_guard<std::mutex> lock(contact_mu_);
+      for (const auto& [worker, ms] : contacts) contact_ms_.emplace(worker, ms);
+      continue;
     }
     auto lost = db_->MarkLostWorkers(now - absl::ToInt64Milliseconds(options_.worker_timeout));
     if (lost.ok() && *lost > 0) {

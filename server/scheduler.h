@@ -73,6 +73,9 @@ struct SchedulerOptions {
   absl::Duration lease = absl::Seconds(60);
   absl::Duration heartbeat_interval = absl::Seconds(2);
   absl::Duration worker_timeout = absl::Seconds(20);
+  // A lost worker leaves the list of workers when it has been silent this
+  // long (its measurements keep its id).
+  absl::Duration lost_worker_retention = absl::Hours(24);
   absl::Duration reaper_interval = absl::Milliseconds(250);
   int max_attempts = 3;
   int sweep_parallel = 2;  // chains of one sweep tuned at once
@@ -380,6 +383,8 @@ class Scheduler {
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> cache_hits_{0}, cache_misses_{0};
   std::atomic<int64_t> quota_refusals_[3] = {};
+  std::mutex contact_mu_;
+  std::map<std::string, int64_t> contact_ms_;  // worker id -> when it last called, not yet written down
   std::mutex implausible_mu_;
   std::map<std::string, int64_t> implausible_;  // worker id -> reports refused as implausible
   std::mutex reaper_mu_;

@@ -184,7 +184,7 @@ grpc::Status SchedulerService::LookupInCache(const grpc::ServerContextBase& ctx,
 grpc::Status SchedulerService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                            v1::ListWorkersResponse* resp) {
   if (grpc::Status st = auth_->Check(*ctx, {Role::kClient}); !st.ok()) return st;
-  auto workers = core_->db().ListWorkers();
+  auto workers = core_->db().ListWorkers(NowMs() - absl::ToInt64Milliseconds(core_->options().lost_worker_retention));
   if (!workers.ok()) return ToGrpcStatus(workers.status());
   for (const db::WorkerRow& w : *workers) *resp->add_workers() = WorkerInfoProto(w, core_->TargetOf(w.target_fp));
   return grpc::Status::OK;
@@ -318,7 +318,6 @@ grpc::Status AdminService::CreateToken(grpc::ServerContext* ctx, const v1::Creat
   if (grpc::Status st = auth_->Check(*ctx, {Role::kAdmin}, &caller); !st.ok()) return st;
   auto role = ParseRole(req->role());
   if (!role.ok()) return ToGrpcStatus(role.status());
-  if (req->name().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name is required");
   auto created = server::CreateToken(core_->db(), *role, req->name(), NowMs());
   if (!created.ok()) return ToGrpcStatus(created.status());
   *resp->mutable_info() = TokenProto(created->first);

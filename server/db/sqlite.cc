@@ -140,7 +140,8 @@ absl::Status Database::Exec(const std::string& sql) {
   if (rc != SQLITE_OK) {
     std::string message = error ? error : sqlite3_errstr(rc);
     sqlite3_free(error);
-    return SqliteError(nullptr, rc, absl::StrCat("SQL failed (", message, ")"));
+    // The connection, so that a storage failure names its file.
+    return SqliteError(db_, rc, absl::StrCat("SQL failed (", message, ")"));
   }
   return absl::OkStatus();
 }

@@ -187,6 +187,11 @@ absl::Status TuningDb::SetMaxBytes(int64_t bytes) {
   return db_->SetMaxPages(std::max<int64_t>(1, bytes / 4096));
 }
 
+absl::Status TuningDb::SetQueryOnly(bool query_only) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return db_->Exec(query_only ? "PRAGMA query_only = 1;" : "PRAGMA query_only = 0;");
+}
+
 absl::Status TuningDb::UpsertWorkload(const WorkloadRow& w, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
@@ -257,12 +262,13 @@ absl::StatusOr<WorkerRow> TuningDb::GetWorker(const std::string& id) {
   return w;
 }
 
-absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers() {
+absl::StatusOr<std::vector<WorkerRow>> TuningDb::ListWorkers(int64_t lost_since_ms) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s, db->Prepare(
                                     "SELECT w.id, w.name, w.target_fp, w.state, w.registered_ms, w.last_seen_ms, "
                                     "(SELECT COUNT(*) FROM measurements m WHERE m.worker_id = w.id) FROM workers w "
-                                    "ORDER BY w.registered_ms"));
+                                    "WHERE w.state <> ? OR w.last_seen_ms >= ? ORDER BY w.registered_ms"));
+  s.Bind(1, Name(WorkerState::kLost)).Bind(2, lost_since_ms);
   return ReadRows(s, [](const Statement& row) -> absl::StatusOr<WorkerRow> {
     ASSIGN_OR_RETURN(WorkerRow w, ReadWorker(row));
     w.jobs_done = static_cast<int>(row.Int(6));

@@ -241,6 +241,9 @@ class TuningDb {
   // Caps the database file at about `bytes` (never below its size now):
   // writes beyond fail as on a full disk (RESOURCE_EXHAUSTED).
   absl::Status SetMaxBytes(int64_t bytes);
+  // While set, every write fails at once as on a read-only disk (UNAVAILABLE
+  // naming the file): what a scheduler meets when its storage refuses writes.
+  absl::Status SetQueryOnly(bool query_only);
 
   // Changes whenever a best record is written: what was read of `best`
   // before is still current while this stays the same.
@@ -257,7 +260,8 @@ class TuningDb {
   // Updates last_seen and revives a lost worker. NOT_FOUND if unknown.
   absl::Status TouchWorker(const std::string& id, int64_t now_ms);
   absl::StatusOr<WorkerRow> GetWorker(const std::string& id);
-  absl::StatusOr<std::vector<WorkerRow>> ListWorkers();
+  // Every worker but those lost and last seen before `lost_since_ms`.
+  absl::StatusOr<std::vector<WorkerRow>> ListWorkers(int64_t lost_since_ms = 0);
   // Fingerprints of the targets that have an alive worker.
   absl::StatusOr<std::vector<std::string>> AliveTargets();
   // Marks alive workers not seen since `cutoff_ms` lost; returns how many.

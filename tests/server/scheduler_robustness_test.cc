@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 #include <functional>
 #include <map>
 #include <optional>
@@ -40,11 +41,12 @@ class SchedulerRobustnessTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void Open() {
+  void Open(absl::Duration worker_timeout = absl::Seconds(20)) {
     scheduler_.reset();
     SchedulerOptions o;
     o.db_path = (dir_ / "tuning.db").string();
     o.batch_size = 4;
+    o.worker_timeout = worker_timeout;
     auto s = Scheduler::Create(o);
     ASSERT_TRUE(s.ok()) << s.status();
     scheduler_ = std::move(*s);
@@ -197,6 +199,53 @@ TEST_F(SchedulerRobustnessTest, ReportsAreBoundToTheWorkerThatLeasedTheJob) {
   EXPECT_EQ(Measurements(), before + 1);
 }
 
+// What a worker says of itself is listed and logged: its name has a
+// length limit and a character set, its target's texts are printable and
+// bounded, and lost workers leave the list (issue 36, findings 6 and 7).
+TEST_F(SchedulerRobustnessTest, WorkerNamesAreBoundedAndLostWorkersLeaveTheList) {
+  hw::TargetDesc escaped = CpuTarget();
+  escaped.device_name = "cpu\x1b[2J";
+  for (const auto& [name, target] :
+       {std::pair{std::string("w\n2026-12-05 12:00:00.000 info [scheduler] a fake line"), CpuTarget()},
+        {std::string(900 << 10, 'w'), CpuTarget()}, {std::string("w"), escaped}}) {
+    auto r = scheduler_->Register(name, target);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status().ToString().substr(0, 200);
+    EXPECT_LT(r.status().message().size(), 300u);
+    EXPECT_EQ(r.status().message().find('\n'), absl::string_view::npos);
+  }
+  const WorkerCredentials gone = RegisterWorker("gone"), back = RegisterWorker("back");
+  ASSERT_TRUE(scheduler_->db().MarkLostWorkers(NowMs() + 1).ok());
+  ASSERT_TRUE(scheduler_->Heartbeat(back, {}).ok());  // alive again
+  auto listed = scheduler_->db().ListWorkers(0);  // lost ones kept for ever
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 2u);
+  listed = scheduler_->db().ListWorkers(NowMs() + 1000);  // lost ones silent since before then go
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].name, "back");
+}
+
+// A worker that keeps calling while the database refuses writes (as on a
+// full or read-only disk) is not marked lost once the database takes writes
+// again (issue 36, finding 4).
+TEST_F(SchedulerRobustnessTest, AWorkerWaitingOutAStorageErrorIsNotMarkedLost) {
+  Open(absl::Seconds(1));
+  const WorkerCredentials w = RegisterWorker("patient");
+  ASSERT_TRUE(scheduler_->db().SetQueryOnly(true).ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < until) {  // longer than the worker timeout
+    const absl::Status st = scheduler_->Heartbeat(w, {}).status();
+    EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr((dir_ / "tuning.db").string()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(scheduler_->db().SetQueryOnly(false).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // reaper passes, within the timeout
+  auto row = scheduler_->db().GetWorker(w.worker_id);
+  ASSERT_TRUE(row.ok()) << row.status();
+  EXPECT_EQ(row->state, db::WorkerState::kAlive);
+}
+
 TEST_F(SchedulerRobustnessTest, AnExpiredLeaseSaysSo) {
   const WorkerCredentials w = RegisterWorker("w");
   StartTask();
@@ -261,6 +310,7 @@ TEST_F(SchedulerRobustnessTest, AFullDiskIsReportedAsSuchAndTheReportCanBeRetrie
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is out of space"));
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("nothing was recorded"));
   EXPECT_THAT(std::string(refused.status().message()), ::testing::Not(HasSubstr("INSERT")));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr((dir_ / "tuning.db").string()));  // not "(in memory)"
   EXPECT_GT(db::StorageFailures(db::StorageFailure::kFull), failures);
   EXPECT_EQ(Measurements(), before);
   EXPECT_EQ(scheduler_->db().GetJob(jobs[0].job.id)->state, db::JobState::kLeased);

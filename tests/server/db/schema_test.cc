@@ -194,3 +194,26 @@ TEST(SchemaFileTest, RefusesAFileThatIsNotADatabase) {
 
 }  // namespace
 }  // namespace fusor::db
+
+namespace fusor::db {
+namespace {
+
+// A storage failure names the database file, whichever call met it (issue
+// 36, finding 4: a failed statement run through Exec said "(in memory)").
+TEST(SchemaFileTest, AStorageFailureNamesTheDatabaseFile) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("fusor-full-" + std::to_string(getpid()) + ".db");
+  std::filesystem::remove(path);
+  {
+    auto db = Database::Open(path.string());
+    ASSERT_TRUE(db.ok()) << db.status();
+    ASSERT_TRUE((*db)->Exec("CREATE TABLE t(x BLOB); PRAGMA max_page_count = 3;").ok());
+    const absl::Status st = (*db)->Exec("INSERT INTO t VALUES (randomblob(1000000));");
+    EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+    EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr(path.string() + " is out of space"));
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace fusor::db
