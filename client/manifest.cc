@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -104,13 +105,34 @@ absl::StatusOr<ManifestModel> ParseModel(const std::string& path, const std::fil
   return m;
 }
 
+// Nesting of flow collections ([ and {) at most kMaxJsonDepth deep, and of
+// block ones (each level indents, or opens with "- " or "? ") at most
+// kMaxYamlIndent columns: what a manifest needs, with room to spare.
+constexpr size_t kMaxYamlIndent = 256;
+
+absl::Status CheckYamlDepth(const std::string& text, const std::string& path) {
+  RETURN_IF_ERROR(CheckJsonDepth(text, path));
+  size_t line = 1, at = 0;
+  while (at < text.size()) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    const size_t indent = text.find_first_not_of(" \t-?:", at);
+    if (std::min(indent, end) - at > kMaxYamlIndent) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line, ": nests deeper than ", kMaxYamlIndent, " columns of indentation (limit)"));
+    }
+    at = end + 1;
+    ++line;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Manifest> LoadManifest(const std::string& path) {
   if (!std::filesystem::is_regular_file(path)) return absl::NotFoundError(absl::StrCat("no manifest '", path, "'"));
   // Bounded before parsing: the YAML parser recurses over nesting.
   ASSIGN_OR_RETURN(const std::string text, ReadFile(path, kMaxManifestBytes));
-  RETURN_IF_ERROR(CheckJsonDepth(text, path));
+  RETURN_IF_ERROR(CheckYamlDepth(text, path));
   YAML::Node root;
   try {
     root = YAML::Load(text);

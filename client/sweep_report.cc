@@ -59,7 +59,7 @@ std::string TargetLine(const v1::Target& t) {
 // error): each format escapes it for itself, after Echo has written its
 // control characters, bidirectional controls and invalid UTF-8 as escapes.
 std::string CsvField(const std::string& s) {
-  std::string text = Echo(s, s.size());
+  std::string text = Echo(s, std::string::npos);
   // A spreadsheet would run a field that starts like a formula.
   if (!text.empty() && absl::StrContains("=+-@", text[0])) text = "'" + text;
   if (text.find_first_of(",\"'") == std::string::npos) return text;
@@ -67,12 +67,12 @@ std::string CsvField(const std::string& s) {
 }
 
 std::string Xml(const std::string& s) {
-  return absl::StrReplaceAll(Echo(s, s.size()),
+  return absl::StrReplaceAll(Echo(s, std::string::npos),
                              {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}, {"'", "&apos;"}});
 }
 
 std::string MdCell(const std::string& s) {
-  return absl::StrReplaceAll(Echo(s, s.size()), {{"|", "\\|"}, {"<", "&lt;"}, {">", "&gt;"}, {"`", "\\`"}});
+  return absl::StrReplaceAll(Echo(s, std::string::npos), {{"|", "\\|"}, {"<", "&lt;"}, {">", "&gt;"}, {"`", "\\`"}});
 }
 
 struct Counts {

@@ -694,8 +694,8 @@ absl::StatusOr<db::WorkerRow> Scheduler::Authenticate(const std::string& worker_
         "; a worker acts only under the id and secret its own Register returned (register again)"));
   }
   {
-    // Heard from, even when the database cannot record it (a full disk):
-    // the reaper writes it down before it looks for silent workers.
+    // Heard from, even where the database cannot record it (a full disk):
+    // the reaper marks no worker lost that called since its cutoff.
     std::lock_guard<std::mutex> lock(contact_mu_);
     contact_ms_[worker_id] = NowMs();
   }
@@ -1252,24 +1252,21 @@ void Scheduler::ReaperLoop() {
       }
       lease_cv_.notify_all();
     }
-    std::map<std::string, int64_t> contacts;
+    // Workers heard from since the cutoff, whether or not the database could
+    // record it (a full disk), are not lost.
+    const int64_t cutoff = now - absl::ToInt64Milliseconds(options_.worker_timeout);
+    std::set<std::string> heard;
     {
       std::lock_guard<std::mutex> lock(contact_mu_);
-      contacts.swap(contact_ms_);
+      for (auto it = contact_ms_.begin(); it != contact_ms_.end();) {
+        if (it->second < cutoff) {
+          it = contact_ms_.erase(it);
+        } else {
+          heard.insert((it++)->first);
+        }
+      }
     }
-    bool recorded = true;
-    for (const auto& [worker, ms] : contacts) {
-      const absl::Status st = db_->TouchWorker(worker, ms);
-      recorded = recorded && (st.ok() || absl::IsNotFound(st));
-    }
-    if (!recorded) {
-      // Not written (the storage refused): kept for the next pass, and no
-      // worker is marked lost while its contact cannot be recorded.
-      std::lock_guard<std::mutex> lock(contact_mu_);
-      for (const auto& [worker, ms] : contacts) contact_ms_.emplace(worker, ms);
-      continue;
-    }
-    auto lost = db_->MarkLostWorkers(now - absl::ToInt64Milliseconds(options_.worker_timeout));
+    auto lost = db_->MarkLostWorkers(cutoff, heard);
     if (lost.ok() && *lost > 0) {
       targets_generation_++;
       Log()->warn("{} worker(s) went silent and are marked lost", *lost);

@@ -384,7 +384,7 @@ class Scheduler {
   std::atomic<int64_t> cache_hits_{0}, cache_misses_{0};
   std::atomic<int64_t> quota_refusals_[3] = {};
   std::mutex contact_mu_;
-  std::map<std::string, int64_t> contact_ms_;  // worker id -> when it last called, not yet written down
+  std::map<std::string, int64_t> contact_ms_;  // worker id -> when it last called (within the worker timeout)
   std::mutex implausible_mu_;
   std::map<std::string, int64_t> implausible_;  // worker id -> reports refused as implausible
   std::mutex reaper_mu_;

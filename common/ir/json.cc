@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 #include "common/util/files.h"
+#include "common/util/text.h"
 #include "common/util/status_macros.h"
 
 namespace fusor::ir {
@@ -28,7 +29,7 @@ absl::Status CheckKeys(const Json& obj, const std::string& field,
   for (const auto& [key, value] : obj.items()) {
     bool ok = false;
     for (absl::string_view a : allowed) ok = ok || key == a;
-    if (!ok) return FieldError(Sub(field, key), "unknown field");
+    if (!ok) return FieldError(Sub(field, Echo(key, 64)), "unknown field");
   }
   return absl::OkStatus();
 }
@@ -82,7 +83,7 @@ absl::StatusOr<OpKind> ParseOpKind(const std::string& s, const std::string& fiel
   if (s == "sum" || s == "OP_KIND_SUM") return OpKind::kSum;
   if (s == "softmax" || s == "OP_KIND_SOFTMAX") return OpKind::kSoftmax;
   if (s == "map" || s == "OP_KIND_MAP" || s.empty()) return OpKind::kMap;
-  return FieldError(field, absl::StrCat("unknown op kind '", s, "' (expected sum, softmax or map)"));
+  return FieldError(field, absl::StrCat("unknown op kind '", Echo(s), "' (expected sum, softmax or map)"));
 }
 
 absl::StatusOr<ChainSpec> SpecFromJson(const Json& root) {

@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/text.h"
 
 namespace fusor::ir {
 
@@ -54,7 +55,7 @@ absl::StatusOr<std::vector<Token>> Lex(absl::string_view text, const Where& wher
           (std::isalpha(static_cast<unsigned char>(text[j])) || text[j] == '_')) {
         return absl::InvalidArgumentError(
             absl::StrCat(where.At(static_cast<int>(i)).ToString(), ": malformed number '",
-                         text.substr(i, j + 1 - i), "'"));
+                         Echo(text.substr(i, j + 1 - i), 40), "'"));
       }
       tok.kind = Token::Kind::kNumber;
       tok.text = std::string(text.substr(i, j - i));
@@ -69,6 +70,11 @@ absl::StatusOr<std::vector<Token>> Lex(absl::string_view text, const Where& wher
                                           : absl::StrCat("\\x", absl::Hex(c));
       return absl::InvalidArgumentError(absl::StrCat(where.At(static_cast<int>(i)).ToString(),
                                                      ": unexpected character '", shown, "'"));
+    }
+    // Errors quote tokens: a name or number is bounded, so none echoes a long input.
+    if (tok.text.size() > kMaxNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(where.At(tok.offset).ToString(), ": '", Echo(tok.text, 40),
+                                                     "' is longer than ", kMaxNameBytes, " bytes"));
     }
     tokens.push_back(std::move(tok));
   }

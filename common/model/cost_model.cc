@@ -67,7 +67,12 @@ double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target) {
     const bool narrow = chain.dtype == ir::DType::kF16 || chain.dtype == ir::DType::kBF16;  // a library may use AMX
     rates.peak_flops = units * std::max(target.vector_lanes_f32, 1) * 2 * 2 * 6.5e9 * (narrow ? 16 : 1);
     rates.bandwidth_bytes_per_s = units * 50e9;
-  } else if (rates.source != hw::RateSource::kDeviceTable) {
+  } else if (rates.source == hw::RateSource::kDeviceTable) {
+    // The table is matched by name: a variant of a device (an NVL or a
+    // Grace-Hopper part) may be faster than its entry.
+    rates.peak_flops *= 2;
+    rates.bandwidth_bytes_per_s *= 2;
+  } else {
     rates.peak_flops = std::max(rates.peak_flops, units * 8192 * 3e9);
     rates.bandwidth_bytes_per_s = std::max(rates.bandwidth_bytes_per_s, 10e12);
   }

@@ -41,9 +41,9 @@ Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target);
 // from the target's identity (cores, lanes, the device table), never from a
 // worker's calibration, which a busy machine (or a forger) can get wrong:
 // a CPU core at 6.5 GHz with two FMA pipes (16 times that for 16-bit chains,
-// which a library may run on AMX), 50 GB/s per core; a GPU's table P and W, or 8192 FLOPs
-// per SM and cycle at 3 GHz and 10 TB/s for one not in the table. A
-// measurement below it is not physical.
+// which a library may run on AMX), 50 GB/s per core; twice a GPU's table P
+// and W, or 8192 FLOPs per SM and cycle at 3 GHz and 10 TB/s for one not in
+// the table. A measurement below it is not physical.
 double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target);
 
 // What ranks a space: a nest's predicted time on a target. The search

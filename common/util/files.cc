@@ -28,11 +28,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError("cannot read " + path);
-  std::string text(static_cast<size_t>(max_bytes) + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (static_cast<int64_t>(text.size()) > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is larger than ", max_bytes, " bytes (the limit)"));
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(text.size()) > max_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " is larger than ", max_bytes, " bytes (the limit)"));
+    }
   }
   return text;
 }

@@ -8,15 +8,21 @@ namespace {
 
 bool NameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-' || c == '+';
+         c == '-' || c == '+' || c == ':';
 }
 
-// The length of the UTF-8 sequence at `s[i]` (0: not valid UTF-8 there).
+// The length of the UTF-8 sequence at `s[i]` (0: not valid UTF-8 there, as
+// RFC 3629 has it: no overlong forms, no surrogates, nothing past U+10FFFF).
 size_t Utf8Length(absl::string_view s, size_t i) {
   const unsigned char c = static_cast<unsigned char>(s[i]);
-  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
   if (n == 0 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
+  const unsigned char b = static_cast<unsigned char>(s[i + 1]);
+  const unsigned char lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+  const unsigned char hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+  if (b < lo || b > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
     if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return 0;
   }
   return n;
@@ -47,6 +53,9 @@ std::string Echo(absl::string_view input, size_t max_bytes) {
       } else {
         out += static_cast<char>(c);
       }
+    } else if (n == 2 && c == 0xc2 && static_cast<unsigned char>(input[i + 1]) < 0xa0) {
+      // C1 controls (U+0080..U+009F; U+009B starts a terminal escape on some).
+      absl::StrAppend(&out, absl::StrFormat("\\u%04x", static_cast<unsigned char>(input[i + 1])));
     } else if (n == 3 && c == 0xe2) {
       // U+202A..U+202E are E2 80 AA..AE; U+2066..U+2069 are E2 81 A6..A9.
       const unsigned char b1 = static_cast<unsigned char>(input[i + 1]), b2 = static_cast<unsigned char>(input[i + 2]);
@@ -73,7 +82,7 @@ absl::Status CheckName(absl::string_view name, absl::string_view what) {
   for (char c : name) {
     if (!NameChar(c)) {
       return absl::InvalidArgumentError(absl::StrCat(what, " name '", Echo(name), "' has '", Echo(absl::string_view(&c, 1)),
-                                                     "': names are letters, digits and . _ - +"));
+                                                     "': names are letters, digits and . _ - + :"));
     }
   }
   if (name == "." || name == "..") {

@@ -138,10 +138,9 @@ absl::Status Database::Exec(const std::string& sql) {
   char* error = nullptr;
   int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error);
   if (rc != SQLITE_OK) {
-    std::string message = error ? error : sqlite3_errstr(rc);
-    sqlite3_free(error);
+    sqlite3_free(error);  // the connection's message says the same
     // The connection, so that a storage failure names its file.
-    return SqliteError(db_, rc, absl::StrCat("SQL failed (", message, ")"));
+    return SqliteError(db_, rc, "SQL failed");
   }
   return absl::OkStatus();
 }

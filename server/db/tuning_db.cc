@@ -283,11 +283,21 @@ absl::StatusOr<std::vector<std::string>> TuningDb::AliveTargets() {
   return ReadRows(s, [](const Statement& row) { return row.Text(0); });
 }
 
-absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms) {
+absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms, const std::set<std::string>& heard) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workers SET state = ? WHERE state = ? AND last_seen_ms < ?"));
-  RETURN_IF_ERROR(s.Bind(1, Name(WorkerState::kLost)).Bind(2, Name(WorkerState::kAlive)).Bind(3, cutoff_ms).Run());
-  return db_->Changes();
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT id FROM workers WHERE state = ? AND last_seen_ms < ?"));
+  s.Bind(1, Name(WorkerState::kAlive)).Bind(2, cutoff_ms);
+  ASSIGN_OR_RETURN(std::vector<std::string> silent, ReadRows(s, [](const Statement& row) { return row.Text(0); }));
+  int lost = 0;
+  for (const std::string& id : silent) {
+    if (heard.count(id) > 0) continue;
+    ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE workers SET state = ? WHERE id = ?"));
+    RETURN_IF_ERROR(u.Bind(1, Name(WorkerState::kLost)).Bind(2, id).Run());
+    ++lost;
+  }
+  RETURN_IF_ERROR(txn.Commit());
+  return lost;
 }
 
 absl::Status TuningDb::InsertTask(const TaskRow& t) {

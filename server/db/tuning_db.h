@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -264,8 +265,9 @@ class TuningDb {
   absl::StatusOr<std::vector<WorkerRow>> ListWorkers(int64_t lost_since_ms = 0);
   // Fingerprints of the targets that have an alive worker.
   absl::StatusOr<std::vector<std::string>> AliveTargets();
-  // Marks alive workers not seen since `cutoff_ms` lost; returns how many.
-  absl::StatusOr<int> MarkLostWorkers(int64_t cutoff_ms);
+  // Marks alive workers not seen since `cutoff_ms` lost, but those `heard`
+  // from since (a call the database could not record); returns how many.
+  absl::StatusOr<int> MarkLostWorkers(int64_t cutoff_ms, const std::set<std::string>& heard = {});
 
   absl::Status InsertTask(const TaskRow& t);
   absl::StatusOr<TaskRow> GetTask(const std::string& id);

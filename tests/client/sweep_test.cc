@@ -122,6 +122,22 @@ TEST_F(ManifestTest, ErrorsNameTheLineAndTheKey) {
   EXPECT_THAT(std::string(x.status().message()), HasSubstr("'tiny' is listed twice"));
 }
 
+// A sweep's name makes its report's directory: one that would climb out of
+// the working directory is refused, and a file's stem is made safe (issue
+// 36, finding 5).
+TEST_F(ManifestTest, NamesCannotLeadOutOfTheWorkingDirectory) {
+  for (const std::string name : {"x/../../../../tmp/elsewhere", "..", "a b", "/tmp/x"}) {
+    const absl::Status st = Error("name: \"" + name + "\"\nmodels:\n  - description: models/tiny.json\n");
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << name << ": " << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr("sweep name")) << name;
+  }
+  const absl::Status model = Error("models:\n  - description: models/tiny.json\n    name: \"m\\n2026 fake\"\n");
+  EXPECT_THAT(std::string(model.message()), HasSubstr("model name"));
+  auto m = LoadManifest(Write("we ird$name.yaml", "models:\n  - description: models/tiny.json\n"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "we_ird_name");
+}
+
 // An ONNX model in a manifest, its symbolic dim swept: a graph of
 // MatMul -> Relu -> MatMul (weights never needed).
 // Every file the CLI reads is bounded in size and nesting before it is
@@ -142,6 +158,13 @@ TEST_F(ManifestTest, FilesAreBoundedInSizeAndNestingBeforeTheyAreParsed) {
   absl::Status st = Error("models: " + deep);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("nests deeper than 32 levels"));
+  std::string block;  // a block sequence nested 1,000 deep on one line, and by indentation
+  for (int i = 0; i < 1000; ++i) block += "- ";
+  st = Error("models:\n  " + block + "x\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("bad.yaml:2: nests deeper than 256 columns"));
+  block.clear();
+  for (int i = 0; i < 300; ++i) block += std::string(i, ' ') + "- \n";
+  EXPECT_THAT(std::string(Error("models:\n" + block).message()), HasSubstr("nests deeper than 256 columns"));
   st = Error("# " + std::string(kMaxManifestBytes, 'x'));
   EXPECT_THAT(std::string(st.message()), HasSubstr("larger than 1048576 bytes"));
 

@@ -235,23 +235,23 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
 
   // 4 candidates, the baseline (among the first candidates) and the best
   // measured again with the baseline beside it, every sample kept; on a
-  // busy machine the confirmation may come out noisy and be taken once more.
+  // busy machine a confirmation may come out noisy, or disagree, and be
+  // taken again (3 runs at most): the last is the trusted one.
   auto& db = server_->core().db();
   auto rows = db.MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
   const int confirms = static_cast<int>(
       std::count_if(rows->begin(), rows->end(), [](const auto& m) { return m.kind == db::JobKind::kConfirm; }));
-  ASSERT_TRUE(confirms == 1 || confirms == 2) << confirms;
+  ASSERT_TRUE(confirms >= 1 && confirms <= 3) << confirms;
   const int expected = 5 + confirms;
   EXPECT_EQ(*db.CountMeasurements(), expected);
   EXPECT_EQ(static_cast<int>(rows->size()), expected);  // the baseline and the confirmation are the task's too
   EXPECT_EQ(result->baseline().status(), v1::MEASUREMENT_STATUS_OK);
   EXPECT_FALSE(result->baseline_kind().empty());
-  bool first_confirm = true;
+  int confirm = 0;
   for (const auto& m : *rows) {
-    const bool retried = m.kind == db::JobKind::kConfirm && confirms == 2 && first_confirm;
-    if (m.kind == db::JobKind::kConfirm) first_confirm = false;
-    EXPECT_EQ(m.status, retried ? db::MeasurementStatus::kNoisy : db::MeasurementStatus::kOk) << m.error;
+    const bool retried = m.kind == db::JobKind::kConfirm && ++confirm < confirms;
+    if (!retried) EXPECT_EQ(m.status, db::MeasurementStatus::kOk) << m.error;
     EXPECT_FALSE(m.samples_s.empty());
   }
 
@@ -331,6 +331,13 @@ TEST_F(IntegrationTest, CacheOnlyMissIsNotFoundAndBadInputIsInvalid) {
     EXPECT_TRUE(absl::IsInvalidArgument(long_name.status())) << long_name.status().ToString().substr(0, 300);
     EXPECT_LT(long_name.status().message().size(), 600u);
   }
+  // Past the workload limit, and past the server's message limit.
+  std::string padded = std::string(kChain) + "#" + std::string(100 * 1024, 'x') + "\n";
+  auto big = client.Tune(Request(padded, 4), nullptr, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsInvalidArgument(big.status())) << big.status().ToString().substr(0, 300);
+  EXPECT_THAT(std::string(big.status().message()), HasSubstr("bytes; the limit is 65536"));
+  padded += "#" + std::string(2 * 1024 * 1024, 'y') + "\n";
+  EXPECT_TRUE(absl::IsResourceExhausted(client.Tune(Request(padded, 4), nullptr, absl::Seconds(10)).status()));
   std::string huge(3000, 'e');
   auto cut = wire::FromGrpcStatus(wire::ToGrpcStatus(absl::InvalidArgumentError(huge + std::string(40000, 'f'))));
   EXPECT_TRUE(absl::IsInvalidArgument(cut));
@@ -377,8 +384,8 @@ TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
   auto task = again.GetTask(task_id);
   EXPECT_EQ(task->state(), "done") << task->error();
   // Six candidates, the baseline and the confirmation, each job measured
-  // exactly once. A confirmation measured noisy on a busy machine is asked
-  // for once more, in a job of its own.
+  // exactly once. A confirmation measured noisy (or disagreeing) on a busy
+  // machine is asked for again, in a job of its own, 3 runs at most.
   auto rows = server_->core().db().MeasurementsOfTask(task_id);
   int candidates = 0, baselines = 0, confirms = 0, noisy_confirms = 0;
   std::set<std::string> jobs;
@@ -393,7 +400,8 @@ TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
   }
   EXPECT_EQ(candidates, 6);
   EXPECT_EQ(baselines, 1);
-  EXPECT_EQ(confirms, std::min(2, 1 + noisy_confirms));
+  EXPECT_GE(confirms, 1 + std::min(2, noisy_confirms));
+  EXPECT_LE(confirms, 3);
   EXPECT_EQ(jobs.size(), rows->size());
 }
 

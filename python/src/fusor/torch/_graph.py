@@ -534,6 +534,27 @@ def _replay(run: Sequence[fx.Node], shape: Tuple[int, ...], numel: int) -> Optio
     return order, tuple(groups)
 
 
+def _mask_forms(graph: fx.Graph, found: Sequence[Found]) -> Dict[int, Tuple[fx.Node, bool]]:
+    """For each attention region (by id of its match) that reads a mask: the ``fusor::mask_form`` node that reads
+    the mask once per pass for every region it masks alike, placed before the first of them to end (so that it
+    comes before all), and whether the region is the one whose q and k it reads (its id is set when registered)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    forms: Dict[Tuple[fx.Node, str, str], fx.Node] = {}
+    out: Dict[int, Tuple[fx.Node, bool]] = {}
+    for match in sorted(found, key=lambda m: order[m.end]):
+        region, mask = match.region, match.operands[3] if len(match.operands) > 3 else None
+        if not isinstance(region, AttentionRegion) or not isinstance(mask, fx.Node) or region.causal:
+            continue
+        key = (mask, region.form, region.mask_mode)
+        owned = key not in forms
+        if owned:
+            with graph.inserting_before(match.end):
+                forms[key] = graph.call_function(torch.ops.fusor.mask_form.default,
+                                                 ("", match.operands[0], match.operands[1], mask))
+        out[id(match)] = (forms[key], owned)
+    return out
+
+
 def rewrite(gm: fx.GraphModule, params: Set[fx.Node], settings: Settings,
             keep: Optional[Sequence[int]] = None) -> List[Found]:
     """Replaces the chains found in `gm` (all, or the `keep`-th of them in the order they are found) by their
@@ -541,18 +562,16 @@ def rewrite(gm: fx.GraphModule, params: Set[fx.Node], settings: Settings,
     found = [m for i, m in enumerate(Finder(gm, params, settings).find()) if keep is None or i in keep]
     graph = gm.graph
     replaced: Dict[fx.Node, fx.Node] = {}  # the value of a chain replaced already, read by a later one
-    forms: Dict[Tuple[fx.Node, str, str], fx.Node] = {}  # a mask's form, read once for the regions it masks
+    forms = _mask_forms(graph, found)
     for match in found:
         operands = tuple(replaced.get(o, o) if isinstance(o, fx.Node) else o for o in match.operands)
         region_id = match.region.register()
+        if id(match) in forms:
+            form, owned = forms[id(match)]
+            operands = operands + (form,)
+            if owned:
+                form.args = (region_id,) + form.args[1:]
         with graph.inserting_before(match.end):
-            region = match.region
-            if isinstance(region, AttentionRegion) and isinstance(operands[3], fx.Node) and not region.causal:
-                key = (operands[3], region.form, region.mask_mode)
-                if key not in forms:
-                    forms[key] = graph.call_function(torch.ops.fusor.mask_form.default,
-                                                     (region_id, operands[0], operands[1], operands[3]))
-                operands = operands + (forms[key],)
             call = graph.call_function(match.op, (region_id, *operands))
         replaced[match.end] = call
         call.meta.update({k: v for k, v in match.end.meta.items() if k not in ("example_value", "val")})
