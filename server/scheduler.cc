@@ -647,6 +647,7 @@ absl::StatusOr<Registration> Scheduler::Register(const std::string& name, const 
   }
   // What the target says of itself is listed and logged: bounded, and
   // printable (no line breaks or terminal escapes).
+  if (desc.isa_features.size() > 64) return absl::InvalidArgumentError("register: more than 64 target.isa_features");
   std::vector<std::string> texts = {desc.arch, desc.device_name, desc.compiler};
   texts.insert(texts.end(), desc.isa_features.begin(), desc.isa_features.end());
   for (const std::string& text : texts) {
@@ -655,7 +656,6 @@ absl::StatusOr<Registration> Scheduler::Register(const std::string& name, const 
           absl::StrCat("register: target field '", Echo(text, 40), "' is over 256 bytes or not printable"));
     }
   }
-  if (texts.size() > 64) return absl::InvalidArgumentError("register: more than 61 target.isa_features");
   const std::string fingerprint = hw::TargetFingerprint(desc);
   ASSIGN_OR_RETURN(std::string json, wire::TargetToJson(desc));
   const int64_t now = NowMs();
@@ -770,7 +770,8 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
   if (m.status == MeasurementStatus::kOk && (m.samples_s.empty() || m.median_s <= 0)) {
     return absl::InvalidArgumentError("report: an ok measurement needs samples and a positive median");
   }
-  if (!m.samples_s.empty() && !(std::abs(m.median_s - stats.median) <= 1e-9 * stats.median)) {
+  const bool timed = m.status == MeasurementStatus::kOk || m.status == MeasurementStatus::kNoisy;
+  if (timed && !m.samples_s.empty() && !(std::abs(m.median_s - stats.median) <= 1e-9 * stats.median)) {
     return absl::InvalidArgumentError(absl::StrCat("report: the median ", m.median_s, " s is not the median of the ",
                                                    m.samples_s.size(), " samples reported (", stats.median,
                                                    " s); nothing was recorded"));
@@ -779,7 +780,7 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
   // (a broken or forged report): recorded as an invalid result, so that it
   // is never the best, and counted against the worker.
   std::string implausible;
-  if (m.status == MeasurementStatus::kOk || m.status == MeasurementStatus::kNoisy) {
+  if (timed) {
     const double floor_s = ImplausibleBelowS(job.task_id);
     if (m.median_s < floor_s) {
       implausible = absl::StrCat("implausible: a median of ", m.median_s, " s is under ", floor_s,
