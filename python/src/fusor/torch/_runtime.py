@@ -646,7 +646,9 @@ def _attention_fake(region_id: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 @torch.library.custom_op("fusor::mask_form", mutates_args=())
 def mask_form_op(region_id: str, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return region(region_id).mask_form(q, k, mask)
+    attention = region(region_id)
+    assert isinstance(attention, AttentionRegion)
+    return attention.mask_form(q, k, mask)
 
 
 @mask_form_op.register_fake
