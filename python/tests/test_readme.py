@@ -1,5 +1,6 @@
 """The README's Python example runs as written (from the repository's root, as the README says), and the
-BERT example where PyTorch and transformers are installed."""
+BERT example where PyTorch and transformers are installed; the README and docs/ link only to files that
+exist."""
 
 import importlib.util
 import os
@@ -51,3 +52,15 @@ def test_the_readme_torch_compile_example_runs_as_written(service, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "('fusor_attention', " in proc.stdout and "('fusor_ffn', " in proc.stdout, proc.stdout
     assert "'tuning'" not in proc.stdout, proc.stdout  # waited for, then compared
+
+
+def test_the_readme_is_short_and_its_links_and_the_docs_links_resolve():
+    readme = REPO / "README.md"
+    assert len(readme.read_text().splitlines()) <= 250
+    pages = [readme] + sorted((REPO / "docs").glob("*.md"))
+    assert len(pages) > 5, pages
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
