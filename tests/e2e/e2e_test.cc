@@ -119,7 +119,7 @@ class E2eTest : public ::testing::Test {
                                      "3", "--batch-size", "2", "--time-budget", "0.05", "--job-timeout", "120",
                                      // Mechanics, on a machine the parallel tests keep busy: every
                                      // measurement counts (trusted_measurement_test checks the bound).
-                                     "--max-spread", "1000"};
+                                     "--max-spread", "1e9"};
     if (!tokens) argv.push_back("--insecure");
     argv.insert(argv.end(), extra.begin(), extra.end());
     scheduler_ = std::make_unique<Daemon>(argv, (dir_ / ("scheduler" + std::to_string(++n) + ".log")).string());
@@ -737,7 +737,7 @@ TEST_F(SweepE2eTest, EmbeddedSweepResumesAfterAKillAndThenComesFromTheCache) {
   const std::string zoo = WriteZoo();
   const std::string out = (dir_ / "report").string();
   const std::vector<std::string> args = {"--db",        db_path_, "--calibration-seconds", "0.05", "--max-spread",
-                                         "1000",        "sweep",  zoo,                     "-o",   out};
+                                         "1e9",         "sweep",  zoo,                     "-o",   out};
   std::unique_ptr<Daemon> first = StartCli(args);
   KillAfterTheFirstChain(*first);
 
@@ -774,7 +774,7 @@ TEST_F(SweepE2eTest, EmbeddedSweepOverOnnxExports) {
                                                     "  - onnx: " + exports + "bert_dynamo_eager.onnx\n"
                                                     "    dims: {batch: 1, seq: 16}\n");
   const std::string out = (dir_ / "report").string();
-  auto [rc, log] = Cli({"--db", db_path_, "--calibration-seconds", "0.05", "--max-spread", "1000", "sweep", zoo, "-o",
+  auto [rc, log] = Cli({"--db", db_path_, "--calibration-seconds", "0.05", "--max-spread", "1e9", "sweep", zoo, "-o",
                         out},
                        std::chrono::seconds(300));
   ASSERT_EQ(rc, 0) << log;
