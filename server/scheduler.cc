@@ -651,9 +651,8 @@ absl::StatusOr<Registration> Scheduler::Register(const std::string& name, const 
   std::vector<std::string> texts = {desc.arch, desc.device_name, desc.compiler};
   texts.insert(texts.end(), desc.isa_features.begin(), desc.isa_features.end());
   for (const std::string& text : texts) {
-    if (text.size() > 256 || Echo(text, 256) != text) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("register: target field '", Echo(text, 40), "' is over 256 bytes or not printable"));
+    if (absl::Status st = CheckLabel(text, "target field"); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("register: ", st.message()));
     }
   }
   const std::string fingerprint = hw::TargetFingerprint(desc);
@@ -967,7 +966,7 @@ absl::Status Scheduler::Advance(Task& task) {
     lease_cv_.notify_all();
     return absl::OkStatus();
   }
-  return Finalize(task);
+  return Finalize(task, rows);
 }
 
 search::McfuserSearchOptions Scheduler::SearchOptions(const Task& task,
@@ -1101,8 +1100,7 @@ absl::Status Scheduler::SetUnfusedResult(const db::MeasurementRow& meas, const s
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::Finalize(Task& task) {
-  ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
+absl::Status Scheduler::Finalize(Task& task, const std::vector<db::MeasurementRow>& rows) {
   const db::MeasurementRow* first_failure = nullptr;
   int candidates = 0, trusted = 0;
   for (const db::MeasurementRow& m : rows) {

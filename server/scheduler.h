@@ -334,7 +334,7 @@ class Scheduler {
   absl::StatusOr<db::WorkerRow> Authenticate(const std::string& worker_id, const std::string& secret,
                                              absl::string_view call);
   absl::Status Advance(Task& task);  // mu_ held
-  absl::Status Finalize(Task& task);  // mu_ held
+  absl::Status Finalize(Task& task, const std::vector<db::MeasurementRow>& rows);  // mu_ held; the task's measurements
   // How the task's search runs: `model` ranks, and on a CPU the chain's
   // splits are candidates too, unless answers must be fused.
   search::McfuserSearchOptions SearchOptions(const Task& task, std::shared_ptr<const model::CostModel> model) const;

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
-#include <sstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,11 +18,7 @@
 namespace fusor {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return ReadFile(path, std::numeric_limits<int64_t>::max());
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {

@@ -139,23 +139,38 @@ class TrustedMeasurementTest : public ::testing::Test {
     worker_ = r->credentials;
   }
 
-  // Starts a task of `budget` candidates; `measure(job)` makes each report.
-  // The result as a client receives it.
-  v1::TuneResult Tune(int budget, const std::function<db::MeasurementRow(const LeasedJob&)>& measure) {
+  // Runs a task of `budget` candidates with `workers` leasing in turn,
+  // `measure(worker index, job)` making each report; returns the task id and
+  // the reports' statuses.
+  std::string Run(int budget, const std::vector<WorkerCredentials>& workers,
+                  const std::function<db::MeasurementRow(size_t, const LeasedJob&)>& measure,
+                  std::vector<absl::Status>* statuses = nullptr) {
     auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
     EXPECT_TRUE(req.ok()) << req.status();
     auto start = scheduler_->StartTune(*req, TuneOptions{budget}, {"test", "test"});
     EXPECT_TRUE(start.ok()) << start.status();
     const std::string task = start->started.task_id;
-    for (int round = 0; round < 20; ++round) {
-      auto jobs = scheduler_->Lease(worker_, 16, absl::ZeroDuration(), nullptr);
-      EXPECT_TRUE(jobs.ok()) << jobs.status();
-      for (const LeasedJob& job : jobs.value_or(std::vector<LeasedJob>())) {
-        EXPECT_TRUE(scheduler_->Report({worker_, job.job.id, job.job.lease_id, measure(job)}).ok());
+    for (int round = 0; round < 30; ++round) {
+      for (size_t w = 0; w < workers.size(); ++w) {
+        auto jobs = scheduler_->Lease(workers[w], 16, absl::ZeroDuration(), nullptr);
+        EXPECT_TRUE(jobs.ok()) << jobs.status();
+        for (const LeasedJob& job : jobs.value_or(std::vector<LeasedJob>())) {
+          absl::Status st = scheduler_->Report({workers[w], job.job.id, job.job.lease_id, measure(w, job)}).status();
+          if (statuses != nullptr) statuses->push_back(st);
+        }
       }
       auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
       if (snap.ok() && snap->state != db::TaskState::kRunning) break;
     }
+    return task;
+  }
+
+  // One worker, every report accepted; the result as a client receives it.
+  v1::TuneResult Tune(int budget, const std::function<db::MeasurementRow(const LeasedJob&)>& measure) {
+    std::vector<absl::Status> statuses;
+    const std::string task =
+        Run(budget, {worker_}, [&](size_t, const LeasedJob& job) { return measure(job); }, &statuses);
+    for (const absl::Status& st : statuses) EXPECT_TRUE(st.ok()) << st;
     auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
     EXPECT_EQ(snap->state, db::TaskState::kDone) << snap->error;
     return snap->result ? TuneResultProto(*snap->result) : v1::TuneResult();
@@ -370,32 +385,6 @@ TEST_F(TrustedMeasurementTest, AChainSplitInTwoIsTheAnswerWhenItIsFastest) {
 // floor is no measurement.
 class ForgedResultTest : public TrustedMeasurementTest {
  protected:
-  // Runs a task of `budget` candidates with `workers` leasing in turn,
-  // `measure(worker index, job)` making each report; returns the task id and
-  // the reports' statuses.
-  std::string Run(int budget, const std::vector<WorkerCredentials>& workers,
-                  const std::function<db::MeasurementRow(size_t, const LeasedJob&)>& measure,
-                  std::vector<absl::Status>* statuses = nullptr) {
-    auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
-    EXPECT_TRUE(req.ok()) << req.status();
-    auto start = scheduler_->StartTune(*req, TuneOptions{budget}, {"test", "test"});
-    EXPECT_TRUE(start.ok()) << start.status();
-    const std::string task = start->started.task_id;
-    for (int round = 0; round < 30; ++round) {
-      for (size_t w = 0; w < workers.size(); ++w) {
-        auto jobs = scheduler_->Lease(workers[w], 16, absl::ZeroDuration(), nullptr);
-        EXPECT_TRUE(jobs.ok()) << jobs.status();
-        for (const LeasedJob& job : jobs.value_or(std::vector<LeasedJob>())) {
-          absl::Status st = scheduler_->Report({workers[w], job.job.id, job.job.lease_id, measure(w, job)}).status();
-          if (statuses != nullptr) statuses->push_back(st);
-        }
-      }
-      auto snap = scheduler_->WaitForTask(task, 0, absl::ZeroDuration());
-      if (snap.ok() && snap->state != db::TaskState::kRunning) break;
-    }
-    return task;
-  }
-
   std::optional<db::BestRow> Cached() {
     auto req = scheduler_->Prepare(*ir::ParseChainText(testing::kGemmChain), {});
     auto best = scheduler_->db().GetBest(req->canonical.key, req->target_fp, scheduler_->Salt());
