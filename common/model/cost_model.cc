@@ -5,6 +5,7 @@
 
 #include "common/codegen/cpu/cpu_codegen.h"
 #include "common/hw/devices.h"
+#include "common/ir/regroup.h"
 
 namespace fusor::model {
 namespace {
@@ -58,6 +59,20 @@ Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target) 
   return pred;
 }
 
+namespace {
+
+// The fewest FLOPs a schedule of `chain` may do: the chain's own, or a
+// regrouping's (E = A*(B*D) may contract a smaller pair first).
+double FewestFlops(const ir::Chain& chain) {
+  double flops = ir::ChainFlops(chain);
+  for (const ir::Regroup& r : ir::Regroupings(chain)) {
+    if (absl::StatusOr<ir::Chain> c = ir::ApplyRegroup(chain, r); c.ok()) flops = std::min(flops, ir::ChainFlops(*c));
+  }
+  return flops;
+}
+
+}  // namespace
+
 double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target) {
   hw::TargetDesc identity = target;
   identity.bandwidth_bytes_per_s = identity.peak_flops = 0;
@@ -83,7 +98,7 @@ double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target) {
   const double caches = target.backend == hw::Backend::kCpu
                             ? static_cast<double>(target.l2_bytes) * units + static_cast<double>(target.l3_bytes)
                             : static_cast<double>(target.l2_bytes);
-  return std::max(ir::ChainFlops(chain) / rates.peak_flops,
+  return std::max(FewestFlops(chain) / rates.peak_flops,
                   std::max(0.0, bytes - caches) / rates.bandwidth_bytes_per_s);
 }
 

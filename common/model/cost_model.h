@@ -34,16 +34,17 @@ Prediction Predict(const space::LoopNest& nest, const hw::TargetDesc& target, co
 Prediction PredictUnfused(const ir::Chain& chain, const hw::TargetDesc& target);
 
 // The least time a run of the chain can take on the target, by the model's
-// own terms: its FLOPs (the keys a causal softmax keeps) at a peak rate no
-// such device exceeds, or the bytes of its inputs and outputs that cannot
-// stay in the caches between runs (beyond the L2s and L3 of a CPU, the L2 of
-// a GPU) at a bandwidth none exceeds, whichever is longer. The bounds come
-// from the target's identity (cores, lanes, the device table), never from a
-// worker's calibration, which a busy machine (or a forger) can get wrong:
-// a CPU core at 6.5 GHz with two FMA pipes (16 times that for 16-bit chains,
-// which a library may run on AMX), 50 GB/s per core; twice a GPU's table P
-// and W, or 8192 FLOPs per SM and cycle at 3 GHz and 10 TB/s for one not in
-// the table. A measurement below it is not physical.
+// own terms: its FLOPs (those of its cheapest regrouping; the keys a causal
+// softmax keeps) at a peak rate no such device exceeds, or the bytes of its
+// inputs and outputs that cannot stay in the caches between runs (beyond
+// the L2s and L3 of a CPU, the L2 of a GPU) at a bandwidth none exceeds,
+// whichever is longer. The bounds come from the target's identity (cores,
+// lanes, the device table), never from a worker's calibration, which a busy
+// machine (or a forger) can get wrong: a CPU core at 6.5 GHz with two FMA
+// pipes (16 times that for 16-bit chains, which a library may run on AMX),
+// 50 GB/s per core; twice a GPU's table P and W, or 8192 FLOPs per SM and
+// cycle at 3 GHz and 10 TB/s for one not in the table. A measurement below
+// it is not physical.
 double PhysicalFloorS(const ir::Chain& chain, const hw::TargetDesc& target);
 
 // What ranks a space: a nest's predicted time on a target. The search

@@ -4,8 +4,10 @@
 
 #include "common/ir/parse.h"
 #include "common/hw/devices.h"
+#include "common/ir/regroup.h"
 #include "common/space/schedule.h"
 #include "tests/test_chains.h"
+#include "tests/test_targets.h"
 
 namespace fusor::model {
 namespace {
@@ -174,6 +176,30 @@ TEST(CostModelTest, UnfusedChainMovesEveryTensorOncePerOp) {
   EXPECT_DOUBLE_EQ(p.t_comp_s, (2.0 * 64 * 64 * 32 + 2.0 * 64 * 32 * 64) / 1e11);
   EXPECT_DOUBLE_EQ(p.t_estm_s, p.t_mem_s + p.t_comp_s);
   EXPECT_EQ(p.alpha, 1);
+}
+
+// A regrouped schedule (E = A*(B*D), the pair with the smaller result
+// first) does a fraction of the chain's FLOPs as written: the floor must
+// allow it (examples/gemm_chain's regrouped kernel was refused as
+// implausibly fast).
+TEST(PhysicalFloorTest, AllowsTheCheapestRegrouping) {
+  auto chain = ir::ParseChainText(R"(
+dim b=8 m=512 k=64 n=512 h=64
+in A[b,m,k] B[b,k,n] D[b,n,h]
+C[b,m,n] = sum(k) A[b,m,k] * B[b,k,n]
+E[b,m,h] = sum(n) C[b,m,n] * D[b,n,h]
+out E
+)");
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  const std::vector<ir::Regroup> regroups = ir::Regroupings(*chain);
+  ASSERT_FALSE(regroups.empty());
+  auto regrouped = ir::ApplyRegroup(*chain, regroups[0]);
+  ASSERT_TRUE(regrouped.ok()) << regrouped.status();
+  ASSERT_LT(ir::ChainFlops(*regrouped) * 4, ir::ChainFlops(*chain));
+  const hw::TargetDesc target = testing::Avx512Target();
+  const double floor = PhysicalFloorS(*chain, target);
+  EXPECT_LE(floor, PhysicalFloorS(*regrouped, target));
+  EXPECT_GT(floor, 0);
 }
 
 }  // namespace
