@@ -145,6 +145,120 @@ void ParallelOver(const std::vector<int>& dims, const Chain& chain, const std::v
   for (std::thread& t : pool) t.join();
 }
 
+// The step in op's output of each of its dims (its index is plain dims).
+std::vector<int64_t> OutputStrides(const Chain& chain, const Op& op) {
+  std::vector<int64_t> out_stride(chain.dims.size(), 0);
+  int64_t s = 1;
+  for (int axis = static_cast<int>(op.index.size()) - 1; axis >= 0; --axis) {
+    out_stride[op.index[axis]] = s;
+    s *= chain.tensors[op.output].shape[axis];
+  }
+  return out_stride;
+}
+
+// A sum of a product of two: a row of points along the output's last dim
+// at once, under the reduction loops, so that the loads run along the row
+// (each point still sums in the order of SumPoints's loop).
+void SumProductRows(const Chain& chain, const Op& op, const FlatAccess& fa, const FlatAccess& fb, double scale,
+                    const std::vector<int64_t>& out_stride, const std::vector<int64_t>& v, std::vector<double>& out) {
+  const int inner = op.reduce.back();
+  const std::vector<int> outer_reduce(op.reduce.begin(), op.reduce.end() - 1);
+  const int64_t inner_extent = chain.dims[inner].extent;
+  const int lane = op.index.back();
+  const int64_t n = chain.dims[lane].extent;
+  const std::vector<int> rows(op.index.begin(), op.index.end() - 1);
+  ParallelOver(rows, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
+    std::vector<double> acc(n);
+    ForEachPoint(rest, chain, w, [&] {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      w[lane] = 0;
+      ForEachPoint(outer_reduce, chain, w, [&] {
+        w[inner] = 0;
+        int64_t oa = fa.base, ob = fb.base;
+        for (size_t d = 0; d < w.size(); ++d) {
+          oa += fa.stride[d] * w[d];
+          ob += fb.stride[d] * w[d];
+        }
+        for (int64_t i = 0; i < inner_extent; ++i) {
+          const double* a = fa.data + oa + i * fa.stride[inner];
+          const double* b = fb.data + ob + i * fb.stride[inner];
+          for (int64_t j = 0; j < n; ++j) acc[j] += scale * a[j * fa.stride[lane]] * b[j * fb.stride[lane]];
+        }
+      });
+      int64_t at = 0;
+      for (int d : op.index) at += out_stride[d] * w[d];
+      for (int64_t j = 0; j < n; ++j) out[at + j * out_stride[lane]] = acc[j];
+    });
+  });
+}
+
+// Any other sum, point by point: a product's factors read along the inner
+// reduction by their strides, any other body evaluated.
+void SumPoints(const Chain& chain, const Op& op, const Node& body, bool product, double scale,
+               const std::vector<const FlatAccess*>& factors, const std::vector<int64_t>& out_stride,
+               const std::vector<int64_t>& v, std::vector<double>& out) {
+  const int inner = op.reduce.back();
+  const std::vector<int> outer_reduce(op.reduce.begin(), op.reduce.end() - 1);
+  const int64_t inner_extent = chain.dims[inner].extent;
+  ParallelOver(op.index, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
+    std::vector<int64_t> off(factors.size()), step(factors.size());
+    ForEachPoint(rest, chain, w, [&] {
+      double acc = 0;
+      ForEachPoint(outer_reduce, chain, w, [&] {
+        if (!product) {
+          for (w[inner] = 0; w[inner] < inner_extent; ++w[inner]) acc += Eval(body, w);
+          return;
+        }
+        w[inner] = 0;
+        for (size_t f = 0; f < factors.size(); ++f) {
+          off[f] = factors[f]->base;
+          for (size_t d = 0; d < w.size(); ++d) off[f] += factors[f]->stride[d] * w[d];
+          step[f] = factors[f]->stride[inner];
+        }
+        for (int64_t i = 0; i < inner_extent; ++i) {
+          double p = scale;
+          for (size_t f = 0; f < factors.size(); ++f) p *= factors[f]->data[off[f] + i * step[f]];
+          acc += p;
+        }
+      });
+      int64_t at = 0;
+      for (int d : op.index) at += out_stride[d] * w[d];
+      out[at] = acc;
+    });
+  });
+}
+
+// A softmax along op.axis, row by row; a causal one keeps the entries up
+// to the row's bound, the rest are 0.
+void Softmax(const Chain& chain, const Op& op, const Node& body, const std::vector<int64_t>& out_stride,
+             std::vector<int64_t>& v, std::vector<double>& out) {
+  std::vector<int> rows;
+  for (int d : op.index) {
+    if (d != op.axis) rows.push_back(d);
+  }
+  int64_t n = chain.dims[op.axis].extent;
+  std::vector<double> vals(n);
+  auto out_offset = [&]() {
+    int64_t off = 0;
+    for (int d : op.index) off += out_stride[d] * v[d];
+    return off;
+  };
+  ForEachPoint(rows, chain, v, [&] {
+    const int64_t kept = op.Causal() ? std::min(n, v[op.causal_row] + op.causal_offset + 1) : n;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (v[op.axis] = 0; v[op.axis] < kept; ++v[op.axis]) {
+      vals[v[op.axis]] = Eval(body, v);
+      mx = std::max(mx, vals[v[op.axis]]);
+    }
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      vals[i] = i < kept ? std::exp(vals[i] - mx) : 0.0;
+      sum += vals[i];
+    }
+    for (v[op.axis] = 0; v[op.axis] < n; ++v[op.axis]) out[out_offset()] = vals[v[op.axis]] / sum;
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
@@ -166,118 +280,29 @@ absl::StatusOr<std::vector<std::vector<double>>> EvaluateReference(
 
   std::vector<int64_t> v(chain.dims.size(), 0);
   for (const Op& op : chain.ops) {
-    const Tensor& out_t = chain.tensors[op.output];
     std::vector<double>& out = storage[op.output];
-    out.assign(out_t.NumElements(), 0.0);
+    out.assign(chain.tensors[op.output].NumElements(), 0.0);
     Node body = Compile(op.body, chain, buffers);
-    // Output offset of the current point (output index is plain dims).
-    std::vector<int64_t> out_stride(chain.dims.size(), 0);
-    {
-      int64_t s = 1;
-      for (int axis = static_cast<int>(op.index.size()) - 1; axis >= 0; --axis) {
-        out_stride[op.index[axis]] = s;
-        s *= out_t.shape[axis];
-      }
-    }
-    auto out_offset = [&]() {
-      int64_t off = 0;
-      for (int d : op.index) off += out_stride[d] * v[d];
-      return off;
-    };
-
+    const std::vector<int64_t> out_stride = OutputStrides(chain, op);
     if (op.kind == OpKind::kSum) {
+      // Each output point is summed in the same order whichever thread
+      // computes it: the result does not depend on the threads.
       double scale = 1;
       std::vector<const FlatAccess*> factors;
       const bool product = ProductFactors(body, scale, factors);
-      const int inner = op.reduce.back();
-      const std::vector<int> outer_reduce(op.reduce.begin(), op.reduce.end() - 1);
-      const int64_t inner_extent = chain.dims[inner].extent;
-      // Each output point is summed in the same order whichever thread
-      // computes it: the result does not depend on the threads.
-      const int lane = op.index.empty() ? -1 : op.index.back();
-      if (product && factors.size() == 2 && lane >= 0) {
-        // A product of two: a row of points along the output's last dim at
-        // once, under the reduction loops, so that the loads run along the
-        // row (each point still sums in the order of the loop below).
-        const FlatAccess& fa = *factors[0];
-        const FlatAccess& fb = *factors[1];
-        const int64_t n = chain.dims[lane].extent;
-        const std::vector<int> rows(op.index.begin(), op.index.end() - 1);
-        ParallelOver(rows, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
-          std::vector<double> acc(n);
-          ForEachPoint(rest, chain, w, [&] {
-            std::fill(acc.begin(), acc.end(), 0.0);
-            w[lane] = 0;
-            ForEachPoint(outer_reduce, chain, w, [&] {
-              w[inner] = 0;
-              int64_t oa = fa.base, ob = fb.base;
-              for (size_t d = 0; d < w.size(); ++d) {
-                oa += fa.stride[d] * w[d];
-                ob += fb.stride[d] * w[d];
-              }
-              for (int64_t i = 0; i < inner_extent; ++i) {
-                const double* a = fa.data + oa + i * fa.stride[inner];
-                const double* b = fb.data + ob + i * fb.stride[inner];
-                for (int64_t j = 0; j < n; ++j) acc[j] += scale * a[j * fa.stride[lane]] * b[j * fb.stride[lane]];
-              }
-            });
-            int64_t at = 0;
-            for (int d : op.index) at += out_stride[d] * w[d];
-            for (int64_t j = 0; j < n; ++j) out[at + j * out_stride[lane]] = acc[j];
-          });
-        });
+      if (product && factors.size() == 2 && !op.index.empty()) {
+        SumProductRows(chain, op, *factors[0], *factors[1], scale, out_stride, v, out);
       } else {
-        ParallelOver(op.index, chain, v, [&](std::vector<int64_t>& w, const std::vector<int>& rest) {
-          std::vector<int64_t> off(factors.size()), step(factors.size());
-          ForEachPoint(rest, chain, w, [&] {
-            double acc = 0;
-            ForEachPoint(outer_reduce, chain, w, [&] {
-              if (!product) {
-                for (w[inner] = 0; w[inner] < inner_extent; ++w[inner]) acc += Eval(body, w);
-                return;
-              }
-              w[inner] = 0;
-              for (size_t f = 0; f < factors.size(); ++f) {
-                off[f] = factors[f]->base;
-                for (size_t d = 0; d < w.size(); ++d) off[f] += factors[f]->stride[d] * w[d];
-                step[f] = factors[f]->stride[inner];
-              }
-              for (int64_t i = 0; i < inner_extent; ++i) {
-                double p = scale;
-                for (size_t f = 0; f < factors.size(); ++f) p *= factors[f]->data[off[f] + i * step[f]];
-                acc += p;
-              }
-            });
-            int64_t at = 0;
-            for (int d : op.index) at += out_stride[d] * w[d];
-            out[at] = acc;
-          });
-        });
+        SumPoints(chain, op, body, product, scale, factors, out_stride, v, out);
       }
     } else if (op.kind == OpKind::kMap) {
-      ForEachPoint(op.index, chain, v, [&] { out[out_offset()] = Eval(body, v); });
-    } else {
-      std::vector<int> rows;
-      for (int d : op.index) {
-        if (d != op.axis) rows.push_back(d);
-      }
-      int64_t n = chain.dims[op.axis].extent;
-      std::vector<double> vals(n);
-      ForEachPoint(rows, chain, v, [&] {
-        // A causal softmax keeps the entries up to the row's bound; the rest are 0.
-        const int64_t kept = op.Causal() ? std::min(n, v[op.causal_row] + op.causal_offset + 1) : n;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (v[op.axis] = 0; v[op.axis] < kept; ++v[op.axis]) {
-          vals[v[op.axis]] = Eval(body, v);
-          mx = std::max(mx, vals[v[op.axis]]);
-        }
-        double sum = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          vals[i] = i < kept ? std::exp(vals[i] - mx) : 0.0;
-          sum += vals[i];
-        }
-        for (v[op.axis] = 0; v[op.axis] < n; ++v[op.axis]) out[out_offset()] = vals[v[op.axis]] / sum;
+      ForEachPoint(op.index, chain, v, [&] {
+        int64_t off = 0;
+        for (int d : op.index) off += out_stride[d] * v[d];
+        out[off] = Eval(body, v);
       });
+    } else {
+      Softmax(chain, op, body, out_stride, v, out);
     }
     buffers[op.output] = out.data();
   }

@@ -497,21 +497,8 @@ absl::Status BuildOp(const OpSpec& spec, const Limits& limits, Chain& chain) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
-  Chain chain;
-  chain.name = spec.name.empty() ? "chain" : spec.name;
-  if (!IsIdentifier(chain.name) || chain.name.size() > kMaxNameBytes) {
-    return Error(spec.where, absl::StrCat("chain name '", Echo(chain.name, 40), "' is not an identifier of at most ",
-                                          kMaxNameBytes, " bytes"));
-  }
-  chain.dtype = spec.dtype.value_or(DType::kF32);
-
-  if (static_cast<int>(spec.dims.size()) > limits.max_dims) {
-    return Error(spec.where, absl::StrCat("workload has ", spec.dims.size(),
-                                          " dims; the limit is ", limits.max_dims));
-  }
+// The spec's dims, each named once with an extent in range.
+absl::Status AddDims(const ChainSpec& spec, const Limits& limits, Chain& chain) {
   for (const DimSpec& d : spec.dims) {
     RETURN_IF_ERROR(CheckName(d.name, "dim", d.where));
     if (chain.FindDim(d.name) >= 0) {
@@ -523,67 +510,58 @@ absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
     }
     chain.dims.push_back({d.name, d.extent});
   }
+  return absl::OkStatus();
+}
 
-  size_t tensor_count = spec.inputs.size() + spec.ops.size();
-  if (static_cast<int>(tensor_count) > limits.max_tensors) {
-    return Error(spec.where, absl::StrCat("workload has ", tensor_count,
-                                          " tensors; the limit is ", limits.max_tensors));
+// Input `ts`: a new name, a shape of known dims or numeric extents.
+absl::Status AddInput(const TensorSpec& ts, const Limits& limits, Chain& chain) {
+  RETURN_IF_ERROR(CheckName(ts.name, "tensor", ts.where));
+  if (chain.FindTensor(ts.name) >= 0) {
+    return Error(ts.where, absl::StrCat("tensor '", ts.name, "' is declared twice"));
   }
-  if (static_cast<int>(spec.ops.size()) > limits.max_ops) {
-    return Error(spec.where, absl::StrCat("workload has ", spec.ops.size(),
-                                          " ops; the limit is ", limits.max_ops));
+  if (chain.FindDim(ts.name) >= 0) {
+    return Error(ts.where, absl::StrCat("'", ts.name, "' is both a dim and a tensor"));
   }
-
-  for (const TensorSpec& ts : spec.inputs) {
-    RETURN_IF_ERROR(CheckName(ts.name, "tensor", ts.where));
-    if (chain.FindTensor(ts.name) >= 0) {
-      return Error(ts.where, absl::StrCat("tensor '", ts.name, "' is declared twice"));
-    }
-    if (chain.FindDim(ts.name) >= 0) {
-      return Error(ts.where, absl::StrCat("'", ts.name, "' is both a dim and a tensor"));
-    }
-    if (ts.shape.empty()) return Error(ts.where, absl::StrCat("tensor '", ts.name, "' has no shape"));
-    if (static_cast<int>(ts.shape.size()) > limits.max_rank) {
-      return Error(ts.where, absl::StrCat("tensor '", ts.name, "' has ", ts.shape.size(),
-                                          " axes; the limit is ", limits.max_rank));
-    }
-    Tensor t;
-    t.name = ts.name;
-    t.role = TensorRole::kInput;
-    t.constant = ts.constant;
-    for (const std::string& s : ts.shape) {
-      int d = chain.FindDim(s);
-      if (d >= 0) {
-        t.shape.push_back(chain.dims[d].extent);
-        t.axis_dims.push_back(d);
-        continue;
-      }
-      bool numeric = !s.empty() && s.size() <= 12 &&
-                     std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-      if (!numeric) {
-        return Error(ts.where, absl::StrCat("unknown dim '", s, "' in the shape of '", ts.name, "'"));
-      }
-      int64_t extent = std::stoll(s);
-      if (extent < 1 || extent > limits.max_extent) {
-        return Error(ts.where, absl::StrCat("axis extent ", s, " of '", ts.name,
-                                            "' must be in [1, ", limits.max_extent, "]"));
-      }
-      t.shape.push_back(extent);
-      t.axis_dims.push_back(-1);
-    }
-    if (t.NumElements() > limits.max_tensor_elements) {
-      return Error(ts.where, absl::StrCat("tensor '", t.name, "' has ", t.NumElements(),
-                                          " elements; the limit is ", limits.max_tensor_elements));
-    }
-    chain.inputs.push_back(static_cast<int>(chain.tensors.size()));
-    chain.tensors.push_back(std::move(t));
+  if (ts.shape.empty()) return Error(ts.where, absl::StrCat("tensor '", ts.name, "' has no shape"));
+  if (static_cast<int>(ts.shape.size()) > limits.max_rank) {
+    return Error(ts.where, absl::StrCat("tensor '", ts.name, "' has ", ts.shape.size(),
+                                        " axes; the limit is ", limits.max_rank));
   }
-  if (chain.inputs.empty()) return Error(spec.where, "workload declares no input tensors");
-  if (spec.ops.empty()) return Error(spec.where, "workload has no ops");
+  Tensor t;
+  t.name = ts.name;
+  t.role = TensorRole::kInput;
+  t.constant = ts.constant;
+  for (const std::string& s : ts.shape) {
+    int d = chain.FindDim(s);
+    if (d >= 0) {
+      t.shape.push_back(chain.dims[d].extent);
+      t.axis_dims.push_back(d);
+      continue;
+    }
+    bool numeric = !s.empty() && s.size() <= 12 &&
+                   std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!numeric) {
+      return Error(ts.where, absl::StrCat("unknown dim '", s, "' in the shape of '", ts.name, "'"));
+    }
+    int64_t extent = std::stoll(s);
+    if (extent < 1 || extent > limits.max_extent) {
+      return Error(ts.where, absl::StrCat("axis extent ", s, " of '", ts.name,
+                                          "' must be in [1, ", limits.max_extent, "]"));
+    }
+    t.shape.push_back(extent);
+    t.axis_dims.push_back(-1);
+  }
+  if (t.NumElements() > limits.max_tensor_elements) {
+    return Error(ts.where, absl::StrCat("tensor '", t.name, "' has ", t.NumElements(),
+                                        " elements; the limit is ", limits.max_tensor_elements));
+  }
+  chain.inputs.push_back(static_cast<int>(chain.tensors.size()));
+  chain.tensors.push_back(std::move(t));
+  return absl::OkStatus();
+}
 
-  for (const OpSpec& op : spec.ops) RETURN_IF_ERROR(BuildOp(op, limits, chain));
-
-  if (spec.outputs.empty()) return Error(spec.where, "workload names no output (add 'out NAME')");
+// The outputs the spec names: computed, each once.
+absl::Status MarkOutputs(const ChainSpec& spec, Chain& chain) {
   for (size_t i = 0; i < spec.outputs.size(); ++i) {
     const Where& w = i < spec.output_wheres.size() ? spec.output_wheres[i] : spec.where;
     int t = chain.FindTensor(spec.outputs[i]);
@@ -597,8 +575,12 @@ absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
     chain.tensors[t].role = TensorRole::kOutput;
     chain.outputs.push_back(t);
   }
+  return absl::OkStatus();
+}
 
-  // Every op must feed an output; an unused op is almost always a typo.
+// Every op must feed an output (an unused op is almost always a typo), and
+// every input must be read.
+absl::Status CheckEverythingUsed(const ChainSpec& spec, const Chain& chain) {
   std::vector<bool> used(chain.tensors.size(), false);
   for (const Op& op : chain.ops) {
     ForEachAccess(op.body, [&](const Access& a) { used[a.tensor] = true; });
@@ -615,6 +597,45 @@ absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
       return Error(spec.where, absl::StrCat("input '", chain.tensors[t].name, "' is never used"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Chain> BuildChain(const ChainSpec& spec, const Limits& limits) {
+  Chain chain;
+  chain.name = spec.name.empty() ? "chain" : spec.name;
+  if (!IsIdentifier(chain.name) || chain.name.size() > kMaxNameBytes) {
+    return Error(spec.where, absl::StrCat("chain name '", Echo(chain.name, 40), "' is not an identifier of at most ",
+                                          kMaxNameBytes, " bytes"));
+  }
+  chain.dtype = spec.dtype.value_or(DType::kF32);
+
+  if (static_cast<int>(spec.dims.size()) > limits.max_dims) {
+    return Error(spec.where, absl::StrCat("workload has ", spec.dims.size(),
+                                          " dims; the limit is ", limits.max_dims));
+  }
+  RETURN_IF_ERROR(AddDims(spec, limits, chain));
+
+  size_t tensor_count = spec.inputs.size() + spec.ops.size();
+  if (static_cast<int>(tensor_count) > limits.max_tensors) {
+    return Error(spec.where, absl::StrCat("workload has ", tensor_count,
+                                          " tensors; the limit is ", limits.max_tensors));
+  }
+  if (static_cast<int>(spec.ops.size()) > limits.max_ops) {
+    return Error(spec.where, absl::StrCat("workload has ", spec.ops.size(),
+                                          " ops; the limit is ", limits.max_ops));
+  }
+
+  for (const TensorSpec& ts : spec.inputs) RETURN_IF_ERROR(AddInput(ts, limits, chain));
+  if (chain.inputs.empty()) return Error(spec.where, "workload declares no input tensors");
+  if (spec.ops.empty()) return Error(spec.where, "workload has no ops");
+
+  for (const OpSpec& op : spec.ops) RETURN_IF_ERROR(BuildOp(op, limits, chain));
+
+  if (spec.outputs.empty()) return Error(spec.where, "workload names no output (add 'out NAME')");
+  RETURN_IF_ERROR(MarkOutputs(spec, chain));
+  RETURN_IF_ERROR(CheckEverythingUsed(spec, chain));
   return chain;
 }
 

@@ -1,10 +1,17 @@
 // The phases of BuildLoopNest (loop_nest.h), in the order it runs them,
-// declared for loop_nest.cc and its tests. Each phase reads what the ones
+// declared for loop_nest.cc and its tests, and defined by concern:
+// loop_nest_regions.cc (the nest's loops, regions and mappings),
+// loop_nest_statements.cc (buffers, packs and statements) and
+// loop_nest_stream.cc (causal tiles skipped, the stream loop split,
+// intermediates kept in registers). Each phase reads what the ones
 // before it filled in and, where it can refuse the schedule, returns
 // INVALID_ARGUMENT as BuildLoopNest does; on an error the nest is left half
 // built and must not be used. `chain` is always the chain the schedule runs
 // (regrouped already) and `context` comes from MakeNestContext of it.
 #pragma once
+
+#include <algorithm>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,5 +70,18 @@ absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& targe
 // When the schedule keeps intermediates in registers, whether the nest
 // allows it.
 absl::Status CheckRegisters(const ir::Chain& chain, const LoopNest& nest);
+
+// Helpers the phases share (loop_nest.cc).
+inline bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool AccessDependsOn(const ir::Access& a, int dim);
+// Whether every read of a result of `chain` along `dim` is the plain dim at
+// the producer's axis of `dim` (and no other axis depends on it).
+bool ReadsAlong(const ir::Chain& chain, const ir::Access& a, int dim);
+// INVALID_ARGUMENT "schedule: message".
+absl::Status Illegal(absl::string_view message);
+// Appends a statement of `op` (a load or store of `tensor`, or with -1 its
+// compute), run once per iteration of `loops`.
+void AddStatement(const ir::Chain& chain, LoopNest& nest, StmtKind kind, int op, int tensor, double bytes,
+                  double flops, std::vector<int> loops);
 
 }  // namespace fusor::space::phases

@@ -46,6 +46,93 @@ std::string Pointer(const ir::Chain& chain, const std::string& name) {
   return absl::StrCat("fusor_h_", name, ".p");
 }
 
+// fusor_split_run, which runs the head and then the tail on the tensors
+// the head hands on (a calling thread's buffers), and fusor_run.
+void EmitSplitRun(const ir::Chain& chain, const space::SplitSchedule& split, const std::array<bool, 2>& prepared,
+                  emit::Writer& w) {
+  w.Line("// A calling thread's buffer of a tensor the head hands on to the tail, kept for its next call.");
+  w.Line("struct fusor_handed_on { void* p = 0; ~fusor_handed_on() { free(p); } };");
+  w.Line("struct fusor_split_prep_t { void* part[2]; };");
+  w.Line("");
+  w.Open("static int fusor_split_run(const fusor_split_prep_t* prep, const void* const* fusor_inputs, "
+         "void* const* fusor_outputs, int num_threads)");
+  w.Line("(void)prep;");
+  for (const std::string& name : split.chains.handed_on) {
+    const ir::Tensor& t = chain.tensors[chain.FindTensor(name)];
+    const std::string buf = absl::StrCat("fusor_h_", name);
+    w.Line(absl::StrCat("static thread_local fusor_handed_on ", buf, ";"));
+    w.Line(absl::StrCat("if (!", buf, ".p) ", buf, ".p = malloc(", t.NumElements() * ir::DTypeBytes(chain.dtype),
+                        "UL);"));
+    w.Line(absl::StrCat("if (!", buf, ".p) return 1;"));
+  }
+  w.Line("int failed = 0;");
+  for (int p = 0; p < 2; ++p) {
+    const ir::Chain& part = split.chains.parts[p];
+    const std::string ns = kPartNames[p];
+    auto pointers = [&](const std::vector<int>& tensors, const char* cast) {
+      return absl::StrJoin(tensors, ", ", [&](std::string* s, int t) {
+        absl::StrAppend(s, cast, Pointer(chain, part.tensors[t].name));
+      });
+    };
+    w.Open("");
+    w.Line(absl::StrCat("const void* const in[] = {", pointers(part.inputs, "(const void*)"), "};"));
+    w.Line(absl::StrCat("void* const out[] = {", pointers(part.outputs, ""), "};"));
+    w.Line(prepared[p] ? absl::StrCat("failed = ", ns, "::fusor_run_prepared(prep ? prep->part[", p,
+                                      "] : 0, in, out, num_threads);")
+                       : absl::StrCat("failed = ", ns, "::fusor_run(in, out, num_threads);"));
+    w.Close();
+    if (p == 0) w.Line("if (failed) return failed;");
+  }
+  w.Line("return failed;");
+  w.Close();
+  w.Line("");
+  w.Line("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, int num_threads) {");
+  w.Line("  return fusor_split_run(0, fusor_inputs, fusor_outputs, num_threads);");
+  w.Line("}");
+}
+
+// fusor_prepare, fusor_release and fusor_run_prepared over the parts'
+// own, for a kernel one of whose parts packs constant inputs.
+void EmitSplitPrepare(const ir::Chain& chain, const space::SplitSchedule& split, const std::array<bool, 2>& prepared,
+                      emit::Writer& w) {
+  w.Line("");
+  w.Open("extern \"C\" void fusor_release(void* prepared)");
+  w.Line("fusor_split_prep_t* p = (fusor_split_prep_t*)prepared;");
+  w.Line("if (!p) return;");
+  for (int p = 0; p < 2; ++p) {
+    if (!prepared[p]) continue;
+    w.Line(absl::StrCat("if (p->part[", p, "]) ", kPartNames[p], "::fusor_release(p->part[", p, "]);"));
+  }
+  w.Line("free(p);");
+  w.Close();
+  w.Line("");
+  w.Line("// Packs each part's constant inputs once (other inputs are not read); null when memory ran out.");
+  w.Open("extern \"C\" void* fusor_prepare(const void* const* fusor_inputs)");
+  w.Line("fusor_split_prep_t* p = (fusor_split_prep_t*)calloc(1, sizeof(fusor_split_prep_t));");
+  w.Line("if (!p) return 0;");
+  for (int p = 0; p < 2; ++p) {
+    if (!prepared[p]) continue;
+    const ir::Chain& part = split.chains.parts[p];
+    w.Open("");
+    w.Line(absl::StrCat("const void* const in[] = {", absl::StrJoin(part.inputs, ", ", [&](std::string* s, int t) {
+                          const int c = chain.FindTensor(part.tensors[t].name);
+                          s->append(chain.tensors[c].role == ir::TensorRole::kInput
+                                        ? Pointer(chain, part.tensors[t].name)
+                                        : "0");
+                        }), "};"));
+    w.Line(absl::StrCat("p->part[", p, "] = ", kPartNames[p], "::fusor_prepare(in);"));
+    w.Line(absl::StrCat("if (!p->part[", p, "]) { fusor_release(p); return 0; }"));
+    w.Close();
+  }
+  w.Line("return p;");
+  w.Close();
+  w.Line("");
+  w.Line("extern \"C\" int fusor_run_prepared(const void* prepared, const void* const* fusor_inputs,");
+  w.Line("                                    void* const* fusor_outputs, int num_threads) {");
+  w.Line("  return fusor_split_run((const fusor_split_prep_t*)prepared, fusor_inputs, fusor_outputs, num_threads);");
+  w.Line("}");
+}
+
 }  // namespace
 
 absl::StatusOr<KernelSource> EmitCpuSplitKernel(const ir::Chain& chain, const std::string& schedule_text,
@@ -93,83 +180,8 @@ absl::StatusOr<KernelSource> EmitCpuSplitKernel(const ir::Chain& chain, const st
 
   emit::Writer w;
   const bool any_prepared = prepared[0] || prepared[1];
-  w.Line("// A calling thread's buffer of a tensor the head hands on to the tail, kept for its next call.");
-  w.Line("struct fusor_handed_on { void* p = 0; ~fusor_handed_on() { free(p); } };");
-  w.Line("struct fusor_split_prep_t { void* part[2]; };");
-  w.Line("");
-  w.Open("static int fusor_split_run(const fusor_split_prep_t* prep, const void* const* fusor_inputs, "
-         "void* const* fusor_outputs, int num_threads)");
-  w.Line("(void)prep;");
-  for (const std::string& name : split.chains.handed_on) {
-    const ir::Tensor& t = chain.tensors[chain.FindTensor(name)];
-    const std::string buf = absl::StrCat("fusor_h_", name);
-    w.Line(absl::StrCat("static thread_local fusor_handed_on ", buf, ";"));
-    w.Line(absl::StrCat("if (!", buf, ".p) ", buf, ".p = malloc(", t.NumElements() * ir::DTypeBytes(chain.dtype),
-                        "UL);"));
-    w.Line(absl::StrCat("if (!", buf, ".p) return 1;"));
-  }
-  w.Line("int failed = 0;");
-  for (int p = 0; p < 2; ++p) {
-    const ir::Chain& part = split.chains.parts[p];
-    const std::string ns = kPartNames[p];
-    auto pointers = [&](const std::vector<int>& tensors, const char* cast) {
-      return absl::StrJoin(tensors, ", ", [&](std::string* s, int t) {
-        absl::StrAppend(s, cast, Pointer(chain, part.tensors[t].name));
-      });
-    };
-    w.Open("");
-    w.Line(absl::StrCat("const void* const in[] = {", pointers(part.inputs, "(const void*)"), "};"));
-    w.Line(absl::StrCat("void* const out[] = {", pointers(part.outputs, ""), "};"));
-    w.Line(prepared[p] ? absl::StrCat("failed = ", ns, "::fusor_run_prepared(prep ? prep->part[", p,
-                                      "] : 0, in, out, num_threads);")
-                       : absl::StrCat("failed = ", ns, "::fusor_run(in, out, num_threads);"));
-    w.Close();
-    if (p == 0) w.Line("if (failed) return failed;");
-  }
-  w.Line("return failed;");
-  w.Close();
-  w.Line("");
-  w.Line("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, int num_threads) {");
-  w.Line("  return fusor_split_run(0, fusor_inputs, fusor_outputs, num_threads);");
-  w.Line("}");
-  if (any_prepared) {
-    w.Line("");
-    w.Open("extern \"C\" void fusor_release(void* prepared)");
-    w.Line("fusor_split_prep_t* p = (fusor_split_prep_t*)prepared;");
-    w.Line("if (!p) return;");
-    for (int p = 0; p < 2; ++p) {
-      if (!prepared[p]) continue;
-      w.Line(absl::StrCat("if (p->part[", p, "]) ", kPartNames[p], "::fusor_release(p->part[", p, "]);"));
-    }
-    w.Line("free(p);");
-    w.Close();
-    w.Line("");
-    w.Line("// Packs each part's constant inputs once (other inputs are not read); null when memory ran out.");
-    w.Open("extern \"C\" void* fusor_prepare(const void* const* fusor_inputs)");
-    w.Line("fusor_split_prep_t* p = (fusor_split_prep_t*)calloc(1, sizeof(fusor_split_prep_t));");
-    w.Line("if (!p) return 0;");
-    for (int p = 0; p < 2; ++p) {
-      if (!prepared[p]) continue;
-      const ir::Chain& part = split.chains.parts[p];
-      w.Open("");
-      w.Line(absl::StrCat("const void* const in[] = {", absl::StrJoin(part.inputs, ", ", [&](std::string* s, int t) {
-                            const int c = chain.FindTensor(part.tensors[t].name);
-                            s->append(chain.tensors[c].role == ir::TensorRole::kInput
-                                          ? Pointer(chain, part.tensors[t].name)
-                                          : "0");
-                          }), "};"));
-      w.Line(absl::StrCat("p->part[", p, "] = ", kPartNames[p], "::fusor_prepare(in);"));
-      w.Line(absl::StrCat("if (!p->part[", p, "]) { fusor_release(p); return 0; }"));
-      w.Close();
-    }
-    w.Line("return p;");
-    w.Close();
-    w.Line("");
-    w.Line("extern \"C\" int fusor_run_prepared(const void* prepared, const void* const* fusor_inputs,");
-    w.Line("                                    void* const* fusor_outputs, int num_threads) {");
-    w.Line("  return fusor_split_run((const fusor_split_prep_t*)prepared, fusor_inputs, fusor_outputs, num_threads);");
-    w.Line("}");
-  }
+  EmitSplitRun(chain, split, prepared, w);
+  if (any_prepared) EmitSplitPrepare(chain, split, prepared, w);
 
   KernelSource k;
   k.source = absl::StrCat(title, preamble, absl::StrJoin(includes, "\n"), includes.empty() ? "" : "\n", "\n",
