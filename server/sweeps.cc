@@ -37,6 +37,109 @@ std::string Digest(const SweepRequest& request, const std::vector<PreparedReques
   return Sha256Hex(text).substr(0, 32);
 }
 
+// The request as a whole: INVALID_ARGUMENT when it has no entries or too
+// many, asks for force, or has a bad name.
+absl::Status CheckRequest(const SweepRequest& request, int max_entries) {
+  const int num_entries = static_cast<int>(request.entries.size());
+  if (num_entries == 0) return absl::InvalidArgumentError("sweep: no entries (models' chains) to tune");
+  if (num_entries > max_entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sweep: ", num_entries, " entries; at most ", max_entries, " per sweep"));
+  }
+  if (request.options.force) {
+    return absl::InvalidArgumentError("sweep: force is not supported; a sweep asks the cache first");
+  }
+  if (!request.name.empty()) RETURN_IF_ERROR(CheckName(request.name, "sweep"));
+  return absl::OkStatus();
+}
+
+// The request's entries, checked and prepared for one target.
+struct PreparedEntries {
+  std::vector<PreparedRequest> prepared;  // per entry
+  std::string target_fp;
+  std::set<std::string> models;
+};
+
+// INVALID_ARGUMENT naming the first bad entry; Prepare's other errors as
+// they are (e.g. FAILED_PRECONDITION when no worker has the target).
+absl::StatusOr<PreparedEntries> PrepareEntries(Scheduler& core, const SweepRequest& request) {
+  PreparedEntries out;
+  for (size_t i = 0; i < request.entries.size(); ++i) {
+    const SweepRequest::Entry& e = request.entries[i];
+    const std::string what =
+        absl::StrCat("sweep entry ", i + 1, " (model '", Echo(e.model), "', chain '", Echo(e.chain_name), "')");
+    if (e.model.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": model is required"));
+    for (const auto& [label, field, most] : {std::tuple{&e.model, "model", 256}, {&e.role, "role", 256},
+                                             {&e.source, "source", 4096}}) {
+      if (absl::Status st = CheckLabel(*label, field, most); !st.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", st.message()));
+      }
+    }
+    if (e.instances < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
+    // The first entry picks the target; the rest go to the same one.
+    absl::StatusOr<PreparedRequest> p = !e.chain.ok()           ? absl::StatusOr<PreparedRequest>(e.chain.status())
+                                        : out.target_fp.empty() ? core.Prepare(*e.chain, request.target)
+                                                                : core.PrepareFor(*e.chain, out.target_fp);
+    if (!p.ok()) {
+      if (absl::IsInvalidArgument(p.status())) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.status().message()));
+      }
+      return p.status();
+    }
+    out.target_fp = p->target_fp;
+    out.models.insert(e.model);
+    out.prepared.push_back(std::move(*p));
+  }
+  return out;
+}
+
+// RESOURCE_EXHAUSTED (with a retry hint) when `caller` already runs as
+// many sweeps as a client may.
+absl::Status CheckSweepQuota(Scheduler& core, const Caller& caller) {
+  ASSIGN_OR_RETURN(std::vector<db::SweepRow> all, core.db().ListSweepsInState(SweepState::kRunning));
+  const int mine = static_cast<int>(
+      std::count_if(all.begin(), all.end(), [&](const db::SweepRow& w) { return w.client == caller.id; }));
+  const int limit = core.options().max_sweeps_per_client;
+  if (limit > 0 && mine >= limit) {
+    core.NoteQuotaRefusal(Scheduler::Quota::kSweeps);
+    return wire::WithRetryAfter(
+        absl::ResourceExhaustedError(absl::StrCat("client '", caller.name, "' has ", mine,
+                                                  mine == 1 ? " sweep" : " sweeps", " running (at most ", limit,
+                                                  "); retry when one has finished (`fusor sweep` on its "
+                                                  "manifest follows it)")),
+        absl::Minutes(1));
+  }
+  return absl::OkStatus();
+}
+
+// Records a new running sweep of `entries` with its workloads; its id.
+absl::StatusOr<std::string> CreateSweep(Scheduler& core, const SweepRequest& request, const PreparedEntries& entries,
+                                        const std::string& digest, int budget, const Caller& caller) {
+  db::TuningDb& db = core.db();
+  const int64_t now = NowMs();
+  std::vector<db::SweepEntryRow> rows;
+  for (size_t i = 0; i < entries.prepared.size(); ++i) {
+    const PreparedRequest& p = entries.prepared[i];
+    RETURN_IF_ERROR(db.UpsertWorkload(
+        {p.canonical.key, p.chain.name, p.canonical.text, ir::ChainToJson(p.canonical.chain)}, now));
+    const SweepRequest::Entry& e = request.entries[i];
+    rows.push_back(
+        {static_cast<int>(i), e.model, e.role, e.source, e.instances, p.canonical.key, ir::ChainToJson(p.chain)});
+  }
+  db::SweepRow row;
+  row.id = absl::StrCat("s-", digest.substr(0, 8), "-", std::to_string(now));
+  row.name = request.name;
+  row.digest = digest;
+  row.target_fp = entries.target_fp;
+  row.salt = core.Salt();
+  row.budget = budget;
+  row.state = SweepState::kRunning;
+  row.created_ms = now;
+  row.client = caller.id;
+  RETURN_IF_ERROR(db.CreateSweep(row, rows, now));
+  return row.id;
+}
+
 }  // namespace
 
 SweepRunner::SweepRunner(Scheduler* core, SweepOptions options) : core_(core), options_(options) {
@@ -53,47 +156,11 @@ SweepRunner::~SweepRunner() {
 }
 
 absl::StatusOr<SweepStarted> SweepRunner::Start(const SweepRequest& request, const Caller& caller) {
+  RETURN_IF_ERROR(CheckRequest(request, options_.max_entries));
   const int num_entries = static_cast<int>(request.entries.size());
-  if (num_entries == 0) return absl::InvalidArgumentError("sweep: no entries (models' chains) to tune");
-  if (num_entries > options_.max_entries) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sweep: ", num_entries, " entries; at most ", options_.max_entries, " per sweep"));
-  }
-  if (request.options.force) {
-    return absl::InvalidArgumentError("sweep: force is not supported; a sweep asks the cache first");
-  }
-  if (!request.name.empty()) RETURN_IF_ERROR(CheckName(request.name, "sweep"));
-  std::vector<PreparedRequest> prepared;
-  std::string target_fp;
-  std::set<std::string> models;
-  for (int i = 0; i < num_entries; ++i) {
-    const SweepRequest::Entry& e = request.entries[i];
-    const std::string what =
-        absl::StrCat("sweep entry ", i + 1, " (model '", Echo(e.model), "', chain '", Echo(e.chain_name), "')");
-    if (e.model.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": model is required"));
-    for (const auto& [label, field, most] : {std::tuple{&e.model, "model", 256}, {&e.role, "role", 256},
-                                             {&e.source, "source", 4096}}) {
-      if (absl::Status st = CheckLabel(*label, field, most); !st.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", st.message()));
-      }
-    }
-    if (e.instances < 1) return absl::InvalidArgumentError(absl::StrCat(what, ": instances must be at least 1"));
-    // The first entry picks the target; the rest go to the same one.
-    absl::StatusOr<PreparedRequest> p = !e.chain.ok()       ? absl::StatusOr<PreparedRequest>(e.chain.status())
-                                        : target_fp.empty() ? core_->Prepare(*e.chain, request.target)
-                                                            : core_->PrepareFor(*e.chain, target_fp);
-    if (!p.ok()) {
-      if (absl::IsInvalidArgument(p.status())) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", p.status().message()));
-      }
-      return p.status();
-    }
-    target_fp = p->target_fp;
-    models.insert(e.model);
-    prepared.push_back(std::move(*p));
-  }
+  ASSIGN_OR_RETURN(const PreparedEntries entries, PrepareEntries(*core_, request));
   const int budget = core_->EffectiveBudget(request.options.budget);
-  const std::string digest = Digest(request, prepared, target_fp, core_->Salt(), budget);
+  const std::string digest = Digest(request, entries.prepared, entries.target_fp, core_->Salt(), budget);
 
   std::lock_guard<std::mutex> start_lock(start_mu_);
   db::TuningDb& db = core_->db();
@@ -104,51 +171,19 @@ absl::StatusOr<SweepStarted> SweepRunner::Start(const SweepRequest& request, con
     id = running->id;
     started.resumed = true;
   } else {
-    ASSIGN_OR_RETURN(std::vector<db::SweepRow> all, db.ListSweepsInState(SweepState::kRunning));
-    const int mine = static_cast<int>(
-        std::count_if(all.begin(), all.end(), [&](const db::SweepRow& w) { return w.client == caller.id; }));
-    const int limit = core_->options().max_sweeps_per_client;
-    if (limit > 0 && mine >= limit) {
-      core_->NoteQuotaRefusal(Scheduler::Quota::kSweeps);
-      return wire::WithRetryAfter(
-          absl::ResourceExhaustedError(absl::StrCat("client '", caller.name, "' has ", mine,
-                                                    mine == 1 ? " sweep" : " sweeps", " running (at most ", limit,
-                                                    "); retry when one has finished (`fusor sweep` on its "
-                                                    "manifest follows it)")),
-          absl::Minutes(1));
-    }
-    const int64_t now = NowMs();
-    std::vector<db::SweepEntryRow> entries;
-    for (size_t i = 0; i < prepared.size(); ++i) {
-      const PreparedRequest& p = prepared[i];
-      RETURN_IF_ERROR(db.UpsertWorkload(
-          {p.canonical.key, p.chain.name, p.canonical.text, ir::ChainToJson(p.canonical.chain)}, now));
-      const SweepRequest::Entry& e = request.entries[i];
-      entries.push_back(
-          {static_cast<int>(i), e.model, e.role, e.source, e.instances, p.canonical.key, ir::ChainToJson(p.chain)});
-    }
-    db::SweepRow row;
-    id = absl::StrCat("s-", digest.substr(0, 8), "-", std::to_string(now));
-    row.id = id;
-    row.name = request.name;
-    row.digest = digest;
-    row.target_fp = target_fp;
-    row.salt = core_->Salt();
-    row.budget = budget;
-    row.state = SweepState::kRunning;
-    row.created_ms = now;
-    row.client = caller.id;
-    RETURN_IF_ERROR(db.CreateSweep(row, entries, now));
+    RETURN_IF_ERROR(CheckSweepQuota(*core_, caller));
+    ASSIGN_OR_RETURN(id, CreateSweep(*core_, request, entries, digest, budget, caller));
   }
   ASSIGN_OR_RETURN(std::vector<db::SweepChainRow> chains, db.SweepChains(id));
   started.sweep_id = id;
-  started.models = static_cast<int>(models.size());
+  started.models = static_cast<int>(entries.models.size());
   started.entries = num_entries;
   started.chains = static_cast<int>(chains.size());
-  started.target_fp = target_fp;
+  started.target_fp = entries.target_fp;
   started.budget = budget;
   Log()->info("[sweep={}] {} '{}': {} models, {} entries, {} distinct chains, budget {}", id,
-              running ? "resumed" : "started", request.name, models.size(), num_entries, chains.size(), budget);
+              running ? "resumed" : "started", request.name, entries.models.size(), num_entries, chains.size(),
+              budget);
   {
     std::lock_guard<std::mutex> lock(mu_);
     wake_ = true;

@@ -200,7 +200,11 @@ absl::Status TuningDb::ExportRecords(const RecordFilter& filter,
   }
 }
 
-absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::string>& lines, int64_t now_ms) {
+namespace {
+
+// Every record of `lines` (blank ones skipped), or INVALID_ARGUMENT naming
+// the first line that is not one: all are read before anything is written.
+absl::StatusOr<std::vector<Record>> ParseRecords(const std::vector<std::string>& lines) {
   std::vector<Record> records;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (lines[i].find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -208,96 +212,133 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
     if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("line ", i + 1, ": ", r.status().message()));
     records.push_back(std::move(*r));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
-  ImportStats stats;
-  std::set<std::tuple<std::string, std::string, std::string>> touched;  // key, target, salt
-  for (const Record& r : records) {
-    ++stats.records;
-    const std::string job_id = r.m["job_id"], key = r.workload["key"], fp = r.target["fingerprint"];
-    const std::string task_id = r.task["id"];
-    ASSIGN_OR_RETURN(Statement seen, db_->Prepare("SELECT 1 FROM measurements WHERE job_id = ?"));
-    seen.Bind(1, job_id);
-    ASSIGN_OR_RETURN(bool duplicate, seen.Step());
-    if (duplicate) {
-      ++stats.duplicates;
-      continue;
-    }
-    const int64_t measured = Or<int64_t>(r.m, "measured_ms", now_ms);
-    ASSIGN_OR_RETURN(Statement w, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
-                                               "chain_json, created_ms) VALUES (?,?,?,?,?)"));
-    RETURN_IF_ERROR(w.Bind(1, key).Bind(2, Or<std::string>(r.workload, "name", key))
-                        .Bind(3, r.workload["canonical_text"].get<std::string>())
-                        .Bind(4, r.workload["chain_json"].get<std::string>()).Bind(5, measured).Run());
-    ASSIGN_OR_RETURN(Statement t, db_->Prepare("INSERT OR IGNORE INTO targets(fingerprint, backend, "
-                                               "description_json, first_seen_ms, last_seen_ms) VALUES (?,?,?,?,?)"));
-    RETURN_IF_ERROR(t.Bind(1, fp).Bind(2, r.target["backend"].get<std::string>())
-                        .Bind(3, r.target["description_json"].get<std::string>()).Bind(4, measured)
-                        .Bind(5, measured).Run());
-    ASSIGN_OR_RETURN(Statement task, db_->Prepare(
-                                         "INSERT OR IGNORE INTO tasks(id, workload_key, target_fp, salt, state, "
-                                         "budget, batch_size, space_size, space_after_pruning, error, created_ms, "
-                                         "finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"));
-    RETURN_IF_ERROR(task.Bind(1, task_id).Bind(2, key).Bind(3, fp).Bind(4, r.task["salt"].get<std::string>())
-                        .Bind(5, Name(r.state)).Bind(6, Or<int64_t>(r.task, "budget", 0))
-                        .Bind(7, Or<int64_t>(r.task, "batch_size", 0)).Bind(8, Or<int64_t>(r.task, "space_size", 0))
-                        .Bind(9, Or<int64_t>(r.task, "space_after_pruning", 0))
-                        .Bind(10, Or<std::string>(r.task, "error", "")).Bind(11, Or<int64_t>(r.task, "created_ms", measured))
-                        .Bind(12, Or<int64_t>(r.task, "finished_ms", measured)).Run());
-    ASSIGN_OR_RETURN(Statement owner, db_->Prepare("SELECT workload_key, target_fp FROM tasks WHERE id = ?"));
-    owner.Bind(1, task_id);
-    ASSIGN_OR_RETURN(bool has_task, owner.Step());
-    if (!has_task || owner.Text(0) != key || owner.Text(1) != fp) {
-      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, ": task ", task_id,
-                                                        " is here already for another workload or target"));
-    }
-    std::optional<int64_t> candidate_id;
-    if (OfCandidate(r.kind)) {
-      const std::string schedule = r.candidate["schedule"];
-      ASSIGN_OR_RETURN(Statement find, db_->Prepare("SELECT id FROM candidates WHERE task_id = ? AND schedule = ?"));
-      find.Bind(1, task_id).Bind(2, schedule);
-      ASSIGN_OR_RETURN(bool found, find.Step());
-      if (found) {
-        candidate_id = find.Int(0);
-      } else {
-        ASSIGN_OR_RETURN(Statement ins, db_->Prepare("INSERT INTO candidates(task_id, schedule, mapping, t_mem_s, "
-                                                     "t_comp_s, alpha, t_estm_s, rank) VALUES (?,?,?,?,?,?,?,?)"));
-        RETURN_IF_ERROR(ins.Bind(1, task_id).Bind(2, schedule).Bind(3, Or<std::string>(r.candidate, "mapping", ""))
-                            .Bind(4, Or<double>(r.candidate, "t_mem_s", 0)).Bind(5, Or<double>(r.candidate, "t_comp_s", 0))
-                            .Bind(6, Or<double>(r.candidate, "alpha", 1)).Bind(7, Or<double>(r.candidate, "t_estm_s", 0))
-                            .Bind(8, Or<int64_t>(r.candidate, "rank", 0)).Run());
-        candidate_id = db_->LastInsertRowId();
-      }
-    }
-    ASSIGN_OR_RETURN(Statement job, db_->Prepare("INSERT OR IGNORE INTO jobs(id, task_id, kind, candidate_id, "
-                                                 "target_fp, state, worker_id, attempts, created_ms, finished_ms) "
-                                                 "VALUES (?,?,?,?,?,?,?,1,?,?)"));
-    RETURN_IF_ERROR(job.Bind(1, job_id).Bind(2, task_id).Bind(3, Name(r.kind)).Bind(4, candidate_id).Bind(5, fp)
-                        .Bind(6, Name(JobState::kDone)).Bind(7, r.m["worker_id"].get<std::string>())
-                        .Bind(8, measured).Bind(9, measured).Run());
-    ASSIGN_OR_RETURN(Statement m, db_->Prepare(
-                                      "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
-                                      "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
-                                      "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
-                                      "resources_json, spread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
-    RETURN_IF_ERROR(m.Bind(1, job_id).Bind(2, task_id).Bind(3, candidate_id).Bind(4, Name(r.kind)).Bind(5, key)
-                        .Bind(6, fp).Bind(7, r.m["worker_id"].get<std::string>()).Bind(8, Name(r.status))
-                        .Bind(9, Or<std::string>(r.m, "error", "")).Bind(10, r.m["median_s"].get<double>())
-                        .Bind(11, r.m["samples_s"].dump()).Bind(12, Or<double>(r.m, "max_abs_error", 0))
-                        .Bind(13, Or<double>(r.m, "max_rel_error", 0)).Bind(14, Or<double>(r.m, "compile_s", 0))
-                        .Bind(15, Or<std::string>(r.m, "compile_flags", "")).Bind(16, Or<std::string>(r.m, "compiler", ""))
-                        .Bind(17, Or<int64_t>(r.m, "code_bytes", 0)).Bind(18, measured)
-                        .Bind(19, Or<std::string>(r.m, "resources_json", ""))
-                        .Bind(20, r.m.contains("spread") ? r.m["spread"].get<double>()
-                                                         : Summarize(r.m["samples_s"].get<std::vector<double>>()).spread)
-                        .Run());
-    ++stats.added;
-    touched.emplace(key, fp, r.task["salt"].get<std::string>());
+  return records;
+}
+
+// Where a record belongs: its job, workload (key), target (fp) and task.
+struct RecordIds {
+  std::string job_id, key, fp, task_id;
+};
+
+RecordIds IdsOf(const Record& r) {
+  return {r.m["job_id"].get<std::string>(), r.workload["key"].get<std::string>(),
+          r.target["fingerprint"].get<std::string>(), r.task["id"].get<std::string>()};
+}
+
+// Whether the measurement of job `job_id` is here already.
+absl::StatusOr<bool> HasMeasurement(Database& db, const std::string& job_id) {
+  ASSIGN_OR_RETURN(Statement seen, db.Prepare("SELECT 1 FROM measurements WHERE job_id = ?"));
+  seen.Bind(1, job_id);
+  return seen.Step();
+}
+
+// The record's workload, target and task, each unless here already.
+absl::Status InsertWorkloadTargetTask(Database& db, const Record& r, const RecordIds& ids, int64_t measured) {
+  ASSIGN_OR_RETURN(Statement w, db.Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
+                                           "chain_json, created_ms) VALUES (?,?,?,?,?)"));
+  RETURN_IF_ERROR(w.Bind(1, ids.key).Bind(2, Or<std::string>(r.workload, "name", ids.key))
+                      .Bind(3, r.workload["canonical_text"].get<std::string>())
+                      .Bind(4, r.workload["chain_json"].get<std::string>()).Bind(5, measured).Run());
+  ASSIGN_OR_RETURN(Statement t, db.Prepare("INSERT OR IGNORE INTO targets(fingerprint, backend, "
+                                           "description_json, first_seen_ms, last_seen_ms) VALUES (?,?,?,?,?)"));
+  RETURN_IF_ERROR(t.Bind(1, ids.fp).Bind(2, r.target["backend"].get<std::string>())
+                      .Bind(3, r.target["description_json"].get<std::string>()).Bind(4, measured)
+                      .Bind(5, measured).Run());
+  ASSIGN_OR_RETURN(Statement task, db.Prepare(
+                                       "INSERT OR IGNORE INTO tasks(id, workload_key, target_fp, salt, state, "
+                                       "budget, batch_size, space_size, space_after_pruning, error, created_ms, "
+                                       "finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"));
+  return task.Bind(1, ids.task_id).Bind(2, ids.key).Bind(3, ids.fp).Bind(4, r.task["salt"].get<std::string>())
+      .Bind(5, Name(r.state)).Bind(6, Or<int64_t>(r.task, "budget", 0))
+      .Bind(7, Or<int64_t>(r.task, "batch_size", 0)).Bind(8, Or<int64_t>(r.task, "space_size", 0))
+      .Bind(9, Or<int64_t>(r.task, "space_after_pruning", 0))
+      .Bind(10, Or<std::string>(r.task, "error", "")).Bind(11, Or<int64_t>(r.task, "created_ms", measured))
+      .Bind(12, Or<int64_t>(r.task, "finished_ms", measured)).Run();
+}
+
+// FAILED_PRECONDITION unless the record's task, as it is here now, is of
+// the record's workload and target.
+absl::Status CheckTaskOwner(Database& db, const RecordIds& ids) {
+  ASSIGN_OR_RETURN(Statement owner, db.Prepare("SELECT workload_key, target_fp FROM tasks WHERE id = ?"));
+  owner.Bind(1, ids.task_id);
+  ASSIGN_OR_RETURN(bool has_task, owner.Step());
+  if (!has_task || owner.Text(0) != ids.key || owner.Text(1) != ids.fp) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", ids.job_id, ": task ", ids.task_id,
+                                                      " is here already for another workload or target"));
   }
-  // The best record per (workload, target, salt) over every ok candidate
-  // measurement now here.
+  return absl::OkStatus();
+}
+
+// The id of the record's candidate in its task: the one here with the same
+// schedule, else a new one.
+absl::StatusOr<int64_t> FindOrInsertCandidate(Database& db, const Record& r, const std::string& task_id) {
+  const std::string schedule = r.candidate["schedule"];
+  ASSIGN_OR_RETURN(Statement find, db.Prepare("SELECT id FROM candidates WHERE task_id = ? AND schedule = ?"));
+  find.Bind(1, task_id).Bind(2, schedule);
+  ASSIGN_OR_RETURN(bool found, find.Step());
+  if (found) return find.Int(0);
+  ASSIGN_OR_RETURN(Statement ins, db.Prepare("INSERT INTO candidates(task_id, schedule, mapping, t_mem_s, "
+                                             "t_comp_s, alpha, t_estm_s, rank) VALUES (?,?,?,?,?,?,?,?)"));
+  RETURN_IF_ERROR(ins.Bind(1, task_id).Bind(2, schedule).Bind(3, Or<std::string>(r.candidate, "mapping", ""))
+                      .Bind(4, Or<double>(r.candidate, "t_mem_s", 0)).Bind(5, Or<double>(r.candidate, "t_comp_s", 0))
+                      .Bind(6, Or<double>(r.candidate, "alpha", 1)).Bind(7, Or<double>(r.candidate, "t_estm_s", 0))
+                      .Bind(8, Or<int64_t>(r.candidate, "rank", 0)).Run());
+  return db.LastInsertRowId();
+}
+
+// The record's job (done, unless here already) and its measurement.
+absl::Status InsertJobAndMeasurement(Database& db, const Record& r, const RecordIds& ids,
+                                     std::optional<int64_t> candidate_id, int64_t measured) {
+  ASSIGN_OR_RETURN(Statement job, db.Prepare("INSERT OR IGNORE INTO jobs(id, task_id, kind, candidate_id, "
+                                             "target_fp, state, worker_id, attempts, created_ms, finished_ms) "
+                                             "VALUES (?,?,?,?,?,?,?,1,?,?)"));
+  RETURN_IF_ERROR(job.Bind(1, ids.job_id).Bind(2, ids.task_id).Bind(3, Name(r.kind)).Bind(4, candidate_id)
+                      .Bind(5, ids.fp).Bind(6, Name(JobState::kDone)).Bind(7, r.m["worker_id"].get<std::string>())
+                      .Bind(8, measured).Bind(9, measured).Run());
+  ASSIGN_OR_RETURN(Statement m, db.Prepare(
+                                    "INSERT INTO measurements(job_id, task_id, candidate_id, kind, workload_key, "
+                                    "target_fp, worker_id, status, error, median_s, samples_json, max_abs_error, "
+                                    "max_rel_error, compile_s, compile_flags, compiler, code_bytes, measured_ms, "
+                                    "resources_json, spread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  return m.Bind(1, ids.job_id).Bind(2, ids.task_id).Bind(3, candidate_id).Bind(4, Name(r.kind)).Bind(5, ids.key)
+      .Bind(6, ids.fp).Bind(7, r.m["worker_id"].get<std::string>()).Bind(8, Name(r.status))
+      .Bind(9, Or<std::string>(r.m, "error", "")).Bind(10, r.m["median_s"].get<double>())
+      .Bind(11, r.m["samples_s"].dump()).Bind(12, Or<double>(r.m, "max_abs_error", 0))
+      .Bind(13, Or<double>(r.m, "max_rel_error", 0)).Bind(14, Or<double>(r.m, "compile_s", 0))
+      .Bind(15, Or<std::string>(r.m, "compile_flags", "")).Bind(16, Or<std::string>(r.m, "compiler", ""))
+      .Bind(17, Or<int64_t>(r.m, "code_bytes", 0)).Bind(18, measured)
+      .Bind(19, Or<std::string>(r.m, "resources_json", ""))
+      .Bind(20, r.m.contains("spread") ? r.m["spread"].get<double>()
+                                       : Summarize(r.m["samples_s"].get<std::vector<double>>()).spread)
+      .Run();
+}
+
+// Adds one record: its workload, target, task and candidate where they are
+// not here yet, then its job and measurement. False, adding nothing, when
+// its measurement is here already.
+absl::StatusOr<bool> ImportRecord(Database& db, const Record& r, int64_t now_ms) {
+  const RecordIds ids = IdsOf(r);
+  ASSIGN_OR_RETURN(bool duplicate, HasMeasurement(db, ids.job_id));
+  if (duplicate) return false;
+  const int64_t measured = Or<int64_t>(r.m, "measured_ms", now_ms);
+  RETURN_IF_ERROR(InsertWorkloadTargetTask(db, r, ids, measured));
+  RETURN_IF_ERROR(CheckTaskOwner(db, ids));
+  std::optional<int64_t> candidate_id;
+  if (OfCandidate(r.kind)) {
+    ASSIGN_OR_RETURN(candidate_id, FindOrInsertCandidate(db, r, ids.task_id));
+  }
+  RETURN_IF_ERROR(InsertJobAndMeasurement(db, r, ids, candidate_id, measured));
+  return true;
+}
+
+using BestKey = std::tuple<std::string, std::string, std::string>;  // workload key, target, salt
+
+// The best record per (workload, target, salt) in `touched` over every ok
+// candidate measurement now here; how many best records changed.
+absl::StatusOr<int> UpdateBestRecords(Database& db, const std::set<BestKey>& touched, int64_t now_ms) {
+  int updated = 0;
   for (const auto& [key, fp, salt] : touched) {
-    ASSIGN_OR_RETURN(Statement best, db_->Prepare(
+    ASSIGN_OR_RETURN(Statement best, db.Prepare(
                                          "SELECT m.task_id, m.candidate_id, m.id, m.median_s FROM measurements m "
                                          "JOIN tasks t ON t.id = m.task_id WHERE m.workload_key = ? AND "
                                          "m.target_fp = ? AND t.salt = ? AND m.kind = ? AND m.status = ? "
@@ -305,20 +346,42 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
     best.Bind(1, key).Bind(2, fp).Bind(3, salt);
     best.Bind(4, Name(JobKind::kCandidate)).Bind(5, Name(MeasurementStatus::kOk));
     ASSIGN_OR_RETURN(bool has_best, best.Step());
-    if (has_best) {
-      ASSIGN_OR_RETURN(Statement set, db_->Prepare(
-                                          "INSERT INTO best(workload_key, target_fp, salt, task_id, candidate_id, "
-                                          "measurement_id, median_s, updated_ms) VALUES (?,?,?,?,?,?,?,?) "
-                                          "ON CONFLICT(workload_key, target_fp, salt) DO UPDATE SET "
-                                          "task_id = excluded.task_id, candidate_id = excluded.candidate_id, "
-                                          "measurement_id = excluded.measurement_id, median_s = excluded.median_s, "
-                                          "updated_ms = excluded.updated_ms WHERE best.measurement_id != "
-                                          "excluded.measurement_id"));
-      RETURN_IF_ERROR(set.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.Text(0)).Bind(5, best.Int(1))
-                          .Bind(6, best.Int(2)).Bind(7, best.Double(3)).Bind(8, now_ms).Run());
-      stats.best_updated += db_->Changes();
-    }
+    if (!has_best) continue;
+    ASSIGN_OR_RETURN(Statement set, db.Prepare(
+                                        "INSERT INTO best(workload_key, target_fp, salt, task_id, candidate_id, "
+                                        "measurement_id, median_s, updated_ms) VALUES (?,?,?,?,?,?,?,?) "
+                                        "ON CONFLICT(workload_key, target_fp, salt) DO UPDATE SET "
+                                        "task_id = excluded.task_id, candidate_id = excluded.candidate_id, "
+                                        "measurement_id = excluded.measurement_id, median_s = excluded.median_s, "
+                                        "updated_ms = excluded.updated_ms WHERE best.measurement_id != "
+                                        "excluded.measurement_id"));
+    RETURN_IF_ERROR(set.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.Text(0)).Bind(5, best.Int(1))
+                        .Bind(6, best.Int(2)).Bind(7, best.Double(3)).Bind(8, now_ms).Run());
+    updated += db.Changes();
   }
+  return updated;
+}
+
+}  // namespace
+
+absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::string>& lines, int64_t now_ms) {
+  ASSIGN_OR_RETURN(std::vector<Record> records, ParseRecords(lines));
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
+  ImportStats stats;
+  std::set<BestKey> touched;
+  for (const Record& r : records) {
+    ++stats.records;
+    ASSIGN_OR_RETURN(bool added, ImportRecord(*db_, r, now_ms));
+    if (!added) {
+      ++stats.duplicates;
+      continue;
+    }
+    ++stats.added;
+    touched.emplace(r.workload["key"].get<std::string>(), r.target["fingerprint"].get<std::string>(),
+                    r.task["salt"].get<std::string>());
+  }
+  ASSIGN_OR_RETURN(stats.best_updated, UpdateBestRecords(*db_, touched, now_ms));
   RETURN_IF_ERROR(txn.Commit());
   if (stats.best_updated > 0) best_generation_++;
   return stats;
