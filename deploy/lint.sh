@@ -5,7 +5,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-mapfile -t scripts < <(find deploy bench .ci -type f \( -name '*.sh' -o -name '*.sbatch' -o -name run \) | sort)
+mapfile -t scripts < <(find deploy bench tests .ci -type f \( -name '*.sh' -o -name '*.sbatch' -o -name run \) | sort)
 shellcheck "${scripts[@]}"
 yamllint -d '{extends: default, rules: {line-length: {max: 120}, document-start: disable, truthy: {check-keys: false}}}' \
   deploy/k8s examples/zoo.yaml

@@ -42,6 +42,7 @@ struct Scheduler::Task {
   // noisy medians is biased low, and a speedup quoted from it too high;
   // and one worker's number alone is never the best (see Advance).
   std::vector<std::string> confirm_jobs;
+  std::optional<double> floor_s;  // the least a run can take (model::PhysicalFloorS), once asked
 };
 
 inline std::shared_ptr<spdlog::logger> Log() { return Logger("scheduler"); }

@@ -181,8 +181,9 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
     const double floor_s = ImplausibleBelowS(job.task_id);
     if (m.median_s < floor_s) {
       implausible = absl::StrCat("implausible: a median of ", m.median_s, " s is under ", floor_s,
-                                 " s, the least the chain can take on this target (its FLOPs at the most any such "
-                                 "device computes, or its bytes beyond the caches at the most any moves)");
+                                 " s, the least the chain can take on this target (the FLOPs of its cheapest "
+                                 "regrouping at the most any such device computes, or its bytes beyond the caches at "
+                                 "the most any moves)");
       m.status = MeasurementStatus::kInvalidResult;
       m.error = implausible;
     }
@@ -242,7 +243,9 @@ double Scheduler::ImplausibleBelowS(const std::string& task_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = tasks_.find(task_id);
   if (it == tasks_.end()) return 0;
-  return model::PhysicalFloorS(it->second->chain, it->second->target);
+  Task& task = *it->second;
+  if (!task.floor_s) task.floor_s = model::PhysicalFloorS(task.chain, task.target);  // once: it tries each regrouping
+  return *task.floor_s;
 }
 
 std::map<std::string, int64_t> Scheduler::ImplausibleReports() {

@@ -71,7 +71,7 @@ absl::Status SplitStreamLoop(const ir::Chain& chain, const hw::TargetDesc& targe
 // allows it.
 absl::Status CheckRegisters(const ir::Chain& chain, const LoopNest& nest);
 
-// Helpers the phases share (loop_nest.cc).
+// Helpers the phases share (Contains here, the others in loop_nest.cc).
 inline bool Contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 bool AccessDependsOn(const ir::Access& a, int dim);
 // Whether every read of a result of `chain` along `dim` is the plain dim at

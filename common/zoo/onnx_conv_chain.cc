@@ -4,12 +4,6 @@
 
 #include <onnx/onnx_pb.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <map>
-#include <optional>
-#include <set>
 #include <string>
 #include <variant>
 #include <vector>

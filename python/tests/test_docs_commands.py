@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import inspect
 import json
 import os
 import re
@@ -441,6 +442,11 @@ def test_every_command_is_run_listed_or_a_reference():
     assert not stale, f"RUN or NOT_RUN entries the docs no longer show: {stale}"
     blocks = [s.text for s in commands if s.kind == "block"]
     assert all(text in RUN or text in NOT_RUN for text in blocks)  # a ```sh line is never only a reference
+    # Each RUN entry names a test of this file that runs that command (docs/team.md's: by TEAM).
+    for text, test in RUN.items():
+        assert test.startswith("test_") and callable(globals().get(test)), f"RUN names no test {test!r}"
+        source = inspect.getsource(globals()[test])
+        assert text in source or (text in TEAM and "TEAM" in source), f"{test} does not run {text!r}"
 
 
 def test_names_are_programs_that_exist():
