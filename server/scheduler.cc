@@ -1,33 +1,19 @@
 #include "server/scheduler.h"
 
-#include <nlohmann/json.hpp>
-
-#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <limits>
 #include <optional>
 #include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/ir/parse.h"
-#include "common/hw/devices.h"
-#include "common/mapping/mapping.h"
 #include "common/model/cost_model.h"
-#include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
-#include "common/space/split.h"
 #include "common/util/log.h"
-#include "common/util/sha256.h"
 #include "common/util/status_macros.h"
-#include "common/util/text.h"
 #include "common/util/timing.h"
 #include "proto/wire/convert.h"
-#include "proto/wire/grpc_status.h"
-#include "worker/backend.h"
 #include "server/scheduler_task.h"
 
 namespace fusor::server {
@@ -38,8 +24,6 @@ int64_t NowMs() {
 }
 
 using db::JobKind;
-using db::JobState;
-using db::MeasurementStatus;
 using db::TaskState;
 
 TaskStarted StartedOf(const db::TaskRow& row) {
