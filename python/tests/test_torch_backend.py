@@ -187,7 +187,8 @@ def test_a_graph_whose_fused_chains_do_not_pay_runs_as_captured(monkeypatch):
     monkeypatch.setattr(_runtime, "_MARGIN", 0.0)  # every kernel wins its own comparison...
     monkeypatch.setattr(_dispatch, "_MARGIN", 1e9)  # ...and the graph with them never does
     decisions = len(ft.graphs())
-    compiled = torch.compile(model, backend="fusor", options=AHEAD)
+    # The rest compiled: the graph's own comparison then decides (run as is, a region's own comparison does).
+    compiled = torch.compile(model, backend="fusor", options={**AHEAD, "rest": "inductor"})
     for _ in range(3):
         torch.testing.assert_close(compiled(x, mask), expected, rtol=1e-5, atol=1e-5)
     settled = ft.graphs()[decisions:]
@@ -478,3 +479,83 @@ def test_new_sequence_lengths_are_new_dims_of_the_same_chain():
         for _ in range(2):
             torch.testing.assert_close(compiled(x, mask), model(x, mask), rtol=1e-5, atol=1e-5)
         assert any(f"m={seq} n={seq}" in r["text"] for r in chains("attention")), seq
+
+
+class CachedDecoder(nn.Module):
+    """One decoder layer with a growing KV cache, as a serving loop calls it: the new tokens' keys and values
+    appended to the cache's, attention over all of them (causal in the prompt, every key in a decode step)."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads, self.dim = heads, hidden // heads
+        self.qkv, self.o = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+
+    def forward(self, x, past_k, past_v):
+        b, s, hidden = x.shape
+        q, k, v = (t.view(b, s, self.heads, self.dim).transpose(1, 2) for t in self.qkv(x).split(hidden, dim=-1))
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=s > 1)
+        return self.o(out.transpose(1, 2).reshape(b, s, hidden)), k, v
+
+
+def serve(compiled, model, requests):
+    """Each request (batch, length) through the compiled model, checked against eager."""
+    for batch, seq in requests:
+        x, mask = torch.randn(batch, seq, 32), padding_mask(batch, seq, seq - 3)
+        torch.testing.assert_close(compiled(x, mask), model(x, mask), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamic", [None, True, False])
+@torch.inference_mode()
+def test_traffic_of_many_lengths_never_raises(dynamic):
+    """The sequence that raised: three lengths, the tunes waited for, the same three again; then the batch
+    changes too. Whatever dynamo hands the backend (static graphs, then symbolic sizes; symbolic from the
+    start; a graph per shape), every call answers as eager does."""
+    torch.manual_seed(13)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="fusor", dynamic=dynamic, options={"budget": 2})
+    lengths = [(1, 19), (1, 11), (1, 23)]
+    serve(compiled, model, lengths)
+    assert ft.wait(timeout=600)
+    serve(compiled, model, lengths + lengths)
+    serve(compiled, model, [(2, 11), (3, 19), (1, 1), (1, 30)])
+
+
+@torch.inference_mode()
+def test_a_growing_kv_cache_never_raises():
+    """A prompt, then decode steps of one token each, the cache one key longer at every step."""
+    torch.manual_seed(14)
+    model = CachedDecoder().eval()
+    compiled = torch.compile(model, backend="fusor", options={"rest": "eager", "budget": 2})
+    empty = torch.zeros(1, 4, 0, 8)
+    for prompt in (9, 5):
+        x = torch.randn(1, prompt, 32)
+        k = v = empty
+        ek = ev = empty
+        for step in range(6):
+            out, k, v = compiled(x, k, v)
+            expected, ek, ev = model(x, ek, ev)
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+            x = torch.randn(1, 1, 32)
+            if step == 2:
+                assert ft.wait(timeout=600)
+
+
+@torch.inference_mode()
+def test_inputs_the_kernels_cannot_take_run_the_original_ops(caplog):
+    """Empty tensors and a dtype change between calls: the original ops answer (they raise where eager does),
+    once said, nothing tuned for them."""
+    torch.manual_seed(15)
+    model = Block().eval()
+    compiled = torch.compile(model, backend="fusor", options={"rest": "eager", "budget": 2})
+    serve(compiled, model, [(1, 7)])
+    before = {r["text"] for r in ft.report()}
+    with caplog.at_level(logging.INFO, logger="fusor.torch"):
+        x, mask = torch.randn(0, 7, 32), padding_mask(1, 7, 4)[:0]
+        torch.testing.assert_close(compiled(x, mask), model(x, mask))
+    assert "no elements" in caplog.text
+    model64 = Block().eval().double()
+    compiled64 = torch.compile(model64, backend="fusor", options={"rest": "eager", "budget": 2})
+    x, mask = torch.randn(1, 7, 32, dtype=torch.float64), padding_mask(1, 7, 4).double()
+    torch.testing.assert_close(compiled64(x, mask), model64(x, mask))
+    assert {r["text"] for r in ft.report()} == before

@@ -74,21 +74,21 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
     opts = _options(options)
     settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]))
 
-    def compile_rest(graph: torch.fx.GraphModule) -> Callable[..., Any]:
+    def compile_rest(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         if opts["rest"] == "eager":
             return graph.forward
         from torch._inductor.compile_fx import compile_fx
-        compiled: Callable[..., Any] = compile_fx(graph, list(example_inputs))  # type: ignore[assignment]
+        compiled: Callable[..., Any] = compile_fx(graph, list(inputs))  # type: ignore[assignment]
         return compiled
 
     if torch.is_grad_enabled() and (any(isinstance(v, torch.Tensor) and v.requires_grad for v in example_inputs)
                                     or any(p.requires_grad for p in gm.parameters())):
         _say_once("the graph needs gradients: fusor computes forward passes only and leaves it as it is "
                   "(run the model under torch.inference_mode() or torch.no_grad())")
-        return compile_rest(gm)
-    runner = GraphRunner(gm, example_inputs, settings, compile_rest, also_eager=opts["rest"] == "inductor")
+        return compile_rest(gm, example_inputs)
+    runner = GraphRunner(gm, example_inputs, settings, compile_rest, rest_compiled=opts["rest"] == "inductor")
     if not runner.found:
-        return compile_rest(gm)
+        return compile_rest(gm, example_inputs)
     if settings.tune == "ahead":
         runner.tune_ahead()
     return runner

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import OrderedDict
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -21,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from ._graph import Found, rewrite
-from ._runtime import Settings
+from ._runtime import Settings, only
 
 log = logging.getLogger("fusor.torch")
 
@@ -33,6 +34,12 @@ DECISIONS: List[Dict[str, Any]] = []
 _SPREAD = 0.5
 # About how long the comparison of the two graphs may take (at least 2 rounds, at most 5).
 _SECONDS = 2.0
+# Decisions kept per graph (by input shapes, and by the verdicts the regions used): the oldest go first.
+_KEPT = 256
+
+
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in t.shape)
 
 
 def parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Set[fx.Node]:
@@ -44,22 +51,33 @@ def parameters(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Set[fx.Node
 
 class GraphRunner:
     """Runs a captured graph: with every region found replaced until they settle, then, per input shapes,
-    the fastest of the graph as captured and the graphs with winning regions replaced (see _settle)."""
+    the fastest of the graph as captured and the graph with winning regions (see _settle).
+
+    Every graph that runs was compiled for the sizes dynamo captured (symbolic ones included): the graph with
+    regions is compiled here, inside dynamo's compile; the graph as captured, when the rest is compiled, by a
+    torch.compile of its own, whose guards recompile it for sizes it was not built for. So no graph built for
+    one shape is ever called with another."""
 
     def __init__(self, captured: fx.GraphModule, example_inputs: Sequence[Any], settings: Settings,
-                 compile_rest: Callable[[fx.GraphModule], Callable[..., Any]], also_eager: bool = False):
+                 compile_rest: Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]],
+                 rest_compiled: bool = True):
         self.captured = copy.deepcopy(captured)
         self.example_inputs = list(example_inputs)
         self.settings, self.compile_rest = settings, compile_rest
-        self.also_eager = also_eager  # also try the graph variants run as is (the rest is compiled)
+        self.rest_compiled = rest_compiled  # the rest is compiled (inductor): variants are also timed run as is
+        self.dynamic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and _symbolic(x))
+                           for x in example_inputs)
         trial = captured
         self.found: List[Found] = rewrite(trial, parameters(trial, example_inputs), settings)
         for match in self.found:
             log.info("fusor: %s replaces %s", match.region.id, match.region.source)
-        self.trial: Optional[Callable[..., Any]] = compile_rest(trial) if self.found else None
+        self.trial: Optional[Callable[..., Any]] = compile_rest(trial, self.example_inputs) if self.found else None
+        self.trial_eager = trial.forward
         self._plain: Optional[Callable[..., Any]] = None
-        self._variants: Dict[Tuple[frozenset, bool], Callable[..., Any]] = {}
-        self.settled: Dict[Any, Callable[..., Any]] = {}
+        # What runs, per input shapes; and per the verdicts the regions used, so that shapes whose regions
+        # run the same kernels (or the same original ops) share one comparison.
+        self.settled: "OrderedDict[Any, Callable[..., Any]]" = OrderedDict()
+        self.by_verdicts: Dict[Tuple[Any, ...], Callable[..., Any]] = {}
 
     def tune_ahead(self) -> None:
         """Runs the graph with every region replaced once on its example inputs, each region waiting for its
@@ -69,53 +87,74 @@ class GraphRunner:
             self.trial(*[x.node.hint if isinstance(x, torch.SymInt) else x for x in self.example_inputs])
 
     def __call__(self, *args: Any) -> Any:
-        signature = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+        signature = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
         chosen = self.settled.get(signature)
         if chosen is not None:
+            self.settled.move_to_end(signature)
             return chosen(*args)
         assert self.trial is not None
         out = self.trial(*args)
         if all(m.region.last != "pending" for m in self.found):
-            try:
-                self.settled[signature] = self._settle(args)
-            except Exception as e:  # noqa: BLE001 (a variant that fails to build or run: the graph as captured)
-                log.warning("fusor: this graph runs as captured: comparing its variants failed: %s", e)
-                self.settled[signature] = self.plain()
+            verdicts = tuple((m.region.last, m.region.last_key) for m in self.found)
+            decided = self.by_verdicts.get(verdicts)
+            if decided is None:
+                try:
+                    decided = self._settle(args)
+                except Exception as e:  # noqa: BLE001 (a variant that fails to build or run: the graph as captured)
+                    log.warning("fusor: this graph runs as captured: comparing its variants failed: %s", e)
+                    decided = self.plain()
+                if len(self.by_verdicts) >= _KEPT:
+                    self.by_verdicts.pop(next(iter(self.by_verdicts)))
+                self.by_verdicts[verdicts] = decided
+            if len(self.settled) >= _KEPT:
+                self.settled.popitem(last=False)
+            self.settled[signature] = decided
         return out
 
     def plain(self) -> Callable[..., Any]:
+        """The graph as captured, compiled as the rest is: by a torch.compile of its own (dynamic where the
+        captured graph is), so that its guards compile it again for sizes it was not compiled for."""
         if self._plain is None:
-            self._plain = self.compile_rest(copy.deepcopy(self.captured))
+            if not self.rest_compiled:
+                self._plain = self.captured.forward
+            else:
+                compile_rest = self.compile_rest
+                self._plain = torch.compile(copy.deepcopy(self.captured), dynamic=self.dynamic,
+                                            backend=lambda gm, inputs: compile_rest(gm, inputs))
         return self._plain
 
     def _variant(self, winners: List[int], compiled: bool = True) -> Callable[..., Any]:
-        """The captured graph with the `winners`-th chains replaced, compiled as the rest is (or run as is)."""
-        if not winners and compiled:
-            return self.plain()
-        key = (frozenset(winners), compiled)
-        if key not in self._variants:
-            gm = copy.deepcopy(self.captured)
-            if winners:
-                rewrite(gm, parameters(gm, self.example_inputs), self.settings, keep=winners)
-            self._variants[key] = self.compile_rest(gm) if compiled else gm.forward
-        return self._variants[key]
+        """The graph with only the `winners`-th regions running their kernels (the others run their original
+        ops), compiled as the rest is (or run as is); without winners, the graph as captured."""
+        if not winners:
+            return self.plain() if compiled else self.captured.forward
+        graph = self.trial if compiled else self.trial_eager
+        assert graph is not None
+        allowed = frozenset(self.found[i].region.id for i in winners)
+        if len(allowed) == len(self.found):
+            return graph
+        return lambda *args: only(allowed, graph, *args)
 
     def _settle(self, args: Sequence[Any]) -> Callable[..., Any]:
         """The fastest way to run the graph for `args`' shapes: as captured, or with the chains that won their
-        own comparison replaced (all of them, else each chain's alone), each compiled as the rest of the graph
-        is and, when that is inductor, also run as is (eager SDPA can beat inductor on long sequences). The
-        graph as captured, compiled as asked, wins ties."""
+        own comparison replaced (all of them, else each chain's winners alone), each compiled as the rest of the
+        graph is and, when that is inductor, also run as is (eager SDPA can beat inductor on long sequences).
+        The graph as captured, compiled as asked, wins ties. Where the rest runs as is, the region's own
+        comparison decides: a region costs nothing at its edges then."""
         winners = [i for i, m in enumerate(self.found) if m.region.last == "fused"]
+        if not self.rest_compiled:
+            label = "fused" if winners else "captured, eager"
+            DECISIONS.append({"runs": label, "fused_chains": len(winners), "regions": len(self.found), "ms": {}})
+            return self._variant(winners, compiled=False)
         groups: Dict[str, List[int]] = {}
         for i in winners:
             groups.setdefault(self.found[i].region.chain, []).append(i)
         subsets: List[List[int]] = [[]] + ([winners] if winners else [])
         later = list(groups.values()) if len(groups) > 1 else []
-        modes = [True, False] if self.also_eager else [True]
         times: Dict[Tuple[int, bool], float] = {}
         while True:
             candidates = {(n, compiled): self._variant(subsets[n], compiled)
-                          for n in range(len(subsets)) for compiled in modes if (n, compiled) not in times}
+                          for n in range(len(subsets)) for compiled in (True, False) if (n, compiled) not in times}
             times.update(self._time(candidates, args))
             best = min(times, key=times.__getitem__)
             if best[0] != 0 or not later:
@@ -133,7 +172,7 @@ class GraphRunner:
                                  for (n, c), t in times.items()}})
         log.info("fusor: this graph runs %s (%d of %d chains fused): %.1f ms against %.1f ms as captured",
                  label, fused, len(self.found), times[best] * 1e3, captured * 1e3)
-        return self._variant(subsets[best[0]], best[1]) if best != (0, True) else self.plain()
+        return self._variant(subsets[best[0]], best[1])
 
     @staticmethod
     def _time(candidates: Dict[Any, Callable[..., Any]], args: Sequence[Any]) -> Dict[Any, float]:

@@ -160,6 +160,35 @@ class Verdicts:
 VERDICTS = Verdicts()
 _regions: Dict[str, "Region"] = {}
 _regions_lock = threading.Lock()
+# The regions that may run their kernels on this thread (None: every one); see only().
+_allowed = threading.local()
+# The largest extent a chain may have (the scheduler's limit): a larger tensor runs the original ops.
+_MAX_EXTENT = 1 << 24
+
+
+def only(allowed: frozenset, graph: Callable[..., Any], *args: Any) -> Any:
+    """Runs `graph` with only the regions in `allowed` (ids) running their kernels; the others run their
+    original ops."""
+    previous = getattr(_allowed, "regions", None)
+    _allowed.regions = allowed
+    try:
+        return graph(*args)
+    finally:
+        _allowed.regions = previous
+
+
+def _refused(tensors: Sequence[torch.Tensor]) -> Optional[str]:
+    """Why the region's original ops answer for these tensors whatever the verdicts (None: they need not)."""
+    first = tensors[0]
+    if first.dtype not in _DTYPES:
+        return f"the dtype {first.dtype} is not one fusor computes"
+    if any(t.device != first.device for t in tensors):
+        return "the tensors are on different devices"
+    if any(t.numel() == 0 for t in tensors):
+        return "a tensor has no elements"
+    if any(size > _MAX_EXTENT for t in tensors for size in t.shape):
+        return f"a dim is longer than {_MAX_EXTENT}"
+    return None
 
 
 def _sync(device: torch.device) -> None:
@@ -181,6 +210,7 @@ class Region:
         self.id = ""  # given by register()
         self.chain = ""  # the text of the chain its last call ran or compared
         self.last = "pending"  # what answered the last call: "pending" (no verdict yet), "fused" or "original"
+        self.last_key: Any = None  # the verdict its last call used (None: the original ops answered regardless)
         # Kernels with their constant inputs (the parameters) packed once: by kernel and by the parameters'
         # storage and version, so that weights changed in place are packed again.
         self._packed: Dict[Any, Any] = {}
@@ -221,11 +251,19 @@ class Region:
     # The call.
     def __call__(self, *args: Any) -> torch.Tensor:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        self.last = "original"
-        if tensors[0].dtype not in _DTYPES or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        self.last, self.last_key = "original", None
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self.original(*args).contiguous()
+        allowed = getattr(_allowed, "regions", None)
+        if allowed is not None and self.id not in allowed:
             return self.original(*args).contiguous()
         signature = self.key(*args)
         if signature in self._original:
+            return self.original(*args).contiguous()
+        refused = _refused(tensors)
+        if refused is not None:  # said once per shapes; nothing is asked of the scheduler
+            self._say(args, refused)
+            self._original.add(signature)
             return self.original(*args).contiguous()
         try:
             prepared = self.prepare(*args)
@@ -241,7 +279,7 @@ class Region:
             self._original.add(signature)
             return self.original(*args).contiguous()
         verdict = VERDICTS.get(text, tensors[0].device.type, self.id, self.settings)
-        self.chain = text
+        self.chain, self.last_key = text, (text, verdict.backend)
         if verdict.state == "fused":
             self.last = "fused"
             try:
@@ -260,7 +298,7 @@ class Region:
             self.last = "pending"
         return self.original(*args).contiguous()
 
-    def _say(self, args: Sequence[Any], why: Exception) -> None:
+    def _say(self, args: Sequence[Any], why: Any) -> None:
         log.info("fusor: %s (%s) keeps the original ops for %s: %s", self.id, self.source,
                  [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)], why)
 
