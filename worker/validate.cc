@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -81,6 +82,42 @@ double Tolerance(ir::DType dtype) {
 std::vector<double> RoundToDType(ir::DType dtype, const std::vector<double>& values) {
   HostTensor scratch;
   return StoreInDType(dtype, values, scratch);
+}
+
+namespace {
+
+// Each ranged dim at `pick(dim)`; duplicates of earlier entries of `out` left out.
+void AddSizes(const ir::Chain& chain, const std::function<int64_t(const ir::Dim&, size_t)>& pick,
+              std::vector<std::vector<int64_t>>& out) {
+  std::vector<int64_t> sizes;
+  const std::vector<int> ranged = chain.RangedDims();
+  for (size_t i = 0; i < ranged.size(); ++i) sizes.push_back(pick(chain.dims[ranged[i]], i));
+  if (!sizes.empty() && std::find(out.begin(), out.end(), sizes) == out.end()) out.push_back(std::move(sizes));
+}
+
+int64_t GeometricMiddle(const ir::Dim& d) {
+  return std::clamp<int64_t>(std::llround(std::sqrt(static_cast<double>(d.min) * static_cast<double>(d.extent))),
+                             d.min, d.extent);
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> ValidationSizes(const ir::Chain& chain) {
+  std::vector<std::vector<int64_t>> out;
+  AddSizes(chain, [](const ir::Dim& d, size_t) { return d.extent; }, out);
+  AddSizes(chain, [](const ir::Dim& d, size_t) { return d.min; }, out);
+  AddSizes(chain, [](const ir::Dim& d, size_t) { return std::min(d.extent, (d.min + 2 * d.extent) / 3 | 1); }, out);
+  if (chain.RangedDims().size() >= 2) {
+    AddSizes(chain, [](const ir::Dim& d, size_t i) { return i == 0 ? d.min : d.extent; }, out);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> TimingSizes(const ir::Chain& chain) {
+  std::vector<std::vector<int64_t>> out;
+  AddSizes(chain, [](const ir::Dim& d, size_t) { return d.extent; }, out);
+  AddSizes(chain, [](const ir::Dim& d, size_t) { return GeometricMiddle(d); }, out);
+  return out;
 }
 
 std::vector<std::vector<double>> RandomInputs(const ir::Chain& chain, uint64_t seed) {

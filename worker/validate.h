@@ -58,6 +58,18 @@ absl::StatusOr<Outputs> CachedReference(const ir::Chain& chain, uint64_t seed,
 inline constexpr int kInputSets = 3;
 uint64_t TaskInputSeed(const std::string& task_id, int64_t set);
 
+// The sizes a kernel of a chain with ranged dims is checked at (each a
+// size per RangedDims(), in that order): every ranged dim at its largest,
+// at its smallest, at an odd size in between (tiles then end in
+// remainders) and, with two or more, the first at its smallest and the
+// others at their largest. A kernel answers for its whole range only once
+// it has computed all of these right.
+std::vector<std::vector<int64_t>> ValidationSizes(const ir::Chain& chain);
+// The sizes it is timed at: the largest, and each range's geometric middle
+// (the sizes a range of lengths puts the most requests near). A ranged
+// measurement is one request at each: its samples are the sums of theirs.
+std::vector<std::vector<int64_t>> TimingSizes(const ir::Chain& chain);
+
 // Fresh random inputs, uniform in [-1, 1], one buffer per chain input; the
 // last input a sum of 1024 or more terms reduces over is scaled by
 // 1 / sqrt(terms), so that chains of long sums stay in the f16 range.

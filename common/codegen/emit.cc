@@ -65,18 +65,54 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
   return strides;
 }
 
+namespace {
+
+// An axis's stride in its tensor's row-major layout: `literal` times the
+// sizes of the ranged dims of the axes inside it.
+struct AxisStride {
+  int64_t literal = 1;
+  std::vector<int> ranged;  // dim ids, innermost axis first
+};
+
+std::vector<AxisStride> Layout(const ir::Tensor& t, const Chain& chain) {
+  std::vector<AxisStride> strides(t.shape.size());
+  AxisStride s;
+  for (int a = static_cast<int>(t.shape.size()) - 1; a >= 0; --a) {
+    strides[a] = s;
+    const int d = t.axis_dims[a];
+    if (d >= 0 && chain.dims[d].Ranged()) {
+      s.ranged.push_back(d);
+    } else {
+      s.literal *= t.shape[a];
+    }
+  }
+  return strides;
+}
+
+std::string SizesTimes(const std::vector<int>& ranged, const std::string& var, const Names& n) {
+  std::vector<std::string> parts;
+  for (int d : ranged) parts.push_back(n.X(d));
+  if (!var.empty()) parts.push_back(var);
+  return absl::StrJoin(parts, "*");
+}
+
+}  // namespace
+
 std::string GlobalOffset(const Access& a, const Names& n) {
-  const ir::Tensor& t = n.chain.tensors[a.tensor];
-  std::vector<int64_t> strides = RowMajorStrides(t.shape);
-  std::map<int, int64_t> coef;
-  int64_t constant = 0;
+  const std::vector<AxisStride> layout = Layout(n.chain.tensors[a.tensor], n.chain);
+  // Coefficients by (ranged sizes, dim): the literal terms first, by dim.
+  std::map<std::pair<std::vector<int>, int>, int64_t> coef;
+  std::map<std::vector<int>, int64_t> constant;
   for (size_t axis = 0; axis < a.index.size(); ++axis) {
-    constant += a.index[axis].constant * strides[axis];
-    for (const auto& [d, c] : a.index[axis].terms) coef[d] += c * strides[axis];
+    constant[layout[axis].ranged] += a.index[axis].constant * layout[axis].literal;
+    for (const auto& [d, c] : a.index[axis].terms) coef[{layout[axis].ranged, d}] += c * layout[axis].literal;
   }
   std::vector<std::pair<int64_t, std::string>> terms;
-  for (const auto& [d, c] : coef) terms.push_back({c, n.V(d)});
-  return LinearToC(terms, constant);
+  for (const auto& [at, c] : coef) terms.push_back({c, SizesTimes(at.first, n.V(at.second), n)});
+  for (const auto& [ranged, c] : constant) {
+    if (!ranged.empty()) terms.push_back({c, SizesTimes(ranged, "", n)});
+  }
+  return LinearToC(terms, constant[{}]);
 }
 
 std::map<int, int64_t> GlobalStrides(const Access& a, const Chain& chain, int64_t* constant) {
@@ -88,6 +124,49 @@ std::map<int, int64_t> GlobalStrides(const Access& a, const Chain& chain, int64_
     for (const auto& [d, c] : a.index[axis].terms) coef[d] += c * strides[axis];
   }
   return coef;
+}
+
+bool RuntimeGlobalStride(const Access& a, int d, const Chain& chain) {
+  const std::vector<AxisStride> layout = Layout(chain.tensors[a.tensor], chain);
+  for (size_t axis = 0; axis < a.index.size(); ++axis) {
+    if (a.index[axis].DependsOn(d) && !layout[axis].ranged.empty()) return true;
+  }
+  return false;
+}
+
+std::string GlobalStrideC(const Access& a, int d, const Names& n) {
+  const std::vector<AxisStride> layout = Layout(n.chain.tensors[a.tensor], n.chain);
+  std::map<std::vector<int>, int64_t> coef;
+  for (size_t axis = 0; axis < a.index.size(); ++axis) {
+    const int64_t c = a.index[axis].Coefficient(d);
+    if (c != 0) coef[layout[axis].ranged] += c * layout[axis].literal;
+  }
+  std::vector<std::pair<int64_t, std::string>> terms;
+  int64_t literal = 0;
+  for (const auto& [ranged, c] : coef) {
+    if (ranged.empty()) {
+      literal = c;
+    } else {
+      terms.push_back({c, SizesTimes(ranged, "", n)});
+    }
+  }
+  return terms.empty() ? absl::StrCat(literal, "L") : absl::StrCat("(", LinearToC(terms, literal), ")");
+}
+
+std::string ElementsC(int t, const Names& n) {
+  const ir::Tensor& tensor = n.chain.tensors[t];
+  if (tensor.shape.empty()) return "1L";
+  const AxisStride outer = Layout(tensor, n.chain)[0];
+  const int d = tensor.axis_dims[0];
+  const bool ranged = d >= 0 && n.chain.dims[d].Ranged();
+  AxisStride all = outer;
+  if (ranged) {
+    all.ranged.push_back(d);
+  } else {
+    all.literal *= tensor.shape[0];
+  }
+  if (all.ranged.empty()) return absl::StrCat(all.literal, "L");
+  return absl::StrCat("(", all.literal, "L*", SizesTimes(all.ranged, "", n), ")");
 }
 
 std::string CausalValue(const ir::Op& softmax, const Names& n, const std::string& x, const std::string& minus_infinity) {
@@ -158,6 +237,12 @@ nlohmann::json TensorsJson(const Chain& chain, const std::vector<int>& ids) {
                             {"dtype", std::string(ir::DTypeName(chain.dtype))},
                             {"shape", chain.tensors[t].shape}};
     if (chain.tensors[t].constant) entry["constant"] = true;
+    const std::vector<int>& axes = chain.tensors[t].axis_dims;
+    if (std::any_of(axes.begin(), axes.end(), [&](int d) { return d >= 0 && chain.dims[d].Ranged(); })) {
+      nlohmann::json dims = nlohmann::json::array();
+      for (int d : axes) dims.push_back(d >= 0 && chain.dims[d].Ranged() ? nlohmann::json(chain.dims[d].name) : nullptr);
+      entry["dims"] = dims;
+    }
     arr.push_back(std::move(entry));
   }
   return arr;
@@ -187,8 +272,37 @@ std::string NestIndex::RangeOf(int d, const std::string& origin) const {
   const int64_t tile = nest_.schedule.tile[d], extent = chain_.dims[d].extent;
   // A constant where the tile divides the extent, so that the compiler
   // can unroll and vectorize with known trip counts.
-  if (extent % tile == 0) return absl::StrCat(tile, "L");
-  return absl::StrCat(extent, "L - ", origin, " < ", tile, "L ? ", extent, "L - ", origin, " : ", tile, "L");
+  if (tile == 1 || (!chain_.dims[d].Ranged() && extent % tile == 0)) return absl::StrCat(tile, "L");
+  const std::string size = n_.Extent(d);
+  return absl::StrCat(size, " - ", origin, " < ", tile, "L ? ", size, " - ", origin, " : ", tile, "L");
+}
+
+std::string NestIndex::Trips(int d) const {
+  return chain_.dims[d].Ranged() ? n_.T(d) : absl::StrCat(nest_.trips[d], "L");
+}
+
+std::string NestIndex::Blocks() const {
+  std::vector<std::string> ranged;
+  int64_t literal = nest_.num_blocks;
+  for (int d : nest_.schedule.block) {
+    if (!chain_.dims[d].Ranged()) continue;
+    literal /= nest_.trips[d];
+    ranged.push_back(n_.T(d));
+  }
+  if (ranged.empty()) return absl::StrCat(literal, "L");
+  return absl::StrCat("(", literal, "L * ", absl::StrJoin(ranged, " * "), ")");
+}
+
+void NestIndex::DeclareSizes(Writer& w, const std::string& dims) const {
+  const std::vector<int> ranged = chain_.RangedDims();
+  for (size_t i = 0; i < ranged.size(); ++i) {
+    const int d = ranged[i];
+    const int64_t tile = nest_.schedule.tile[d];
+    w.Line(absl::StrCat("const long ", n_.X(d), " = ",
+                        dims.empty() ? absl::StrCat(chain_.dims[d].extent, "L") : absl::StrCat(dims, "[", i, "]"),
+                        ", ", n_.T(d), " = (", n_.X(d), " + ", tile - 1, "L) / ", tile, "L;"));
+    w.Line(absl::StrCat("(void)", n_.X(d), "; (void)", n_.T(d), ";"));
+  }
 }
 
 std::string NestIndex::LocalOffset(const Access& a) const {
@@ -250,12 +364,12 @@ void NestIndex::DefineFullRanges(Writer& w, const space::OpNest& on, bool in_str
                   std::find(on.loops.begin(), on.loops.end(), d) != on.loops.end();
     if (looped) continue;
     w.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ",
-                        Bounded(d, &on, in_stream) ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L"), ";"));
+                        Bounded(d, &on, in_stream) ? n_.E(d) : n_.Extent(d), ";"));
   }
 }
 
 void NestIndex::OpenTileLoop(Writer& w, int d, const space::OpNest* on) const {
-  const std::string end = Bounded(d, on) ? n_.E(d) : absl::StrCat(chain_.dims[d].extent, "L");
+  const std::string end = Bounded(d, on) ? n_.E(d) : n_.Extent(d);
   w.Open(absl::StrCat("for (long ", n_.O(d), " = 0; ", n_.O(d), " < ", end, "; ", n_.O(d), " += ",
                       nest_.schedule.tile[d], "L)"));
   w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
@@ -269,11 +383,12 @@ void NestIndex::DefineCausalEnd(Writer& w) const {
   // an untiled axis up to that entry.
   const ir::Op& causal = chain_.ops[nest_.causal_softmax];
   const int ax = causal.axis, row = causal.causal_row;
-  const int64_t tile = nest_.schedule.tile[ax], extent = chain_.dims[ax].extent;
+  const int64_t tile = nest_.schedule.tile[ax];
+  const std::string extent = n_.Extent(ax);
   const std::string last = absl::StrCat(n_.O(row), " + ", n_.N(row), " + ", causal.causal_offset, "L");
   const std::string end =
       nest_.trips[ax] == 1 ? last : absl::StrCat("(", last, " - 1L) / ", tile, "L * ", tile, "L + ", tile, "L");
-  w.Line(absl::StrCat("const long ", n_.E(ax), " = ", end, " < ", extent, "L ? ", end, " : ", extent, "L;"));
+  w.Line(absl::StrCat("const long ", n_.E(ax), " = ", end, " < ", extent, " ? ", end, " : ", extent, ";"));
 }
 
 void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) const {
@@ -283,11 +398,13 @@ void NestIndex::DefineBlockOrigins(Writer& w, const std::string& block_index) co
   w.Line(absl::StrCat("long rest = ", block_index, ";"));
   for (int i = static_cast<int>(block.size()) - 1; i >= 0; --i) {
     const int d = block[i];
-    const int64_t trips = nest_.trips[d];
-    const std::string tile = causal && causal->causal_row == d ? absl::StrCat(trips - 1, "L - rest % ", trips, "L")
-                                                               : absl::StrCat("rest % ", trips, "L");
+    const std::string trips = Trips(d);
+    const std::string last_tile =
+        chain_.dims[d].Ranged() ? absl::StrCat(trips, " - 1L") : absl::StrCat(nest_.trips[d] - 1, "L");
+    const std::string tile = causal && causal->causal_row == d ? absl::StrCat(last_tile, " - rest % ", trips)
+                                                               : absl::StrCat("rest % ", trips);
     w.Line(absl::StrCat("const long ", n_.O(d), " = (", tile, ") * ", nest_.schedule.tile[d], "L; rest /= ", trips,
-                        "L;"));
+                        ";"));
     w.Line(absl::StrCat("const long ", n_.N(d), " = ", RangeOf(d, n_.O(d)), ";"));
   }
   if (causal && block_[causal->causal_row]) DefineCausalEnd(w);

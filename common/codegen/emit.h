@@ -55,6 +55,12 @@ struct Names {
   std::string O(int d) const { return "o_" + chain.dims[d].name; }  // range origin
   std::string N(int d) const { return "n_" + chain.dims[d].name; }  // range length
   std::string E(int d) const { return "e_" + chain.dims[d].name; }  // a causal axis's end in the block
+  std::string X(int d) const { return "x_" + chain.dims[d].name; }  // a ranged dim's size in this call
+  std::string T(int d) const { return "t_" + chain.dims[d].name; }  // a ranged dim's tiles in this call
+  // A dim's size as C: a ranged dim's x_<name>, else its extent.
+  std::string Extent(int d) const {
+    return chain.dims[d].Ranged() ? X(d) : absl::StrCat(chain.dims[d].extent, "L");
+  }
   std::string Global(int t) const { return "g_" + chain.tensors[t].name; }
   std::string Local(int t) const { return "l_" + chain.tensors[t].name; }
   std::string Full(int t) const { return "f_" + chain.tensors[t].name; }
@@ -67,10 +73,19 @@ std::string StoreConvert(ir::DType dtype, const std::string& value);
 // sum of coefficient * variable + constant, as C.
 std::string LinearToC(const std::vector<std::pair<int64_t, std::string>>& terms, int64_t constant);
 std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape);
-// Flat offset of an access into its tensor's row-major global layout.
+// Flat offset of an access into its tensor's row-major global layout (an
+// axis outside one sized by a ranged dim strides by that dim's x_<name>).
 std::string GlobalOffset(const ir::Access& a, const Names& n);
-// Per dim: the stride of the dim's variable in `a`'s flat global offset.
+// Per dim: the stride of the dim's variable in `a`'s flat global offset,
+// with ranged dims at their largest sizes.
 std::map<int, int64_t> GlobalStrides(const ir::Access& a, const ir::Chain& chain, int64_t* constant);
+// Whether that stride of dim d changes with the sizes of ranged dims.
+bool RuntimeGlobalStride(const ir::Access& a, int d, const ir::Chain& chain);
+// That stride as C (a literal where it does not change).
+std::string GlobalStrideC(const ir::Access& a, int d, const Names& n);
+// The elements of tensor t as C (a product of ranged sizes where it has
+// ranged axes).
+std::string ElementsC(int t, const Names& n);
 std::string CallFunc(ir::Func f, const std::string& arg);
 // A softmax's value `x` at the current point (v_<axis>, v_<row> defined),
 // or `minus_infinity` where a causal softmax drops the entry.
@@ -102,6 +117,14 @@ class NestIndex {
   NestIndex(const ir::Chain& chain, const space::LoopNest& nest);
 
   bool IsBlock(int d) const { return block_[d]; }
+  // Dim d's tiles (loop trips) as C: t_<name> for a ranged dim.
+  std::string Trips(int d) const;
+  // The blocks of the launch as C (a product over ranged dims' tiles).
+  std::string Blocks() const;
+  // x_<name> and t_<name> of each ranged dim: from `dims` (a C array of
+  // their sizes, in RangedDims() order), or at their largest sizes when
+  // `dims` is empty.
+  void DeclareSizes(Writer& w, const std::string& dims) const;
   // min(tile, extent - origin); the tile itself where it divides the extent.
   std::string RangeOf(int d, const std::string& origin) const;
   // Offset into a block-local buffer (see space::LocalBuffer).

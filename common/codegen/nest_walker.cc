@@ -123,7 +123,7 @@ void NestWalker::EmitFinalize(const space::OpNest& on) {
   w_.Open("");
   for (int d : op.index) {
     if (!x_.IsBlock(d)) {
-      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", chain_.dims[d].extent, "L;"));
+      w_.Line(absl::StrCat("const long ", n_.O(d), " = 0, ", n_.N(d), " = ", n_.Extent(d), ";"));
     }
   }
   WriteComplete(on, output);

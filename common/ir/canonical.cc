@@ -32,7 +32,12 @@ class Canonicalizer {
     sig_.assign(in_.tensors.size(), "");
     for (int t : in_.inputs) {
       std::vector<std::string> shape;
-      for (int64_t e : in_.tensors[t].shape) shape.push_back(absl::StrCat(e));
+      const Tensor& input = in_.tensors[t];
+      for (size_t a = 0; a < input.shape.size(); ++a) {
+        // A ranged axis is its dim's range (its dim is read there by name).
+        const int d = input.axis_dims[a];
+        shape.push_back(d >= 0 && in_.dims[d].Ranged() ? ExtentText(in_.dims[d]) : absl::StrCat(input.shape[a]));
+      }
       sig_[t] = ShortHash(absl::StrCat(in_.tensors[t].constant ? "const" : "in", "[", absl::StrJoin(shape, ","), "]"));
     }
     bodies_.resize(in_.ops.size());
@@ -57,6 +62,10 @@ class Canonicalizer {
       dst.constant = src.constant;
       if (src.role == TensorRole::kInput) {
         dst.axis_dims.assign(src.shape.size(), -1);
+        for (size_t a = 0; a < src.shape.size(); ++a) {
+          const int d = src.axis_dims[a];
+          if (d >= 0 && in_.dims[d].Ranged()) dst.axis_dims[a] = form_.dim_map[d];
+        }
         c.inputs.push_back(static_cast<int>(c.tensors.size()));
       } else {
         const Op& op = in_.ops[src.producer];
@@ -79,7 +88,7 @@ class Canonicalizer {
     for (int t : outs) c.outputs.push_back(form_.tensor_map[t]);
     c.dims.resize(dim_order_.size());
     for (size_t i = 0; i < dim_order_.size(); ++i) {
-      c.dims[i] = Dim{absl::StrCat("d", i), in_.dims[dim_order_[i]].extent};
+      c.dims[i] = Dim{absl::StrCat("d", i), in_.dims[dim_order_[i]].extent, in_.dims[dim_order_[i]].min};
     }
     form_.text = ChainToText(c);
     form_.key = Sha256Hex(form_.text).substr(0, 32);
@@ -152,7 +161,7 @@ class Canonicalizer {
     // Provisional names: output dims by position, reduced dims by extent.
     auto provisional = [&](int d) {
       int p = position(d);
-      return p >= 0 ? absl::StrCat("o", p) : absl::StrCat("r", in_.dims[d].extent);
+      return p >= 0 ? absl::StrCat("o", p) : absl::StrCat("r", ExtentText(in_.dims[d]));
     };
     bodies_[op_id] = Sorted(op.body, provisional);
     // Final names: reduced dims numbered by first use in the sorted body.
@@ -170,10 +179,10 @@ class Canonicalizer {
     auto final_name = [&](int d) {
       int p = position(d);
       if (p >= 0) return absl::StrCat("o", p);
-      return absl::StrCat("r", reduce_no.at(d), ":", in_.dims[d].extent);
+      return absl::StrCat("r", reduce_no.at(d), ":", ExtentText(in_.dims[d]));
     };
     std::vector<std::string> extents;
-    for (int d : op.index) extents.push_back(absl::StrCat(in_.dims[d].extent));
+    for (int d : op.index) extents.push_back(ExtentText(in_.dims[d]));
     std::string axis = op.axis >= 0 ? absl::StrCat(position(op.axis)) : "-";
     if (op.Causal()) absl::StrAppend(&axis, "<=", position(op.causal_row), "+", op.causal_offset);
     sig_[op.output] = ShortHash(absl::StrCat(OpKindName(op.kind), "[", absl::StrJoin(extents, ","),

@@ -104,6 +104,42 @@ int64_t Tensor::NumElements() const {
   return n;
 }
 
+std::string ExtentText(const Dim& dim) {
+  return dim.Ranged() ? absl::StrCat(dim.min, "..", dim.extent) : absl::StrCat(dim.extent);
+}
+
+std::vector<int> Chain::RangedDims() const {
+  std::vector<int> ranged;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d].Ranged()) ranged.push_back(static_cast<int>(d));
+  }
+  return ranged;
+}
+
+absl::StatusOr<Chain> AtSizes(const Chain& chain, const std::vector<int64_t>& sizes) {
+  const std::vector<int> ranged = chain.RangedDims();
+  if (sizes.size() != ranged.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("chain '", chain.name, "' has ", ranged.size(),
+                                                   " ranged dims; ", sizes.size(), " sizes were given"));
+  }
+  Chain at = chain;
+  for (size_t i = 0; i < ranged.size(); ++i) {
+    Dim& dim = at.dims[ranged[i]];
+    if (sizes[i] < dim.min || sizes[i] > dim.extent) {
+      return absl::InvalidArgumentError(absl::StrCat("size ", sizes[i], " of dim '", dim.name, "' is outside its range ",
+                                                     ExtentText(dim)));
+    }
+    dim.extent = sizes[i];
+    dim.min = 0;
+  }
+  for (Tensor& t : at.tensors) {
+    for (size_t a = 0; a < t.shape.size(); ++a) {
+      if (t.axis_dims[a] >= 0) t.shape[a] = at.dims[t.axis_dims[a]].extent;
+    }
+  }
+  return at;
+}
+
 int Chain::FindDim(absl::string_view name) const {
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i].name == name) return static_cast<int>(i);
@@ -246,7 +282,7 @@ std::string ChainToText(const Chain& chain) {
 std::string ChainToText(const Chain& chain, const std::string& name, const std::vector<int>& dims,
                         const std::vector<int>& ops, const std::vector<int>& inputs, const std::vector<int>& outputs) {
   std::string out = absl::StrCat("chain ", name, "\ndtype ", DTypeName(chain.dtype), "\ndim");
-  for (int d : dims) absl::StrAppend(&out, " ", chain.dims[d].name, "=", chain.dims[d].extent);
+  for (int d : dims) absl::StrAppend(&out, " ", chain.dims[d].name, "=", ExtentText(chain.dims[d]));
   out += "\nin ";
   std::vector<std::string> decls;
   for (int t : inputs) {

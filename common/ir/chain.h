@@ -24,8 +24,20 @@ int DTypeBytes(DType dtype);
 
 struct Dim {
   std::string name;
-  int64_t extent = 0;
+  int64_t extent = 0;  // its size; a ranged dim's largest
+  // A ranged dim is a size that changes from call to call (a batch, a
+  // sequence, a KV cache's length), written `m=65..256`: a kernel takes any
+  // size in [min, extent], given at each call; everything that depends on
+  // sizes (the space, the model, buffers) is planned at `extent`. It may
+  // only index, as itself, the axes declared with it (BuildChain).
+  // 0: the dim is exactly `extent`.
+  int64_t min = 0;
+
+  bool Ranged() const { return min > 0; }
 };
+
+// "128", or a ranged dim's "65..256".
+std::string ExtentText(const Dim& dim);
 
 // constant + sum of coefficient * dim, with terms sorted by dim and no zero
 // coefficients.
@@ -110,7 +122,16 @@ struct Chain {
 
   int FindDim(absl::string_view name) const;     // -1 if absent
   int FindTensor(absl::string_view name) const;  // -1 if absent
+  // The ranged dims' ids, in declaration order: the order in which a
+  // kernel of the chain takes their sizes.
+  std::vector<int> RangedDims() const;
 };
+
+// `chain` at one size of its ranged dims (`sizes`, one per RangedDims(),
+// in that order): every dim exact, the axes declared with a ranged dim at
+// its size. INVALID_ARGUMENT naming the dim when a size is outside its
+// range or the count is wrong.
+absl::StatusOr<Chain> AtSizes(const Chain& chain, const std::vector<int64_t>& sizes);
 
 // Calls `fn` on every access in `expr`, in left-to-right order.
 template <typename Fn>

@@ -105,11 +105,14 @@ absl::StatusOr<ChainSpec> SpecFromJson(const Json& root) {
     const Json& dims = root["dims"];
     for (size_t i = 0; i < dims.size(); ++i) {
       std::string field = Item("dims", i);
-      RETURN_IF_ERROR(CheckKeys(dims[i], field, {"name", "extent"}));
+      RETURN_IF_ERROR(CheckKeys(dims[i], field, {"name", "extent", "min"}));
       DimSpec d;
       d.where = Where{field, 0, 0};
       ASSIGN_OR_RETURN(d.name, GetString(dims[i], field, "name", true));
       ASSIGN_OR_RETURN(d.extent, GetInt64(dims[i], field, "extent"));
+      if (dims[i].contains("min")) {
+        ASSIGN_OR_RETURN(d.min, GetInt64(dims[i], field, "min"));
+      }
       spec.dims.push_back(std::move(d));
     }
   }
@@ -200,7 +203,11 @@ std::string ChainToJson(const Chain& chain) {
   root["name"] = chain.name;
   root["dtype"] = std::string(DTypeName(chain.dtype));
   root["dims"] = Json::array();
-  for (const Dim& d : chain.dims) root["dims"].push_back({{"name", d.name}, {"extent", d.extent}});
+  for (const Dim& d : chain.dims) {
+    Json dim = {{"name", d.name}, {"extent", d.extent}};
+    if (d.Ranged()) dim["min"] = d.min;
+    root["dims"].push_back(dim);
+  }
   root["inputs"] = Json::array();
   for (int t : chain.inputs) {
     const Tensor& tensor = chain.tensors[t];

@@ -35,11 +35,15 @@ absl::StatusOr<std::vector<Token>> Lex(absl::string_view text, const Where& wher
       tok.kind = Token::Kind::kIdent;
       tok.text = std::string(text.substr(i, j - i));
       i = j;
+    } else if (c == '.' && i + 1 < text.size() && text[i + 1] == '.') {
+      tok.kind = Token::Kind::kPunct;  // a range: 65..256
+      tok.text = "..";
+      i += 2;
     } else if (std::isdigit(c) || (c == '.' && i + 1 < text.size() &&
                                    std::isdigit(static_cast<unsigned char>(text[i + 1])))) {
       size_t j = i;
       while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
-      if (j < text.size() && text[j] == '.') {
+      if (j < text.size() && text[j] == '.' && !(j + 1 < text.size() && text[j + 1] == '.')) {
         ++j;
         while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
       }

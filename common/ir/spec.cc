@@ -238,6 +238,7 @@ class ExprParser {
     }
     for (size_t a = 0; a < access.index.size(); ++a) {
       const AffineExpr& e = access.index[a];
+      RETURN_IF_ERROR(CheckRangedIndex(t, a, e, where_.At(offsets[a])));
       int64_t lo = e.constant, hi = e.constant;
       for (const auto& [d, c] : e.terms) {
         int64_t span = c * (chain_.dims[d].extent - 1);
@@ -252,6 +253,26 @@ class ExprParser {
     }
     Expr e = Expr::Of(std::move(access));
     return e;
+  }
+
+  // A ranged dim changes size from call to call, and with it the axes
+  // declared with it: it indexes those axes as itself and nothing else,
+  // so that every access stays in bounds at every size and a kernel
+  // finds each element where the sizes of its call put it.
+  absl::Status CheckRangedIndex(const Tensor& t, size_t axis, const AffineExpr& e, const Where& w) const {
+    const int declared = t.axis_dims[axis];
+    if (declared >= 0 && chain_.dims[declared].Ranged() && !(e.IsPlainDim() && e.terms[0].first == declared)) {
+      return Error(w, absl::StrCat("axis ", axis, " of '", t.name, "' is declared with ranged dim '",
+                                   chain_.dims[declared].name, "', so it is indexed by '", chain_.dims[declared].name,
+                                   "' alone, not '", AffineToString(e, chain_), "'"));
+    }
+    for (const auto& [d, c] : e.terms) {
+      if (chain_.dims[d].Ranged() && d != declared) {
+        return Error(w, absl::StrCat("ranged dim '", chain_.dims[d].name, "' indexes axis ", axis, " of '", t.name,
+                                     "', which is not declared with it (a ranged dim indexes only the axes it sizes)"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Affine index: integer-weighted sum of dims plus a constant.
@@ -508,7 +529,12 @@ absl::Status AddDims(const ChainSpec& spec, const Limits& limits, Chain& chain) 
       return Error(d.where, absl::StrCat("dim '", d.name, "' has extent ", d.extent,
                                          "; extents must be in [1, ", limits.max_extent, "]"));
     }
-    chain.dims.push_back({d.name, d.extent});
+    if (d.min < 0 || d.min > d.extent) {
+      return Error(d.where, absl::StrCat("dim '", d.name, "' ranges over ", d.min, "..", d.extent,
+                                         "; a range runs from 1 up to its largest size"));
+    }
+    // A range of one size is that size.
+    chain.dims.push_back({d.name, d.extent, d.min < d.extent ? d.min : 0});
   }
   return absl::OkStatus();
 }
@@ -534,6 +560,10 @@ absl::Status AddInput(const TensorSpec& ts, const Limits& limits, Chain& chain) 
   for (const std::string& s : ts.shape) {
     int d = chain.FindDim(s);
     if (d >= 0) {
+      if (ts.constant && chain.dims[d].Ranged()) {
+        return Error(ts.where, absl::StrCat("constant '", ts.name, "' is declared with ranged dim '", s,
+                                            "': a constant is the same from call to call, its shape too"));
+      }
       t.shape.push_back(chain.dims[d].extent);
       t.axis_dims.push_back(d);
       continue;

@@ -48,6 +48,7 @@ struct Limits {
 struct DimSpec {
   std::string name;
   int64_t extent = 0;
+  int64_t min = 0;  // a ranged dim's smallest size (Dim::min); 0: exactly extent
   Where where;
 };
 

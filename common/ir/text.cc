@@ -33,6 +33,17 @@ class LineParser {
     return tok.text;
   }
 
+  // A non-negative integer literal.
+  absl::StatusOr<int64_t> Integer(absl::string_view what) {
+    const Token& num = Peek();
+    if (num.kind != Token::Kind::kNumber || num.text.find_first_not_of("0123456789") != std::string::npos) {
+      return Unexpected(what);
+    }
+    if (num.text.size() > 12) return Error(WhereOf(num), "extent is too large");
+    Next();
+    return std::stoll(num.text);
+  }
+
   absl::Status Expect(char c) {
     if (!Peek().Is(c)) return Unexpected(absl::StrCat("'", std::string(1, c), "'"));
     Next();
@@ -172,14 +183,13 @@ absl::StatusOr<ChainSpec> ParseChainTextSpec(absl::string_view text, const Limit
         d.where = p.WhereOf(p.Peek());
         ASSIGN_OR_RETURN(d.name, p.Ident("a dim name"));
         RETURN_IF_ERROR(p.Expect('='));
-        const Token& num = p.Peek();
-        if (num.kind != Token::Kind::kNumber ||
-            num.text.find_first_not_of("0123456789") != std::string::npos) {
-          return p.Unexpected("an integer extent");
+        ASSIGN_OR_RETURN(d.extent, p.Integer("an integer extent (or a range: MIN..MAX)"));
+        if (p.Peek().kind == Token::Kind::kPunct && p.Peek().text == "..") {  // a ranged dim: MIN..MAX
+          if (d.extent < 1) return Error(d.where, absl::StrCat("dim '", d.name, "': a range starts at 1 or more"));
+          p.Next();
+          d.min = d.extent;
+          ASSIGN_OR_RETURN(d.extent, p.Integer("the range's largest size after '..'"));
         }
-        if (num.text.size() > 12) return Error(p.WhereOf(num), "extent is too large");
-        d.extent = std::stoll(num.text);
-        p.Next();
         spec.dims.push_back(std::move(d));
       }
     } else if (first.kind == Token::Kind::kIdent && first.text == "in") {

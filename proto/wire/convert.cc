@@ -28,7 +28,8 @@ absl::StatusOr<ir::Chain> ChainFromWorkload(const v1::Workload& workload, const 
     default: break;
   }
   for (int i = 0; i < c.dims_size(); ++i) {
-    spec.dims.push_back({c.dims(i).name(), c.dims(i).extent(), ir::Where{absl::StrCat("chain.dims[", i, "]"), 0, 0}});
+    spec.dims.push_back({c.dims(i).name(), c.dims(i).extent(), c.dims(i).min(),
+                         ir::Where{absl::StrCat("chain.dims[", i, "]"), 0, 0}});
   }
   for (int i = 0; i < c.inputs_size(); ++i) {
     ir::TensorSpec t;
@@ -72,6 +73,7 @@ v1::Chain ChainToProto(const ir::Chain& chain) {
     v1::Dim* pd = c.add_dims();
     pd->set_name(d.name);
     pd->set_extent(d.extent);
+    pd->set_min(d.min);
   }
   for (int t : chain.inputs) {
     const ir::Tensor& tensor = chain.tensors[t];

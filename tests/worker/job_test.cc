@@ -15,6 +15,7 @@
 #include "common/util/process.h"
 #include "tests/test_chains.h"
 #include "tests/test_targets.h"
+#include "worker/validate.h"
 
 namespace fusor::worker {
 namespace {
@@ -230,6 +231,39 @@ TEST(RunJobIsolatedTest, ConstantInputsArePreparedOnceAndTimedApart) {
   out = RunJobIsolated(Spec(JobKind::kCandidate, "m=8 / - / -"), CurrentExecutable(""), "/tmp");
   ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
   EXPECT_EQ(out.resources_json.find("prepare_s"), std::string::npos) << out.resources_json;
+}
+
+// A chain with a ranged dim: one kernel validated at each of its
+// ValidationSizes and timed at its TimingSizes, one request at each per
+// sample; a baseline and a confirmation time each BLAS at each size.
+TEST(RunJobIsolatedTest, ARangedChainIsValidatedAcrossItsRangeAndTimedAtItsSizes) {
+  std::string text = kChain;
+  text.replace(text.find("m=24"), 4, "m=3..24");
+  const ir::Chain chain = *ir::ParseChainText(text);
+  ASSERT_EQ(TimingSizes(chain), (std::vector<std::vector<int64_t>>{{24}, {8}}));
+  for (JobKind kind : {JobKind::kCandidate, JobKind::kBaseline, JobKind::kConfirm}) {
+    JobSpec spec = Spec(kind, kind == JobKind::kBaseline ? "" : "m=8 / - / S(n=32)");
+    spec.chain_json = ir::ChainToJson(chain);
+    JobOutcome out = RunJobIsolated(spec, CurrentExecutable(""), "/tmp");
+    ASSERT_EQ(out.status, OutcomeStatus::kOk) << out.error;
+    const nlohmann::json resources = nlohmann::json::parse(out.resources_json);
+    const nlohmann::json& sizes = resources.at("sizes");
+    ASSERT_EQ(sizes.size(), 2u) << out.resources_json;
+    EXPECT_EQ(sizes[0].at("dims").at("m"), 24);
+    EXPECT_EQ(sizes[1].at("dims").at("m"), 8);
+    // A sample is a request at each size: more than either size's median.
+    const std::string timed = kind == JobKind::kBaseline ? resources.at("baseline").get<std::string>() : "fused";
+    for (const nlohmann::json& at : sizes) {
+      EXPECT_LT(at.at("median_s").at(timed).get<double>(), out.median_s) << out.resources_json;
+    }
+    if (kind == JobKind::kConfirm) EXPECT_EQ(resources.at("beside").at("status"), "ok") << out.resources_json;
+  }
+  // A kernel wrong at one size of the range is invalid: a split schedule's
+  // unfused part compiled at the largest size only cannot run the others.
+  JobSpec wrong = Spec(JobKind::kCandidate, "split after S: m=8 / - / - | unfused onednn");
+  wrong.chain_json = ir::ChainToJson(chain);
+  JobOutcome out = RunJobIsolated(wrong, CurrentExecutable(""), "/tmp");
+  EXPECT_NE(out.status, OutcomeStatus::kOk);
 }
 
 // The chain in two parts, the second through oneDNN: built, validated

@@ -34,16 +34,18 @@ absl::StatusOr<LoadedKernel> LoadedKernel::Open(const std::string& so_path, cons
     return absl::FailedPreconditionError(absl::StrCat("kernel has no symbol '", entry, "'"));
   }
   LoadedKernel kernel(handle, reinterpret_cast<EntryFn>(sym));
+  kernel.entry_dims_ = reinterpret_cast<DimsEntryFn>(dlsym(handle, "fusor_run_dims"));
   PrepareFns fns;
   fns.prepare = reinterpret_cast<decltype(fns.prepare)>(dlsym(handle, "fusor_prepare"));
   fns.run = reinterpret_cast<decltype(fns.run)>(dlsym(handle, "fusor_run_prepared"));
   fns.release = reinterpret_cast<decltype(fns.release)>(dlsym(handle, "fusor_release"));
+  fns.run_dims = reinterpret_cast<decltype(fns.run_dims)>(dlsym(handle, "fusor_run_prepared_dims"));
   if (fns.prepare != nullptr && fns.run != nullptr && fns.release != nullptr) kernel.prepare_ = fns;
   return kernel;
 }
 
 LoadedKernel::LoadedKernel(LoadedKernel&& other) noexcept
-    : handle_(other.handle_), entry_(other.entry_), prepare_(other.prepare_) {
+    : handle_(other.handle_), entry_(other.entry_), entry_dims_(other.entry_dims_), prepare_(other.prepare_) {
   other.handle_ = nullptr;
 }
 
@@ -69,10 +71,18 @@ void* KernelCalls::StateFor(const void* const* inputs) {
 int KernelCalls::Prepare(const void* const* inputs) { return !prepared_ || StateFor(inputs) != nullptr ? 0 : 1; }
 
 int KernelCalls::Run(const void* const* inputs, void* const* outputs) {
-  if (!prepared_) return kernel_.entry()(inputs, outputs, threads_);
+  // Sizes for a kernel that takes none: a kernel of another chain (3).
+  if (!dims_.empty() && kernel_.entry_dims() == nullptr) return 3;
+  if (!prepared_) {
+    return dims_.empty() ? kernel_.entry()(inputs, outputs, threads_)
+                         : kernel_.entry_dims()(dims_.data(), inputs, outputs, threads_);
+  }
   // One lookup on the timed path: every set is prepared before timing.
   void* state = StateFor(inputs);
-  return state == nullptr ? 1 : kernel_.prepare()->run(state, inputs, outputs, threads_);
+  if (state == nullptr) return 1;
+  if (dims_.empty()) return kernel_.prepare()->run(state, inputs, outputs, threads_);
+  return kernel_.prepare()->run_dims == nullptr ? 3
+                                                : kernel_.prepare()->run_dims(state, dims_.data(), inputs, outputs, threads_);
 }
 
 void* LoadedKernel::Symbol(const std::string& name) const { return dlsym(handle_, name.c_str()); }
@@ -88,11 +98,12 @@ absl::StatusOr<Validation> ValidateKernel(const LoadedKernel& kernel, const ir::
 
 absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir::Chain& chain,
                                             const std::vector<std::vector<double>>& values, int num_threads,
-                                            double tolerance, const ReferenceFn& reference) {
+                                            double tolerance, const ReferenceFn& reference,
+                                            const std::vector<long>& dims) {
   absl::StatusOr<Validation> v;
   for (bool prepared : {false, true}) {
     if (prepared && !kernel.prepare()) break;
-    KernelCalls calls(kernel, chain.inputs.size(), num_threads, prepared);
+    KernelCalls calls(kernel, chain.inputs.size(), num_threads, prepared, dims);
     v = ValidateRun([&](const void* const* in, void* const* out) { return calls.Run(in, out); }, chain, values,
                     tolerance, reference);
     if (!v.ok() || !v->ok) break;
@@ -103,7 +114,8 @@ absl::StatusOr<Validation> ValidateKernelOn(const LoadedKernel& kernel, const ir
 absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector<const LoadedKernel*>& kernels,
                                                         const ir::Chain& chain, const TimingOptions& options,
                                                         const std::vector<std::vector<int>>& groups,
-                                                        std::vector<double>* prepare_s) {
+                                                        std::vector<double>* prepare_s,
+                                                        const std::vector<std::vector<long>>& dims) {
   std::mt19937_64 rng(options.seed);
   int64_t input_bytes = 0;
   for (int t : chain.inputs) input_bytes += chain.tensors[t].NumElements() * ir::DTypeBytes(chain.dtype);
@@ -132,8 +144,9 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
   using Clock = std::chrono::steady_clock;
   int run = 0;
   std::vector<std::unique_ptr<KernelCalls>> calls;
-  for (const LoadedKernel* kernel : kernels) {
-    calls.push_back(std::make_unique<KernelCalls>(*kernel, chain.inputs.size(), options.num_threads));
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    calls.push_back(std::make_unique<KernelCalls>(*kernels[k], chain.inputs.size(), options.num_threads, true,
+                                                  k < dims.size() ? dims[k] : std::vector<long>{}));
     // Every input set prepared before any timing: a model prepares its
     // weights once, not in the forward pass it is timed on.
     for (const auto& set : in_ptrs) {

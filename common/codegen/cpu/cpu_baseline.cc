@@ -401,6 +401,10 @@ std::optional<CpuBlas> CpuBlasNamed(absl::string_view name) {
 }
 
 absl::StatusOr<KernelSource> EmitCpuUnfusedBaseline(const Chain& chain, CpuBlas blas) {
+  if (!chain.RangedDims().empty()) {
+    return absl::InvalidArgumentError(
+        "the unfused chain is built at one size (ir::AtSizes); a chain with ranged dims has no unfused kernel");
+  }
   KernelSource k;
   k.source = BaselineEmitter(chain, blas).Emit();
   k.compile_flags = cpu::CompileFlags();

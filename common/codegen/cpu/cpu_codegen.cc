@@ -130,13 +130,26 @@ std::string FusedEmitter::Emit(const std::string& schedule_text, const std::stri
   out += "\n";
 
   const bool prepared = !constant_.empty();
+  const std::vector<int> ranged = chain_.RangedDims();
   if (prepared) out += EmitPrepare();
   Writer& w = w_;
-  w.Open(prepared ? "static int fusor_body(const fusor_prep_t* fusor_prep, const void* const* fusor_inputs, "
-                    "void* const* fusor_outputs, int num_threads)"
-                  : "extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, "
-                    "int num_threads)");
+  const std::string args = "const void* const* fusor_inputs, void* const* fusor_outputs, int num_threads";
+  if (prepared || !ranged.empty()) {
+    w.Open(absl::StrCat("static int fusor_body(", prepared ? "const fusor_prep_t* fusor_prep, " : "",
+                        ranged.empty() ? "" : "const long* fusor_dims, ", args, ")"));
+  } else {
+    w.Open(absl::StrCat("extern \"C\" int fusor_run(", args, ")"));
+  }
   cpu::DeclareArguments(w, chain_, n_);
+  if (!ranged.empty()) {
+    // A size outside a ranged dim's range is refused (2) before anything is touched.
+    for (size_t i = 0; i < ranged.size(); ++i) {
+      const ir::Dim& dim = chain_.dims[ranged[i]];
+      w.Line(absl::StrCat("if (fusor_dims[", i, "] < ", dim.min, "L || fusor_dims[", i, "] > ", dim.extent,
+                          "L) return 2;  // ", dim.name));
+    }
+    x_.DeclareSizes(w, "fusor_dims");
+  }
   const int64_t scratch_bytes = ScratchBytes();
   if (nest_.split > 1) {
     // Per accumulated output, one partial sum per part of the split stream.
@@ -149,9 +162,10 @@ std::string FusedEmitter::Emit(const std::string& schedule_text, const std::stri
     w.Line(absl::StrCat("float* const partials = fusor_partials(", floats * 4, "UL);"));
     w.Line("if (!partials) return 1;");
   }
+  const std::string blocks = x_.Blocks();
   w.Line("int failed = 0;");
   w.Line(absl::StrCat("#pragma omp parallel num_threads(num_threads > 0 ? num_threads : 1) if (",
-                      nest_.num_blocks, " > 1)"));
+                      ranged.empty() ? absl::StrCat(nest_.num_blocks) : blocks, " > 1)"));
   w.Open("");
   w.Line(absl::StrCat("float* const scratch = fusor_scratch(", scratch_bytes, ");"));
   w.Open("if (!scratch)");
@@ -159,7 +173,7 @@ std::string FusedEmitter::Emit(const std::string& schedule_text, const std::stri
   w.Line("failed = 1;");
   w.Close();
   w.Line("#pragma omp for schedule(dynamic, 1)");
-  w.Open(absl::StrCat("for (long blk = 0; blk < ", nest_.num_blocks, "L; ++blk)"));
+  w.Open(absl::StrCat("for (long blk = 0; blk < ", blocks, "; ++blk)"));
   w.Line("if (!scratch) continue;");
   DeclareScratchPointers();
   if (prepared) w.Line(absl::StrCat("long fusor_visit[", constant_.size(), "] = {0};"));
@@ -169,26 +183,75 @@ std::string FusedEmitter::Emit(const std::string& schedule_text, const std::stri
   } else {
     x_.DefineBlockOrigins(w, "blk");
   }
+  if (prepared) {
+    w.Line(absl::StrCat("const long fusor_key[", constant_.size(), "] = {",
+                        absl::StrJoin(PackKeys(), ", "), "};  // this block's packs of each constant side"));
+  }
   WalkBlock();
   w.Close();  // block loop
   if (nest_.split > 1) EmitPartialSums();
   w.Close();  // parallel
   w.Line("return failed;");
   w.Close();
-  if (prepared) {
-    w.Line("");
-    w.Line("extern \"C\" int fusor_run(const void* const* fusor_inputs, void* const* fusor_outputs, int num_threads) {");
-    w.Line("  return fusor_body(0, fusor_inputs, fusor_outputs, num_threads);");
-    w.Line("}");
-    w.Line("");
-    w.Line("// The same, with the constant inputs' packs from fusor_prepare; every input is passed as to fusor_run");
-    w.Line("// (a constant one is still read where it is not packed, a bias say).");
-    w.Line("extern \"C\" int fusor_run_prepared(const void* prepared, const void* const* fusor_inputs,");
-    w.Line("                                    void* const* fusor_outputs, int num_threads) {");
-    w.Line("  return fusor_body((const fusor_prep_t*)prepared, fusor_inputs, fusor_outputs, num_threads);");
-    w.Line("}");
-  }
+  EmitEntryPoints(prepared, ranged);
   return out + w.Take();
+}
+
+std::vector<std::string> FusedEmitter::PackKeys() const {
+  std::vector<std::string> keys;
+  for (const ConstantPack& c : constant_) {
+    std::string key = "0L";
+    for (int d : s_.block) {
+      if (!Contains(c.dims, d)) continue;
+      key = absl::StrCat("(", key, ") * ", nest_.trips[d], "L + ", n_.O(d), " / ", s_.tile[d], "L");
+    }
+    if (nest_.split > 1) key = absl::StrCat("(", key, ") * ", nest_.split, "L + part");
+    keys.push_back(key);
+  }
+  return keys;
+}
+
+void FusedEmitter::EmitEntryPoints(bool prepared, const std::vector<int>& ranged) {
+  Writer& w = w_;
+  if (!prepared && ranged.empty()) return;  // fusor_run is the body
+  const std::string args = "const void* const* fusor_inputs, void* const* fusor_outputs, int num_threads";
+  const std::string pass = "fusor_inputs, fusor_outputs, num_threads";
+  std::vector<std::string> largest;
+  for (int d : ranged) largest.push_back(absl::StrCat(chain_.dims[d].extent, "L"));
+  // What fusor_body takes before the arguments: the prepared packs, and the sizes of the ranged dims.
+  auto call = [&](const std::string& prep, const std::string& dims) {
+    return absl::StrCat("  return fusor_body(", prepared ? prep + ", " : "", ranged.empty() ? "" : dims + ", ", pass,
+                        ");");
+  };
+  w.Line("");
+  if (!ranged.empty()) {
+    w.Line(absl::StrCat("static const long fusor_largest[", ranged.size(), "] = {", absl::StrJoin(largest, ", "),
+                        "};"));
+    w.Line("");
+    w.Line("// The ranged dims' sizes of this call, in the metadata's \"dims\" order; 2 when one is out of range.");
+    w.Line(absl::StrCat("extern \"C\" int fusor_run_dims(const long* fusor_dims, ", args, ") {"));
+    w.Line(call("0", "fusor_dims"));
+    w.Line("}");
+    w.Line("");
+    w.Line("// At the ranged dims' largest sizes.");
+  }
+  w.Line(absl::StrCat("extern \"C\" int fusor_run(", args, ") {"));
+  w.Line(call("0", "fusor_largest"));
+  w.Line("}");
+  if (!prepared) return;
+  w.Line("");
+  w.Line("// The same, with the constant inputs' packs from fusor_prepare; every input is passed as to fusor_run");
+  w.Line("// (a constant one is still read where it is not packed, a bias say).");
+  w.Line("extern \"C\" int fusor_run_prepared(const void* prepared, const void* const* fusor_inputs,");
+  w.Line("                                    void* const* fusor_outputs, int num_threads) {");
+  w.Line(call("(const fusor_prep_t*)prepared", "fusor_largest"));
+  w.Line("}");
+  if (ranged.empty()) return;
+  w.Line("");
+  w.Line(absl::StrCat("extern \"C\" int fusor_run_prepared_dims(const void* prepared, const long* fusor_dims, ",
+                      args, ") {"));
+  w.Line(call("(const fusor_prep_t*)prepared", "fusor_dims"));
+  w.Line("}");
 }
 
 std::string FusedEmitter::EmitPrepare() {
@@ -197,9 +260,9 @@ std::string FusedEmitter::EmitPrepare() {
   Writer& w = w_;
   w.Line("#include <stdlib.h>");
   w.Line("");
-  w.Line(absl::StrCat("// Packed constant sides: ", sides, ", over ", blocks, " blocks."));
+  w.Line(absl::StrCat("// Packed constant sides: ", sides, ", over ", blocks, " blocks. Blocks that differ only in block dims"));
+  w.Line("// a side does not read share its packs: they are kept by key (fusor_prep_walk's keys), one buffer each.");
   w.Open("struct fusor_prep_t");
-  w.Line(absl::StrCat("float* base[", sides, "][", blocks, "];  // where each block's packs of each side start"));
   w.Line(absl::StrCat("float* owned[", sides, "][", blocks, "];  // the buffers, by key"));
   w.Line(absl::StrCat("long visits[", sides, "][", blocks, "];  // how many packs each key holds"));
   w.Close(";");
@@ -207,21 +270,15 @@ std::string FusedEmitter::EmitPrepare() {
   w.Open("static void fusor_prep_walk(const void* const* fusor_inputs, void* const* fusor_outputs, long blk, "
          "float* const* fusor_dst, long* fusor_visits, long* fusor_keys)");
   cpu::DeclareArguments(w, chain_, n_);
+  x_.DeclareSizes(w, "");  // constants do not change with the ranged dims: their blocks at the largest sizes
   if (nest_.split > 1) {
     w.Line(absl::StrCat("const long part = blk % ", nest_.split, "L;"));
     x_.DefineBlockOrigins(w, absl::StrCat("blk / ", nest_.split, "L"));
   } else {
     x_.DefineBlockOrigins(w, "blk");
   }
-  for (size_t c = 0; c < sides; ++c) {
-    std::string key = "0L";
-    for (int d : s_.block) {
-      if (!Contains(constant_[c].dims, d)) continue;
-      key = absl::StrCat("(", key, ") * ", nest_.trips[d], "L + ", n_.O(d), " / ", s_.tile[d], "L");
-    }
-    if (nest_.split > 1) key = absl::StrCat("(", key, ") * ", nest_.split, "L + part");
-    w.Line(absl::StrCat("fusor_keys[", c, "] = ", key, ";"));
-  }
+  const std::vector<std::string> keys = PackKeys();
+  for (size_t c = 0; c < sides; ++c) w.Line(absl::StrCat("fusor_keys[", c, "] = ", keys[c], ";"));
   prep_mode_ = true;
   WalkBlock();
   prep_mode_ = false;
@@ -250,7 +307,6 @@ std::string FusedEmitter::EmitPrepare() {
   w.Open("if (p->owned[c][keys[c]])");
   w.Line("// a block of the same key packed it; its visits must match");
   w.Line("if (p->visits[c][keys[c]] != visits[c]) { fusor_release(p); return 0; }");
-  w.Line("p->base[c][blk] = p->owned[c][keys[c]];");
   w.Close();
   w.Open("else");
   w.Line("const long floats[] = {" + absl::StrJoin(constant_, ", ", [](std::string* out, const ConstantPack& c) {
@@ -259,7 +315,7 @@ std::string FusedEmitter::EmitPrepare() {
   w.Line("const size_t bytes = ((size_t)(visits[c] > 0 ? visits[c] : 1) * floats[c] * 4 + 63) / 64 * 64;");
   w.Line("dst[c] = (float*)aligned_alloc(64, bytes);");
   w.Line("if (!dst[c]) { fusor_release(p); return 0; }");
-  w.Line("p->owned[c][keys[c]] = p->base[c][blk] = dst[c];");
+  w.Line("p->owned[c][keys[c]] = dst[c];");
   w.Line("p->visits[c][keys[c]] = visits[c];");
   w.Close();
   w.Close();
@@ -338,12 +394,14 @@ double FusedEmitter::Executions(const space::OpNest& on, int depth, bool hoisted
 
 std::optional<int64_t> FusedEmitter::ConstRange(int d, const space::OpNest& on) const {
   const int64_t extent = chain_.dims[d].extent, tile = s_.tile[d];
+  // A ranged dim's size is the call's.
+  const bool ranged = chain_.dims[d].Ranged();
   if (!Looped(d, on)) {
     // An untiled causal axis ends where the row tile's last key is.
-    if (x_.Bounded(d, &on)) return std::nullopt;
+    if (x_.Bounded(d, &on) || ranged) return std::nullopt;
     return extent;
   }
-  if (extent % tile == 0) return tile;
+  if (tile == 1 || (!ranged && extent % tile == 0)) return tile;
   return std::nullopt;
 }
 
@@ -359,6 +417,7 @@ std::optional<int64_t> FusedEmitter::ConstCount(const std::vector<int>& dims, co
 
 int64_t FusedEmitter::Stride(const Access& a, int d) const {
   if (HasLocal(a.tensor)) return x_.LocalStride(a, d);
+  if (emit::RuntimeGlobalStride(a, d, chain_)) return kRuntimeStride;
   int64_t constant = 0;
   std::map<int, int64_t> strides = GlobalStrides(a, chain_, &constant);
   auto it = strides.find(d);
@@ -368,6 +427,7 @@ int64_t FusedEmitter::Stride(const Access& a, int d) const {
 Lanes FusedEmitter::AccessLanes(const Access& a, int d) const {
   Lanes l;
   l.stride = Stride(a, d);
+  if (l.stride == kRuntimeStride) l.stride_expr = StrideC(a, d);
   if (HasLocal(a.tensor)) {
     l.ptr = absl::StrCat("&", n_.Local(a.tensor), "[", x_.LocalOffset(a), "]");
   } else {
@@ -394,6 +454,12 @@ ASide FusedEmitter::ASideOf(const space::OpNest& on) const {
   if (!g.ok || g.a_side.size() != 1 || RowDim(on) < 0 || g.kdims.size() != 1) return a;
   const Access& acc = g.a_side[0];
   if (!HasLocal(acc.tensor) && chain_.dtype != ir::DType::kF32) return a;
+  // The micro-kernel compiles A's strides in.
+  std::vector<int> dims = {RowDim(on), g.kdims[0]};
+  dims.insert(dims.end(), g.outer_reduce.begin(), g.outer_reduce.end());
+  for (int d : dims) {
+    if (Stride(acc, d) == kRuntimeStride) return a;
+  }
   a.direct = true;
   a.row_stride = Stride(acc, RowDim(on));
   a.k_stride = Stride(acc, g.kdims[0]);
@@ -481,7 +547,8 @@ int64_t FusedEmitter::DirectCStride(const space::OpNest& on) const {
   // A one-lane micro-kernel (scalar.4x4) writes whole panels only.
   const std::optional<int64_t> cols = ConstCount(g.cols, on);
   if (on.kernel.lanes == 1 && !(cols && *cols % on.kernel.nr == 0)) return 0;
-  return Stride(self, RowDim(on));
+  const int64_t row_stride = Stride(self, RowDim(on));
+  return row_stride == kRuntimeStride ? 0 : row_stride;  // the micro-kernel compiles it in
 }
 
 bool FusedEmitter::Cheap(const ir::Expr& e) {
@@ -589,10 +656,14 @@ void FusedEmitter::OpenStreamLoop() {
     x_.OpenTileLoop(w_, sd);
     return;
   }
-  const int64_t tile = s_.tile[sd], extent = chain_.dims[sd].extent;
-  const int64_t per_part = (nest_.trips[sd] + nest_.split - 1) / nest_.split * tile;
-  w_.Line(absl::StrCat("const long part_lo = part * ", per_part, "L, part_hi = part_lo + ", per_part, "L < ",
-                       extent, "L ? part_lo + ", per_part, "L : ", extent, "L;"));
+  const int64_t tile = s_.tile[sd];
+  const std::string extent = n_.Extent(sd);
+  const std::string per_part =
+      chain_.dims[sd].Ranged()
+          ? absl::StrCat("((", n_.T(sd), " + ", nest_.split - 1, "L) / ", nest_.split, "L * ", tile, "L)")
+          : absl::StrCat((nest_.trips[sd] + nest_.split - 1) / nest_.split * tile, "L");
+  w_.Line(absl::StrCat("const long part_lo = part * ", per_part, ", part_hi = part_lo + ", per_part, " < ", extent,
+                       " ? part_lo + ", per_part, " : ", extent, ";"));
   w_.Open(absl::StrCat("for (long ", n_.O(sd), " = part_lo; ", n_.O(sd), " < part_hi; ", n_.O(sd), " += ", tile,
                        "L)"));
   w_.Line(absl::StrCat("const long ", n_.N(sd), " = ", x_.RangeOf(sd, n_.O(sd)), ";"));
@@ -601,10 +672,11 @@ void FusedEmitter::OpenStreamLoop() {
 void FusedEmitter::EmitPartialSums() {
   for (const auto& [o, slot] : partial_slot_) {
     const int t = chain_.ops[o].output;
+    // Each part's partial sums are laid out as the output (at this call's sizes), one part after the other.
     const int64_t elements = chain_.tensors[t].NumElements();
     w_.Line(absl::StrCat("// ", chain_.tensors[t].name, ": the sum of the parts"));
     w_.Line("#pragma omp for schedule(static)");
-    w_.Open(absl::StrCat("for (long i = 0; i < ", elements, "L; ++i)"));
+    w_.Open(absl::StrCat("for (long i = 0; i < ", emit::ElementsC(t, n_), "; ++i)"));
     w_.Line(absl::StrCat("float s = partials[", slot, "L + i];"));
     w_.Line(absl::StrCat("for (long p = 1; p < ", nest_.split, "L; ++p) s += partials[", slot, "L + p * ", elements,
                          "L + i];"));
@@ -640,6 +712,11 @@ absl::StatusOr<KernelSource> EmitCpuFusedKernel(const Chain& written, const spac
   meta["scratch_bytes_per_thread"] = emitter.ScratchBytes();
   if (const std::vector<std::string> packed = emitter.ConstantPacks(); !packed.empty()) {
     meta["prepare"] = cpu::PrepareJson(packed);
+    if (!chain.RangedDims().empty()) {
+      meta["prepare"]["signatures"].push_back(
+          "int fusor_run_prepared_dims(const void* prepared, const long* dims, const void* const* inputs, "
+          "void* const* outputs, int num_threads)");
+    }
   }
   k.metadata_json = meta.dump(2);
   return k;

@@ -15,13 +15,28 @@ const std::vector<std::string>& CompileFlags() {
 std::string StorageType(ir::DType dtype) { return dtype == ir::DType::kF32 ? "float" : "uint16_t"; }
 
 nlohmann::json KernelJson(const ir::Chain& chain, const std::string& schedule_text) {
-  return {{"entry_point", "fusor_run"},
-          {"signature", "int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)"},
-          {"language", "c++"},
-          {"inputs", emit::TensorsJson(chain, chain.inputs)},
-          {"outputs", emit::TensorsJson(chain, chain.outputs)},
-          {"schedule", schedule_text},
-          {"compile_flags", CompileFlags()}};
+  nlohmann::json meta = {
+      {"entry_point", "fusor_run"},
+      {"signature", "int fusor_run(const void* const* inputs, void* const* outputs, int num_threads)"},
+      {"language", "c++"},
+      {"inputs", emit::TensorsJson(chain, chain.inputs)},
+      {"outputs", emit::TensorsJson(chain, chain.outputs)},
+      {"schedule", schedule_text},
+      {"compile_flags", CompileFlags()}};
+  if (const std::vector<int> ranged = chain.RangedDims(); !ranged.empty()) {
+    nlohmann::json dims = nlohmann::json::array();
+    for (int d : ranged) {
+      dims.push_back({{"name", chain.dims[d].name}, {"min", chain.dims[d].min}, {"max", chain.dims[d].extent}});
+    }
+    meta["dims"] = dims;
+    meta["entry_point_dims"] = "fusor_run_dims";
+    meta["signature_dims"] =
+        "int fusor_run_dims(const long* dims, const void* const* inputs, void* const* outputs, int num_threads)";
+    meta["note_dims"] =
+        "dims: the ranged dims' sizes of the call, in this order; fusor_run runs at their largest sizes. A tensor's "
+        "\"dims\" names the ranged dim of each axis that has one: its extent is that dim's size in the call";
+  }
+  return meta;
 }
 
 nlohmann::json PrepareJson(const std::vector<std::string>& packs) {

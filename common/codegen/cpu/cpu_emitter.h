@@ -81,6 +81,12 @@ class FusedEmitter : public NestWalker {
   // first of them packs it): the key of a block is its tile along the
   // side's block dims, and its part of a split stream loop.
   std::string EmitPrepare();
+  // Each constant side's key (see EmitPrepare) in the current block.
+  std::vector<std::string> PackKeys() const;
+  // fusor_run, and the entry points of a kernel that prepares constants
+  // (fusor_run_prepared) or takes the sizes of ranged dims (*_dims), over
+  // fusor_body.
+  void EmitEntryPoints(bool prepared, const std::vector<int>& ranged);
 
   // What fusor_prepare packs: "W1 (B of H)", one per constant side.
   std::vector<std::string> ConstantPacks() const;
@@ -159,8 +165,17 @@ class FusedEmitter : public NestWalker {
   }
 
   // How far an access's element moves per step of dim d (elements of its
-  // block-local buffer, or of its tensor in global memory).
+  // block-local buffer, or of its tensor in global memory); kRuntimeStride
+  // where that changes with the sizes of ranged dims (a tensor's axis
+  // outside one a ranged dim sizes), which matches no stride a decision
+  // looks for: such a side is packed, gathered or scattered, never read or
+  // written in place by the micro-kernels.
   int64_t Stride(const Access& a, int d) const;
+  static constexpr int64_t kRuntimeStride = INT64_MIN;
+  // That stride as C.
+  std::string StrideC(const Access& a, int d) const {
+    return HasLocal(a.tensor) ? absl::StrCat(x_.LocalStride(a, d), "L") : emit::GlobalStrideC(a, d, n_);
+  }
 
   // The lanes of an access whose dim d advances by one per lane.
   Lanes AccessLanes(const Access& a, int d) const;
@@ -508,6 +523,9 @@ class FusedEmitter : public NestWalker {
   // Where a result accumulated along the stream loop is written: the
   // output, or this part's partial sums when the loop is split.
   std::string OutputAt(const Op& op) const;
+  // The lanes along dim d of an output's element `self` in `base` (its
+  // global tensor, or OutputAt), stored as `dtype`.
+  Lanes OutputLanes(const Access& self, int d, const std::string& base, ir::DType dtype) const;
 
   // After the stream loop: an accumulated result is complete; divide by
   // the online softmax's sums and write it out.

@@ -55,13 +55,7 @@ void FusedEmitter::StoreVector(const space::OpNest& on, int d, const std::string
     }
   }
   if (chain_.tensors[op.output].role == TensorRole::kOutput && !on.accumulates) {
-    Lanes out;
-    out.ptr = absl::StrCat("&", n_.Global(op.output), "[", GlobalOffset(self, n_), "]");
-    out.dtype = chain_.dtype;
-    int64_t constant = 0;
-    std::map<int, int64_t> strides = GlobalStrides(self, chain_, &constant);
-    out.stride = strides.count(d) ? strides.at(d) : 0;
-    w_.Line(VectorStore(out, value));
+    w_.Line(VectorStore(OutputLanes(self, d, n_.Global(op.output), chain_.dtype), value));
   }
 }
 
@@ -215,6 +209,17 @@ void FusedEmitter::EmitOnlineSoftmax(const Op& op, const space::OpNest& on) {
   CloseScopes(w_, opened);
 }
 
+Lanes FusedEmitter::OutputLanes(const Access& self, int d, const std::string& base, ir::DType dtype) const {
+  Lanes out;
+  out.ptr = absl::StrCat("&", base, "[", GlobalOffset(self, n_), "]");
+  out.dtype = dtype;
+  int64_t constant = 0;
+  const std::map<int, int64_t> strides = GlobalStrides(self, chain_, &constant);
+  out.stride = strides.count(d) ? strides.at(d) : 0;
+  if (emit::RuntimeGlobalStride(self, d, chain_)) out.stride_expr = emit::GlobalStrideC(self, d, n_);
+  return out;
+}
+
 std::string FusedEmitter::OutputAt(const Op& op) const {
   if (nest_.split == 1) return n_.Global(op.output);
   const int o = chain_.tensors[op.output].producer;
@@ -242,13 +247,8 @@ void FusedEmitter::WriteComplete(const space::OpNest& on, bool output) {
       w_.Line(absl::StrCat("const fusor_vf value = ", value, ";"));
       if (sm != nullptr) w_.Line(VectorStore(local, "value"));
       if (output) {
-        Lanes out;
-        out.ptr = absl::StrCat("&", OutputAt(op), "[", GlobalOffset(self, n_), "]");
-        out.dtype = nest_.split > 1 ? ir::DType::kF32 : chain_.dtype;
-        int64_t constant = 0;
-        std::map<int, int64_t> strides = GlobalStrides(self, chain_, &constant);
-        out.stride = strides.count(inner) ? strides.at(inner) : 0;
-        w_.Line(VectorStore(out, "value"));
+        w_.Line(VectorStore(OutputLanes(self, inner, OutputAt(op), nest_.split > 1 ? ir::DType::kF32 : chain_.dtype),
+                            "value"));
       }
     } else {
       if (sm != nullptr) w_.Line(absl::StrCat(at, " /= ssum", on.online_softmax, "[", x_.StateOffset(*sm), "];"));

@@ -16,7 +16,7 @@ FusedEmitter::GemmNames FusedEmitter::Gemm(const space::OpNest& on, bool packed_
     std::vector<std::string> factors;
     for (int d : dims) {
       const bool full = packed_outside && x_.Bounded(d, &on) && !x_.Bounded(d, &on, /*in_stream=*/false);
-      factors.push_back(full ? absl::StrCat(chain_.dims[d].extent, "L") : n_.N(d));
+      factors.push_back(full ? n_.Extent(d) : n_.N(d));
     }
     return factors.empty() ? std::string("1L") : absl::StrCat("(", absl::StrJoin(factors, " * "), ")");
   };
@@ -303,7 +303,7 @@ void FusedEmitter::TileProduct(const space::OpNest& on) {
   for (size_t i = on.num_out_loops; i < on.loops.size(); ++i) {
     const int d = on.loops[i];
     firsts.push_back(absl::StrCat(n_.O(d), " == 0"));
-    lasts.push_back(absl::StrCat(n_.O(d), " + ", n_.N(d), " >= ", chain_.dims[d].extent, "L"));
+    lasts.push_back(absl::StrCat(n_.O(d), " + ", n_.N(d), " >= ", n_.Extent(d)));
   }
   for (int d : points_[on.op] ? std::vector<int>{} : on.gemm.outer_reduce) {
     firsts.push_back(absl::StrCat(n_.I(d), " == 0"));

@@ -36,7 +36,7 @@ void FusedEmitter::Pack(const space::OpNest& on, bool a_side) {
   } else if (c >= 0) {
     w_.Line(absl::StrCat("// pack ", a_side ? "A" : "B", " side: constant, packed once by fusor_prepare"));
     w_.Open("if (fusor_prep)");
-    w_.Line(absl::StrCat(side.buf, " = fusor_prep->base[", c, "][blk] + fusor_visit[", c, "]++ * ",
+    w_.Line(absl::StrCat(side.buf, " = fusor_prep->owned[", c, "][fusor_key[", c, "]] + fusor_visit[", c, "]++ * ",
                          constant_[c].floats, "L;"));
     w_.Close();
     w_.Line("else");
@@ -178,8 +178,8 @@ void FusedEmitter::PackTransposed(const space::OpNest& on, const PackSide& side,
   w_.Open("");
   w_.Line(absl::StrCat("const long ", n_.I(d), " = c0, ", n_.V(d), " = ", n_.O(d), " + ", n_.I(d), ";"));
   w_.Line(absl::StrCat("const long ", n_.V(k), " = ", n_.O(k), ";"));
-  w_.Line(absl::StrCat(fn, "(", src.ptr, ", ", src.stride, "L, panel, ", side.width, "L, cn, kc, ",
-                       emit::FloatLit(side.scale), ");"));
+  w_.Line(absl::StrCat(fn, "(", src.ptr, ", ", src.stride_expr.empty() ? absl::StrCat(src.stride, "L") : src.stride_expr,
+                       ", panel, ", side.width, "L, cn, kc, ", emit::FloatLit(side.scale), ");"));
   w_.Close();
   if (may_pad) PadColumns(side);
   w_.Close();
@@ -208,7 +208,7 @@ void FusedEmitter::PackRowByRow(const space::OpNest& on, const PackSide& side, b
 void FusedEmitter::PrefetchRowsAhead(const PackSide& side, int d, int k) {
   for (const Access& a : side.factors) {
     const int64_t row = Stride(a, k);
-    if (row * (HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype)) < 4096) continue;
+    if (row == kRuntimeStride || row * (HasLocal(a.tensor) ? 4 : ir::DTypeBytes(chain_.dtype)) < 4096) continue;
     w_.Open("");
     w_.Line(absl::StrCat("const long ", n_.I(d), " = 0, ", n_.V(d), " = ", n_.O(d), ";"));
     w_.Line(absl::StrCat("const char* const ahead = (const char*)(", AccessLanes(a, d).ptr, " + ", 4 * row,

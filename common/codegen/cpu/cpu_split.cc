@@ -137,6 +137,9 @@ void EmitSplitPrepare(const ir::Chain& chain, const space::SplitSchedule& split,
 
 absl::StatusOr<KernelSource> EmitCpuSplitKernel(const ir::Chain& chain, const std::string& schedule_text,
                                                 const hw::TargetDesc& target) {
+  if (!chain.RangedDims().empty()) {
+    return absl::InvalidArgumentError("a chain with ranged dims runs as one fused kernel, not split");
+  }
   ASSIGN_OR_RETURN(space::SplitSchedule split, space::ParseSplit(schedule_text, chain));
   const std::string preamble = CpuKernelPreamble();
   std::string title = absl::StrCat("// fusor partly fused CPU kernel for chain '", chain.name, "'\n// schedule: ",
