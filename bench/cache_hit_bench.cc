@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
         auto t0 = Clock::now();
         absl::StatusOr<fusor::v1::TuneResult> result;
         if (mixed && c % 2 == 1) {
-          result = client.Lookup(lookup);
+          auto resp = client.Lookup(lookup);
+          if (resp.ok()) result = resp->result(); else result = resp.status();
         } else {
           auto resp = client.Compile(req, absl::Seconds(10));
           if (resp.ok()) result = resp->result(); else result = resp.status();

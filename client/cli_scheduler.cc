@@ -92,6 +92,13 @@ nlohmann::json CompileMetadata(const fusor::v1::CompileResponse& resp) {
   return j;
 }
 
+constexpr char kVaryHelp[] =
+    "dims whose size changes from call to call (a batch, a sequence): served over the range of sizes around the one "
+    "in the file (2..16, 17..64, 65..256, ...), one kernel for the range";
+constexpr char kTransferHelp[] =
+    "on a miss, where the cache has the same chain at other sizes: measure its schedule at these sizes alone "
+    "(validated, timed, confirmed) instead of searching";
+
 }  // namespace
 
 void AddTune(CLI::App& app, TuneCommand& c) {
@@ -99,6 +106,8 @@ void AddTune(CLI::App& app, TuneCommand& c) {
   c.cmd->add_option("files", c.files, "workload files (chain text or JSON)")->required()->check(CLI::ExistingFile);
   c.cmd->add_option("--budget", c.budget, "candidates to measure (default: the scheduler's)");
   c.cmd->add_flag("--force", c.force, "tune again even if the cache has an answer");
+  c.cmd->add_option("--vary", c.vary, kVaryHelp)->delimiter(',');
+  c.cmd->add_flag("--transfer", c.transfer, kTransferHelp);
 }
 
 int RunTune(Client& client, const GlobalOptions& g, const TuneCommand& c) {
@@ -112,9 +121,11 @@ int RunTune(Client& client, const GlobalOptions& g, const TuneCommand& c) {
     }
     fusor::v1::TuneRequest req;
     *req.mutable_workload() = *workload;
+    for (const std::string& d : c.vary) req.mutable_workload()->add_vary(d);
     *req.mutable_target() = Selector(g);
     req.mutable_options()->set_budget(c.budget);
     req.mutable_options()->set_force(c.force);
+    req.mutable_options()->set_transfer(c.transfer);
     std::cerr << "tuning " << file << "\n";
     auto result = client.Tune(
         req,
@@ -162,6 +173,8 @@ void AddCompile(CLI::App& app, GlobalOptions& g, CompileCommand& c) {
                     "write the unfused baseline (each op in turn, GEMMs through this BLAS) instead of a tuned kernel; "
                     "no tuning, nothing stored")
       ->check(CLI::IsMember({"openblas", "onednn"}));
+  c.cmd->add_option("--vary", c.vary, kVaryHelp)->delimiter(',');
+  c.cmd->add_flag("--transfer", c.transfer, kTransferHelp);
 }
 
 std::optional<int> RunCompileOffline(const GlobalOptions& g, const CompileCommand& c) {
@@ -179,8 +192,10 @@ int RunCompile(Client& client, const GlobalOptions& g, const CompileCommand& c) 
   if (!workload.ok()) return Fail(workload.status());
   fusor::v1::CompileRequest req;
   *req.mutable_workload() = *workload;
+  for (const std::string& d : c.vary) req.mutable_workload()->add_vary(d);
   *req.mutable_target() = Selector(g);
   req.mutable_options()->set_budget(c.budget);
+  req.mutable_options()->set_transfer(c.transfer);
   req.set_cache_only(c.cache_only);
   if (!c.cache_only) std::cerr << "compiling " << c.file << " (tuning first if it is not in the cache)\n";
   auto resp = client.Compile(req, absl::Seconds(g.timeout_s));
@@ -206,6 +221,10 @@ int RunCompile(Client& client, const GlobalOptions& g, const CompileCommand& c) 
 void AddLookup(CLI::App& app, LookupCommand& c) {
   c.cmd = app.add_subcommand("lookup", "print cached results only (exit 3 on a miss)");
   c.cmd->add_option("files", c.files, "workload files")->required()->check(CLI::ExistingFile);
+  c.cmd->add_option("--vary", c.vary, kVaryHelp)->delimiter(',');
+  c.cmd->add_flag("--why", c.why,
+                  "on a miss (or an answer from another record), name the nearest record and each field of the key "
+                  "or target in which it differs");
 }
 
 int RunLookup(Client& client, const GlobalOptions& g, const LookupCommand& c) {
@@ -218,13 +237,18 @@ int RunLookup(Client& client, const GlobalOptions& g, const LookupCommand& c) {
     }
     fusor::v1::LookupRequest req;
     *req.mutable_workload() = *workload;
+    for (const std::string& d : c.vary) req.mutable_workload()->add_vary(d);
     *req.mutable_target() = Selector(g);
-    auto result = client.Lookup(req);
-    if (!result.ok()) {
-      rc = Fail(result.status());
+    req.set_explain(c.why);
+    auto resp = client.Lookup(req);
+    if (!resp.ok()) {
+      rc = Fail(resp.status());
       continue;
     }
-    std::cout << fusor::client::FormatResult(WorkloadName(file), *result) << std::endl;
+    if (resp->has_result()) std::cout << fusor::client::FormatResult(WorkloadName(file), resp->result());
+    if (resp->has_why()) std::cout << fusor::client::FormatExplanation(WorkloadName(file), resp->why());
+    std::cout << std::flush;
+    if (!resp->has_result()) rc = std::max(rc, 3);  // a miss, explained
   }
   return rc;
 }

@@ -20,6 +20,8 @@ struct TuneCommand {
   std::vector<std::string> files;
   int budget = 0;
   bool force = false;
+  std::vector<std::string> vary;  // dims served over a range of sizes (v1::Workload.vary)
+  bool transfer = false;
 };
 void AddTune(CLI::App& app, TuneCommand& c);
 int RunTune(client::Client& client, const GlobalOptions& g, const TuneCommand& c);
@@ -33,6 +35,8 @@ struct CompileCommand {
   bool model_only = false;
   std::string schedule;      // with --model-only
   std::string unfused_blas;  // --unfused
+  std::vector<std::string> vary;
+  bool transfer = false;
 };
 // Its --target sets g.target_fp.
 void AddCompile(CLI::App& app, GlobalOptions& g, CompileCommand& c);
@@ -44,6 +48,8 @@ int RunCompile(client::Client& client, const GlobalOptions& g, const CompileComm
 struct LookupCommand {
   CLI::App* cmd = nullptr;
   std::vector<std::string> files;
+  std::vector<std::string> vary;
+  bool why = false;
 };
 void AddLookup(CLI::App& app, LookupCommand& c);
 int RunLookup(client::Client& client, const GlobalOptions& g, const LookupCommand& c);

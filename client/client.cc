@@ -47,12 +47,12 @@ absl::StatusOr<v1::CompileResponse> Client::Compile(const v1::CompileRequest& re
   return resp;
 }
 
-absl::StatusOr<v1::TuneResult> Client::Lookup(const v1::LookupRequest& request) {
+absl::StatusOr<v1::LookupResponse> Client::Lookup(const v1::LookupRequest& request) {
   v1::LookupResponse resp;
   grpc::Status st = wire::GrpcRetrier(retry_).Run(
       "lookup", [&](grpc::ClientContext& ctx) { return stub_->Lookup(&ctx, request, &resp); });
   if (!st.ok()) return wire::FromGrpcStatus(st);
-  return resp.result();
+  return resp;
 }
 
 absl::StatusOr<v1::ListWorkersResponse> Client::ListWorkers() {

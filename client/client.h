@@ -27,7 +27,9 @@ class Client {
                                       absl::Duration deadline);
   absl::StatusOr<v1::CompileResponse> Compile(const v1::CompileRequest& request, absl::Duration deadline);
   // Idempotent calls retry on UNAVAILABLE.
-  absl::StatusOr<v1::TuneResult> Lookup(const v1::LookupRequest& request);
+  // The result (and, when asked, why it is not the workload's own record);
+  // NOT_FOUND on a miss unless the request asks to explain it.
+  absl::StatusOr<v1::LookupResponse> Lookup(const v1::LookupRequest& request);
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();
   absl::StatusOr<v1::TaskInfo> GetTask(const std::string& task_id);
   // The scheduler's grpc.health.v1 status (one attempt, for probes).

@@ -37,13 +37,33 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
   absl::StrAppendFormat(&out, "workload   %s (key %s)\n", name, r.workload_key());
   absl::StrAppendFormat(&out, "target     %s (%s, %s, %d cores)\n", t.fingerprint(), t.arch(), t.device_name(),
                         t.compute_units());
-  if (r.from_cache()) {
+  const std::string source = r.source_key().empty() ? "" : absl::StrCat("workload ", r.source_key());
+  if (r.answer() == "transferred" && !r.validated()) {
+    absl::StrAppendFormat(&out, "answer     transferred from %s (its schedule fitted to these sizes); not yet "
+                          "measured here: compile --transfer validates and times it\n", source);
+  } else if (r.answer() == "transferred") {
+    absl::StrAppendFormat(&out, "answer     transferred from %s, validated and timed at these sizes by task %s%s\n",
+                          source, r.task_id(), r.from_cache() ? " (from the cache)" : "");
+  } else if (r.answer() == "covered") {
+    absl::StrAppendFormat(&out, "answer     from the cache: the record of %s, whose range holds these sizes (task %s)\n",
+                          source, r.task_id());
+  } else if (r.from_cache()) {
     absl::StrAppendFormat(&out, "answer     from the cache (tuned by task %s, no new measurement)\n", r.task_id());
   } else {
     absl::StrAppendFormat(&out, "answer     tuned now by task %s: %d candidates measured (%d failed) in %.1f s\n",
                           r.task_id(), r.candidates_measured(), r.candidates_failed(), r.tuning_s());
   }
+  if (!r.served_dims().empty()) {
+    absl::StrAppendFormat(&out, "range      %s  (one kernel: it takes these dims' sizes at each call)\n",
+                          r.served_dims());
+  }
   absl::StrAppendFormat(&out, "schedule   %s\n", r.best().schedule().text());
+  if (!r.validated()) {
+    absl::StrAppendFormat(&out, "mapping    %s\n", r.best().mapping().text());
+    absl::StrAppendFormat(&out, "predicted  %s  (t_mem %s + t_comp %s) x alpha %.2f\n", FormatSeconds(p.t_estm_s()),
+                          FormatSeconds(p.t_mem_s()), FormatSeconds(p.t_comp_s()), p.alpha());
+    return out;
+  }
   if (r.best().schedule().text().rfind(space::kUnfusedPrefix, 0) == 0) {
     absl::StrAppendFormat(&out, "measured   %s  median of %d samples, spread %.0f%% (%s GEMMs + vector passes, "
                           "validated)\n",
@@ -79,6 +99,24 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
     absl::StrAppendFormat(&out, "speedup    not shown: there is no trusted baseline to compare with\n");
   } else {
     absl::StrAppendFormat(&out, "baseline   not measured (the baseline job failed)\n");
+  }
+  return out;
+}
+
+std::string FormatExplanation(const std::string& name, const v1::Explanation& why) {
+  std::string out;
+  absl::StrAppendFormat(&out, "why        %s (key %s, family %s)\n", name, why.workload_key(), why.family_key());
+  if (why.nearest_key().empty()) {
+    absl::StrAppendFormat(&out, "nearest    none: %s\n", why.summary());
+    return out;
+  }
+  absl::StrAppendFormat(&out, "nearest    workload %s on target %s (salt %s)\n", why.nearest_key(),
+                        why.nearest_target(), why.nearest_salt());
+  if (why.differences().empty()) absl::StrAppendFormat(&out, "differs    in nothing of the key\n");
+  for (int i = 0; i < why.differences_size(); ++i) {
+    const v1::Difference& d = why.differences(i);
+    absl::StrAppendFormat(&out, "%s %s: %s here, %s there\n", i == 0 ? "differs   " : "          ", d.field(),
+                          d.wanted().empty() ? "(none)" : d.wanted(), d.found().empty() ? "(none)" : d.found());
   }
   return out;
 }

@@ -10,6 +10,8 @@ namespace fusor::client {
 // The result block `fusor tune` ends with: schedule, predicted vs measured
 // time, speedup over the unfused baseline, and where the answer came from.
 std::string FormatResult(const std::string& workload_name, const v1::TuneResult& result);
+// Why a lookup has no record of its own: the nearest record and what differs.
+std::string FormatExplanation(const std::string& workload_name, const v1::Explanation& why);
 
 // One progress line: a bar of candidates measured out of the budget, the
 // failures and the best time so far.

@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
   std::unique_ptr<Scheduler> s(new Scheduler(std::move(opts), std::move(lock), std::move(db)));
   // Workers of a previous run count as lost until they heartbeat again.
   RETURN_IF_ERROR(s->db_->MarkLostWorkers(NowMs() + 1).status());
+  RETURN_IF_ERROR(s->FillFamilies());
   RETURN_IF_ERROR(s->ResumeTasks());
   // Tasks start with what the database has taught: a database from before
   // learned models, or measured since the last training, trains now.

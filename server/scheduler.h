@@ -25,6 +25,7 @@
 #include "common/hw/target.h"
 #include "common/ir/canonical.h"
 #include "common/ir/chain.h"
+#include "common/model/cost_model.h"
 #include "common/util/files.h"
 #include "common/search/search_strategy.h"
 #include "server/db/tuning_db.h"
@@ -110,7 +111,20 @@ struct TargetSelector {
 struct TuneOptions {
   int budget = 0;      // candidates to measure at most; 0: the scheduler's default
   bool force = false;  // tune again even when the cache has an answer
+  // On a miss, where a record of the same chain at other sizes holds on the
+  // target: the task measures that record's schedule, fitted to these
+  // sizes, alone (validated at every size of interest, timed, confirmed)
+  // instead of searching: seconds, not a tune.
+  bool transfer = false;
 };
+
+// How an answer was found.
+enum class AnswerKind {
+  kTuned,        // this workload's own record, tuned by a task
+  kCovered,      // the record of a range of sizes of the same chain that holds these
+  kTransferred,  // the schedule of the nearest record of the same chain (other sizes), fitted to these
+};
+std::string AnswerKindName(AnswerKind kind);  // "tuned", "covered", "transferred"
 
 struct TaskStarted {
   std::string task_id;
@@ -163,6 +177,40 @@ struct TuneResult {
   int candidates_measured = 0;
   int candidates_failed = 0;
   double tuning_s = 0;
+  AnswerKind answer = AnswerKind::kTuned;
+  // A transferred schedule is validated once a task has measured it at
+  // these sizes; until then the answer is its fitted schedule alone.
+  bool validated = true;
+  // Covered or transferred: the record it came from (workload key, and its
+  // canonical text, sizes readable).
+  std::string source_key;
+  std::string source_chain;
+  // The ranged dims the answer's kernel takes, "m=65..256 n=65..256" ("":
+  // it takes exact sizes).
+  std::string served_dims;
+};
+
+// One field of a workload's key, or of the target it is tuned for, that
+// differs between a request and a record.
+struct Difference {
+  std::string field;  // "dim m", "dtype", "input Q", "op 2", "target compiler", "salt", ...
+  std::string wanted;
+  std::string found;
+};
+
+// Why a request has no record (or what a covering or transferred answer's
+// record differs in): the record nearest to it, of its family (the same
+// chain at other sizes) on any target, else of a chain of the same name,
+// and each field in which the two differ.
+struct Explanation {
+  std::string workload_key;
+  std::string family_key;
+  std::string nearest_key;  // "" when no record is near
+  std::string nearest_chain;
+  std::string nearest_target_fp;
+  std::string nearest_salt;
+  std::vector<Difference> differences;
+  std::string summary;  // one line
 };
 
 // What Compile answers: the result, and its kernel from the target's backend.
@@ -174,8 +222,9 @@ struct CompileResult {
 // A request's workload and target, resolved: the user's chain, its
 // canonical form, and the target it will be tuned for.
 struct PreparedRequest {
-  ir::Chain chain;
+  ir::Chain chain;  // as served: the requester's, its varying dims widened to their ranges
   ir::CanonicalForm canonical;
+  ir::CanonicalForm family;  // ir::CanonicalFamily(chain)
   std::string target_fp;
   hw::TargetDesc target;
 };
@@ -235,17 +284,32 @@ class Scheduler {
   // --- clients ---
   // INVALID_ARGUMENT for a chain beyond this scheduler's limits;
   // FAILED_PRECONDITION when no worker has registered a matching target.
-  absl::StatusOr<PreparedRequest> Prepare(const ir::Chain& chain, const TargetSelector& selector);
+  // `vary`: dims whose size changes from call to call, each served over the
+  // range around its size (ir::Widen; INVALID_ARGUMENT where it cannot).
+  absl::StatusOr<PreparedRequest> Prepare(const ir::Chain& chain, const TargetSelector& selector,
+                                          const std::vector<std::string>& vary = {});
   // `chain` for the known target `target_fp` (NOT_FOUND if unknown).
-  absl::StatusOr<PreparedRequest> PrepareFor(const ir::Chain& chain, const std::string& target_fp);
+  absl::StatusOr<PreparedRequest> PrepareFor(const ir::Chain& chain, const std::string& target_fp,
+                                             const std::vector<std::string>& vary = {});
   // The budget a task asking for `requested` gets (0: the default).
   int EffectiveBudget(int requested) const;
   // The cache-key salt of this scheduler's results.
   std::string Salt() const;
   // The registered target `fp` (NOT_FOUND if unknown).
   absl::StatusOr<hw::TargetDesc> TargetOf(const std::string& fp);
-  // The cached result (translated), or NOT_FOUND.
-  absl::StatusOr<TuneResult> Lookup(const PreparedRequest& request);
+  // The cached result (translated), or NOT_FOUND: the workload's own
+  // record, else a record of the same chain whose range holds its sizes
+  // (covered). `served`, when given, gets the request the answer's kernel
+  // is for (a covering record's range in the requester's names).
+  absl::StatusOr<TuneResult> Lookup(const PreparedRequest& request,
+                                    std::shared_ptr<const PreparedRequest>* served = nullptr);
+  // Lookup, and on a miss the nearest record of the chain's family on the
+  // target, its schedule fitted to this request: a transferred answer, not
+  // yet validated (NOT_FOUND when there is none, or it does not fit).
+  absl::StatusOr<TuneResult> LookupOrTransfer(const PreparedRequest& request,
+                                              std::shared_ptr<const PreparedRequest>* served = nullptr);
+  // Why the request has no record of its own; see Explanation.
+  absl::StatusOr<Explanation> Explain(const PreparedRequest& request);
   // A request's prepared form and cache answer, kept in memory by the
   // SHA-256 of the workload's bytes and the selector: a repeated request is
   // neither parsed, canonicalized nor looked up again, and its kernel is
@@ -254,6 +318,9 @@ class Scheduler {
     int64_t best_generation = 0;
     int64_t targets_generation = 0;
     std::shared_ptr<const PreparedRequest> prepared;
+    // What the answer's kernel is for: `prepared`, or the range of a
+    // record that covers it.
+    std::shared_ptr<const PreparedRequest> served;
     absl::StatusOr<TuneResult> result;  // translated; NOT_FOUND on a miss
     std::once_flag compile_once;
     absl::StatusOr<CompileResult> compile;  // rendered by CompileAnswer
@@ -263,9 +330,11 @@ class Scheduler {
   // `workload_bytes` are the request's workload as sent (the service edge
   // passes its serialized form); `parse` gives its chain, and is called only
   // when no answer is kept for those bytes and `selector`.
+  // `vary`: as for Prepare (part of the workload's bytes).
   absl::StatusOr<std::shared_ptr<Answer>> CachedAnswer(const std::string& workload_bytes,
                                                        const std::function<absl::StatusOr<ir::Chain>()>& parse,
-                                                       const TargetSelector& selector);
+                                                       const TargetSelector& selector,
+                                                       const std::vector<std::string>& vary = {});
   // The answer's Compile response (its result must be ok), rendered once.
   const absl::StatusOr<CompileResult>& CompileAnswer(Answer& answer) const;
   // Starts a task for `caller` (or joins the running one for the same key,
@@ -275,6 +344,9 @@ class Scheduler {
   // RESOURCE_EXHAUSTED, with a retry hint (wire::RetryAfter).
   struct TuneStart {
     std::optional<TuneResult> cached;
+    // What the cached answer's kernel is for (the request, or the range of
+    // the record that covers it).
+    std::shared_ptr<const PreparedRequest> served;
     TaskStarted started;
   };
   absl::StatusOr<TuneStart> StartTune(const PreparedRequest& request, const TuneOptions& options,
@@ -356,6 +428,17 @@ class Scheduler {
   double ImplausibleBelowS(const std::string& task_id);
   absl::Status CheckQuota(const Caller& caller, int budget);  // mu_ held
   absl::StatusOr<TuneResult> ResultFromBest(const std::string& key, const std::string& fp, bool from_cache);
+  // Fills the family key of workloads written by older fusor.
+  absl::Status FillFamilies();
+  // The nearest record of the request's family on its target whose
+  // schedule, fitted to the request's sizes, the space's rules allow.
+  struct Transfer {
+    db::FamilyBestRow source;
+    std::string schedule;  // the request's canonical names
+    std::string mapping;
+    model::Prediction prediction;
+  };
+  absl::StatusOr<Transfer> FindTransfer(const PreparedRequest& request);
   void ReaperLoop();
 
   const SchedulerOptions options_;

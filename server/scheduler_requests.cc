@@ -8,9 +8,12 @@
 #include <optional>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ir/parse.h"
+#include "common/ir/ranges.h"
 #include "common/mapping/mapping.h"
 #include "common/space/loop_nest.h"
 #include "common/space/schedule.h"
@@ -36,11 +39,10 @@ std::string FirstIntrinsic(const std::string& mappings) {
   return mappings.substr(eq + 1, open - eq - 1);
 }
 
-// `text`, a fused schedule of chain `from`, in the names of chain `to`:
-// dim_map[u] is the dim of `from` that dim u of `to` is (-1: none), and
-// tensor_map the same for tensors. `text` itself when it does not parse.
+}  // namespace
+
 std::string TranslateFused(const std::string& text, const ir::Chain& from, const ir::Chain& to,
-                           const std::vector<int>& dim_map, const std::vector<int>& tensor_map) {
+                           const std::vector<int>& dim_map, const std::vector<int>& tensor_map, bool fit) {
   auto schedule = space::ParseSchedule(text, from);
   if (!schedule.ok()) return text;
   std::vector<int> dims(from.dims.size(), -1);
@@ -50,13 +52,16 @@ std::string TranslateFused(const std::string& text, const ir::Chain& from, const
   std::vector<int> ops(from.ops.size(), -1);
   for (size_t o = 0; o < to.ops.size(); ++o) {
     const int t = tensor_map[to.ops[o].output];
-    if (t >= 0) ops[from.tensors[t].producer] = static_cast<int>(o);
+    if (t >= 0 && from.tensors[t].producer >= 0) ops[from.tensors[t].producer] = static_cast<int>(o);
   }
   std::vector<int> tensors(from.tensors.size(), -1);
   for (size_t u = 0; u < tensor_map.size(); ++u) {
     if (tensor_map[u] >= 0) tensors[tensor_map[u]] = static_cast<int>(u);
   }
   space::Schedule remapped = space::RemapSchedule(*schedule, dims, ops, to, tensors);
+  if (fit) {
+    for (size_t d = 0; d < to.dims.size(); ++d) remapped.tile[d] = std::min(remapped.tile[d], to.dims[d].extent);
+  }
   // A mapping's A side is its op's first factor, and the canonical form may
   // have put the factors the other way round: then the mapping swaps.
   auto from_run = space::ScheduledChain(from, *schedule);
@@ -75,9 +80,8 @@ std::string TranslateFused(const std::string& text, const ir::Chain& from, const
   return space::ScheduleToText(remapped, to);
 }
 
-}  // namespace
-
-absl::StatusOr<PreparedRequest> Scheduler::Prepare(const ir::Chain& chain, const TargetSelector& selector) {
+absl::StatusOr<PreparedRequest> Scheduler::Prepare(const ir::Chain& chain, const TargetSelector& selector,
+                                                   const std::vector<std::string>& vary) {
   // A fingerprint names one target, whatever its backend; without one the
   // backend defaults to the CPU.
   const bool any_backend = !selector.backend && !selector.fingerprint.empty();
@@ -108,10 +112,14 @@ absl::StatusOr<PreparedRequest> Scheduler::Prepare(const ir::Chain& chain, const
     return absl::FailedPreconditionError(
         absl::StrCat("no worker has registered ", what, "; start fusor-worker pointed at this scheduler"));
   }
-  return PrepareFor(chain, chosen->fingerprint);
+  return PrepareFor(chain, chosen->fingerprint, vary);
 }
 
-absl::StatusOr<PreparedRequest> Scheduler::PrepareFor(const ir::Chain& chain, const std::string& target_fp) {
+absl::StatusOr<PreparedRequest> Scheduler::PrepareFor(const ir::Chain& asked, const std::string& target_fp,
+                                                      const std::vector<std::string>& vary) {
+  absl::StatusOr<ir::Chain> widened = vary.empty() ? asked : ir::Widen(asked, vary);
+  if (!widened.ok()) return widened.status();
+  const ir::Chain& chain = *widened;
   if (options_.max_ops > 0 && static_cast<int>(chain.ops.size()) > options_.max_ops) {
     return absl::InvalidArgumentError(absl::StrCat("chain '", chain.name, "' has ", chain.ops.size(),
                                                    " ops; this scheduler takes at most ", options_.max_ops,
@@ -130,8 +138,13 @@ absl::StatusOr<PreparedRequest> Scheduler::PrepareFor(const ir::Chain& chain, co
   PreparedRequest req;
   req.chain = chain;
   req.canonical = ir::Canonicalize(chain);
+  req.family = ir::CanonicalFamily(chain);
   req.target_fp = target_fp;
   ASSIGN_OR_RETURN(req.target, TargetOf(target_fp));
+  if (req.target.backend != hw::Backend::kCpu && !chain.RangedDims().empty()) {
+    return absl::UnimplementedError(absl::StrCat("chain '", chain.name, "' has ranged dims; kernels for a range of ",
+                                                 "sizes are built for CPU targets only (a GPU takes exact sizes)"));
+  }
   return req;
 }
 
@@ -165,16 +178,19 @@ absl::StatusOr<TuneResult> Scheduler::ResultFromBest(const std::string& key, con
   r.candidates_measured = static_cast<int>(counts.first);
   r.candidates_failed = static_cast<int>(counts.second);
   if (task.finished_ms) r.tuning_s = static_cast<double>(*task.finished_ms - task.created_ms) / 1000;
+  if (!task.transferred_from.empty()) {
+    // Measured by a task that carried another record's schedule over.
+    r.answer = AnswerKind::kTransferred;
+    r.source_key = task.transferred_from;
+    absl::StatusOr<db::WorkloadRow> source = db_->GetWorkload(task.transferred_from);
+    if (source.ok()) r.source_chain = source->canonical_text;
+  }
   return r;
 }
 
-absl::StatusOr<TuneResult> Scheduler::Lookup(const PreparedRequest& request) {
-  ASSIGN_OR_RETURN(TuneResult r, ResultFromBest(request.canonical.key, request.target_fp, true));
-  return Translate(r, request);
-}
-
 absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(
-    const std::string& w, const std::function<absl::StatusOr<ir::Chain>()>& parse, const TargetSelector& selector) {
+    const std::string& w, const std::function<absl::StatusOr<ir::Chain>()>& parse, const TargetSelector& selector,
+    const std::vector<std::string>& vary) {
   const int backend = selector.backend ? static_cast<int>(*selector.backend) : -1;
   const std::string digest = Sha256Hex(absl::StrCat(w.size(), ":", w, backend, ":", selector.fingerprint.size(), ":",
                                                     selector.fingerprint, selector.arch));
@@ -190,12 +206,13 @@ absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(
     }
   }
   ASSIGN_OR_RETURN(ir::Chain chain, parse());
-  ASSIGN_OR_RETURN(PreparedRequest prepared, Prepare(chain, selector));
+  ASSIGN_OR_RETURN(PreparedRequest prepared, Prepare(chain, selector, vary));
   auto answer = std::make_shared<Answer>();
   answer->best_generation = best_generation;
   answer->targets_generation = targets_generation;
   answer->prepared = std::make_shared<const PreparedRequest>(std::move(prepared));
-  answer->result = Lookup(*answer->prepared);
+  answer->served = answer->prepared;
+  answer->result = LookupOrTransfer(*answer->prepared, &answer->served);
   if (!answer->result.ok() && !absl::IsNotFound(answer->result.status())) return answer->result.status();
   std::lock_guard<std::mutex> lock(answers_mu_);
   if (answers_.size() >= kMaxCachedAnswers) {
@@ -210,7 +227,7 @@ absl::StatusOr<std::shared_ptr<Scheduler::Answer>> Scheduler::CachedAnswer(
 }
 
 const absl::StatusOr<CompileResult>& Scheduler::CompileAnswer(Answer& answer) const {
-  std::call_once(answer.compile_once, [&] { answer.compile = BuildCompileResult(*answer.prepared, *answer.result); });
+  std::call_once(answer.compile_once, [&] { answer.compile = BuildCompileResult(*answer.served, *answer.result); });
   return answer.compile;
 }
 
@@ -252,6 +269,7 @@ std::string Scheduler::TranslateSchedule(const std::string& canonical_schedule,
 
 TuneResult Scheduler::Translate(const TuneResult& result, const PreparedRequest& request) const {
   TuneResult r = result;
+  r.served_dims = ir::RangedText(request.chain);
   r.best.schedule = TranslateSchedule(result.best.schedule, request);
   if (!r.fused_schedule.empty()) r.fused_schedule = TranslateSchedule(result.fused_schedule, request);
   if (space::IsSplitText(r.best.schedule)) {
@@ -321,15 +339,22 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   const std::string& key = request.canonical.key;
   const std::string& fp = request.target_fp;
   TuneStart start;
+  std::optional<Transfer> transfer;
   if (!options.force) {
-    auto cached = Lookup(request);
+    auto cached = Lookup(request, &start.served);
     if (cached.ok()) {
       start.cached = *cached;
       return start;
     }
     if (!absl::IsNotFound(cached.status())) return cached.status();
+    if (options.transfer) {
+      absl::StatusOr<Transfer> found = FindTransfer(request);
+      if (found.ok()) transfer = *std::move(found);
+      if (!found.ok() && !absl::IsNotFound(found.status())) return found.status();
+    }
   }
-  const int budget = EffectiveBudget(options.budget);
+  // A transfer measures the carried-over schedule alone.
+  const int budget = transfer ? 1 : EffectiveBudget(options.budget);
   // Joins the running task for the key, if any; else checks the quota.
   auto join_or_check = [&]() -> absl::StatusOr<bool> {
     for (auto& [id, t] : tasks_) {
@@ -360,6 +385,10 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   task->row.created_ms = NowMs();
   task->row.bandwidth_bytes_per_s = request.target.bandwidth_bytes_per_s;
   task->row.peak_flops = request.target.peak_flops;
+  if (transfer) {
+    task->row.transferred_from = transfer->source.workload.key;
+    task->row.seeds = nlohmann::json::array({transfer->schedule}).dump();
+  }
   task->chain = request.canonical.chain;
   task->target = request.target;
   ASSIGN_OR_RETURN(auto model, models_.Current(fp));
@@ -374,16 +403,18 @@ absl::StatusOr<Scheduler::TuneStart> Scheduler::StartTune(const PreparedRequest&
   ASSIGN_OR_RETURN(bool joined, join_or_check());  // another request may have started it meanwhile
   if (joined) return start;
   RETURN_IF_ERROR(db_->UpsertWorkload({key, request.chain.name, request.canonical.text,
-                                       ir::ChainToJson(request.canonical.chain)},
+                                       ir::ChainToJson(request.canonical.chain), request.family.key},
                                       task->row.created_ms));
   RETURN_IF_ERROR(db_->InsertTask(task->row));
   RETURN_IF_ERROR(QueueBaseline(*task, task->row.created_ms));
   task->started = StartedOf(task->row);
   task->progress.budget = budget;
   Log()->info("[task={}] started for {}: workload {} ({}), target {}, space {} -> {} after pruning ({:.2f} s), "
-              "budget {}",
+              "budget {}{}",
               task->row.id, caller.name, key, request.chain.name, fp, stats.enumerated,
-              stats.stages.back().remaining, stats.seconds, budget);
+              stats.stages.back().remaining, stats.seconds, budget,
+              transfer ? absl::StrCat("; carries over the schedule of workload ", transfer->source.workload.key)
+                       : std::string());
   Task& t = *task;
   tasks_[task->row.id] = std::move(task);
   RETURN_IF_ERROR(Advance(t));

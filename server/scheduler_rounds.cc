@@ -3,12 +3,12 @@
 // measured beside the candidates.
 #include "server/scheduler_task.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/cost_model.h"
@@ -190,6 +190,15 @@ search::McfuserSearchOptions Scheduler::SearchOptions(const Task& task,
   if (options_.unfused_answers && task.target.backend == hw::Backend::kCpu && task.chain.dtype == ir::DType::kF32) {
     o.split_candidates = kSplitCandidates;
   }
+  // A transferred schedule is measured first (tasks.seeds).
+  if (!task.row.seeds.empty()) {
+    const nlohmann::json seeds = nlohmann::json::parse(task.row.seeds, nullptr, false);
+    if (seeds.is_array()) {
+      for (const nlohmann::json& seed : seeds) {
+        if (seed.is_string()) o.seeds.push_back(seed.get<std::string>());
+      }
+    }
+  }
   return o;
 }
 
@@ -243,7 +252,10 @@ absl::Status Scheduler::SetBaselineOfTask(const std::string& task_id, const db::
 }
 
 absl::StatusOr<std::optional<db::BestRow>> Scheduler::UnfusedBest(const Task& task, const db::MeasurementRow& best) {
-  if (!options_.unfused_answers || task.target.backend != hw::Backend::kCpu) return std::nullopt;
+  // The unfused chain is built at one size: no answer for a range of them.
+  if (!options_.unfused_answers || task.target.backend != hw::Backend::kCpu || !task.chain.RangedDims().empty()) {
+    return std::nullopt;
+  }
   std::string vendor;
   double median_s = 0;
   int64_t measurement_id = 0;

@@ -65,4 +65,12 @@ struct BestOfTask {
 
 BestOfTask FindBest(const std::vector<db::MeasurementRow>& rows, double max_spread);
 
+// `text`, a fused schedule of chain `from`, in the names of chain `to`:
+// dim_map[u] is the dim of `from` that dim u of `to` is (-1: none), and
+// tensor_map the same for tensors. With `fit`, `to` is `from` at other
+// sizes and each tile is cut to its dim's size there. `text` itself when
+// it does not parse.
+std::string TranslateFused(const std::string& text, const ir::Chain& from, const ir::Chain& to,
+                           const std::vector<int>& dim_map, const std::vector<int>& tensor_map, bool fit = false);
+
 }  // namespace fusor::server

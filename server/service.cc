@@ -23,12 +23,15 @@ namespace {
 
 using wire::ToGrpcStatus;
 
+std::vector<std::string> VaryOf(const v1::Workload& workload) { return {workload.vary().begin(), workload.vary().end()}; }
+
 // The answer the core keeps for a request's workload and target: the
 // workload is parsed only when no answer is kept for its bytes.
 absl::StatusOr<std::shared_ptr<Scheduler::Answer>> CachedAnswerFor(Scheduler& core, const v1::Workload& workload,
                                                                  const v1::TargetSelector& target) {
   ASSIGN_OR_RETURN(const TargetSelector selector, TargetSelectorFromProto(target));
-  return core.CachedAnswer(workload.SerializeAsString(), [&] { return wire::ChainFromWorkload(workload); }, selector);
+  return core.CachedAnswer(workload.SerializeAsString(), [&] { return wire::ChainFromWorkload(workload); }, selector,
+                           VaryOf(workload));
 }
 
 // Polls `ctx` while waiting on the task, so a cancelled client frees its
@@ -45,7 +48,7 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
   if (!chain.ok()) return ToGrpcStatus(chain.status());
   auto selector = TargetSelectorFromProto(req->target());
   if (!selector.ok()) return ToGrpcStatus(selector.status());
-  auto prepared = core_->Prepare(*chain, *selector);
+  auto prepared = core_->Prepare(*chain, *selector, VaryOf(req->workload()));
   if (!prepared.ok()) return ToGrpcStatus(prepared.status());
   auto start = core_->StartTune(*prepared, TuneOptionsFromProto(req->options()), caller);
   if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
@@ -116,14 +119,18 @@ grpc::Status SchedulerService::CompileFromCache(const grpc::ServerContextBase& c
   if (grpc::Status st = auth_->Check(ctx, {Role::kClient}, caller); !st.ok()) return st;
   auto answer = CachedAnswerFor(*core_, req.workload(), req.target());
   if (!answer.ok()) return ToGrpcStatus(answer.status());
-  core_->NoteCacheLookup((*answer)->result.ok());
-  if ((*answer)->result.ok()) {
+  const absl::StatusOr<TuneResult>& found = (*answer)->result;
+  // A transferred schedule no task has validated yet is an answer for a
+  // cache-only request (marked so); any other waits for its validation.
+  const bool ready = found.ok() && (found->validated || req.cache_only());
+  core_->NoteCacheLookup(ready);
+  if (ready) {
     const absl::StatusOr<CompileResult>& rendered = core_->CompileAnswer(**answer);
     if (!rendered.ok()) return ToGrpcStatus(rendered.status());
     *resp = CompileResponseProto(*rendered);
     return grpc::Status::OK;
   }
-  if (req.cache_only()) return ToGrpcStatus((*answer)->result.status());
+  if (req.cache_only()) return ToGrpcStatus(found.status());
   *to_tune = (*answer)->prepared;
   return grpc::Status::OK;
 }
@@ -134,8 +141,10 @@ grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx,
   TuneResult result;
   auto start = core_->StartTune(prepared, TuneOptionsFromProto(options), caller);
   if (!start.ok()) return ToGrpcStatus(start.status(), ctx);
+  const PreparedRequest* served = &prepared;
   if (start->cached) {
     result = *start->cached;
+    if (start->served) served = start->served.get();
   } else {
     int64_t version = 0;
     while (true) {
@@ -152,7 +161,7 @@ grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx,
       }
     }
   }
-  auto compiled = core_->BuildCompileResult(prepared, result);
+  auto compiled = core_->BuildCompileResult(*served, result);
   if (!compiled.ok()) return ToGrpcStatus(compiled.status());
   *resp = CompileResponseProto(*compiled);
   return grpc::Status::OK;
@@ -175,9 +184,20 @@ grpc::Status SchedulerService::LookupInCache(const grpc::ServerContextBase& ctx,
   if (grpc::Status st = auth_->Check(ctx, {Role::kClient}); !st.ok()) return st;
   auto answer = CachedAnswerFor(*core_, req.workload(), req.target());
   if (!answer.ok()) return ToGrpcStatus(answer.status());
-  core_->NoteCacheLookup((*answer)->result.ok());
-  if (!(*answer)->result.ok()) return ToGrpcStatus((*answer)->result.status());
-  *resp->mutable_result() = TuneResultProto(*(*answer)->result);
+  const absl::StatusOr<TuneResult>& found = (*answer)->result;
+  core_->NoteCacheLookup(found.ok());
+  const bool own = found.ok() && found->answer == AnswerKind::kTuned;
+  if (req.explain() && !own) {
+    auto why = core_->Explain(*(*answer)->prepared);
+    if (!why.ok()) return ToGrpcStatus(why.status());
+    *resp->mutable_why() = ExplanationProto(*why);
+  } else if (!found.ok() && absl::IsNotFound(found.status())) {
+    // The reason in one line, for a client that did not ask for it.
+    auto why = core_->Explain(*(*answer)->prepared);
+    if (why.ok()) return ToGrpcStatus(absl::NotFoundError(absl::StrCat(found.status().message(), "; ", why->summary)));
+  }
+  if (!found.ok() && !(req.explain() && absl::IsNotFound(found.status()))) return ToGrpcStatus(found.status());
+  if (found.ok()) *resp->mutable_result() = TuneResultProto(*found);
   return grpc::Status::OK;
 }
 

@@ -121,7 +121,7 @@ absl::StatusOr<std::string> CreateSweep(Scheduler& core, const SweepRequest& req
   for (size_t i = 0; i < entries.prepared.size(); ++i) {
     const PreparedRequest& p = entries.prepared[i];
     RETURN_IF_ERROR(db.UpsertWorkload(
-        {p.canonical.key, p.chain.name, p.canonical.text, ir::ChainToJson(p.canonical.chain)}, now));
+        {p.canonical.key, p.chain.name, p.canonical.text, ir::ChainToJson(p.canonical.chain), p.family.key}, now));
     const SweepRequest::Entry& e = request.entries[i];
     rows.push_back(
         {static_cast<int>(i), e.model, e.role, e.source, e.instances, p.canonical.key, ir::ChainToJson(p.chain)});

@@ -103,7 +103,7 @@ absl::StatusOr<TargetSelector> TargetSelectorFromProto(const v1::TargetSelector&
   return s;
 }
 
-TuneOptions TuneOptionsFromProto(const v1::TuneOptions& p) { return {p.budget(), p.force()}; }
+TuneOptions TuneOptionsFromProto(const v1::TuneOptions& p) { return {p.budget(), p.force(), p.transfer()}; }
 
 v1::TaskStarted TaskStartedProto(const TaskStarted& s) {
   v1::TaskStarted p;
@@ -149,6 +149,29 @@ v1::TuneResult TuneResultProto(const TuneResult& r) {
   p.set_candidates_measured(r.candidates_measured);
   p.set_candidates_failed(r.candidates_failed);
   p.set_tuning_s(r.tuning_s);
+  p.set_answer(AnswerKindName(r.answer));
+  p.set_validated(r.validated);
+  p.set_source_key(r.source_key);
+  p.set_source_chain(r.source_chain);
+  p.set_served_dims(r.served_dims);
+  return p;
+}
+
+v1::Explanation ExplanationProto(const Explanation& why) {
+  v1::Explanation p;
+  p.set_workload_key(why.workload_key);
+  p.set_family_key(why.family_key);
+  p.set_nearest_key(why.nearest_key);
+  p.set_nearest_chain(why.nearest_chain);
+  p.set_nearest_target(why.nearest_target_fp);
+  p.set_nearest_salt(why.nearest_salt);
+  for (const Difference& d : why.differences) {
+    v1::Difference* q = p.add_differences();
+    q->set_field(d.field);
+    q->set_wanted(d.wanted);
+    q->set_found(d.found);
+  }
+  p.set_summary(why.summary);
   return p;
 }
 

@@ -39,6 +39,7 @@ TuneOptions TuneOptionsFromProto(const v1::TuneOptions& options);
 v1::TaskStarted TaskStartedProto(const TaskStarted& started);
 v1::TuneProgress TuneProgressProto(const TuneProgress& progress);
 v1::TuneResult TuneResultProto(const TuneResult& result);
+v1::Explanation ExplanationProto(const Explanation& why);
 v1::CompileResponse CompileResponseProto(const CompileResult& compiled);
 // A task as GetTask answers it: its snapshot (any version) and its row.
 v1::TaskInfo TaskInfoProto(const TaskSnapshot& snapshot, const db::TaskRow& row);

@@ -25,7 +25,7 @@
 namespace fusor {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TimingOptions, warmup, min_repeats, max_repeats, time_budget_s, num_threads, seed,
-                                   rotate_bytes, max_spread)
+                                   rotate_bytes, max_spread, quiet_file)
 
 namespace hw {
 // The wire contract's JSON, the target's one text form.

@@ -54,6 +54,10 @@ int main(int argc, char** argv) {
   app.add_option("--calibration-seconds", options.calibration_s,
                  "length of each calibration microbenchmark (0: skip, the model then uses defaults)")
       ->capture_default_str();
+  app.add_option("--quiet-file", options.quiet_file,
+                 "a serving process's request counters on this machine (16 bytes: running, started; fusor.torch "
+                 "keeps them): kernels are timed between its requests")
+      ->check(CLI::ExistingFile);
   app.add_option("--compile-ahead", options.compile_ahead,
                  "jobs compiled ahead of the measurement (-1: 2 on a GPU, while another is measured; 3 on a CPU, "
                  "together before the next measurement, never beside one)")

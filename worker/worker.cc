@@ -272,6 +272,7 @@ Worker::Pending Worker::Start(const v1::Job& job) {
   spec.timing.time_budget_s = job.options().time_budget_s();
   if (job.options().max_spread() > 0) spec.timing.max_spread = job.options().max_spread();
   spec.timing.rotate_bytes = 2 * std::max(target_.l2_bytes * target_.compute_units, target_.l3_bytes);
+  spec.timing.quiet_file = options_.quiet_file;
   spec.compile_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
   spec.run_timeout_s = std::max(1.0, job.options().timeout_s() / 2);
   // A confirmation times the candidate and two baselines.

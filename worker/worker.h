@@ -43,6 +43,9 @@ struct WorkerOptions {
   // on a GPU (while the device measures another), 3 on a CPU (together,
   // before the next measurement: its cores are the measurement's).
   int compile_ahead = -1;
+  // A serving process's requests on this machine (common/util/quiet.h):
+  // kernels are timed between them. Empty: none.
+  std::string quiet_file;
   absl::Duration lease_wait = absl::Seconds(5);
   wire::RetryPolicy rpc;
 };

@@ -60,6 +60,7 @@ class McfuserSearch : public SearchStrategy {
     }
     const int room = std::min(max_count, FusedBudget() - num_proposed_);
     if (room <= 0) return {};
+    if (std::vector<CandidateSpec> seeds = Seeds(room); !seeds.empty()) return seeds;
     std::vector<int> pool;
     if (Exhaustive() || measured_.empty()) {
       pool = Unproposed(static_cast<size_t>(room) * 4 + options_.population);
@@ -101,6 +102,44 @@ class McfuserSearch : public SearchStrategy {
         c.prediction = space_.ranked[i].prediction;
         batch.push_back(std::move(c));
       }
+    }
+    return batch;
+  }
+
+  // Up to `room` of the seeds not proposed yet: from the ranked space, or
+  // added to it when the space's pruning left them out but its rules
+  // allow them.
+  std::vector<CandidateSpec> Seeds(int room) {
+    std::vector<CandidateSpec> batch;
+    while (next_seed_ < options_.seeds.size() && static_cast<int>(batch.size()) < room) {
+      const std::string& text = options_.seeds[next_seed_++];
+      auto it = index_.find(text);
+      if (it == index_.end()) {
+        absl::StatusOr<space::Schedule> schedule = space::ParseSchedule(text, *task_.chain);
+        if (!schedule.ok()) continue;
+        absl::StatusOr<space::RankedSchedule> ranked =
+            space::EvaluateSchedule(*task_.chain, task_.target, *schedule, options_.space);
+        if (!ranked.ok()) continue;
+        const std::string canonical = space::ScheduleToText(ranked->schedule, *task_.chain);
+        it = index_.find(canonical);
+        if (it == index_.end()) {
+          it = index_.emplace(canonical, static_cast<int>(space_.ranked.size())).first;
+          texts_.push_back(canonical);
+          classes_.push_back(space::TilingExpression(ranked->schedule, *task_.chain) + " " + ranked->mappings);
+          space_.ranked.push_back(*std::move(ranked));
+          proposed_.push_back(false);
+        }
+      }
+      const int i = it->second;
+      if (proposed_[i]) continue;
+      proposed_[i] = true;
+      ++num_proposed_;
+      CandidateSpec c;
+      c.schedule = space_.ranked[i].schedule;
+      c.schedule_text = texts_[i];
+      c.mapping = space_.ranked[i].mappings;
+      c.prediction = space_.ranked[i].prediction;
+      batch.push_back(std::move(c));
     }
     return batch;
   }
@@ -482,6 +521,7 @@ class McfuserSearch : public SearchStrategy {
   bool splits_made_ = false;           // SplitCandidates ran (once the fused search is done)
   std::vector<CandidateSpec> splits_;  // SplitCandidates, best first
   int num_splits_proposed_ = 0;
+  size_t next_seed_ = 0;
   std::vector<Measured> measured_;
   std::map<std::string, std::pair<double, int>> class_ratios_;  // sum of log ratios, count
   double typical_log_ratio_ = 0;  // median over everything measured

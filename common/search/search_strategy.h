@@ -88,6 +88,10 @@ struct McfuserSearchOptions {
   // CPU, whose answers may call a library; 0: none.
   int split_candidates = 0;
   std::string split_library = "onednn";
+  // Schedules proposed first, in this order (a record's schedule carried
+  // over to other sizes); one that does not parse, or that the space's
+  // rules refuse, is left out.
+  std::vector<std::string> seeds;
 };
 std::unique_ptr<SearchStrategy> MakeMcfuserSearch(const McfuserSearchOptions& options = {});
 

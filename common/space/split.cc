@@ -108,6 +108,7 @@ absl::StatusOr<ChainParts> SplitChain(const ir::Chain& chain, int boundary) {
 
 std::vector<int> SplitPoints(const ir::Chain& chain) {
   std::vector<int> out;
+  if (!chain.RangedDims().empty()) return out;  // a ranged chain's kernels run fused, at any size
   for (const ir::Op& op : chain.ops) {
     if (chain.tensors[op.output].role != ir::TensorRole::kIntermediate) continue;
     absl::StatusOr<ChainParts> parts = SplitChain(chain, op.output);

@@ -46,7 +46,7 @@ absl::StatusOr<ChainParts> SplitChain(const ir::Chain& chain, int boundary);
 
 // The intermediates a split may follow: those whose head and tail would
 // each hold at least one sum (a part of elementwise ops alone would only
-// move a GEMM's epilogue).
+// move a GEMM's epilogue). None for a chain with ranged dims: it runs fused.
 std::vector<int> SplitPoints(const ir::Chain& chain);
 
 // A fused schedule of `chain` restricted to `part` (one of its

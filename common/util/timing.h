@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -69,6 +70,9 @@ struct TimingOptions {
   // last-level cache), so repeats do not read inputs the last one cached.
   int64_t rotate_bytes = 0;
   double max_spread = kMaxSpread;  // the timing protocol's bound
+  // A serving process's requests (common/util/quiet.h): samples are taken
+  // between them; empty: whenever.
+  std::string quiet_file;
 };
 
 }  // namespace fusor

@@ -211,6 +211,19 @@ const std::vector<Migration>& SchemaMigrations() {
       // lease a confirmation to the worker that measured the candidate).
       {10, 1, "jobs.not_worker: a worker that must not lease the job (a confirmation's candidate's measurer)",
        [](Database& db) { return db.Exec("ALTER TABLE jobs ADD COLUMN not_worker TEXT;"); }},
+      // Columns with defaults: older fusor goes on reading and writing (it
+      // neither finds records of other sizes nor transfers their schedules).
+      // The scheduler fills the family of the workloads written before.
+      {11, 1,
+       "workloads.family_key: the key of the chain with its sizes left open (records of other sizes, ranges); "
+       "tasks.transferred_from, tasks.seeds: a task that starts from another record's schedule",
+       [](Database& db) {
+         return db.Exec("ALTER TABLE workloads ADD COLUMN family_key TEXT NOT NULL DEFAULT '';"
+                        "CREATE INDEX workloads_by_family ON workloads(family_key);"
+                        "CREATE INDEX workloads_by_name ON workloads(name);"
+                        "ALTER TABLE tasks ADD COLUMN transferred_from TEXT NOT NULL DEFAULT '';"
+                        "ALTER TABLE tasks ADD COLUMN seeds TEXT NOT NULL DEFAULT '';");
+       }},
   };
   return *migrations;
 }

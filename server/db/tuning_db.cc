@@ -34,7 +34,7 @@ absl::StatusOr<JobRow> ReadJob(const Statement& s) {
 
 constexpr char kTaskColumns[] =
     "id, workload_key, target_fp, salt, state, budget, batch_size, space_size, space_after_pruning, error, "
-    "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops, cost_model_id";
+    "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops, cost_model_id, transferred_from, seeds";
 
 absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   TaskRow t;
@@ -54,6 +54,8 @@ absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   t.bandwidth_bytes_per_s = s.Double(13);
   t.peak_flops = s.Double(14);
   t.cost_model_id = s.Int(15);
+  t.transferred_from = s.Text(16);
+  t.seeds = s.Text(17);
   return t;
 }
 
@@ -195,17 +197,65 @@ absl::Status TuningDb::SetQueryOnly(bool query_only) {
 absl::Status TuningDb::UpsertWorkload(const WorkloadRow& w, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
-                                             "chain_json, created_ms) VALUES (?,?,?,?,?)"));
-  return s.Bind(1, w.key).Bind(2, w.name).Bind(3, w.canonical_text).Bind(4, w.chain_json).Bind(5, now_ms).Run();
+                                             "chain_json, created_ms, family_key) VALUES (?,?,?,?,?,?)"));
+  return s.Bind(1, w.key).Bind(2, w.name).Bind(3, w.canonical_text).Bind(4, w.chain_json).Bind(5, now_ms)
+      .Bind(6, w.family_key).Run();
 }
+
+namespace {
+
+constexpr char kWorkloadColumns[] = "key, name, canonical_text, chain_json, family_key";
+
+WorkloadRow ReadWorkload(const Statement& s, int at = 0) {
+  return WorkloadRow{s.Text(at), s.Text(at + 1), s.Text(at + 2), s.Text(at + 3), s.Text(at + 4)};
+}
+
+}  // namespace
 
 absl::StatusOr<WorkloadRow> TuningDb::GetWorkload(const std::string& key) {
   Reader db = Read();
-  ASSIGN_OR_RETURN(Statement s, db->Prepare("SELECT key, name, canonical_text, chain_json FROM workloads WHERE key = ?"));
+  ASSIGN_OR_RETURN(Statement s, db->Prepare(absl::StrCat("SELECT ", kWorkloadColumns, " FROM workloads WHERE key = ?")));
   s.Bind(1, key);
   ASSIGN_OR_RETURN(bool row, s.Step());
   if (!row) return absl::NotFoundError(absl::StrCat("no workload ", key));
-  return WorkloadRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3)};
+  return ReadWorkload(s);
+}
+
+absl::StatusOr<std::vector<WorkloadRow>> TuningDb::WorkloadsWithoutFamily() {
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s,
+                   db->Prepare(absl::StrCat("SELECT ", kWorkloadColumns, " FROM workloads WHERE family_key = ''")));
+  return ReadRows(s, [](const Statement& st) -> absl::StatusOr<WorkloadRow> { return ReadWorkload(st); });
+}
+
+absl::Status TuningDb::SetWorkloadFamily(const std::string& key, const std::string& family_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("UPDATE workloads SET family_key = ? WHERE key = ?"));
+  return s.Bind(1, family_key).Bind(2, key).Run();
+}
+
+absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsWhere(const std::string& column, const std::string& value,
+                                                                int limit) {
+  Reader db = Read();
+  ASSIGN_OR_RETURN(Statement s,
+                   db->Prepare(absl::StrCat("SELECT w.key, w.name, w.canonical_text, w.chain_json, w.family_key, "
+                                            "b.target_fp, b.salt, b.task_id, b.candidate_id, b.measurement_id, "
+                                            "b.median_s FROM best b JOIN workloads w ON w.key = b.workload_key "
+                                            "WHERE w.", column, " = ? ORDER BY b.updated_ms DESC LIMIT ?")));
+  s.Bind(1, value).Bind(2, limit);
+  return ReadRows(s, [](const Statement& st) -> absl::StatusOr<FamilyBestRow> {
+    return FamilyBestRow{ReadWorkload(st), st.Text(5), st.Text(6),
+                         BestRow{st.Text(7), st.Int(8), st.Int(9), st.Double(10)}};
+  });
+}
+
+absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsOfFamily(const std::string& family_key, int limit) {
+  if (family_key.empty()) return std::vector<FamilyBestRow>{};
+  return BestsWhere("family_key", family_key, limit);
+}
+
+absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsNamed(const std::string& name, int limit) {
+  return BestsWhere("name", name, limit);
 }
 
 absl::Status TuningDb::UpsertTarget(const TargetRow& t, int64_t now_ms) {
@@ -303,11 +353,11 @@ absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms, const std::set<
 absl::Status TuningDb::InsertTask(const TaskRow& t) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO tasks(", kTaskColumns,
-                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
   s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, Name(t.state)).Bind(6, t.budget);
   s.Bind(7, t.batch_size).Bind(8, t.space_size).Bind(9, t.space_after_pruning).Bind(10, t.error);
   s.Bind(11, t.created_ms).Bind(12, t.finished_ms).Bind(13, t.client).Bind(14, t.bandwidth_bytes_per_s);
-  s.Bind(15, t.peak_flops).Bind(16, t.cost_model_id);
+  s.Bind(15, t.peak_flops).Bind(16, t.cost_model_id).Bind(17, t.transferred_from).Bind(18, t.seeds);
   return s.Run();
 }
 

@@ -27,6 +27,10 @@ struct WorkloadRow {
   std::string name;
   std::string canonical_text;
   std::string chain_json;
+  // The key of the chain with its sizes left open (ir::CanonicalFamily):
+  // records of the same chain at other sizes share it. Empty in rows of
+  // older fusor until the scheduler fills it.
+  std::string family_key;
 };
 
 struct TargetRow {
@@ -73,6 +77,11 @@ struct TaskRow {
   // analytical one: a resumed task replays the same ranking after the model
   // was trained again.
   int64_t cost_model_id = 0;
+  // A task that starts from the schedule of another record (transferred):
+  // that record's workload key, and the schedules proposed before the
+  // search's own (a JSON array, canonical names; empty: none).
+  std::string transferred_from;
+  std::string seeds;
 };
 
 // A learned cost model of a target (common/model/learned_model.h) and what
@@ -154,6 +163,15 @@ struct BestRow {
   int64_t candidate_id = 0;
   int64_t measurement_id = 0;
   double median_s = 0;
+};
+
+// A best record with its workload and where it holds (target, salt): what
+// a lookup of another member of its family may use or compare with.
+struct FamilyBestRow {
+  WorkloadRow workload;
+  std::string target_fp;
+  std::string salt;
+  BestRow best;
 };
 
 struct SweepRow {
@@ -252,6 +270,15 @@ class TuningDb {
 
   absl::Status UpsertWorkload(const WorkloadRow& w, int64_t now_ms);
   absl::StatusOr<WorkloadRow> GetWorkload(const std::string& key);
+  // Workloads whose family_key is empty (written by older fusor), and
+  // setting it.
+  absl::StatusOr<std::vector<WorkloadRow>> WorkloadsWithoutFamily();
+  absl::Status SetWorkloadFamily(const std::string& key, const std::string& family_key);
+  // The best records of every workload of a family, or of every workload
+  // named `name` (the requester's chain name), on any target and salt:
+  // at most `limit`, the most recently updated first.
+  absl::StatusOr<std::vector<FamilyBestRow>> BestsOfFamily(const std::string& family_key, int limit = 64);
+  absl::StatusOr<std::vector<FamilyBestRow>> BestsNamed(const std::string& name, int limit = 64);
 
   absl::Status UpsertTarget(const TargetRow& t, int64_t now_ms);
   absl::StatusOr<std::vector<TargetRow>> ListTargets();
@@ -393,6 +420,7 @@ class TuningDb {
   absl::StatusOr<JobRow> GetJobLocked(const std::string& id);
   absl::Status FailOpenJobsLocked(const std::string& task_id, int64_t now_ms);
   absl::StatusOr<CandidateRow> FindOrInsertCandidateLocked(const CandidateRow& c);
+  absl::StatusOr<std::vector<FamilyBestRow>> BestsWhere(const std::string& column, const std::string& value, int limit);
   std::mutex mu_;
   std::unique_ptr<Database> db_;
   std::atomic<int64_t> best_generation_{0};

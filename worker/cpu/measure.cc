@@ -4,15 +4,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/util/status_macros.h"
+#include "common/util/quiet.h"
 #include "common/util/timing.h"
 
 namespace fusor::worker {
 namespace {
+
+// The least warm-up of each slice of kernels timed together, in seconds.
+constexpr double kSliceWarmupS = 1e-3;
+// Between a serving process's requests: how long a slice waits for them to
+// end, and how often one that a request interrupted is taken again.
+constexpr double kQuietWaitS = 2.0;
+constexpr int kQuietRetries = 3;
 
 void FillRandom(ir::DType dtype, int64_t n, std::mt19937_64& rng, HostTensor& t) {
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
@@ -159,10 +168,18 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
     if (rc != 0) return absl::InternalError(absl::StrCat("kernel returned ", rc));
     return absl::OkStatus();
   };
+  // Between a serving process's requests, where there is one: a slice
+  // that saw one start is taken again.
+  std::optional<QuietGate> gate;
+  if (!options.quiet_file.empty()) {
+    absl::StatusOr<QuietGate> opened = QuietGate::Open(options.quiet_file);
+    if (opened.ok()) gate.emplace(*std::move(opened));
+  }
   // One sample set per kernel: warm-up, then samples to the time budget;
-  // with several kernels, in slices of the budget, taking turns.
+  // with several kernels (or between requests), in slices of the budget,
+  // taking turns.
   const bool together = kernels.size() > 1;
-  const int slices = together ? 8 : 1;
+  const int slices = together || gate ? 8 : 1;
   const int min_repeats = std::max(options.min_repeats, kMinSamples);
   const int slice_min = (min_repeats + slices - 1) / slices;
   const int slice_max = std::max(slice_min, std::max(options.max_repeats, min_repeats) / slices);
@@ -170,19 +187,37 @@ absl::StatusOr<std::vector<TrustedTiming>> TimeKernelsTogether(const std::vector
     std::vector<std::vector<double>> samples(kernels.size());
     for (int slice = 0; slice < slices; ++slice) {
       for (size_t k = 0; k < kernels.size(); ++k) {
-        // The last kernel's threads may still spin (OpenBLAS's own pool
-        // where it is not the OpenMP build): let them sleep first.
-        if (together) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        for (int i = 0; i < (slice == 0 ? options.warmup : std::min(options.warmup, 1)); ++i) {
-          RETURN_IF_ERROR(call(k));
-        }
-        const auto start = Clock::now();
-        for (int n = 0; n < slice_max; ++n) {
-          const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-          if (n >= slice_min && elapsed >= options.time_budget_s / slices) break;
-          const auto t0 = Clock::now();
-          RETURN_IF_ERROR(call(k));
-          samples[k].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        for (int attempt = 0;; ++attempt) {
+          // The last kernel's threads may still spin (OpenBLAS's own pool
+          // where it is not the OpenMP build): let them sleep first.
+          if (together) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          if (gate) gate->WaitQuiet(kQuietWaitS);
+          const uint64_t requests = gate ? gate->Started() : 0;
+          // After the pause the threads are asleep and the caches cold: warm
+          // up for a few calls and at least a millisecond, or a kernel of
+          // microseconds measures its own wake-up (its medians then came out
+          // 40-60% above the same kernel timed alone).
+          const auto warm_start = Clock::now();
+          for (int i = 0; i < (slice == 0 ? options.warmup : std::min(options.warmup, 1)) ||
+                          ((together || gate) &&
+                           std::chrono::duration<double>(Clock::now() - warm_start).count() < kSliceWarmupS);
+               ++i) {
+            RETURN_IF_ERROR(call(k));
+          }
+          std::vector<double> taken;
+          const auto start = Clock::now();
+          for (int n = 0; n < slice_max; ++n) {
+            const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+            if (n >= slice_min && elapsed >= options.time_budget_s / slices) break;
+            const auto t0 = Clock::now();
+            RETURN_IF_ERROR(call(k));
+            taken.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+          }
+          // A request that started meanwhile is in these samples: taken again
+          // (a few times, then kept: the spread tells).
+          if (gate && (gate->Started() != requests || gate->Running() != 0) && attempt < kQuietRetries) continue;
+          samples[k].insert(samples[k].end(), taken.begin(), taken.end());
+          break;
         }
       }
     }

@@ -235,6 +235,9 @@ std::string NarrowIndices(const std::string& source) {
 absl::StatusOr<CudaKernel> EmitCudaFusedKernel(const ir::Chain& written, const space::LoopNest& nest,
                                                const std::string& schedule_text, const std::string& mapping) {
   if (nest.ops.size() != written.ops.size()) return absl::InvalidArgumentError("loop nest does not belong to this chain");
+  if (!written.RangedDims().empty()) {
+    return absl::UnimplementedError("the CUDA backend builds kernels of exact sizes only; a ranged dim is CPU-only");
+  }
   // A regrouped schedule runs the regrouped chain: same inputs and outputs.
   const ir::Chain& chain = space::NestChain(written, nest);
   ASSIGN_OR_RETURN(CudaKernel k, cuda::CudaEmitter(chain, nest).Emit(schedule_text, mapping));

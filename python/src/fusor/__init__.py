@@ -13,13 +13,13 @@ from ._embedded import EmbeddedService, find_binary
 from ._errors import (AuthError, BuildError, ChainError, EmbeddedError, FusorError, InvalidArgumentError,
                       KernelArgumentError, NotFoundError, ResourceExhaustedError, RpcError, UnavailableError)
 from ._kernel import CpuKernel, Kernel, PreparedKernel, TensorSpec, default_cache_dir
-from ._result import Progress, Result, Started, Task, Worker
+from ._result import Explanation, Progress, Result, Started, Task, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthError", "BuildError", "Chain", "ChainBuilder", "ChainError", "Client", "CpuKernel", "EmbeddedError",
-    "EmbeddedService", "FusorError", "InvalidArgumentError", "Kernel", "KernelArgumentError", "NotFoundError",
+    "EmbeddedService", "Explanation", "FusorError", "InvalidArgumentError", "Kernel", "KernelArgumentError", "NotFoundError",
     "PreparedKernel", "Progress", "ResourceExhaustedError", "Result", "RpcError", "Started", "SweepEntry", "Task", "TensorSpec",
     "UnavailableError", "Worker", "default_cache_dir", "find_binary",
 ]

@@ -13,7 +13,8 @@ from ._chain import ChainLike, as_chain
 from ._embedded import EmbeddedService
 from ._errors import FusorError, NotFoundError, from_grpc
 from ._kernel import CpuKernel, Kernel
-from ._result import Progress, Result, Started, Task, Worker
+from ._quiet import Requests
+from ._result import Explanation, Progress, Result, Started, Task, Worker
 from .v1 import scheduler_pb2, scheduler_pb2_grpc, target_pb2
 
 Event = Union[Started, Progress, Result]
@@ -81,15 +82,17 @@ class Client:
     @classmethod
     def embedded(cls, db: Optional[Union[str, os.PathLike]] = None, *, bin_dir: Optional[str] = None,
                  backend: str = "cpu", calibration_seconds: Optional[float] = None, startup_timeout: float = 120.0,
-                 scheduler_args: Sequence[str] = (), worker_args: Sequence[str] = (), **client_args: Any) -> "Client":
-        """A client of a private scheduler and worker started now (see :class:`fusor.EmbeddedService`).
+                 scheduler_args: Sequence[str] = (), worker_args: Sequence[str] = (), serving: bool = False,
+                 worker_cores: Optional[int] = None, **client_args: Any) -> "Client":
+        """A client of a private scheduler and worker started now (see :class:`fusor.EmbeddedService`; its
+        ``serving`` and ``worker_cores`` keep tuning out of a serving process's way).
 
         They stop when the client is closed (use it in a ``with`` block) or the process exits.
         It returns once the worker has registered, so the first tune starts at once.
         """
         service = EmbeddedService(db=db, bin_dir=bin_dir, backend=backend, calibration_seconds=calibration_seconds,
                                   startup_timeout=startup_timeout, scheduler_args=scheduler_args,
-                                  worker_args=worker_args)
+                                  worker_args=worker_args, serving=serving, worker_cores=worker_cores)
         try:
             client = cls(service.address, **client_args)
         except BaseException:
@@ -102,6 +105,12 @@ class Client:
             client.close()
             raise
         return client
+
+    @property
+    def requests(self) -> Optional[Requests]:
+        """The request counters of an embedded service started with ``serving=True`` (None otherwise): count a
+        request with ``with client.requests:`` and the worker times kernels between them."""
+        return self._embedded.requests if self._embedded is not None else None
 
     def close(self) -> None:
         """Closes the channel, and stops the embedded scheduler and worker if this client started them."""
@@ -139,12 +148,25 @@ class Client:
             raise FusorError(f"backend '{backend}' is not cpu or cuda")
         return target_pb2.TargetSelector(backend=_BACKENDS[backend], fingerprint=target or "")
 
+    @staticmethod
+    def _workload(chain: ChainLike, vary: Sequence[str]) -> Any:
+        """The chain's ``fusor.v1.Workload``, with the dims whose size changes from call to call."""
+        workload = as_chain(chain).workload
+        if not vary:
+            return workload
+        varied = type(workload)()
+        varied.CopyFrom(workload)
+        varied.vary.extend(vary)
+        return varied
+
     def tune_events(self, chain: ChainLike, *, budget: int = 0, force: bool = False, backend: str = "cpu",
-                    target: Optional[str] = None, timeout: Optional[float] = None) -> Iterator[Event]:
+                    target: Optional[str] = None, timeout: Optional[float] = None, vary: Sequence[str] = (),
+                    transfer: bool = False) -> Iterator[Event]:
         """Tunes a chain (or answers from the cache), yielding :class:`Started`, :class:`Progress` events and
         last the :class:`Result`."""
-        request = scheduler_pb2.TuneRequest(workload=as_chain(chain).workload, target=self._selector(backend, target),
-                                            options=scheduler_pb2.TuneOptions(budget=budget, force=force))
+        request = scheduler_pb2.TuneRequest(workload=self._workload(chain, vary), target=self._selector(backend, target),
+                                            options=scheduler_pb2.TuneOptions(budget=budget, force=force,
+                                                                              transfer=transfer))
         for event in self._stream(self._stub.Tune, request, timeout):
             kind = event.WhichOneof("event")
             if kind == "started":
@@ -156,7 +178,7 @@ class Client:
 
     def tune(self, chain: ChainLike, *, budget: int = 0, force: bool = False, backend: str = "cpu",
              target: Optional[str] = None, progress: Optional[Callable[[Event], None]] = None,
-             timeout: Optional[float] = None) -> Result:
+             timeout: Optional[float] = None, vary: Sequence[str] = (), transfer: bool = False) -> Result:
         """Tunes a chain (or answers from the cache) and returns the result.
 
         Args:
@@ -165,9 +187,13 @@ class Client:
             force: tune again even when the cache has an answer.
             backend, target: the target: "cpu" or "cuda", and optionally a target fingerprint.
             progress: called with each :class:`Started` and :class:`Progress` event.
+            vary: dims whose size changes from call to call: tuned for the range of sizes around the one given
+                (2..16, 17..64, 65..256, ...), one kernel for the range (CPU targets).
+            transfer: on a miss, where a record of the same chain at other sizes exists, measure its schedule at
+                these sizes alone (seconds) instead of searching.
         """
         for event in self.tune_events(chain, budget=budget, force=force, backend=backend, target=target,
-                                      timeout=timeout):
+                                      timeout=timeout, vary=vary, transfer=transfer):
             if isinstance(event, Result):
                 return event
             if progress is not None:
@@ -175,28 +201,31 @@ class Client:
         raise FusorError("the scheduler's tune stream ended without a result")
 
     def compile_source(self, chain: ChainLike, *, budget: int = 0, cache_only: bool = False, backend: str = "cpu",
-                       target: Optional[str] = None, timeout: Optional[float] = None) -> scheduler_pb2.CompileResponse:
+                       target: Optional[str] = None, timeout: Optional[float] = None, vary: Sequence[str] = (),
+                       transfer: bool = False) -> scheduler_pb2.CompileResponse:
         """The best kernel's source, metadata and (CUDA) cubin as the scheduler returns them, unbuilt: a
-        ``fusor.v1.CompileResponse``. Tunes first on a cache miss, unless ``cache_only`` (then NotFoundError)."""
-        request = scheduler_pb2.CompileRequest(workload=as_chain(chain).workload,
+        ``fusor.v1.CompileResponse``. Tunes first on a cache miss, unless ``cache_only`` (then NotFoundError).
+        ``vary`` and ``transfer`` as for :meth:`tune`."""
+        request = scheduler_pb2.CompileRequest(workload=self._workload(chain, vary),
                                                target=self._selector(backend, target),
-                                               options=scheduler_pb2.TuneOptions(budget=budget),
+                                               options=scheduler_pb2.TuneOptions(budget=budget, transfer=transfer),
                                                cache_only=cache_only)
         return self._call(self._stub.Compile, request, timeout)
 
     def compile(self, chain: ChainLike, *, budget: int = 0, cache_only: bool = False, backend: str = "cpu",
                 target: Optional[str] = None, timeout: Optional[float] = None, num_threads: Optional[int] = None,
-                compiler: Optional[str] = None) -> Kernel:
+                compiler: Optional[str] = None, vary: Sequence[str] = (), transfer: bool = False) -> Kernel:
         """The best kernel of a chain, callable: tuned first on a cache miss (unless ``cache_only``: then
         NotFoundError).
 
         A CPU kernel is built on this machine with ``compiler`` (default $CXX, else c++; once, then cached in
         ``cache_dir``) and callable on NumPy arrays and PyTorch CPU tensors, on ``num_threads`` threads by
-        default. A CUDA kernel is launched on PyTorch CUDA tensors.
+        default. A CUDA kernel is launched on PyTorch CUDA tensors. With ``vary``, the kernel takes any size of
+        its range (:attr:`Kernel.ranges`), read from its arguments' shapes.
         """
         chain = as_chain(chain)
         response = self.compile_source(chain, budget=budget, cache_only=cache_only, backend=backend, target=target,
-                                       timeout=timeout)
+                                       timeout=timeout, vary=vary, transfer=transfer)
         if response.language == "cuda":
             if num_threads is not None or compiler is not None:
                 raise FusorError("num_threads and compiler apply to CPU kernels, not to a CUDA kernel")
@@ -209,13 +238,26 @@ class Client:
                          name=chain.name)
 
     def lookup(self, chain: ChainLike, *, backend: str = "cpu", target: Optional[str] = None,
-               timeout: Optional[float] = None) -> Optional[Result]:
-        """The cached result of a chain, or None on a miss (nothing is tuned)."""
-        request = scheduler_pb2.LookupRequest(workload=as_chain(chain).workload, target=self._selector(backend, target))
+               timeout: Optional[float] = None, vary: Sequence[str] = ()) -> Optional[Result]:
+        """The cached result of a chain, or None on a miss (nothing is tuned): the chain's own record, a record of
+        a range that holds its sizes, or the nearest record's schedule at other sizes (``Result.answer`` says
+        which)."""
+        request = scheduler_pb2.LookupRequest(workload=self._workload(chain, vary),
+                                              target=self._selector(backend, target))
         try:
             return Result.from_proto(self._call(self._stub.Lookup, request, timeout).result)
         except NotFoundError:
             return None
+
+    def explain(self, chain: ChainLike, *, backend: str = "cpu", target: Optional[str] = None,
+                timeout: Optional[float] = None, vary: Sequence[str] = ()) -> Explanation:
+        """Why a chain has no record of its own (``fusor lookup --why``): the nearest record and each field of the
+        key or target in which it differs, with the lookup's answer, if any, as ``.result``."""
+        request = scheduler_pb2.LookupRequest(workload=self._workload(chain, vary),
+                                              target=self._selector(backend, target), explain=True)
+        response = self._call(self._stub.Lookup, request, timeout)
+        result = Result.from_proto(response.result) if response.HasField("result") else None
+        return Explanation.from_proto(response.why, result)
 
     def workers(self, timeout: Optional[float] = None) -> List[Worker]:
         """The workers the scheduler knows, alive or lost."""

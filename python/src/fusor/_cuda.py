@@ -196,7 +196,9 @@ class CudaKernel(Kernel):
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
-                     stream: Optional[int] = None) -> None:
+                     stream: Optional[int] = None, dims: Sequence[int] = ()) -> None:
+        if dims:
+            raise KernelArgumentError(f"{self._what()} takes exact sizes: a CUDA kernel serves no range")
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise KernelArgumentError(f"{self._what()} takes {len(self.inputs)} inputs and {len(self.outputs)} outputs")
         if stream is None:

@@ -21,9 +21,10 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Set, Union
 
 from ._errors import EmbeddedError
+from ._quiet import Requests
 
 _PORT_LINE = re.compile(r"listening on port (\d+)")
 _PR_SET_PDEATHSIG = 1
@@ -64,7 +65,7 @@ def find_binary(name: str, bin_dir: Optional[Union[str, os.PathLike]] = None) ->
                         "build fusor (./deploy/build.sh), or set FUSOR_BIN_DIR to the directory of its binaries")
 
 
-def _child_setup(parent: int) -> Callable[[], None]:
+def _child_setup(parent: int, nice: int = 0, cores: Optional[Set[int]] = None) -> Callable[[], None]:
     def setup() -> None:
         # SIGTERM when the spawning thread (which lives as long as the process) goes away; and if the
         # parent is already gone, do not start at all.
@@ -72,6 +73,10 @@ def _child_setup(parent: int) -> Callable[[], None]:
             _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
+        if nice:
+            os.nice(nice)  # the child's children (compilers, measurement runners) inherit it
+        if cores:
+            os.sched_setaffinity(0, cores)
 
     return setup
 
@@ -93,11 +98,17 @@ class EmbeddedService:
         calibration_seconds: the worker's calibration run length (0 skips it).
         startup_timeout: seconds to wait for the scheduler's port and the worker's registration.
         scheduler_args, worker_args: extra command-line flags.
+        serving: this process serves requests on the machine the worker tunes on (fusor.torch): the worker runs
+            at the lowest CPU priority (nice 19: it takes what the requests leave), times kernels between the
+            requests counted in :attr:`requests` (``with service.requests:`` around each), and, with
+            ``worker_cores``, on that many cores only (its kernels are then tuned for that many).
+        worker_cores: the cores the worker may use (None: all).
     """
 
     def __init__(self, db: Optional[Union[str, os.PathLike]] = None, bin_dir: Optional[Union[str, os.PathLike]] = None,
                  backend: str = "cpu", calibration_seconds: Optional[float] = None, startup_timeout: float = 120.0,
-                 scheduler_args: Sequence[str] = (), worker_args: Sequence[str] = ()):
+                 scheduler_args: Sequence[str] = (), worker_args: Sequence[str] = (), serving: bool = False,
+                 worker_cores: Optional[int] = None):
         scheduler_bin = find_binary("fusor-scheduler", bin_dir)
         worker_bin = find_binary("fusor-worker", bin_dir)
         self.directory = Path(tempfile.mkdtemp(prefix="fusor-embedded-"))
@@ -105,6 +116,7 @@ class EmbeddedService:
         self.startup_timeout = startup_timeout
         self._processes: List[subprocess.Popen] = []
         self._finalizer = weakref.finalize(self, EmbeddedService._stop, self._processes, self.directory)
+        self.requests: Optional[Requests] = None
         try:
             self.scheduler_log = self.directory / "scheduler.log"
             self._start([str(scheduler_bin), "--listen", "127.0.0.1:0", "--db", str(self.db), "--insecure",
@@ -116,17 +128,26 @@ class EmbeddedService:
                       f"embedded-{os.getpid()}", "--scratch-dir", str(self.directory)]
             if calibration_seconds is not None:
                 worker += ["--calibration-seconds", str(calibration_seconds)]
-            self._start([*worker, *worker_args], self.worker_log)
+            if serving:
+                self.requests = Requests(self.directory / "requests")
+                worker += ["--quiet-file", str(self.requests.path)]
+            cores = None
+            if worker_cores is not None:
+                available = sorted(os.sched_getaffinity(0))
+                if not 1 <= worker_cores <= len(available):
+                    raise EmbeddedError(f"worker_cores={worker_cores}: this process may use {len(available)} cores")
+                cores = set(available[-worker_cores:])  # the last ones: the serving threads start on the first
+            self._start([*worker, *worker_args], self.worker_log, nice=19 if serving else 0, cores=cores)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, argv: List[str], log: Path) -> None:
+    def _start(self, argv: List[str], log: Path, nice: int = 0, cores: Optional[Set[int]] = None) -> None:
         with open(log, "wb") as out:
             # A session of its own: stopping the service signals the child's own children too.
             process = _spawner.submit(subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, cwd=self.directory, start_new_session=True,
-                                      preexec_fn=_child_setup(os.getpid())).result()
+                                      preexec_fn=_child_setup(os.getpid(), nice, cores)).result()
         self._processes.append(process)
 
     def _wait_for_port(self) -> int:

@@ -39,13 +39,23 @@ class TensorSpec:
     """One argument of a kernel: its name, shape and element type (f32, f16 or bf16)."""
 
     name: str
-    shape: Tuple[int, ...]
+    shape: Tuple[int, ...]  # a kernel of a range of sizes: at their largest
     dtype: str
     constant: bool = False  # declared `const` in the chain: the same from call to call (a model's weights)
+    # Per axis, the ranged dim whose size it has at each call (None: its extent is fixed); empty: none.
+    dims: Tuple[Optional[str], ...] = ()
+
+    def at(self, sizes: Dict[str, int]) -> "TensorSpec":
+        """The spec at these sizes of ranged dims."""
+        if not self.dims:
+            return self
+        return TensorSpec(self.name, tuple(sizes[d] if d is not None else e for d, e in zip(self.dims, self.shape)),
+                          self.dtype, self.constant)
 
 
 def _specs(entries: Sequence[Dict[str, Any]]) -> List[TensorSpec]:
-    return [TensorSpec(e["name"], tuple(int(x) for x in e["shape"]), e["dtype"], bool(e.get("constant", False)))
+    return [TensorSpec(e["name"], tuple(int(x) for x in e["shape"]), e["dtype"], bool(e.get("constant", False)),
+                       tuple(e.get("dims", ())))
             for e in entries]
 
 
@@ -109,6 +119,33 @@ class Kernel:
         self.outputs: List[TensorSpec] = _specs(self.metadata.get("outputs", []))
         if not self.inputs or not self.outputs:
             raise BuildError("the scheduler's answer lists no inputs or outputs (metadata_json)")
+        # The ranged dims (name, smallest, largest) whose sizes the kernel takes at each call, in the order it
+        # takes them; empty for a kernel of exact sizes.
+        self.ranges: List[Tuple[str, int, int]] = [(d["name"], int(d["min"]), int(d["max"]))
+                                                   for d in self.metadata.get("dims", [])]
+
+    def covers(self, sizes: Dict[str, int]) -> bool:
+        """Whether these sizes of its ranged dims are in the kernel's ranges."""
+        return all(name in sizes and lo <= sizes[name] <= hi for name, lo, hi in self.ranges)
+
+    def sizes_of(self, args: Sequence[Any]) -> Dict[str, int]:
+        """The sizes of the ranged dims, read from the inputs' shapes (empty for a kernel of exact sizes);
+        KernelArgumentError when the inputs disagree or a size is out of range."""
+        sizes: Dict[str, int] = {}
+        for a, spec in zip(args, self.inputs):
+            shape = tuple(getattr(a, "shape", ()))
+            for axis, dim in enumerate(spec.dims):
+                if dim is None or axis >= len(shape):
+                    continue
+                size = int(shape[axis])
+                if sizes.setdefault(dim, size) != size:
+                    raise KernelArgumentError(f"input {spec.name} has {dim}={size}, an earlier input {dim}={sizes[dim]}")
+        for name, lo, hi in self.ranges:
+            if name not in sizes:
+                raise KernelArgumentError(f"no input of {self._what()} gives the size of {name}")
+            if not lo <= sizes[name] <= hi:
+                raise KernelArgumentError(f"{name}={sizes[name]} is outside {self._what()}'s range {lo}..{hi}")
+        return sizes
 
     @property
     def workload_key(self) -> str:
@@ -122,10 +159,11 @@ class Kernel:
         raise NotImplementedError
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
-                     stream: Optional[int] = None) -> None:
+                     stream: Optional[int] = None, dims: Sequence[int] = ()) -> None:
         """Runs the kernel on raw data pointers, inputs then outputs in declaration order, each the first element
-        of a buffer laid out as its spec says (a CUDA kernel on `device` and `stream`). Nothing is checked: this
-        is for callers that lay out the buffers themselves (fusor.torch reads strided views in place)."""
+        of a buffer laid out as its spec says (a CUDA kernel on `device` and `stream`); a kernel of a range of
+        sizes at `dims`, the sizes of :attr:`ranges` in order (empty: the largest). Nothing is checked: this is
+        for callers that lay out the buffers themselves (fusor.torch reads strided views in place)."""
         raise NotImplementedError
 
     def _check_count(self, args: Sequence[Any], out: Any) -> Optional[Sequence[Any]]:
@@ -173,7 +211,7 @@ class Kernel:
         has no prepare step."""
         return None
 
-    def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+    def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int], dims: Sequence[int] = ()) -> None:
         raise NotImplementedError
 
     def _release_prepared(self, state: int) -> None:
@@ -220,7 +258,7 @@ class PreparedKernel:
             return self.kernel(*full, out=out, num_threads=num_threads)
         return self.kernel._call_prepared(self._state, full, out, num_threads)  # type: ignore[attr-defined]
 
-    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+    def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], dims: Sequence[int] = ()) -> None:
         """As :meth:`Kernel.run_pointers`, with the pointers of the non-constant inputs only."""
         if not self._pointers:
             raise KernelArgumentError(f"{self.kernel._what()} is not a CPU kernel: call run_pointers on it")
@@ -229,9 +267,9 @@ class PreparedKernel:
         rest = iter(inputs)
         full = [p if s.constant else next(rest) for s, p in zip(self.kernel.inputs, self._pointers)]
         if self._state is None:
-            self.kernel.run_pointers(full, outputs)
+            self.kernel.run_pointers(full, outputs, dims=dims)
         else:
-            self.kernel._run_prepared(self._state, full, outputs)
+            self.kernel._run_prepared(self._state, full, outputs, dims)
 
     @property
     def packs(self) -> bool:
@@ -304,20 +342,47 @@ class CpuKernel(Kernel):
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
-        self._prepare_fns: Optional[Tuple[Any, Any, Any]] = None
+        # A kernel of a range of sizes: its entry points that take them first.
+        ranged = bool(self.ranges)
+        self._fn_dims: Any = None
+        if ranged:
+            self._fn_dims = self._entry("fusor_run_dims", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                           ctypes.c_int], ctypes.c_int)
+        self._prepare_fns: Optional[Tuple[Any, Any, Any, Any]] = None
         if self.metadata.get("prepare"):
-            try:
-                prepare, run, release = (getattr(self._lib, n) for n in
-                                         ("fusor_prepare", "fusor_run_prepared", "fusor_release"))
-            except AttributeError as e:
-                raise BuildError(f"{self.library_path} lacks its prepare step: {e}") from None
-            prepare.argtypes, prepare.restype = [ctypes.c_void_p], ctypes.c_void_p
-            run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            run.restype = ctypes.c_int
-            release.argtypes, release.restype = [ctypes.c_void_p], None
-            self._prepare_fns = (prepare, run, release)
+            prepare = self._entry("fusor_prepare", [ctypes.c_void_p], ctypes.c_void_p)
+            run = self._entry("fusor_run_prepared", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int],
+                              ctypes.c_int)
+            release = self._entry("fusor_release", [ctypes.c_void_p], None)
+            run_dims = self._entry("fusor_run_prepared_dims", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                               ctypes.c_void_p, ctypes.c_int], ctypes.c_int) \
+                if ranged else None
+            self._prepare_fns = (prepare, run, release, run_dims)
         self._in_array = ctypes.c_void_p * len(self.inputs)
         self._out_array = ctypes.c_void_p * len(self.outputs)
+        self._dims_array = ctypes.c_long * max(1, len(self.ranges))
+
+    def _entry(self, name: str, argtypes: List[Any], restype: Any) -> Any:
+        try:
+            fn = getattr(self._lib, name)
+        except AttributeError as e:
+            raise BuildError(f"{self.library_path} lacks {name}: {e}") from None
+        fn.argtypes, fn.restype = argtypes, restype
+        return fn
+
+    def _run(self, state: Optional[int], ins: Any, outs: Any, threads: int, dims: Sequence[int]) -> None:
+        """One call: fusor_run, or its prepared (`state`) or sized (`dims`) variants."""
+        if dims and self._fn_dims is None:
+            raise KernelArgumentError(f"{self._what()} takes exact sizes, not dims={list(dims)}")
+        sizes = self._dims_array(*dims) if dims else None
+        if state is None:
+            rc = self._fn_dims(sizes, ins, outs, threads) if sizes is not None else self._fn(ins, outs, threads)
+        else:
+            assert self._prepare_fns is not None
+            rc = (self._prepare_fns[3](state, sizes, ins, outs, threads) if sizes is not None
+                  else self._prepare_fns[1](state, ins, outs, threads))
+        if rc != 0:
+            raise FusorError(f"{self._what()} returned {rc}" + (" (a size out of its range)" if rc == 2 else ""))
 
     def _check_host(self) -> None:
         target = self.result.target
@@ -367,24 +432,21 @@ class CpuKernel(Kernel):
         return self._call_prepared(None, args, out, num_threads)
 
     def _call_prepared(self, state: Optional[int], args: Sequence[Any], out: Any, num_threads: Optional[int]) -> Any:
-        """The call, through fusor_run_prepared with `state` (None: fusor_run)."""
+        """The call, through fusor_run_prepared with `state` (None: fusor_run); a kernel of a range of sizes at
+        the sizes its inputs have."""
         outs = self._check_count(args, out)
+        sizes = self.sizes_of(args) if self.ranges else {}
         tensor_type = _torch_tensor_type()
         use_torch = tensor_type is not None and any(isinstance(a, tensor_type) for a in args)
         ins = self._in_array()
         for i, (a, spec) in enumerate(zip(args, self.inputs)):
-            ins[i] = self._pointer(a, spec, tensor_type, "input", writable=False)
+            ins[i] = self._pointer(a, spec.at(sizes), tensor_type, "input", writable=False)
         if outs is None:
-            outs = [self._allocate(spec, use_torch) for spec in self.outputs]
+            outs = [self._allocate(spec.at(sizes), use_torch) for spec in self.outputs]
         results = self._out_array()
         for i, (o, spec) in enumerate(zip(outs, self.outputs)):
-            results[i] = self._pointer(o, spec, tensor_type, "output", writable=True)
-        if state is None:
-            rc = self._fn(ins, results, num_threads or self.num_threads)
-        else:
-            rc = self._prepare_fns[1](state, ins, results, num_threads or self.num_threads)  # type: ignore[index]
-        if rc != 0:
-            raise FusorError(f"{self._what()} returned {rc}")
+            results[i] = self._pointer(o, spec.at(sizes), tensor_type, "output", writable=True)
+        self._run(state, ins, results, num_threads or self.num_threads, [sizes[name] for name, _, _ in self.ranges])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _prepare_pointers(self, inputs: Sequence[int]) -> Optional[int]:
@@ -395,23 +457,18 @@ class CpuKernel(Kernel):
             raise FusorError(f"{self._what()} could not prepare its constant inputs (out of memory)")
         return int(state)
 
-    def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int]) -> None:
-        rc = self._prepare_fns[1](state, self._in_array(*inputs), self._out_array(*outputs),  # type: ignore[index]
-                                  self.num_threads)
-        if rc != 0:
-            raise FusorError(f"{self._what()} returned {rc}")
+    def _run_prepared(self, state: int, inputs: Sequence[int], outputs: Sequence[int], dims: Sequence[int] = ()) -> None:
+        self._run(state, self._in_array(*inputs), self._out_array(*outputs), self.num_threads, dims)
 
     def _release_prepared(self, state: int) -> None:
         if self._prepare_fns is not None:
             self._prepare_fns[2](state)
 
     def run_pointers(self, inputs: Sequence[int], outputs: Sequence[int], *, device: int = 0,
-                     stream: Optional[int] = None) -> None:
+                     stream: Optional[int] = None, dims: Sequence[int] = ()) -> None:
         if len(inputs) != len(self.inputs) or len(outputs) != len(self.outputs):
             raise KernelArgumentError(f"{self._what()} takes {len(self.inputs)} inputs and {len(self.outputs)} outputs")
-        rc = self._fn(self._in_array(*inputs), self._out_array(*outputs), self.num_threads)
-        if rc != 0:
-            raise FusorError(f"{self._what()} returned {rc}")
+        self._run(None, self._in_array(*inputs), self._out_array(*outputs), self.num_threads, dims)
 
     def _allocate(self, spec: TensorSpec, use_torch: bool) -> Any:
         return torch_empty(spec) if use_torch else np.empty(spec.shape, dtype=NUMPY_DTYPES[spec.dtype])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional, Tuple
 
 from .v1 import scheduler_pb2, target_pb2
 
@@ -33,6 +33,14 @@ class Result:
     candidates_measured: int
     candidates_failed: int
     tuning_s: float
+    # How the answer was found: "tuned" (the workload's own record), "covered" (a record of a range of sizes of
+    # the same chain that holds these) or "transferred" (the nearest record's schedule, fitted to these sizes;
+    # `validated` once a task measured it here). `source_key`: the record it came from. `served_dims`: the
+    # ranged dims the kernel takes at each call ("m=65..256 n=65..256"; "" for exact sizes).
+    answer: str
+    validated: bool
+    source_key: str
+    served_dims: str
     proto: scheduler_pb2.TuneResult = field(repr=False)
 
     @classmethod
@@ -43,7 +51,9 @@ class Result:
                    spread=r.best_measurement.spread, baseline_s=r.baseline_s, baseline_kind=r.baseline_kind,
                    speedup=r.speedup, fused_s=r.fused_s, fused_schedule=r.fused_schedule,
                    candidates_measured=r.candidates_measured,
-                   candidates_failed=r.candidates_failed, tuning_s=r.tuning_s, proto=r)
+                   candidates_failed=r.candidates_failed, tuning_s=r.tuning_s, answer=r.answer or "tuned",
+                   validated=r.validated or not r.answer, source_key=r.source_key, served_dims=r.served_dims,
+                   proto=r)
 
     @property
     def split(self) -> bool:
@@ -60,10 +70,13 @@ class Result:
         answer = ("from the cache" if self.from_cache else
                   f"tuned now by task {self.task_id}: {self.candidates_measured} candidates measured "
                   f"({self.candidates_failed} failed) in {self.tuning_s:.1f} s")
+        if self.answer != "tuned":
+            answer = (f"{self.answer} from workload {self.source_key}" +
+                      ("" if self.validated else " (not yet measured at these sizes)"))
         lines = [f"workload   {self.workload_key}",
                  f"target     {t.fingerprint} ({t.arch}, {t.device_name}, {t.compute_units} "
                  f"{'cores' if t.backend == target_pb2.BACKEND_CPU else 'SMs'})",
-                 f"answer     {answer}",
+                 f"answer     {answer}"] + ([f"range      {self.served_dims}"] if self.served_dims else []) + [
                  f"schedule   {self.schedule}"]
         if self.split:
             lines.append(f"parts      {_parts(self.schedule)}")
@@ -174,3 +187,34 @@ def _parts(schedule: str) -> str:
     words = [f"the {name} {'unfused, through ' + text.strip()[len('unfused '):] if text.strip().startswith('unfused ') else 'fused'}"
              for name, text in zip(("head", "tail"), parts.split("|"))]
     return f"the chain in two kernels run in turn, split after {boundary}: " + ", ".join(words)
+
+
+@dataclass
+class Explanation:
+    """Why a chain has no record of its own (:meth:`fusor.Client.explain`): the nearest record (of the same
+    chain at other sizes, else of a chain of the same name, on any target) and each field of the key or of the
+    target in which it differs, as (field, here, there); `result` is the answer the lookup gave, if any."""
+
+    workload_key: str
+    family_key: str
+    nearest_key: str
+    nearest_target: str
+    differences: List[Tuple[str, str, str]]
+    summary: str
+    result: Optional[Result]
+
+    @classmethod
+    def from_proto(cls, why: scheduler_pb2.Explanation, result: Optional[Result]) -> "Explanation":
+        return cls(workload_key=why.workload_key, family_key=why.family_key, nearest_key=why.nearest_key,
+                   nearest_target=why.nearest_target,
+                   differences=[(d.field, d.wanted, d.found) for d in why.differences], summary=why.summary,
+                   result=result)
+
+    def __str__(self) -> str:
+        lines = [f"why        key {self.workload_key}, family {self.family_key}"]
+        if not self.nearest_key:
+            return "\n".join(lines + [f"nearest    none: {self.summary}"])
+        lines.append(f"nearest    workload {self.nearest_key} on target {self.nearest_target}")
+        lines += [f"{'differs   ' if i == 0 else '          '} {f}: {a or '(none)'} here, {b or '(none)'} there"
+                  for i, (f, a, b) in enumerate(self.differences)]
+        return "\n".join(lines)

@@ -29,15 +29,19 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Access:
-    """How a chain reads a strided view: the dense buffer it declares (extents, outermost first) and the
-    index of each buffer dim in the view's dim names."""
+    """How a chain reads a strided view: the dense buffer it declares (extents, outermost first), the index of
+    each buffer dim in the view's dim names, and, per buffer dim, the view dim whose whole size it is (None: a
+    stride's gap, a scaled index)."""
 
     extents: Tuple[int, ...]
     index: Tuple[str, ...]
+    sized: Tuple[Optional[str], ...] = ()
 
-    def declaration(self, name: str) -> str:
-        """`NAME[e0,e1,...]`: the buffer with integer extents."""
-        return f"{name}[{','.join(str(e) for e in self.extents)}]"
+    def declaration(self, name: str, dims: Sequence[str] = ()) -> str:
+        """`NAME[e0,e1,...]`: the buffer, each buffer dim that is exactly one of the chain's `dims` declared with
+        it (its size then follows the dim's), the others with their integer extents."""
+        sized = self.sized or (None,) * len(self.extents)
+        return f"{name}[{','.join(d if d is not None and d in dims else str(e) for e, d in zip(self.extents, sized))}]"
 
     def access(self, name: str) -> str:
         """`NAME[i0,i1,...]`: the buffer read at the view's dims."""
@@ -58,11 +62,12 @@ def strided_access(sizes: Sequence[int], strides: Sequence[int], names: Sequence
         raise ValueError("sizes, strides and names must have one entry per dim")
     dims = sorted((int(st), int(sz), nm) for sz, st, nm in zip(sizes, strides, names) if sz > 1 and st != 0)
     if not dims:
-        return Access((1,), ("0",))
+        return Access((1,), ("0",), (None,))
     if dims[0][0] < 0:
         return None
     extents: List[int] = []
     index: List[str] = []
+    sized: List[Optional[str]] = []
     for i, (stride, size, name) in enumerate(dims):
         unit, coefficient = (1, stride) if i == 0 else (stride, 1)
         reach = coefficient * (size - 1) + 1
@@ -74,7 +79,8 @@ def strided_access(sizes: Sequence[int], strides: Sequence[int], names: Sequence
         else:
             extents.append(reach)
         index.append(name if coefficient == 1 else f"{name}*{coefficient}")
-    return Access(tuple(reversed(extents)), tuple(reversed(index)))
+        sized.append(name if coefficient == 1 and extents[-1] == size else None)
+    return Access(tuple(reversed(extents)), tuple(reversed(index)), tuple(reversed(sized)))
 
 
 @dataclass(frozen=True)
@@ -162,11 +168,11 @@ def attention(q: View, k: View, v: View, mask: Optional[View], scale: float, dty
     ka = _read(k, names + ["n", "d"], "k")
     va = _read(v, names + ["n", "e"], "v")
     scores = ",".join(q_lead + ["m", "n"])
-    decl = [qa.declaration("Q"), ka.declaration("K"), va.declaration("V")]
+    decl = [qa.declaration("Q", list(extents)), ka.declaration("K", list(extents)), va.declaration("V", list(extents))]
     logits = f"S[{scores}]"
     if mask is not None:
         ma = _read(mask, q_lead + ["m", "n"], "the mask")
-        decl.append(ma.declaration("M"))
+        decl.append(ma.declaration("M", list(extents)))
         logits += " + " + ma.access("M")
     logical = names + ["m", "e"]
     out_dims: List[str] = []
@@ -218,7 +224,8 @@ def ffn(x: View, w1: View, w2: View, dtype: str, activation: Optional[str], b1: 
     if c1 != c or f2 != f or (up is not None and up.sizes != w1.sizes):
         raise Unsupported(f"x {list(x.sizes)}, w1 {list(w1.sizes)} and w2 {list(w2.sizes)} do not chain")
     xa, wa, w2a = _read(rows, ["m", "c"], "x"), _read(w1, ["c", "f"], "w1"), _read(w2, ["f", "o"], "w2")
-    decl = [xa.declaration("X"), wa.declaration("W1")] + ([f"B1[{f}]"] if b1 else [])
+    dims = ["m", "c", "f", "o"]
+    decl = [xa.declaration("X", dims), wa.declaration("W1", dims)] + ([f"B1[{f}]"] if b1 else [])
     lines = [f"H[m,f] = sum(c) {xa.access('X')} * {wa.access('W1')}"]
     hidden = "H[m,f]" + (" + B1[f]" if b1 else "")
     if activation == "silu":
@@ -227,10 +234,10 @@ def ffn(x: View, w1: View, w2: View, dtype: str, activation: Optional[str], b1: 
         hidden = f"{activation}({hidden})"
     if up is not None:
         ua = _read(up, ["c", "f"], "the up projection")
-        decl += [ua.declaration("WU")] + ([f"BU[{f}]"] if up_bias else [])
+        decl += [ua.declaration("WU", dims)] + ([f"BU[{f}]"] if up_bias else [])
         lines.append(f"U[m,f] = sum(c) {xa.access('X')} * {ua.access('WU')}")
         hidden = f"({hidden}) * " + ("(U[m,f] + BU[f])" if up_bias else "U[m,f]")
-    decl += [w2a.declaration("W2")] + ([f"B2[{o}]"] if b2 else [])
+    decl += [w2a.declaration("W2", dims)] + ([f"B2[{o}]"] if b2 else [])
     lines.append(f"G[m,f] = {hidden}")
     lines.append(f"Y[m,o] = sum(f) G[m,f] * {w2a.access('W2')}")
     out = "Y"
@@ -275,8 +282,9 @@ def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int],
     access = "I[" + ",".join(spatial.get(i, i) for i in xa.index) + "]"
     wa = _read(w1, ["k", "c", "r", "s"], "w1")
     w2a = _read(View(w2.sizes[:2], w2.strides[:2]), ["j", "k"], "w2")
-    decl = [xa.declaration("I"), wa.declaration("W1")] + ([f"B1[{k}]"] if b1 else []) + \
-        [w2a.declaration("W2")] + ([f"B2[{j}]"] if b2 else [])
+    dims = ["n", "c", "k", "j", "r", "s"]
+    decl = [xa.declaration("I", dims), wa.declaration("W1", dims)] + ([f"B1[{k}]"] if b1 else []) + \
+        [w2a.declaration("W2", dims)] + ([f"B2[{j}]"] if b2 else [])
     hidden = "T[n,k,p,q]" + (" + B1[k]" if b1 else "")
     if activation == "silu":
         hidden = f"({hidden}) * sigmoid({hidden})"
@@ -288,7 +296,7 @@ def conv_chain(x: View, w1: View, w2: View, dtype: str, stride: Tuple[int, int],
     if b2:
         lines.append("Z[n,j,p,q] = O[n,j,p,q] + B2[j]")
         out = "Z"
-    dims = f"dim n={n} c={c} k={k} j={j} p={p} q={q} r={r} s={s}"
-    text = "\n".join(["chain fusor_conv_chain", f"dtype {dtype}", dims, "in  " + " ".join(decl), _constants(decl[1:]),
+    text = "\n".join(["chain fusor_conv_chain", f"dtype {dtype}", f"dim n={n} c={c} k={k} j={j} p={p} q={q} r={r} s={s}",
+                      "in  " + " ".join(decl), _constants(decl[1:]),
                       *lines, f"out {out}", ""])
     return text

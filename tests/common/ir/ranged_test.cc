@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "common/ir/canonical.h"
+#include "absl/strings/str_replace.h"
 #include "common/ir/parse.h"
+#include "common/ir/ranges.h"
 #include "proto/wire/convert.h"
 
 namespace fusor::ir {
@@ -100,19 +102,87 @@ TEST(RangedDimTest, RefusesWhatCannotChangeSize) {
               HasSubstr("ranges over 9..4"));
   EXPECT_THAT(error("dim m=0..4 k=4\nin X[m,k]\nY[m] = sum(k) X[m,k]\nout Y\n"),
               HasSubstr("a range starts at 1"));
-  // An axis declared with a number, read by a ranged dim.
-  EXPECT_THAT(error("dim m=1..8 k=4\nin X[8,k]\nY[m] = sum(k) X[m,k]\nout Y\n"),
-              HasSubstr("ranged dim 'm' indexes axis 0 of 'X', which is not declared with it"));
+  // An axis declared with another dim.
+  EXPECT_THAT(error("dim m=1..8 k=4\nin X[k,k]\nY[m] = sum(k) X[m,k]\nout Y\n"),
+              HasSubstr("ranges over [0, 7] but the axis has extent 4"));
   // A ranged axis read at an offset.
   EXPECT_THAT(error("dim m=2..8 k=4\nin X[m,k]\nY[m] = sum(k) X[m-1,k]\nout Y\n"),
               HasSubstr("indexed by 'm' alone"));
   // A constant cannot change shape.
   EXPECT_THAT(error("dim m=1..8 k=4\nin X[m,k] W[m]\nconst W\nY[m] = sum(k) X[m,k] * W[m]\nout Y\n"),
               HasSubstr("constant 'W' is declared with ranged dim 'm'"));
+  // An axis of fixed extent (a preallocated cache's) may be read by a ranged dim anywhere in it.
+  EXPECT_TRUE(ParseChainText("dim m=1..8 k=4\nin X[10,k]\nY[m] = sum(k) X[m+2,k]\nout Y\n").ok());
   // A range of one size is that size.
   absl::StatusOr<Chain> one = ParseChainText("dim m=8..8 k=4\nin X[m,k]\nY[m] = sum(k) X[m,k]\nout Y\n");
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_FALSE(one->dims[0].Ranged());
+}
+
+}  // namespace
+}  // namespace fusor::ir
+
+namespace fusor::ir {
+namespace {
+
+constexpr char kExact[] = R"(
+chain attn
+dtype f32
+dim h=4 m=150 n=150 d=32
+in  Q[m,h,d] K[n,h,d] V[n,h,d]
+S[h,m,n] = sum(d) Q[m,h,d] * K[n,h,d] * 0.17
+P[h,m,n] = softmax(n) S[h,m,n]
+O[m,h,d] = sum(n) P[h,m,n] * V[n,h,d]
+out O
+)";
+
+TEST(RangeForTest, RangesGrowFourfold) {
+  EXPECT_EQ(RangeFor(1), std::make_pair(int64_t{1}, int64_t{1}));
+  EXPECT_EQ(RangeFor(2), std::make_pair(int64_t{2}, int64_t{16}));
+  EXPECT_EQ(RangeFor(16), std::make_pair(int64_t{2}, int64_t{16}));
+  EXPECT_EQ(RangeFor(17), std::make_pair(int64_t{17}, int64_t{64}));
+  EXPECT_EQ(RangeFor(65), std::make_pair(int64_t{65}, int64_t{256}));
+  EXPECT_EQ(RangeFor(384), std::make_pair(int64_t{257}, int64_t{1024}));
+  EXPECT_EQ(RangeFor(int64_t{1} << 24).second, int64_t{1} << 24);
+}
+
+TEST(WidenTest, VaryingDimsBecomeTheirRanges) {
+  absl::StatusOr<Chain> exact = ParseChainText(kExact);
+  ASSERT_TRUE(exact.ok());
+  absl::StatusOr<Chain> widened = Widen(*exact, {"m", "n"});
+  ASSERT_TRUE(widened.ok()) << widened.status();
+  EXPECT_EQ(RangedText(*widened), "m=65..256 n=65..256");
+  EXPECT_THAT(Widen(*exact, {"x"}).status().message(), HasSubstr("'x' is not a dim"));
+  // A dim read at an offset on an axis it sizes cannot vary.
+  absl::StatusOr<Chain> shifted = ParseChainText("dim m=20 k=4\nin X[m,k]\nY[m] = sum(k) X[m,k]\nZ[m] = Y[m]\nout Z\n");
+  ASSERT_TRUE(shifted.ok());
+  absl::StatusOr<Chain> offset =
+      ParseChainText("dim m=20 k=4 j=19\nin X[m,k]\nY[j] = sum(k) X[j+1,k]\nout Y\n");
+  ASSERT_TRUE(offset.ok()) << offset.status();
+  EXPECT_THAT(Widen(*offset, {"m"}).status().message(), HasSubstr("cannot serve a range of sizes there"));
+}
+
+TEST(FamilyTest, ChainsAtOtherSizesShareAFamilyAndCarryOver) {
+  absl::StatusOr<Chain> exact = ParseChainText(kExact);
+  ASSERT_TRUE(exact.ok());
+  absl::StatusOr<Chain> ranged = Widen(*exact, {"m", "n"});
+  ASSERT_TRUE(ranged.ok());
+  const CanonicalForm exact_family = CanonicalFamily(*exact);
+  // The record is stored in canonical names.
+  const Chain record = Canonicalize(*ranged).chain;
+  const CanonicalForm record_family = CanonicalFamily(record);
+  EXPECT_EQ(exact_family.key, record_family.key);
+  EXPECT_NE(exact_family.key, CanonicalFamily(*ParseChainText(absl::StrReplaceAll(kExact, {{"f32", "f16"}}))).key);
+  EXPECT_TRUE(Covers(record, record_family, *exact, exact_family));
+  absl::StatusOr<Chain> outside = ParseChainText(absl::StrReplaceAll(kExact, {{"=150", "=300"}}));
+  ASSERT_TRUE(outside.ok());
+  EXPECT_FALSE(Covers(record, record_family, *outside, CanonicalFamily(*outside)));
+  EXPECT_GT(SizeDistance(record, record_family, *outside, CanonicalFamily(*outside)), 0);
+  // The requester's chain at the record's ranges is the record.
+  absl::StatusOr<Chain> resized = WithSizesOf(*exact, exact_family, record, record_family);
+  ASSERT_TRUE(resized.ok()) << resized.status();
+  EXPECT_EQ(Canonicalize(*resized).key, Canonicalize(*ranged).key);
+  EXPECT_EQ(RangedText(*resized), "m=65..256 n=65..256");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ also run as is. The fastest answers for those shapes from then on; on a tie the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections import OrderedDict
@@ -22,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from ._graph import Found, rewrite
+from ._helpers import requests
 from ._runtime import Settings, only
 
 log = logging.getLogger("fusor.torch")
@@ -87,6 +89,12 @@ class GraphRunner:
             self.trial(*[x.node.hint if isinstance(x, torch.SymInt) else x for x in self.example_inputs])
 
     def __call__(self, *args: Any) -> Any:
+        # Counted as a request: a worker tuning on this machine times its kernels between requests.
+        counters = requests()
+        with counters if counters is not None else contextlib.nullcontext():
+            return self._call(args)
+
+    def _call(self, args: Sequence[Any]) -> Any:
         signature = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
         chosen = self.settled.get(signature)
         if chosen is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,6 +25,8 @@ from .._chain import Chain
 from .._client import Client
 from .._errors import KernelArgumentError
 from .._kernel import Kernel
+from .._quiet import Requests
+from .._result import Explanation
 from .. import _strided
 from .._strided import ACTIVATIONS, View, strided_access
 
@@ -35,8 +37,8 @@ _MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 _lock = threading.Lock()  # guards the three below, never held while tuning
 _client: Optional[Client] = None
 _owned = False  # whether _client was started here (and so is closed here)
-_kernels: Dict[Tuple[str, str], Kernel] = {}
-_pending: Dict[Tuple[str, str], threading.Lock] = {}
+_kernels: Dict[Tuple[str, str, Tuple[str, ...]], Kernel] = {}
+_pending: Dict[Tuple[str, str, Tuple[str, ...]], threading.Lock] = {}
 
 
 def set_client(client: Optional[Client]) -> None:
@@ -51,19 +53,40 @@ def set_client(client: Optional[Client]) -> None:
         previous.close()
 
 
+# How the default embedded service tunes beside the process's requests (set_tuning_cores).
+_worker_cores: Optional[int] = None
+
+
+def set_tuning_cores(cores: Optional[int]) -> None:
+    """The cores the default embedded worker may use (None: all), for the one started after this call."""
+    global _worker_cores
+    _worker_cores = cores
+
+
 def _default_client() -> Client:
     global _client, _owned
     with _lock:
         if _client is None:
             server = os.environ.get("FUSOR_SERVER")
-            _client, _owned = Client(server) if server else Client.embedded(), True
+            # On this machine, the worker tunes in what the requests leave and times between them.
+            _client = Client(server) if server else Client.embedded(serving=True, worker_cores=_worker_cores)
+            _owned = True
         return _client
 
 
-def kernel(chain: Chain, backend: str, budget: int = 0) -> Kernel:
+def requests() -> Optional[Requests]:
+    """The request counters of the default embedded service, once started (None: none, or a remote server)."""
+    with _lock:
+        return _client.requests if _client is not None else None
+
+
+def kernel(chain: Chain, backend: str, budget: int = 0, vary: Sequence[str] = ()) -> Kernel:
     """The tuned kernel of `chain` on `backend`, kept for the process after the first call. Threads asking for
-    the same chain wait for one compile; other chains go on."""
-    key = (chain.text, backend)
+    the same chain wait for one compile; other chains go on. With `vary` (the dims whose size changes from call
+    to call), the kernel of the range of sizes around the chain's, which takes them at each call: on a miss the
+    scheduler carries over the schedule of the same chain at other sizes where it has one (validated and timed
+    at these: seconds), else tunes."""
+    key = (chain.text, backend, tuple(vary))
     with _lock:
         if key in _kernels:
             return _kernels[key]
@@ -72,11 +95,16 @@ def kernel(chain: Chain, backend: str, budget: int = 0) -> Kernel:
         with _lock:
             if key in _kernels:
                 return _kernels[key]
-        compiled = _default_client().compile(chain, backend=backend, budget=budget)
+        compiled = _default_client().compile(chain, backend=backend, budget=budget, vary=vary, transfer=bool(vary))
         with _lock:
             _kernels[key] = compiled
             _pending.pop(key, None)
         return compiled
+
+
+def explain(chain: Chain, backend: str, vary: Sequence[str] = ()) -> Explanation:
+    """Why the scheduler has no record of `chain`'s own (Client.explain)."""
+    return _default_client().explain(chain, backend=backend, vary=vary)
 
 
 def _check(tensors: List[torch.Tensor], names: List[str]) -> Tuple[str, str]:

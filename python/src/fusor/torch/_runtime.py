@@ -30,7 +30,6 @@ import math
 import statistics
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -41,7 +40,7 @@ from .._chain import Chain
 from .._kernel import Kernel
 from .. import _strided
 from .._strided import Unsupported, View
-from ._helpers import _DTYPES, _MASKED
+from ._helpers import _DTYPES, _MASKED, explain
 from ._helpers import kernel as compiled_kernel
 
 log = logging.getLogger("fusor.torch")
@@ -50,6 +49,8 @@ log = logging.getLogger("fusor.torch")
 _TOLERANCE = {"f32": 2e-3, "f16": 2e-2, "bf16": 6e-2}
 # How much faster than the original ops a kernel must be to replace them (a tie keeps the original ops).
 _MARGIN = 1.03
+# The largest extent a chain may have (the scheduler's limit): a larger tensor runs the original ops.
+_MAX_EXTENT = 1 << 24
 # A chain whose tune failed is tuned again at a call this many seconds later, up to _ATTEMPTS tunes in all.
 _RETRY_SECONDS = 60.0
 _ATTEMPTS = 3
@@ -59,19 +60,58 @@ _ATTEMPTS = 3
 class Settings:
     """How regions get their kernels. tune: "background" (the original ops answer until the kernel has
     arrived and won) or "ahead" (a call waits for its chain's kernel). budget: candidates measured per chain
-    (0: the scheduler's default). rounds: alternating timing rounds of the comparison."""
+    (0: the scheduler's default). rounds: alternating timing rounds of the comparison. tune_seconds: the
+    wall time the background tunes of this process may take in all (None: no cap); once spent, chains not
+    tuned yet keep the original ops."""
 
     tune: str = "background"
     budget: int = 0
     rounds: int = 7
+    tune_seconds: Optional[float] = None
+
+
+# The dims a request changes, per kind of region: its batch, query and key lengths, rows. A region asks for
+# the kernel of the range of sizes around each (the scheduler's ranges), served to every size in it.
+_VARY = {"attention": ("z0", "m", "n"), "ffn": ("m",), "conv": ("n",)}
+
+
+def range_for(size: int) -> Tuple[int, int]:
+    """The range of sizes the scheduler serves with `size` (ir::RangeFor): 1; 2..16; then ranges four times as
+    long as the last (17..64, 65..256, ...). Only groups the calls that wait for one kernel; the kernel's own
+    ranges say what it serves."""
+    if size <= 1:
+        return 1, 1
+    if size <= 16:
+        return 2, 16
+    hi = 64
+    while hi < size and hi < _MAX_EXTENT:
+        hi *= 4
+    hi = min(hi, _MAX_EXTENT)
+    return hi // 4 + 1, hi
+
+
+def chain_sizes(text: str) -> Dict[str, int]:
+    """The sizes of a chain text's dims ("dim m=128 n=64 ..."), by name."""
+    for line in text.splitlines():
+        if line.startswith("dim "):
+            return {name: int(size) for name, _, size in (part.partition("=") for part in line.split()[1:])}
+    return {}
+
+
+def _template(text: str, varying: Sequence[str]) -> str:
+    """The chain text with the sizes of `varying` left out: chains that differ only there share it."""
+    return "\n".join(" ".join(part if part.partition("=")[0] not in varying else part.partition("=")[0] + "=?"
+                               for part in line.split()) if line.startswith("dim ") else line
+                     for line in text.splitlines())
 
 
 @dataclass
 class Verdict:
-    """What became of one chain on one backend."""
+    """What became of one chain, at one range of sizes, on one backend."""
 
-    chain: str
+    chain: str  # the text of the first call that asked (its exact sizes)
     backend: str
+    vary: Tuple[str, ...] = ()  # the dims served over a range
     state: str = "tuning"  # tuning, ready (kernel here, not yet compared), fused, unfused, failed
     reason: str = ""
     kernel: Optional[Kernel] = None
@@ -81,27 +121,43 @@ class Verdict:
     regions: List[str] = field(default_factory=list)
     attempts: int = 0
     retry_at: float = 0.0
+    answer: str = ""  # tuned, covered, transferred
+    why: str = ""  # why the scheduler had no record of its own
+    seen_us: float = 0.0  # the original ops' time in the calls made while it waited: its expected gain
+    queued: bool = False
 
     @property
     def name(self) -> str:
         return self.chain.split("\n", 1)[0].replace("chain ", "")
 
+    @property
+    def served(self) -> str:
+        """The ranges its kernel serves, "m=65..256 n=65..256" ("" for exact sizes or no kernel)."""
+        return " ".join(f"{n}={lo}..{hi}" for n, lo, hi in self.kernel.ranges) if self.kernel else ""
+
 
 class Verdicts:
-    """The chains regions have met, their kernels (asked for on one background thread) and verdicts."""
+    """The chains regions have met, at each range of sizes, their kernels and verdicts. Kernels are asked for
+    on one background thread, the chain whose calls have spent the most time in the original ops first, within
+    the tuning budget's wall time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_chain: Dict[Tuple[str, str], Verdict] = {}
-        self._futures: List[Future] = []
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._changed = threading.Condition(self._lock)
+        self._by_key: Dict[Tuple[Any, ...], Verdict] = {}
+        self._queue: List[Verdict] = []
+        self._running = 0
+        self._thread: Optional[threading.Thread] = None
+        self._spent_s = 0.0
 
-    def get(self, text: str, backend: str, region: str, settings: Settings) -> Verdict:
-        """The verdict of `text` on `backend`; the first ask starts its kernel's compile (in the background, or
-        now when tuning ahead)."""
-        key = (text, backend)
+    def get(self, text: str, backend: str, region: str, settings: Settings, vary: Sequence[str] = ()) -> Verdict:
+        """The verdict of `text` on `backend` (of its range of sizes of `vary`, where the backend serves ranges);
+        the first ask queues its kernel's compile (or compiles now when tuning ahead)."""
+        sizes = chain_sizes(text)
+        varying = tuple(d for d in vary if d in sizes)
+        key = (_template(text, varying), backend, tuple(range_for(sizes[d]) for d in varying))
         with self._lock:
-            verdict = self._by_chain.get(key)
+            verdict = self._by_key.get(key)
             if verdict is not None:
                 if region not in verdict.regions:
                     verdict.regions.append(region)
@@ -110,21 +166,56 @@ class Verdicts:
                     return verdict
                 verdict.state = "tuning"  # a failed tune (a busy machine's noisy measurements) is tried again
             else:
-                verdict = self._by_chain[key] = Verdict(text, backend, regions=[region])
+                verdict = self._by_key[key] = Verdict(text, backend, varying, regions=[region])
             verdict.attempts += 1
             if settings.tune != "ahead":
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusor-tune")
-                self._futures.append(self._executor.submit(self._compile, verdict, settings.budget))
+                verdict.queued = True
+                self._queue.append(verdict)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._serve, args=(settings,), name="fusor-tune",
+                                                    daemon=True)
+                    self._thread.start()
+                self._changed.notify_all()
                 return verdict
         self._compile(verdict, settings.budget)
         return verdict
 
+    def _serve(self, settings: Settings) -> None:
+        """The background thread: the queued chains, the greatest expected gain first, while the budget lasts."""
+        while True:
+            with self._lock:
+                while not self._queue:
+                    self._changed.wait()
+                verdict = max(self._queue, key=lambda v: v.seen_us)
+                self._queue.remove(verdict)
+                verdict.queued = False
+                spent = settings.tune_seconds is not None and self._spent_s >= settings.tune_seconds
+                self._running += 1
+            try:
+                if spent:
+                    verdict.state = "failed"
+                    verdict.attempts = _ATTEMPTS
+                    verdict.reason = (f"the tuning budget ({settings.tune_seconds:g} s of background tuning) is "
+                                      "spent: the original ops run")
+                else:
+                    start = time.monotonic()
+                    self._compile(verdict, settings.budget)
+                    with self._lock:
+                        self._spent_s += time.monotonic() - start
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    self._changed.notify_all()
+
     @staticmethod
     def _compile(verdict: Verdict, budget: int) -> None:
         log.info("fusor: tuning %s on %s", verdict.name, verdict.backend)
+        chain = Chain.parse(verdict.chain)
         try:
-            found = compiled_kernel(Chain.parse(verdict.chain), verdict.backend, budget)
+            if verdict.vary:
+                explained = explain(chain, verdict.backend, verdict.vary)
+                verdict.why = explained.summary if explained.result is None else ""
+            found = compiled_kernel(chain, verdict.backend, budget, verdict.vary)
         except Exception as e:  # noqa: BLE001 (any failure leaves the original ops in place, said once)
             verdict.state, verdict.reason = "failed", f"{type(e).__name__}: {e}"
             verdict.retry_at = time.monotonic() + _RETRY_SECONDS
@@ -132,29 +223,27 @@ class Verdicts:
                         verdict.attempts, _ATTEMPTS, verdict.reason)
             return
         verdict.kernel = found
+        verdict.answer = found.result.answer
         verdict.state = "ready"
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits for the kernels asked for so far; False when `timeout` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                pending = [f for f in self._futures if not f.done()]
-                self._futures = pending
-            if not pending:
-                return True
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            pending[0].exception(timeout=left)
+        with self._lock:
+            while self._queue or self._running:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
 
     def all(self) -> List[Verdict]:
         with self._lock:
-            return list(self._by_chain.values())
+            return list(self._by_key.values())
 
     def clear(self) -> None:
         with self._lock:
-            self._by_chain.clear()
+            self._by_key.clear()
 
 
 VERDICTS = Verdicts()
@@ -162,8 +251,6 @@ _regions: Dict[str, "Region"] = {}
 _regions_lock = threading.Lock()
 # The regions that may run their kernels on this thread (None: every one); see only().
 _allowed = threading.local()
-# The largest extent a chain may have (the scheduler's limit): a larger tensor runs the original ops.
-_MAX_EXTENT = 1 << 24
 
 
 def only(allowed: frozenset, graph: Callable[..., Any], *args: Any) -> Any:
@@ -278,8 +365,14 @@ class Region:
         if text is None:
             self._original.add(signature)
             return self.original(*args).contiguous()
-        verdict = VERDICTS.get(text, tensors[0].device.type, self.id, self.settings)
-        self.chain, self.last_key = text, (text, verdict.backend)
+        backend = tensors[0].device.type
+        # A CPU kernel serves a range of the sizes a request changes; a GPU's takes exact sizes.
+        verdict = VERDICTS.get(text, backend, self.id, self.settings, _VARY.get(self.kind, ()) if backend == "cpu" else ())
+        self.chain, self.last_key = text, id(verdict)
+        if verdict.kernel is not None and not verdict.kernel.covers(chain_sizes(text)):
+            self._say(args, f"the kernel serves {verdict.served}, not these sizes")
+            self._original.add(signature)
+            return self.original(*args).contiguous()
         if verdict.state == "fused":
             self.last = "fused"
             try:
@@ -294,9 +387,15 @@ class Region:
             return out
         if verdict.state == "unfused" or (verdict.state == "failed" and verdict.attempts >= _ATTEMPTS):
             self._original.add(signature)  # (a mask that reads differently would keep the original ops too)
-        elif verdict.state != "failed":  # a failed tune tried again later leaves the graph settled as it is
+            return self.original(*args).contiguous()
+        if verdict.state != "failed":  # a failed tune tried again later leaves the graph settled as it is
             self.last = "pending"
-        return self.original(*args).contiguous()
+        # While it waits, what its calls cost in the original ops is its expected gain: the tunes queued go
+        # in that order.
+        start = time.perf_counter()
+        out = self.original(*args).contiguous()
+        verdict.seen_us += (time.perf_counter() - start) * 1e6
+        return out
 
     def _say(self, args: Sequence[Any], why: Any) -> None:
         log.info("fusor: %s (%s) keeps the original ops for %s: %s", self.id, self.source,
@@ -315,11 +414,16 @@ class Region:
         out = torch.empty(self.output_shape(*args), dtype=first.dtype, device=first.device)
         operands = self.operands(*prepared)
         pointers = [t.data_ptr() for t in operands]
+        # A kernel of a range of sizes runs at the sizes of the chain these tensors make.
+        text = self._plans.get(self.key(*prepared)) or ""
+        sizes = chain_sizes(text)
+        dims = [sizes[name] for name, _, _ in kernel.ranges]
         packed = self._packed_kernel(kernel, operands, pointers)
         if packed is not None:
-            packed.run_pointers([p for p, s in zip(pointers, kernel.inputs) if not s.constant], [out.data_ptr()])
+            packed.run_pointers([p for p, s in zip(pointers, kernel.inputs) if not s.constant], [out.data_ptr()],
+                                dims)
         else:
-            kernel.run_pointers(pointers, [out.data_ptr()], device=first.device.index or 0)
+            kernel.run_pointers(pointers, [out.data_ptr()], device=first.device.index or 0, dims=dims)
         return out
 
     def _packed_kernel(self, kernel: Kernel, operands: Sequence[torch.Tensor], pointers: Sequence[int]) -> Any:
