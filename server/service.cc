@@ -120,9 +120,8 @@ grpc::Status SchedulerService::CompileFromCache(const grpc::ServerContextBase& c
   auto answer = CachedAnswerFor(*core_, req.workload(), req.target());
   if (!answer.ok()) return ToGrpcStatus(answer.status());
   const absl::StatusOr<TuneResult>& found = (*answer)->result;
-  // A transferred schedule no task has validated yet is an answer for a
-  // cache-only request (marked so); any other waits for its validation.
-  const bool ready = found.ok() && (found->validated || req.cache_only());
+  // A transferred schedule is a kernel only once a task has validated it.
+  const bool ready = found.ok() && found->validated;
   core_->NoteCacheLookup(ready);
   if (ready) {
     const absl::StatusOr<CompileResult>& rendered = core_->CompileAnswer(**answer);
@@ -130,7 +129,14 @@ grpc::Status SchedulerService::CompileFromCache(const grpc::ServerContextBase& c
     *resp = CompileResponseProto(*rendered);
     return grpc::Status::OK;
   }
-  if (req.cache_only()) return ToGrpcStatus(found.status());
+  if (req.cache_only()) {
+    return ToGrpcStatus(found.ok() ? absl::NotFoundError(absl::StrCat(
+                                         "no validated kernel for workload ", found->workload_key,
+                                         ": the schedule of workload ", found->source_key,
+                                         " carries over, unmeasured at these sizes (compile with transfer to "
+                                         "measure it)"))
+                                   : found.status());
+  }
   *to_tune = (*answer)->prepared;
   return grpc::Status::OK;
 }

@@ -49,8 +49,14 @@ def test_tune_streams_progress_then_answers_from_the_cache(client):
 
 
 def test_lookup_misses_and_cache_only_compiles_are_not_found(client):
+    assert client.lookup(ATTENTION.replace("* 0.25", "* 0.3")) is None  # no record of this chain at any size
+    # The same chain at another size: the nearest record's schedule, not yet measured here.
+    client.tune(ATTENTION, budget=2)
     fresh = ATTENTION.replace("n=48", "n=40")
-    assert client.lookup(fresh) is None
+    transferred = client.lookup(fresh)
+    assert transferred is not None and transferred.answer == "transferred" and not transferred.validated
+    assert transferred.source_key == client.lookup(ATTENTION).workload_key and transferred.best_s == 0
+    # A kernel answers only once it is validated at these sizes.
     with pytest.raises(fusor.NotFoundError) as e:
         client.compile(fresh, cache_only=True)
     assert e.value.code == grpc.StatusCode.NOT_FOUND and e.value.retry_after is None

@@ -42,7 +42,8 @@ def test_attention_in_the_models_layouts():
     q = heads(2, 16, 4, 16)
     mask = View((2, 4, 16, 16), (16, 0, 0, 1))
     text = attention(q, q, q, mask, 0.25, "f32", (0, 2, 1, 3))
-    assert "in  Q[2,16,4,16] K[2,16,4,16] V[2,16,4,16] M[2,16]" in text
+    # Each buffer axis that is exactly a dim is declared with it: its size follows the dim's.
+    assert "in  Q[z0,m,z1,d] K[z0,n,z1,d] V[z0,n,z1,e] M[z0,n]" in text
     assert "S[z0,z1,m,n] = sum(d) Q[z0,m,z1,d] * K[z0,n,z1,d] * 0.25" in text
     assert "P[z0,z1,m,n] = softmax(n) S[z0,z1,m,n] + M[z0,n]" in text
     # The output is written with the heads merged back, as the model's next projection reads it.
@@ -86,7 +87,7 @@ def test_ffn_reads_linear_weights_as_stored():
     w1, w2 = View((64, 128), (1, 64)), View((128, 64), (1, 128))  # weight.t() of [128, 64] and [64, 128]
     text = ffn(x, w1, w2, "f32", "gelu", b1=True, b2=True)
     assert "dim m=32 c=64 f=128 o=64" in text
-    assert "in  X[32,64] W1[128,64] B1[128] W2[64,128] B2[64]" in text
+    assert "in  X[m,c] W1[f,c] B1[128] W2[o,f] B2[64]" in text
     assert "H[m,f] = sum(c) X[m,c] * W1[f,c]" in text and "G[m,f] = gelu(H[m,f] + B1[f])" in text
     assert "Z[m,o] = Y[m,o] + B2[o]" in text and text.rstrip().endswith("out Z")
 
