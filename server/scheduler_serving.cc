@@ -101,7 +101,10 @@ absl::StatusOr<TuneResult> Scheduler::Lookup(const PreparedRequest& request,
       continue;
     }
     const double width = ir::SizeDistance(m.chain, m.family, request.chain, request.family);
-    if (width < narrowest) narrowest = width, cover = &m;
+    if (width < narrowest) {
+      narrowest = width;
+      cover = &m;
+    }
   }
   if (cover == nullptr) return own.status();
   ASSIGN_OR_RETURN(ir::Chain resized, ir::WithSizesOf(request.chain, request.family, cover->chain, cover->family));

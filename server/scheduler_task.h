@@ -5,6 +5,9 @@
 //  - scheduler_requests.cc: clients' requests: the cache, schedules
 //    translated between equivalent chains, quotas, starting and waiting on
 //    tasks;
+//  - scheduler_serving.cc: chains whose sizes change: records of the same
+//    chain at other sizes (a range that covers a request, the nearest one
+//    whose schedule carries over) and why a request has none of its own;
 //  - scheduler_workers.cc: workers: registration, tokens, leases and
 //    reports (a report's plausibility checked);
 //  - scheduler_rounds.cc: a task's rounds of candidates, progress, and the

@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
                  "a serving process's request counters on this machine (16 bytes: running, started; fusor.torch "
                  "keeps them): kernels are timed between its requests")
       ->check(CLI::ExistingFile);
+  app.add_flag("--hold-during-requests", options.hold_during_requests,
+               "with --quiet-file: hold every job's process (compiling, validating, timing) while a request runs, "
+               "so that tuning takes nothing from the requests and goes on between them");
   app.add_option("--compile-ahead", options.compile_ahead,
                  "jobs compiled ahead of the measurement (-1: 2 on a GPU, while another is measured; 3 on a CPU, "
                  "together before the next measurement, never beside one)")

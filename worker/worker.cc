@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
 #include "common/util/log.h"
+#include "common/util/quiet.h"
 #include "common/util/status_macros.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
@@ -39,6 +40,25 @@ Worker::Worker(std::shared_ptr<grpc::Channel> channel, WorkerOptions options)
 Worker::~Worker() {
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  StopHolding();
+}
+
+void Worker::HoldLoop() {
+  absl::StatusOr<QuietGate> gate = QuietGate::Open(options_.quiet_file);
+  if (!gate.ok()) {
+    Log()->warn("jobs are not held during requests: {}", std::string(gate.status().message()));
+    return;
+  }
+  while (!stop_) {
+    HoldChildren(gate->Running() > 0);
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  HoldChildren(false);
+}
+
+void Worker::StopHolding() {
+  if (holder_.joinable()) holder_.join();
+  HoldChildren(false);
 }
 
 void Worker::Stop() {
@@ -156,6 +176,9 @@ void Worker::HeartbeatLoop() {
 absl::Status Worker::Run() {
   if (absl::Status st = Register(); !st.ok()) return st;
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  if (options_.hold_during_requests && !options_.quiet_file.empty() && !holder_.joinable()) {
+    holder_ = std::thread([this] { HoldLoop(); });
+  }
   absl::Duration backoff = absl::Milliseconds(200);
   // Leased jobs in order; the front one is measured next. Leases of the
   // others are kept alive by the heartbeats.
@@ -233,8 +256,9 @@ absl::Status Worker::Run() {
     Log()->info("[worker={}] stopping: {} job(s) compiled ahead go back to the queue when their lease expires",
                 worker_id_, pending.size());
   }
-  pending.clear();  // waits for compiles in flight
   Stop();
+  StopHolding();   // what is compiling goes on to its end
+  pending.clear();  // waits for compiles in flight
   if (heartbeat_.joinable()) heartbeat_.join();
   return absl::OkStatus();
 }

@@ -44,8 +44,12 @@ struct WorkerOptions {
   // before the next measurement: its cores are the measurement's).
   int compile_ahead = -1;
   // A serving process's requests on this machine (common/util/quiet.h):
-  // kernels are timed between them. Empty: none.
+  // kernels are timed between them. Empty: none. With `hold_during_requests`
+  // every job's process (compiling, validating, timing) is also held while
+  // a request runs: tuning then takes no cycle, cache line or memory
+  // bandwidth from the requests, and goes on between them.
   std::string quiet_file;
+  bool hold_during_requests = false;
   absl::Duration lease_wait = absl::Seconds(5);
   wire::RetryPolicy rpc;
 };
@@ -105,6 +109,11 @@ class Worker {
   std::set<std::string> held_leases_;          // received, not yet reported; guarded by mu_
   std::optional<TempDir> cache_;               // kept across jobs: references, the precompiled preamble
   std::thread heartbeat_;
+  // Holds the job processes while a serving process's request runs
+  // (WorkerOptions::hold_during_requests); ends with the worker.
+  std::thread holder_;
+  void HoldLoop();
+  void StopHolding();
 };
 
 }  // namespace fusor::worker

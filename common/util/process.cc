@@ -13,6 +13,8 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +22,44 @@
 extern char** environ;
 
 namespace fusor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The children of RunProcess not yet waited for, by process group, and how
+// long they have been held in all (HoldChildren).
+struct Children {
+  std::mutex mu;
+  std::set<pid_t> groups;
+  bool held = false;
+  Clock::time_point held_since;
+  Clock::duration held_before{};  // of holds that ended
+
+  Clock::duration HeldSoFar() {
+    std::lock_guard<std::mutex> lock(mu);
+    return held_before + (held ? Clock::now() - held_since : Clock::duration{});
+  }
+};
+
+Children& RunningChildren() {
+  static auto* children = new Children;
+  return *children;
+}
+
+}  // namespace
+
+void HoldChildren(bool hold) {
+  Children& c = RunningChildren();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (hold == c.held) return;
+  c.held = hold;
+  if (hold) {
+    c.held_since = Clock::now();
+  } else {
+    c.held_before += Clock::now() - c.held_since;
+  }
+  for (pid_t group : c.groups) kill(-group, hold ? SIGSTOP : SIGCONT);
+}
 
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          const std::string& log_path, double timeout_s) {
@@ -42,26 +82,43 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
   sigemptyset(&empty);
   posix_spawnattr_setsigmask(&attr, &empty);
 
+  Children& children = RunningChildren();
   auto start = std::chrono::steady_clock::now();
+  const Clock::duration held_at_start = children.HeldSoFar();
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  int rc = 0;
+  {
+    // Registered before anyone may hold children again: a child never misses a hold.
+    std::lock_guard<std::mutex> lock(children.mu);
+    rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+    if (rc == 0) {
+      children.groups.insert(pid);
+      if (children.held) kill(-pid, SIGSTOP);
+    }
+  }
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("cannot start '", argv[0], "': ", strerror(rc)));
   }
+  auto forget = [&] {
+    std::lock_guard<std::mutex> lock(children.mu);
+    children.groups.erase(pid);
+  };
 
   ProcessResult result;
-  auto deadline = start + std::chrono::duration<double>(timeout_s);
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   auto sleep = std::chrono::microseconds(200);
   int status = 0;
   while (true) {
     pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid) break;
     if (done < 0 && errno != EINTR) {
+      forget();
       return absl::InternalError(absl::StrCat("waitpid: ", strerror(errno)));
     }
-    if (std::chrono::steady_clock::now() >= deadline) {
+    // The time the child was held does not count.
+    if (std::chrono::steady_clock::now() >= start + timeout + (children.HeldSoFar() - held_at_start)) {
       kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
@@ -71,6 +128,7 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, std::chrono::microseconds(20000));
   }
+  forget();
   // Leave nothing of the group behind (e.g. a compiler's subprocesses).
   kill(-pid, SIGKILL);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

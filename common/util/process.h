@@ -26,6 +26,12 @@ struct ProcessResult {
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          const std::string& log_path, double timeout_s);
 
+// Holds the children RunProcess started and has not yet waited for (and
+// those it starts while holding): SIGSTOP to each one's process group, or,
+// with `hold` false, SIGCONT. The time they are held does not count
+// against their timeouts. Thread-safe; holding twice is holding once.
+void HoldChildren(bool hold);
+
 // Runs `body` in a forked child of this process (no exec), killed after
 // `timeout_s`. The child's exit code is what `body` returns; what it puts
 // in its argument comes back as `output` (through an anonymous memory

@@ -16,8 +16,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "client/client.h"
+#include "common/ir/canonical.h"
 #include "common/ir/parse.h"
+#include "common/ir/ranges.h"
 #include "common/space/schedule.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
@@ -282,6 +286,130 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   auto workers = client.ListWorkers();
   ASSERT_EQ(workers->workers_size(), 1);
   EXPECT_EQ(workers->workers(0).jobs_done(), expected);
+}
+
+// Traffic of many lengths: a workload whose varying dims are widened to
+// their range is tuned once for the range; a length inside it is covered
+// by that record, one outside it is answered at once by the record's
+// schedule carried over (not yet validated), then validated and timed by a
+// one-candidate task; a lookup that misses says what differs. A GPU target
+// takes exact sizes only.
+TEST_F(IntegrationTest, ARangeOfSizesIsTunedOnceCoveredTransferredAndExplained) {
+  StartServer();
+  StartWorker();
+  client::Client client(server_->InProcessChannel());
+  auto at = [](int m) {
+    return absl::StrCat("chain rows\ndim m=", m, " k=16 n=48 h=16\nin A[m,k] B[k,n] D[n,h]\n",
+                        "C[m,n] = sum(k) A[m,k] * B[k,n]\nE[m,h] = sum(n) C[m,n] * D[n,h]\nout E\n");
+  };
+  v1::TuneRequest tune = Request(at(100), 2);
+  tune.mutable_workload()->add_vary("m");
+  auto tuned = client.Tune(tune, nullptr, absl::Seconds(120));
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_EQ(tuned->answer(), "tuned");
+  EXPECT_EQ(tuned->served_dims(), "m=65..256");
+  // The measurement: one call at each timed size, each size's medians recorded.
+  auto measured = server_->core().db().GetMeasurement(server_->core().db().GetBest(
+      tuned->workload_key(), tuned->target().fingerprint(), server_->core().Salt())->value().measurement_id);
+  ASSERT_TRUE(measured.ok());
+  EXPECT_THAT(measured->resources_json, HasSubstr("\"sizes\""));
+
+  // 200 rows with m varying: the same range, the same record.
+  v1::LookupRequest lookup;
+  lookup.mutable_workload()->set_text(at(200));
+  lookup.mutable_workload()->add_vary("m");
+  auto same = client.Lookup(lookup);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->result().workload_key(), tuned->workload_key());
+  // 150 rows exactly: covered by the range's record, its kernel taking m at each call.
+  lookup.mutable_workload()->clear_vary();
+  lookup.mutable_workload()->set_text(at(150));
+  auto covered = client.Lookup(lookup);
+  ASSERT_TRUE(covered.ok()) << covered.status();
+  EXPECT_EQ(covered->result().answer(), "covered");
+  EXPECT_EQ(covered->result().source_key(), tuned->workload_key());
+  v1::CompileRequest compile;
+  *compile.mutable_workload() = lookup.workload();
+  compile.set_cache_only(true);
+  auto kernel = client.Compile(compile, absl::Seconds(30));
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  EXPECT_THAT(kernel->kernel_source(), HasSubstr("fusor_run_dims"));
+  EXPECT_THAT(kernel->metadata_json(), HasSubstr("\"min\": 65"));
+
+  // 40 rows varying: no record of 17..64; the nearest record's schedule, at once, unvalidated...
+  lookup.mutable_workload()->set_text(at(40));
+  lookup.mutable_workload()->add_vary("m");
+  lookup.set_explain(true);
+  auto transferred = client.Lookup(lookup);
+  ASSERT_TRUE(transferred.ok()) << transferred.status();
+  EXPECT_EQ(transferred->result().answer(), "transferred");
+  EXPECT_FALSE(transferred->result().validated());
+  EXPECT_EQ(transferred->result().source_key(), tuned->workload_key());
+  EXPECT_EQ(transferred->why().nearest_key(), tuned->workload_key());
+  ASSERT_EQ(transferred->why().differences_size(), 1);
+  EXPECT_EQ(transferred->why().differences(0).field(), "dim m");
+  EXPECT_EQ(transferred->why().differences(0).wanted(), "17..64");
+  EXPECT_EQ(transferred->why().differences(0).found(), "65..256");
+  // ...which a compile with transfer validates and times in a task of one candidate.
+  *compile.mutable_workload() = lookup.workload();
+  compile.set_cache_only(false);
+  compile.mutable_options()->set_transfer(true);
+  auto validated = client.Compile(compile, absl::Seconds(120));
+  ASSERT_TRUE(validated.ok()) << validated.status();
+  EXPECT_EQ(validated->result().answer(), "transferred");
+  EXPECT_TRUE(validated->result().validated());
+  EXPECT_EQ(validated->result().candidates_measured(), 1);
+  EXPECT_EQ(validated->result().served_dims(), "m=17..64");
+
+  // Another dtype, explained: the same chain name, one field apart.
+  lookup.mutable_workload()->set_text(absl::StrReplaceAll(at(100), {{"chain rows\n", "chain rows\ndtype f16\n"}}));
+  auto why = client.Lookup(lookup);
+  ASSERT_TRUE(why.ok()) << why.status();
+  EXPECT_FALSE(why->has_result());
+  ASSERT_GE(why->why().differences_size(), 1);
+  EXPECT_EQ(why->why().differences(0).field(), "dtype");
+  // Without explain, a miss is NOT_FOUND naming the nearest record.
+  lookup.set_explain(false);
+  auto miss = client.Lookup(lookup);
+  EXPECT_EQ(miss.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(miss.status().message(), HasSubstr("nearest record"));
+  // A dim that cannot vary is refused, naming it.
+  tune.mutable_workload()->set_text(at(100));
+  tune.mutable_workload()->clear_vary();
+  tune.mutable_workload()->add_vary("q");
+  auto refused = client.Tune(tune, nullptr, absl::Seconds(30));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("'q' is not a dim"));
+  // A GPU takes exact sizes.
+  hw::TargetDesc gpu;
+  gpu.backend = hw::Backend::kCuda;
+  gpu.arch = "sm_90";
+  gpu.compute_units = 132;
+  ASSERT_TRUE(server_->core().Register("gpu", gpu).ok());
+  server::TargetSelector cuda;
+  cuda.backend = hw::Backend::kCuda;
+  auto on_gpu = server_->core().Prepare(*ir::ParseChainText(at(100)), cuda, {"m"});
+  EXPECT_EQ(on_gpu.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(on_gpu.status().message(), HasSubstr("CPU targets only"));
+}
+
+// A workload written by fusor before families (its family key empty) gets
+// one when a scheduler opens the database, so records of older fusor serve
+// other sizes of their chains too.
+TEST_F(IntegrationTest, WorkloadsOfOlderFusorGainTheirFamily) {
+  const ir::Chain chain = *ir::ParseChainText(kChain);
+  const ir::CanonicalForm canonical = ir::Canonicalize(chain);
+  {
+    auto db = db::TuningDb::Open(options_.db_path);
+    ASSERT_TRUE(db.ok()) << db.status();
+    ASSERT_TRUE((*db)->UpsertWorkload({canonical.key, chain.name, canonical.text, ir::ChainToJson(canonical.chain)}, 1)
+                    .ok());
+    EXPECT_EQ((*db)->GetWorkload(canonical.key)->family_key, "");
+  }
+  StartServer();
+  auto row = server_->core().db().GetWorkload(canonical.key);
+  ASSERT_TRUE(row.ok()) << row.status();
+  EXPECT_EQ(row->family_key, ir::CanonicalFamily(chain).key);
 }
 
 // Convolution chains go through the same machinery as GEMM chains: their

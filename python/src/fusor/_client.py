@@ -214,14 +214,16 @@ class Client:
 
     def compile(self, chain: ChainLike, *, budget: int = 0, cache_only: bool = False, backend: str = "cpu",
                 target: Optional[str] = None, timeout: Optional[float] = None, num_threads: Optional[int] = None,
-                compiler: Optional[str] = None, vary: Sequence[str] = (), transfer: bool = False) -> Kernel:
+                compiler: Optional[str] = None, vary: Sequence[str] = (), transfer: bool = False,
+                background: bool = False) -> Kernel:
         """The best kernel of a chain, callable: tuned first on a cache miss (unless ``cache_only``: then
         NotFoundError).
 
         A CPU kernel is built on this machine with ``compiler`` (default $CXX, else c++; once, then cached in
         ``cache_dir``) and callable on NumPy arrays and PyTorch CPU tensors, on ``num_threads`` threads by
-        default. A CUDA kernel is launched on PyTorch CUDA tensors. With ``vary``, the kernel takes any size of
-        its range (:attr:`Kernel.ranges`), read from its arguments' shapes.
+        default (at the lowest CPU priority with ``background``: beside a serving process's requests). A CUDA
+        kernel is launched on PyTorch CUDA tensors. With ``vary``, the kernel takes any size of its range
+        (:attr:`Kernel.ranges`), read from its arguments' shapes.
         """
         chain = as_chain(chain)
         response = self.compile_source(chain, budget=budget, cache_only=cache_only, backend=backend, target=target,
@@ -235,7 +237,7 @@ class Client:
         if response.language != "c++":
             raise FusorError(f"the scheduler answered with a '{response.language}' kernel, which this client cannot run")
         return CpuKernel(response, cache_dir=self.cache_dir, compiler=compiler, num_threads=num_threads,
-                         name=chain.name)
+                         name=chain.name, background=background)
 
     def lookup(self, chain: ChainLike, *, backend: str = "cpu", target: Optional[str] = None,
                timeout: Optional[float] = None, vary: Sequence[str] = ()) -> Optional[Result]:

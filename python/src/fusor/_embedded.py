@@ -65,7 +65,17 @@ def find_binary(name: str, bin_dir: Optional[Union[str, os.PathLike]] = None) ->
                         "build fusor (./deploy/build.sh), or set FUSOR_BIN_DIR to the directory of its binaries")
 
 
-def _child_setup(parent: int, nice: int = 0, cores: Optional[Set[int]] = None) -> Callable[[], None]:
+def lowest_priority() -> None:
+    """This process runs only when nothing else wants its cores: SCHED_IDLE, which the scheduler preempts at
+    once for any other task (a nice value alone still lets it hold a core for milliseconds after a request's
+    threads wake up); nice 19 where SCHED_IDLE is refused."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
+def _child_setup(parent: int, idle: bool = False, cores: Optional[Set[int]] = None) -> Callable[[], None]:
     def setup() -> None:
         # SIGTERM when the spawning thread (which lives as long as the process) goes away; and if the
         # parent is already gone, do not start at all.
@@ -73,8 +83,8 @@ def _child_setup(parent: int, nice: int = 0, cores: Optional[Set[int]] = None) -
             _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
-        if nice:
-            os.nice(nice)  # the child's children (compilers, measurement runners) inherit it
+        if idle:
+            lowest_priority()  # the child's children (compilers, measurement runners) inherit it
         if cores:
             os.sched_setaffinity(0, cores)
 
@@ -99,9 +109,11 @@ class EmbeddedService:
         startup_timeout: seconds to wait for the scheduler's port and the worker's registration.
         scheduler_args, worker_args: extra command-line flags.
         serving: this process serves requests on the machine the worker tunes on (fusor.torch): the worker runs
-            at the lowest CPU priority (nice 19: it takes what the requests leave), times kernels between the
-            requests counted in :attr:`requests` (``with service.requests:`` around each), and, with
-            ``worker_cores``, on that many cores only (its kernels are then tuned for that many).
+            at the lowest CPU priority (SCHED_IDLE: it takes only what the requests leave; the scheduler too) and
+            times kernels between
+            the requests counted in :attr:`requests` (``with service.requests:`` around each); its jobs are held
+            while a request runs (compiling, validating, timing: nothing taken from the requests), unless
+            ``worker_cores`` gives it that many cores of its own (its kernels are then tuned for that many).
         worker_cores: the cores the worker may use (None: all).
     """
 
@@ -119,8 +131,9 @@ class EmbeddedService:
         self.requests: Optional[Requests] = None
         try:
             self.scheduler_log = self.directory / "scheduler.log"
+            # Serving, the scheduler too takes only idle cycles (building a task's space takes up to a second).
             self._start([str(scheduler_bin), "--listen", "127.0.0.1:0", "--db", str(self.db), "--insecure",
-                         *scheduler_args], self.scheduler_log)
+                         *scheduler_args], self.scheduler_log, idle=serving)
             self.port = self._wait_for_port()
             self.address = f"127.0.0.1:{self.port}"
             self.worker_log = self.directory / "worker.log"
@@ -131,23 +144,26 @@ class EmbeddedService:
             if serving:
                 self.requests = Requests(self.directory / "requests")
                 worker += ["--quiet-file", str(self.requests.path)]
+                # Without cores of its own, the worker's jobs wait while a request runs.
+                if worker_cores is None:
+                    worker.append("--hold-during-requests")
             cores = None
             if worker_cores is not None:
                 available = sorted(os.sched_getaffinity(0))
                 if not 1 <= worker_cores <= len(available):
                     raise EmbeddedError(f"worker_cores={worker_cores}: this process may use {len(available)} cores")
                 cores = set(available[-worker_cores:])  # the last ones: the serving threads start on the first
-            self._start([*worker, *worker_args], self.worker_log, nice=19 if serving else 0, cores=cores)
+            self._start([*worker, *worker_args], self.worker_log, idle=serving, cores=cores)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, argv: List[str], log: Path, nice: int = 0, cores: Optional[Set[int]] = None) -> None:
+    def _start(self, argv: List[str], log: Path, idle: bool = False, cores: Optional[Set[int]] = None) -> None:
         with open(log, "wb") as out:
             # A session of its own: stopping the service signals the child's own children too.
             process = _spawner.submit(subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, cwd=self.directory, start_new_session=True,
-                                      preexec_fn=_child_setup(os.getpid(), nice, cores)).result()
+                                      preexec_fn=_child_setup(os.getpid(), idle, cores)).result()
         self._processes.append(process)
 
     def _wait_for_port(self) -> int:

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._embedded import lowest_priority
 from ._errors import BuildError, FusorError, KernelArgumentError
 from ._result import Result
 
@@ -325,8 +326,10 @@ class CpuKernel(Kernel):
     language = "c++"
 
     def __init__(self, response: Any, cache_dir: Optional[Union[str, os.PathLike]] = None,
-                 compiler: Optional[str] = None, num_threads: Optional[int] = None, name: str = ""):
+                 compiler: Optional[str] = None, num_threads: Optional[int] = None, name: str = "",
+                 background: bool = False):
         super().__init__(response, name)
+        self._background = background  # built at the lowest CPU priority (beside a serving process's requests)
         self._check_host()
         self.flags: List[str] = list(self.metadata.get("compile_flags", []))
         # An unfused answer calls the vendor library it was measured with.
@@ -420,7 +423,8 @@ class CpuKernel(Kernel):
             src.write_text(self.source)
             built = Path(tmp) / "kernel.so"
             cmd = [compiler, *self.flags, "-shared", "-fPIC", str(src), "-o", str(built), *self.libs]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True,
+                                  preexec_fn=lowest_priority if self._background else None)
             if proc.returncode != 0:
                 raise BuildError(f"building the kernel failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
             os.replace(built, library)  # atomic: concurrent builders agree on the file

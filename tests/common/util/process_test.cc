@@ -3,8 +3,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -83,6 +88,29 @@ TEST(TempDirTest, RemovesItsContents) {
     EXPECT_EQ(ReadTail(path + "/f", 100), "hi\n");
   }
   EXPECT_NE(access(path.c_str(), F_OK), 0);
+}
+
+// A held child is stopped (it makes no progress), and the time it is held
+// does not count against its timeout.
+TEST(ProcessTest, HeldChildrenStopAndTheirTimeoutWaits) {
+  auto dir = TempDir::Create("/tmp", "fusor-hold-");
+  ASSERT_TRUE(dir.ok());
+  const std::string out = dir->path() + "/ticks";
+  std::thread holder([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    HoldChildren(true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    HoldChildren(false);
+  });
+  // 0.4 s of work against a 0.5 s limit: it ends only because the 0.6 s held are not counted.
+  auto r = RunProcess({"sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 0.05; echo $i >> " + out + "; done"}, "", 0.5);
+  holder.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->timed_out);
+  EXPECT_EQ(r->exit_code, 0);
+  EXPECT_GE(r->seconds, 0.9);
+  std::ifstream ticks(out);
+  EXPECT_EQ(std::count(std::istreambuf_iterator<char>(ticks), std::istreambuf_iterator<char>(), '\n'), 8);
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from ._dispatch import DECISIONS, GraphRunner
-from ._helpers import ACTIVATIONS, attention, gemm_chain, kernel, set_client
+from ._helpers import ACTIVATIONS, attention, gemm_chain, kernel, set_client, set_tuning_cores
 from ._runtime import VERDICTS, Settings
 
 __all__ = ["ACTIVATIONS", "attention", "backend", "gemm_chain", "graphs", "kernel", "optimize", "report", "set_client",
@@ -47,7 +47,8 @@ def _say_once(message: str) -> None:
 
 
 def _options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    known = {"rest": "inductor", "tune": "background", "budget": 0, "rounds": 7}
+    known: Dict[str, Any] = {"rest": "inductor", "tune": "background", "budget": 0, "rounds": 7,
+                             "tune_seconds": None, "tune_cores": None}
     given = dict(options or {})
     unknown = sorted(set(given) - set(known))
     if unknown:
@@ -57,6 +58,10 @@ def _options(options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         raise ValueError(f"rest must be 'inductor' or 'eager', got {known['rest']!r}")
     if known["tune"] not in ("background", "ahead"):
         raise ValueError(f"tune must be 'background' or 'ahead', got {known['tune']!r}")
+    for name in ("tune_seconds", "tune_cores"):
+        value = known[name]
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{name} must be a positive number or None, got {value!r}")
     return known
 
 
@@ -70,9 +75,16 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: Optio
       every chain's kernel.
     - ``budget``: candidates measured per chain (0: the scheduler's default). ``rounds``: timing rounds of
       the comparison of a kernel with the original ops.
+    - ``tune_seconds``: the wall time background tuning may take in this process (default: no cap); once
+      spent, chains not tuned yet keep their original ops. ``tune_cores``: the cores the embedded worker may
+      use (default: all; it runs at the lowest CPU priority and times kernels between this process's
+      requests either way). Neither applies to a scheduler at $FUSOR_SERVER, which tunes elsewhere.
     """
     opts = _options(options)
-    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]))
+    settings = Settings(tune=opts["tune"], budget=int(opts["budget"]), rounds=int(opts["rounds"]),
+                        tune_seconds=opts["tune_seconds"])
+    if opts["tune_cores"] is not None:
+        set_tuning_cores(int(opts["tune_cores"]))
 
     def compile_rest(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
         if opts["rest"] == "eager":

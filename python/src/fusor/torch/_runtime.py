@@ -40,7 +40,7 @@ from .._chain import Chain
 from .._kernel import Kernel
 from .. import _strided
 from .._strided import Unsupported, View
-from ._helpers import _DTYPES, _MASKED, explain
+from ._helpers import _DTYPES, _MASKED, explain, refine
 from ._helpers import kernel as compiled_kernel
 
 log = logging.getLogger("fusor.torch")
@@ -124,7 +124,7 @@ class Verdict:
     answer: str = ""  # tuned, covered, transferred
     why: str = ""  # why the scheduler had no record of its own
     seen_us: float = 0.0  # the original ops' time in the calls made while it waited: its expected gain
-    queued: bool = False
+    budget: int = 0  # candidates its tune measures (0: the scheduler's default)
 
     @property
     def name(self) -> str:
@@ -146,7 +146,9 @@ class Verdicts:
         self._changed = threading.Condition(self._lock)
         self._by_key: Dict[Tuple[Any, ...], Verdict] = {}
         self._queue: List[Verdict] = []
+        self._refine: List[Verdict] = []  # ranges whose kernel was carried over: tuned when nothing else waits
         self._running = 0
+        self._settings = Settings()  # the background thread's (the first background ask's)
         self._thread: Optional[threading.Thread] = None
         self._spent_s = 0.0
 
@@ -168,10 +170,11 @@ class Verdicts:
             else:
                 verdict = self._by_key[key] = Verdict(text, backend, varying, regions=[region])
             verdict.attempts += 1
+            verdict.budget = settings.budget
             if settings.tune != "ahead":
-                verdict.queued = True
                 self._queue.append(verdict)
                 if self._thread is None:
+                    self._settings = settings
                     self._thread = threading.Thread(target=self._serve, args=(settings,), name="fusor-tune",
                                                     daemon=True)
                     self._thread.start()
@@ -181,31 +184,55 @@ class Verdicts:
         return verdict
 
     def _serve(self, settings: Settings) -> None:
-        """The background thread: the queued chains, the greatest expected gain first, while the budget lasts."""
+        """The background thread: the queued chains, the greatest expected gain first, while the budget lasts;
+        when none waits, a tune of a range whose kernel was carried over from other sizes (refined)."""
         while True:
             with self._lock:
-                while not self._queue:
+                while not self._queue and not (self._refine and not self._spent(settings)):
                     self._changed.wait()
-                verdict = max(self._queue, key=lambda v: v.seen_us)
-                self._queue.remove(verdict)
-                verdict.queued = False
-                spent = settings.tune_seconds is not None and self._spent_s >= settings.tune_seconds
+                refining = not self._queue
+                pool = self._refine if refining else self._queue
+                verdict = max(pool, key=lambda v: v.seen_us)
+                pool.remove(verdict)
+                spent = self._spent(settings)
                 self._running += 1
             try:
-                if spent:
+                start = time.monotonic()
+                if refining:
+                    self._refined(verdict)
+                elif spent:
                     verdict.state = "failed"
                     verdict.attempts = _ATTEMPTS
                     verdict.reason = (f"the tuning budget ({settings.tune_seconds:g} s of background tuning) is "
                                       "spent: the original ops run")
                 else:
-                    start = time.monotonic()
-                    self._compile(verdict, settings.budget)
-                    with self._lock:
-                        self._spent_s += time.monotonic() - start
+                    self._compile(verdict, verdict.budget)
+                    if verdict.answer == "transferred":
+                        with self._lock:
+                            self._refine.append(verdict)
+                with self._lock:
+                    self._spent_s += time.monotonic() - start
             finally:
                 with self._lock:
                     self._running -= 1
                     self._changed.notify_all()
+
+    def _spent(self, settings: Settings) -> bool:
+        return settings.tune_seconds is not None and self._spent_s >= settings.tune_seconds
+
+    @staticmethod
+    def _refined(verdict: Verdict) -> None:
+        """Tunes the range of a kernel carried over from other sizes; a kernel of another schedule is compared
+        with the original ops again at its next call."""
+        log.info("fusor: refining %s on %s (its kernel was carried over from other sizes)", verdict.name,
+                 verdict.backend)
+        try:
+            found = refine(Chain.parse(verdict.chain), verdict.backend, verdict.budget, verdict.vary)
+        except Exception as e:  # noqa: BLE001 (the carried-over kernel stays)
+            log.warning("fusor: refining %s failed (its kernel stays): %s: %s", verdict.name, type(e).__name__, e)
+            return
+        if verdict.kernel is not None and found.schedule != verdict.kernel.schedule:
+            verdict.kernel, verdict.answer, verdict.state = found, found.result.answer, "ready"
 
     @staticmethod
     def _compile(verdict: Verdict, budget: int) -> None:
@@ -227,10 +254,12 @@ class Verdicts:
         verdict.state = "ready"
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Waits for the kernels asked for so far; False when `timeout` seconds passed first."""
+        """Waits for the kernels asked for so far (refinements within the budget included); False when `timeout`
+        seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while self._queue or self._running:
+            while self._queue or self._running or (self._refine and self._thread is not None and
+                                                   not self._spent(self._settings)):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False

@@ -160,6 +160,21 @@ TEST(RangedKernelTest, FeedForwardRowsWithPackedConstants) {
   }
 }
 
+// Every size of a range, one by one: a feed-forward block's rows, and a
+// decode step's keys (one query, the cache one key longer each step).
+TEST(RangedKernelTest, EverySizeOfTheRange) {
+  std::unique_ptr<Built> ffn = Build(kFfn, "m=16 / f=24 / H(c=16)", testing::Avx512Target());
+  ASSERT_NE(ffn, nullptr);
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t m = 1; m <= 50; ++m) rows.push_back({m});
+  CheckAt(*ffn, rows, "every row count");
+  std::unique_ptr<Built> decode = Build(kDecode, "z1=1 / n=16 / -");
+  ASSERT_NE(decode, nullptr);
+  std::vector<std::vector<int64_t>> keys;
+  for (int64_t n = 1; n <= 70; ++n) keys.push_back({1, n});
+  CheckAt(*decode, keys, "every key count");
+}
+
 TEST(RangedKernelTest, ASizeOutsideTheRangeIsRefused) {
   std::unique_ptr<Built> built = Build(kFfn, "m=8 / - / -", testing::Avx512Target());
   ASSERT_NE(built, nullptr);
