@@ -126,11 +126,12 @@ def report() -> List[Dict[str, Any]]:
     ("tuning", "ready": tuned, compared at its next call; "fused": its kernel runs; "unfused": the original ops
     won or the kernel's output differed; "failed"), why, the compared times in microseconds, the text of the
     first call's chain, how the scheduler answered ("answer": "tuned", "covered" by a record of a wider range,
-    "transferred" from the same chain at other sizes), the range of sizes its kernel serves ("range"), and why
-    the scheduler had no record of the chain's own ("why": the nearest record and what differs)."""
+    "transferred" from the same chain at other sizes; "refined": a transferred range tuned again since), the
+    range of sizes its kernel serves ("range"), and why the scheduler had no record of the chain's own ("why":
+    the nearest record and what differs)."""
     return [{"chain": v.name, "regions": list(v.regions), "state": v.state, "reason": v.reason,
              "kernel_us": v.kernel_us, "original_us": v.original_us, "error": v.error, "text": v.chain,
-             "answer": v.answer, "range": v.served, "why": v.why}
+             "answer": v.answer, "refined": v.refined, "range": v.served, "why": v.why}
             for v in VERDICTS.all()]
 
 

@@ -125,6 +125,7 @@ class Verdict:
     why: str = ""  # why the scheduler had no record of its own
     seen_us: float = 0.0  # the original ops' time in the calls made while it waited: its expected gain
     budget: int = 0  # candidates its tune measures (0: the scheduler's default)
+    refined: bool = False  # carried over from other sizes, then tuned again (Verdicts._refined)
 
     @property
     def name(self) -> str:
@@ -231,6 +232,7 @@ class Verdicts:
         except Exception as e:  # noqa: BLE001 (the carried-over kernel stays)
             log.warning("fusor: refining %s failed (its kernel stays): %s: %s", verdict.name, type(e).__name__, e)
             return
+        verdict.refined = True
         if verdict.kernel is not None and found.schedule != verdict.kernel.schedule:
             verdict.kernel, verdict.answer, verdict.state = found, found.result.answer, "ready"
 
