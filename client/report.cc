@@ -58,7 +58,8 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
                           r.served_dims());
   }
   absl::StrAppendFormat(&out, "schedule   %s\n", r.best().schedule().text());
-  if (!r.validated()) {
+  // (A scheduler older than transfers sends no answer and validates whatever it answers.)
+  if (r.answer() == "transferred" && !r.validated()) {
     absl::StrAppendFormat(&out, "mapping    %s\n", r.best().mapping().text());
     absl::StrAppendFormat(&out, "predicted  %s  (t_mem %s + t_comp %s) x alpha %.2f\n", FormatSeconds(p.t_estm_s()),
                           FormatSeconds(p.t_mem_s()), FormatSeconds(p.t_comp_s()), p.alpha());

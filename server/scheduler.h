@@ -431,7 +431,8 @@ class Scheduler {
   // Fills the family key of workloads written by older fusor.
   absl::Status FillFamilies();
   // The nearest record of the request's family on its target whose
-  // schedule, fitted to the request's sizes, the space's rules allow.
+  // schedule, fitted to the request's sizes, the space's rules allow, and
+  // whose carrying over to this workload has not failed before.
   struct Transfer {
     db::FamilyBestRow source;
     std::string schedule;  // the request's canonical names

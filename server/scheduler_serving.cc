@@ -91,7 +91,7 @@ absl::StatusOr<TuneResult> Scheduler::Lookup(const PreparedRequest& request,
   }
   if (!absl::IsNotFound(own.status())) return own.status();
   // A record of a range of sizes that holds the request's: the narrowest.
-  ASSIGN_OR_RETURN(std::vector<db::FamilyBestRow> rows, db_->BestsOfFamily(request.family.key));
+  ASSIGN_OR_RETURN(std::vector<db::FamilyBestRow> rows, db_->BestsOfFamily(request.family.key, request.target_fp, Salt()));
   const Member* cover = nullptr;
   double narrowest = std::numeric_limits<double>::infinity();
   std::vector<Member> members = MembersOf(rows, request.family.key);
@@ -122,7 +122,7 @@ absl::StatusOr<TuneResult> Scheduler::Lookup(const PreparedRequest& request,
 }
 
 absl::StatusOr<Scheduler::Transfer> Scheduler::FindTransfer(const PreparedRequest& request) {
-  ASSIGN_OR_RETURN(std::vector<db::FamilyBestRow> rows, db_->BestsOfFamily(request.family.key));
+  ASSIGN_OR_RETURN(std::vector<db::FamilyBestRow> rows, db_->BestsOfFamily(request.family.key, request.target_fp, Salt()));
   std::vector<Member> members = MembersOf(rows, request.family.key);
   std::sort(members.begin(), members.end(), [&](const Member& a, const Member& b) {
     return ir::SizeDistance(a.chain, a.family, request.chain, request.family) <
@@ -130,6 +130,10 @@ absl::StatusOr<Scheduler::Transfer> Scheduler::FindTransfer(const PreparedReques
   });
   for (const Member& m : members) {
     if (m.row.target_fp != request.target_fp || m.row.salt != Salt()) continue;
+    // A schedule that failed here once (refused, or never confirmed) would fail again.
+    ASSIGN_OR_RETURN(bool failed, db_->TransferFailed(request.canonical.key, request.target_fp, Salt(),
+                                                      m.row.workload.key));
+    if (failed) continue;
     ASSIGN_OR_RETURN(db::CandidateRow source, db_->GetCandidate(m.row.best.candidate_id));
     if (space::IsSplitText(source.schedule) || !space::UnfusedVendor(source.schedule).empty()) continue;
     // The record's schedule in the request's canonical names, its tiles no
@@ -194,10 +198,10 @@ absl::StatusOr<Explanation> Scheduler::Explain(const PreparedRequest& request) {
   Explanation why;
   why.workload_key = request.canonical.key;
   why.family_key = request.family.key;
-  ASSIGN_OR_RETURN(std::vector<db::FamilyBestRow> rows, db_->BestsOfFamily(request.family.key));
+  ASSIGN_OR_RETURN(std::vector<db::FamilyBestRow> rows, db_->BestsOfFamily(request.family.key, request.target_fp, Salt()));
   const bool same_family = !rows.empty();
   if (!same_family) {
-    ASSIGN_OR_RETURN(rows, db_->BestsNamed(request.chain.name));
+    ASSIGN_OR_RETURN(rows, db_->BestsNamed(request.chain.name, request.target_fp, Salt()));
   }
   std::vector<Member> members = MembersOf(rows, same_family ? request.family.key : "");
   // Nearest: on this target, with this salt, of the closest sizes (of dims at the same places).

@@ -193,6 +193,9 @@ int RunJobMain(const std::string& dir) {
   // it: die with the parent (the worker kills us at the timeout anyway).
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() == 1) return 1;
+  // The worker holds this runner's group while a request runs on a serving
+  // machine: its compilers are held with it.
+  KeepChildrenInMyGroup();
   auto text = ReadFile(dir + "/job.json");
   if (!text.ok()) return 2;
   auto spec = JobSpecFromJson(*text);

@@ -13,7 +13,8 @@ the forward pass). Variants: eager, inductor
     python bench/models/traffic.py --model bert-base --layers 4
     python bench/models/traffic.py --model llama --layers 2 --lengths 12 --repeat 3
 
-Needs torch and transformers from PyPI, and the built fusor binaries (or FUSOR_SERVER). Prints one JSON line
+Needs torch and transformers from PyPI, and the built fusor binaries (this checkout's build/, FUSOR_BIN_DIR, or
+FUSOR_SERVER). Prints one JSON line
 per variant, then a table.
 """
 
@@ -110,6 +111,9 @@ def run_variant(args: argparse.Namespace) -> Dict[str, Any]:
         import fusor.torch as ft
 
         report = ft.report()
+        failed = [f"{r['chain']}: {r['reason']}" for r in report if r["state"] == "failed"]
+        if failed:  # a run whose tunes failed measures nothing of fusor's
+            raise SystemExit("fusor's tunes failed: " + "; ".join(failed))
         result["chains"] = [{k: r[k] for k in ("chain", "state", "answer", "refined", "range", "kernel_us",
                                                "original_us")} for r in report]
         # Searches: the ranges tuned outright, and the transferred ones tuned again since; transfers: the ranges
@@ -139,6 +143,9 @@ def main() -> None:
         print(json.dumps(run_variant(args)), flush=True)
         return
     results = []
+    build_dir = REPO / "build"
+    if not os.environ.get("FUSOR_SERVER") and build_dir.is_dir():
+        os.environ.setdefault("FUSOR_BIN_DIR", str(build_dir))  # the binaries of this checkout
     for variant in args.variants.split(","):
         cmd = [sys.executable, __file__, *sys.argv[1:], "--variant", variant]
         proc = subprocess.run(cmd, capture_output=True, text=True)

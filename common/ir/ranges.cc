@@ -112,6 +112,9 @@ bool Covers(const Chain& record, const CanonicalForm& record_family, const Chain
     if (a[f] < 0 || b[f] < 0) return false;
     const Dim& have = record.dims[a[f]];
     const Dim& want = request.dims[b[f]];
+    // An exact size is not served by a ranged kernel: its callers lay out their buffers at that size, while
+    // the kernel's fusor_run runs at the range's largest.
+    if (have.Ranged() != want.Ranged()) return false;
     const int64_t have_lo = have.Ranged() ? have.min : have.extent;
     const int64_t want_lo = want.Ranged() ? want.min : want.extent;
     if (want_lo < have_lo || want.extent > have.extent) return false;

@@ -37,8 +37,8 @@ absl::StatusOr<Chain> Widen(const Chain& chain, const std::vector<std::string>& 
 CanonicalForm CanonicalFamily(const Chain& chain);
 
 // Whether `record`'s kernel serves `request`: both of one family, every
-// dim of `request` (exact, or ranged: its whole range) within the size or
-// range of the same dim of `record`. `record_family` and `request_family`
+// dim of `request` exact where the record's is (the same size), or ranged
+// where the record's is, its whole range within the record's. `record_family` and `request_family`
 // are their CanonicalFamily forms.
 bool Covers(const Chain& record, const CanonicalForm& record_family, const Chain& request,
             const CanonicalForm& request_family);

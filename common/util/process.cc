@@ -32,6 +32,7 @@ struct Children {
   std::mutex mu;
   std::set<pid_t> groups;
   bool held = false;
+  bool own_groups = true;  // false: KeepChildrenInMyGroup
   Clock::time_point held_since;
   Clock::duration held_before{};  // of holds that ended
 
@@ -47,6 +48,12 @@ Children& RunningChildren() {
 }
 
 }  // namespace
+
+void KeepChildrenInMyGroup() {
+  Children& c = RunningChildren();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.own_groups = false;
+}
 
 void HoldChildren(bool hold) {
   Children& c = RunningChildren();
@@ -74,15 +81,20 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
   posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  Children& children = RunningChildren();
+  bool own_group = true;
+  {
+    std::lock_guard<std::mutex> lock(children.mu);
+    own_group = children.own_groups;
+  }
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setflags(&attr, (own_group ? POSIX_SPAWN_SETPGROUP : 0) | POSIX_SPAWN_SETSIGMASK);
   posix_spawnattr_setpgroup(&attr, 0);
   sigset_t empty;
   sigemptyset(&empty);
   posix_spawnattr_setsigmask(&attr, &empty);
 
-  Children& children = RunningChildren();
   auto start = std::chrono::steady_clock::now();
   const Clock::duration held_at_start = children.HeldSoFar();
   pid_t pid = -1;
@@ -91,7 +103,7 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
     // Registered before anyone may hold children again: a child never misses a hold.
     std::lock_guard<std::mutex> lock(children.mu);
     rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
-    if (rc == 0) {
+    if (rc == 0 && own_group) {
       children.groups.insert(pid);
       if (children.held) kill(-pid, SIGSTOP);
     }
@@ -119,7 +131,7 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
     }
     // The time the child was held does not count.
     if (std::chrono::steady_clock::now() >= start + timeout + (children.HeldSoFar() - held_at_start)) {
-      kill(-pid, SIGKILL);
+      if (own_group) kill(-pid, SIGKILL);
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
       result.timed_out = true;
@@ -130,7 +142,7 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
   }
   forget();
   // Leave nothing of the group behind (e.g. a compiler's subprocesses).
-  kill(-pid, SIGKILL);
+  if (own_group) kill(-pid, SIGKILL);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.timed_out) {
     if (WIFSIGNALED(status)) {

@@ -20,11 +20,19 @@ struct ProcessResult {
 };
 
 // Runs argv[0] (searched in PATH) with stdout and stderr appended to
-// `log_path` (or discarded when empty), in its own process group. After
-// `timeout_s` the whole group is killed with SIGKILL and timed_out is set.
+// `log_path` (or discarded when empty), in its own process group (but see
+// KeepChildrenInMyGroup). After `timeout_s` the whole group is killed with
+// SIGKILL and timed_out is set.
 // Fails only if the process could not be started.
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          const std::string& log_path, double timeout_s);
+
+// From now on RunProcess starts its children in this process's group, not
+// in groups of their own: for a process that is itself held as a group (a
+// worker's job runner), so that holding it holds its compilers too. On a
+// timeout only the child itself is then killed; whatever it started ends
+// with this process's group.
+void KeepChildrenInMyGroup();
 
 // Holds the children RunProcess started and has not yet waited for (and
 // those it starts while holding): SIGSTOP to each one's process group, or,

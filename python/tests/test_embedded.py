@@ -56,3 +56,34 @@ def test_bin_dir_then_fusor_bin_dir_come_before_the_source_tree(tmp_path, monkey
     monkeypatch.setenv("PATH", str(tmp_path))
     # Installed from this source tree: its build/ comes before PATH.
     assert fusor.find_binary("fusor-worker") == (BUILD / "worker" / "fusor-worker").resolve()
+
+
+def test_request_counters_read_as_the_worker_reads_them(tmp_path):
+    import struct
+    import threading
+
+    from fusor._quiet import Requests
+
+    counters = Requests(tmp_path / "requests")
+
+    def read():
+        return struct.unpack("=QQ", (tmp_path / "requests").read_bytes())
+
+    with counters.aside():  # outside a request: nothing changes
+        assert read() == (0, 0)
+    with counters:
+        assert read() == (1, 1)
+        seen = []
+
+        def elsewhere():  # another thread, in no request of its own
+            with counters.aside():
+                seen.append(read())
+
+        other = threading.Thread(target=elsewhere)
+        other.start()
+        other.join()
+        assert seen == [(1, 1)]
+        with counters.aside():  # waiting for the worker: not running
+            assert read() == (0, 1)
+        assert read() == (1, 2)  # resumed: a request starting
+    assert read() == (0, 2)

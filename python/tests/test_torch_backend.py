@@ -484,6 +484,39 @@ def test_new_sequence_lengths_share_the_kernel_of_their_range():
     assert ranges == {"z0=2..16 m=2..16 n=2..16", "z0=2..16 m=17..64 n=17..64"}, ft.report()
 
 
+@torch.inference_mode()
+def test_tuning_ahead_on_a_serving_machine_does_not_wait_for_itself(tmp_path):
+    """tune="ahead" tunes a new range inside the request that meets it; a serving machine's worker holds its
+    jobs while a request runs, so that request must not count as running while it waits."""
+    import threading
+
+    import fusor
+    from conftest import BUILD, TEST_SCHEDULER
+
+    torch.manual_seed(15)
+    model = Gpt2Mlp(hidden=24, ffn=40).eval()  # sizes of its own: no other test's verdicts serve it
+    with fusor.Client.embedded(bin_dir=BUILD, calibration_seconds=0.05, scheduler_args=TEST_SCHEDULER, serving=True,
+                               cache_dir=tmp_path) as client:
+        ft.set_client(client)
+        compiled = torch.compile(model, backend="fusor", options=AHEAD)
+        # 40 and 100 rows are tuned while dynamo compiles (static, then symbolic sizes); 8 rows, a range of its
+        # own, inside the symbolic graph's call.
+        for rows in (40, 100, 8):
+            x, out = torch.randn(1, rows, 24), []
+
+            def call():
+                with torch.inference_mode():  # (a thread's own mode)
+                    out.append(compiled(x))
+
+            request = threading.Thread(target=call, daemon=True)
+            request.start()
+            request.join(timeout=300)
+            assert not request.is_alive(), f"the request of {rows} rows waits for a tune it holds"
+            torch.testing.assert_close(out[0], model(x), rtol=1e-5, atol=1e-5)
+        ranges = {r["range"] for r in chains("ffn") if "c=24" in r["text"] and r["state"] != "failed"}
+        assert ranges == {"m=2..16", "m=17..64", "m=65..256"}, ft.report()
+
+
 class CachedDecoder(nn.Module):
     """One decoder layer with a growing KV cache, as a serving loop calls it: the new tokens' keys and values
     appended to the cache's, attention over all of them (causal in the prompt, every key in a decode step)."""

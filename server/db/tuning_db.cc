@@ -196,8 +196,11 @@ absl::Status TuningDb::SetQueryOnly(bool query_only) {
 
 absl::Status TuningDb::UpsertWorkload(const WorkloadRow& w, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
-  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT OR IGNORE INTO workloads(key, name, canonical_text, "
-                                             "chain_json, created_ms, family_key) VALUES (?,?,?,?,?,?)"));
+  // A row written by a fusor older than families (sharing the file) gains its family here.
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("INSERT INTO workloads(key, name, canonical_text, chain_json, "
+                                             "created_ms, family_key) VALUES (?,?,?,?,?,?) ON CONFLICT(key) DO "
+                                             "UPDATE SET family_key = excluded.family_key WHERE "
+                                             "workloads.family_key = ''"));
   return s.Bind(1, w.key).Bind(2, w.name).Bind(3, w.canonical_text).Bind(4, w.chain_json).Bind(5, now_ms)
       .Bind(6, w.family_key).Run();
 }
@@ -235,27 +238,32 @@ absl::Status TuningDb::SetWorkloadFamily(const std::string& key, const std::stri
 }
 
 absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsWhere(const std::string& column, const std::string& value,
+                                                                const std::string& target_fp, const std::string& salt,
                                                                 int limit) {
   Reader db = Read();
   ASSIGN_OR_RETURN(Statement s,
                    db->Prepare(absl::StrCat("SELECT w.key, w.name, w.canonical_text, w.chain_json, w.family_key, "
                                             "b.target_fp, b.salt, b.task_id, b.candidate_id, b.measurement_id, "
                                             "b.median_s FROM best b JOIN workloads w ON w.key = b.workload_key "
-                                            "WHERE w.", column, " = ? ORDER BY b.updated_ms DESC LIMIT ?")));
-  s.Bind(1, value).Bind(2, limit);
+                                            "WHERE w.", column, " = ? ORDER BY (b.target_fp = ? AND b.salt = ?) DESC, "
+                                            "b.updated_ms DESC LIMIT ?")));
+  s.Bind(1, value).Bind(2, target_fp).Bind(3, salt).Bind(4, limit);
   return ReadRows(s, [](const Statement& st) -> absl::StatusOr<FamilyBestRow> {
     return FamilyBestRow{ReadWorkload(st), st.Text(5), st.Text(6),
                          BestRow{st.Text(7), st.Int(8), st.Int(9), st.Double(10)}};
   });
 }
 
-absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsOfFamily(const std::string& family_key, int limit) {
+absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsOfFamily(const std::string& family_key,
+                                                                   const std::string& target_fp,
+                                                                   const std::string& salt, int limit) {
   if (family_key.empty()) return std::vector<FamilyBestRow>{};
-  return BestsWhere("family_key", family_key, limit);
+  return BestsWhere("family_key", family_key, target_fp, salt, limit);
 }
 
-absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsNamed(const std::string& name, int limit) {
-  return BestsWhere("name", name, limit);
+absl::StatusOr<std::vector<FamilyBestRow>> TuningDb::BestsNamed(const std::string& name, const std::string& target_fp,
+                                                                const std::string& salt, int limit) {
+  return BestsWhere("name", name, target_fp, salt, limit);
 }
 
 absl::Status TuningDb::UpsertTarget(const TargetRow& t, int64_t now_ms) {
@@ -376,6 +384,16 @@ absl::StatusOr<std::vector<TaskRow>> TuningDb::ListTasksInState(TaskState state)
                                                           " FROM tasks WHERE state = ? ORDER BY created_ms")));
   s.Bind(1, Name(state));
   return ReadRows(s, ReadTask);
+}
+
+absl::StatusOr<bool> TuningDb::TransferFailed(const std::string& workload_key, const std::string& target_fp,
+                                              const std::string& salt, const std::string& source_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(Statement s, db_->Prepare("SELECT 1 FROM tasks WHERE workload_key = ? AND target_fp = ? AND "
+                                             "salt = ? AND transferred_from = ? AND state = ? LIMIT 1"));
+  s.Bind(1, workload_key).Bind(2, target_fp).Bind(3, salt).Bind(4, source_key).Bind(5, Name(TaskState::kFailed));
+  ASSIGN_OR_RETURN(bool row, s.Step());
+  return row;
 }
 
 absl::Status TuningDb::FinishTask(const std::string& id, TaskState state, const std::string& error, int64_t now_ms) {

@@ -276,9 +276,12 @@ class TuningDb {
   absl::Status SetWorkloadFamily(const std::string& key, const std::string& family_key);
   // The best records of every workload of a family, or of every workload
   // named `name` (the requester's chain name), on any target and salt:
-  // at most `limit`, the most recently updated first.
-  absl::StatusOr<std::vector<FamilyBestRow>> BestsOfFamily(const std::string& family_key, int limit = 64);
-  absl::StatusOr<std::vector<FamilyBestRow>> BestsNamed(const std::string& name, int limit = 64);
+  // at most `limit`, those on `target_fp` with `salt` first, then the most
+  // recently updated first.
+  absl::StatusOr<std::vector<FamilyBestRow>> BestsOfFamily(const std::string& family_key, const std::string& target_fp,
+                                                           const std::string& salt, int limit = 64);
+  absl::StatusOr<std::vector<FamilyBestRow>> BestsNamed(const std::string& name, const std::string& target_fp,
+                                                        const std::string& salt, int limit = 64);
 
   absl::Status UpsertTarget(const TargetRow& t, int64_t now_ms);
   absl::StatusOr<std::vector<TargetRow>> ListTargets();
@@ -299,6 +302,11 @@ class TuningDb {
   absl::Status InsertTask(const TaskRow& t);
   absl::StatusOr<TaskRow> GetTask(const std::string& id);
   absl::StatusOr<std::vector<TaskRow>> ListTasksInState(TaskState state);
+  // Whether a task that carried over `source_key`'s schedule to this
+  // workload, target and salt failed (its schedule was refused or never
+  // confirmed here: carrying it over again would fail the same way).
+  absl::StatusOr<bool> TransferFailed(const std::string& workload_key, const std::string& target_fp,
+                                      const std::string& salt, const std::string& source_key);
   // Sets the task's final state; its unfinished jobs fail with it.
   absl::Status FinishTask(const std::string& id, TaskState state, const std::string& error, int64_t now_ms);
   // Fails the task's queued and leased jobs.
@@ -420,7 +428,9 @@ class TuningDb {
   absl::StatusOr<JobRow> GetJobLocked(const std::string& id);
   absl::Status FailOpenJobsLocked(const std::string& task_id, int64_t now_ms);
   absl::StatusOr<CandidateRow> FindOrInsertCandidateLocked(const CandidateRow& c);
-  absl::StatusOr<std::vector<FamilyBestRow>> BestsWhere(const std::string& column, const std::string& value, int limit);
+  absl::StatusOr<std::vector<FamilyBestRow>> BestsWhere(const std::string& column, const std::string& value,
+                                                        const std::string& target_fp, const std::string& salt,
+                                                        int limit);
   std::mutex mu_;
   std::unique_ptr<Database> db_;
   std::atomic<int64_t> best_generation_{0};

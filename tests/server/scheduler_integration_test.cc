@@ -321,9 +321,16 @@ TEST_F(IntegrationTest, ARangeOfSizesIsTunedOnceCoveredTransferredAndExplained) 
   auto same = client.Lookup(lookup);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(same->result().workload_key(), tuned->workload_key());
-  // 150 rows exactly: covered by the range's record, its kernel taking m at each call.
+  // 150 rows exactly: not served by the range's kernel (its caller's buffers hold 150 rows, the kernel's
+  // fusor_run runs at 256), but by its schedule carried over.
   lookup.mutable_workload()->clear_vary();
   lookup.mutable_workload()->set_text(at(150));
+  auto exact = client.Lookup(lookup);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->result().answer(), "transferred");
+  EXPECT_EQ(exact->result().source_key(), tuned->workload_key());
+  // Rows 100 to 200, a range the user wrote: inside the record's, its kernel taking m at each call.
+  lookup.mutable_workload()->set_text(absl::StrReplaceAll(at(200), {{"m=200", "m=100..200"}}));
   auto covered = client.Lookup(lookup);
   ASSERT_TRUE(covered.ok()) << covered.status();
   EXPECT_EQ(covered->result().answer(), "covered");

@@ -8,13 +8,14 @@ counters: the requests running now, and the requests started so far.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Optional, Type, Union
+from typing import Iterator, Optional, Type, Union
 
 _LAYOUT = struct.Struct("=QQ")
 
@@ -30,24 +31,34 @@ class Requests:
         self._map = mmap.mmap(self._file.fileno(), _LAYOUT.size)
         self._lock = threading.Lock()
         self._running = self._started = 0
+        self._mine = threading.local()  # .depth: the requests this thread is in
 
     def __enter__(self) -> "Requests":
-        with self._lock:
-            self._running += 1
-            self._started += 1
-            _LAYOUT.pack_into(self._map, 0, self._running, self._started)
+        self._mine.depth = getattr(self._mine, "depth", 0) + 1
+        self._count(+1)
         return self
 
     def __exit__(self, kind: Optional[Type[BaseException]], value: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
+        self._mine.depth -= 1
+        self._count(-1)
+
+    def _count(self, change: int) -> None:
         with self._lock:
-            self._running -= 1
+            self._running += change
+            self._started += max(0, change)
             _LAYOUT.pack_into(self._map, 0, self._running, self._started)
 
-    @property
-    def running(self) -> int:
-        return self._running
-
-    def close(self) -> None:
-        self._map.close()
-        self._file.close()
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Within this thread's request, a stretch that waits for the worker (a tune asked for ahead): not
+        counted as running, or the worker would hold its jobs until the request ends; its end counts as a
+        request starting. Outside a request, nothing changes."""
+        if not getattr(self._mine, "depth", 0):
+            yield
+            return
+        self._count(-1)
+        try:
+            yield
+        finally:
+            self._count(+1)

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -111,6 +112,34 @@ TEST(ProcessTest, HeldChildrenStopAndTheirTimeoutWaits) {
   EXPECT_GE(r->seconds, 0.9);
   std::ifstream ticks(out);
   EXPECT_EQ(std::count(std::istreambuf_iterator<char>(ticks), std::istreambuf_iterator<char>(), '\n'), 8);
+}
+
+// A job runner's compilers stay in its group, so that holding the runner's
+// group holds them; elsewhere each child leads a group of its own.
+TEST(ProcessTest, ChildrenKeptInTheGroupOfTheirParent) {
+  auto dir = TempDir::Create("/tmp", "fusor-group-");
+  ASSERT_TRUE(dir.ok());
+  const std::string file = dir->path() + "/pgrp";
+  // The child's process group and its own pid, as it sees them.
+  const std::vector<std::string> report = {"sh", "-c", "cut -d' ' -f1,5 /proc/$$/stat > " + file};
+  auto read = [&] {
+    std::ifstream in(file);
+    long pid = 0, group = 0;
+    in >> pid >> group;
+    return std::make_pair(pid, group);
+  };
+  ASSERT_TRUE(RunProcess(report, "", 10).ok());
+  const auto [pid, group] = read();
+  EXPECT_EQ(group, pid);
+  auto forked = RunForked(
+      [&](std::string*) {
+        KeepChildrenInMyGroup();
+        return RunProcess(report, "", 10).ok() ? 0 : 1;
+      },
+      20);
+  ASSERT_TRUE(forked.ok()) << forked.status();
+  EXPECT_EQ(forked->process.exit_code, 0);
+  EXPECT_EQ(read().second, static_cast<long>(getpgrp()));
 }
 
 }  // namespace

@@ -156,6 +156,32 @@ TEST_F(TuningDbTest, LeasesShareWorkersFairlyBetweenClients) {
   EXPECT_EQ(order, "ababaa");
 }
 
+// A workload row written without a family (by a fusor older than
+// families, sharing the file) gains one from the next upsert; a family once
+// set stays.
+TEST_F(TuningDbTest, AnUpsertGivesAWorkloadWithoutFamilyItsFamily) {
+  EXPECT_EQ(db_->GetWorkload("wk")->family_key, "");
+  ASSERT_TRUE(db_->UpsertWorkload({"wk", "chain", "canon", "{}", "fam"}, 2).ok());
+  EXPECT_EQ(db_->GetWorkload("wk")->family_key, "fam");
+  ASSERT_TRUE(db_->UpsertWorkload({"wk", "chain", "canon", "{}", "other"}, 3).ok());
+  EXPECT_EQ(db_->GetWorkload("wk")->family_key, "fam");
+}
+
+// A schedule carried over from another workload that failed here is
+// remembered, for that source only, once its task has failed.
+TEST_F(TuningDbTest, AFailedTransferIsRememberedPerSource) {
+  TaskRow carried = *db_->GetTask("t1");
+  carried.id = "t2";
+  carried.transferred_from = "wk-small";
+  ASSERT_TRUE(db_->InsertTask(carried).ok());
+  EXPECT_FALSE(*db_->TransferFailed("wk", "fp", "s", "wk-small"));  // still running
+  ASSERT_TRUE(db_->FinishTask("t2", TaskState::kFailed, "unconfirmed", 9).ok());
+  EXPECT_TRUE(*db_->TransferFailed("wk", "fp", "s", "wk-small"));
+  EXPECT_FALSE(*db_->TransferFailed("wk", "fp", "s", "wk-large"));
+  EXPECT_FALSE(*db_->TransferFailed("wk", "fp", "other-salt", "wk-small"));
+  EXPECT_FALSE(*db_->TransferFailed("wk", "fp2", "s", "wk-small"));
+}
+
 TEST_F(TuningDbTest, OneLeaseOfManyJobsAlternatesClients) {
   TaskRow bob = *db_->GetTask("t1");
   bob.id = "t2";

@@ -34,7 +34,8 @@ _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # A bool mask's "do not attend" as an additive term: far below any score, and finite in the dtype.
 _MASKED = {"f32": -1e9, "f16": -1e4, "bf16": -1e9}
 
-_lock = threading.Lock()  # guards the three below, never held while tuning
+_lock = threading.Lock()  # guards the three below, never held while tuning or starting a service
+_starting = threading.Lock()  # one default client started at a time
 _client: Optional[Client] = None
 _owned = False  # whether _client was started here (and so is closed here)
 _kernels: Dict[Tuple[str, str, Tuple[str, ...]], Kernel] = {}
@@ -66,12 +67,23 @@ def set_tuning_cores(cores: Optional[int]) -> None:
 def _default_client() -> Client:
     global _client, _owned
     with _lock:
-        if _client is None:
-            server = os.environ.get("FUSOR_SERVER")
-            # On this machine, the worker tunes in what the requests leave and times between them.
-            _client = Client(server) if server else Client.embedded(serving=True, worker_cores=_worker_cores)
-            _owned = True
-        return _client
+        if _client is not None:
+            return _client
+    # Started outside _lock: requests go on (requests() takes it) while the service starts and calibrates.
+    with _starting:
+        with _lock:
+            if _client is not None:
+                return _client
+        server = os.environ.get("FUSOR_SERVER")
+        # On this machine, the worker tunes in what the requests leave and times between them.
+        started = Client(server) if server else Client.embedded(serving=True, worker_cores=_worker_cores)
+        with _lock:
+            if _client is None:
+                _client, _owned = started, True
+                return started
+            chosen = _client  # set_client() gave one meanwhile
+    started.close()
+    return chosen
 
 
 def requests() -> Optional[Requests]:

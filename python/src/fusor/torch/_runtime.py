@@ -25,6 +25,7 @@ after (see _dispatch).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import statistics
@@ -40,7 +41,7 @@ from .._chain import Chain
 from .._kernel import Kernel
 from .. import _strided
 from .._strided import Unsupported, View
-from ._helpers import _DTYPES, _MASKED, explain, refine
+from ._helpers import _DTYPES, _MASKED, explain, refine, requests
 from ._helpers import kernel as compiled_kernel
 
 log = logging.getLogger("fusor.torch")
@@ -181,7 +182,10 @@ class Verdicts:
                     self._thread.start()
                 self._changed.notify_all()
                 return verdict
-        self._compile(verdict, settings.budget)
+        # Tuned ahead, within the request that asked: the worker must not hold its jobs for that request.
+        counters = requests()
+        with counters.aside() if counters is not None else contextlib.nullcontext():
+            self._compile(verdict, settings.budget)
         return verdict
 
     def _serve(self, settings: Settings) -> None:
@@ -221,8 +225,7 @@ class Verdicts:
     def _spent(self, settings: Settings) -> bool:
         return settings.tune_seconds is not None and self._spent_s >= settings.tune_seconds
 
-    @staticmethod
-    def _refined(verdict: Verdict) -> None:
+    def _refined(self, verdict: Verdict) -> None:
         """Tunes the range of a kernel carried over from other sizes; a kernel of another schedule is compared
         with the original ops again at its next call."""
         log.info("fusor: refining %s on %s (its kernel was carried over from other sizes)", verdict.name,
@@ -232,9 +235,10 @@ class Verdicts:
         except Exception as e:  # noqa: BLE001 (the carried-over kernel stays)
             log.warning("fusor: refining %s failed (its kernel stays): %s: %s", verdict.name, type(e).__name__, e)
             return
-        verdict.refined = True
-        if verdict.kernel is not None and found.schedule != verdict.kernel.schedule:
-            verdict.kernel, verdict.answer, verdict.state = found, found.result.answer, "ready"
+        with self._lock:
+            verdict.refined = True
+            if verdict.kernel is not None and found.schedule != verdict.kernel.schedule:
+                verdict.kernel, verdict.answer, verdict.state = found, found.result.answer, "ready"
 
     @staticmethod
     def _compile(verdict: Verdict, budget: int) -> None:
@@ -482,13 +486,16 @@ class Region:
         """Compares the kernel with the original ops on this call's tensors, once per chain (the kernel's time
         includes preparing its arguments); returns the original ops' answer."""
         reference = self.original(*args).contiguous()
+        kernel = verdict.kernel  # (a refinement may replace it meanwhile: the next call compares that one)
         try:
-            got = self._fused(verdict.kernel, *args)
+            got = self._fused(kernel, *args)
         except Exception as e:  # noqa: BLE001
             self._give_up(verdict, e)
             return reference
         scale = max(1.0, float(reference.abs().max()))
         error = float((got.float() - reference.float()).abs().max()) / scale
+        if verdict.kernel is not kernel:
+            return reference
         verdict.error = error
         if not math.isfinite(error) or error > _TOLERANCE[_DTYPES[reference.dtype]]:
             verdict.state = "unfused"
@@ -496,7 +503,7 @@ class Region:
             log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
             return reference
         try:
-            self._time(verdict, args, reference.device)
+            self._time(verdict, kernel, args, reference.device)
         except Exception as e:  # noqa: BLE001
             self._give_up(verdict, e)
         return reference
@@ -507,10 +514,11 @@ class Region:
         verdict.attempts = _ATTEMPTS  # the same kernel would fail again
         log.warning("fusor: %s keeps the original ops: %s", verdict.name, verdict.reason)
 
-    def _time(self, verdict: Verdict, args: Sequence[Any], device: torch.device) -> None:
-        """Times the original ops against the kernel in alternating rounds and records the verdict."""
+    def _time(self, verdict: Verdict, kernel: Optional[Kernel], args: Sequence[Any], device: torch.device) -> None:
+        """Times the original ops against `kernel` in alternating rounds and records the verdict (unless a
+        refinement replaced the verdict's kernel meanwhile)."""
         runs: List[Tuple[Callable[..., Any], List[float]]] = [
-            (self.original, []), (lambda *a: self._fused(verdict.kernel, *a), [])]
+            (self.original, []), (lambda *a: self._fused(kernel, *a), [])]
         for attempt in range(2):
             for i in range(self.settings.rounds):
                 for run, times in (runs if i % 2 == 0 else runs[::-1]):
@@ -522,6 +530,8 @@ class Region:
             original_s, kernel_s = (statistics.median(times) for _, times in runs)
             if abs(original_s / kernel_s - 1.0) > 0.05:  # clear either way; a near tie gets a second set of rounds
                 break
+        if verdict.kernel is not kernel:
+            return
         verdict.kernel_us, verdict.original_us = kernel_s * 1e6, original_s * 1e6
         if original_s >= kernel_s * _MARGIN:
             verdict.state = "fused"
