@@ -93,14 +93,7 @@ class McfuserSearch : public SearchStrategy {
         if (static_cast<int>(batch.size()) >= room) break;
         if (proposed_[i]) continue;
         if (pass == 0 && (Score(i) > 2 * best_score || !classes_taken.insert(classes_[i]).second)) continue;
-        proposed_[i] = true;
-        ++num_proposed_;
-        CandidateSpec c;
-        c.schedule = space_.ranked[i].schedule;
-        c.schedule_text = texts_[i];
-        c.mapping = space_.ranked[i].mappings;
-        c.prediction = space_.ranked[i].prediction;
-        batch.push_back(std::move(c));
+        batch.push_back(Propose(i));
       }
     }
     return batch;
@@ -131,17 +124,21 @@ class McfuserSearch : public SearchStrategy {
         }
       }
       const int i = it->second;
-      if (proposed_[i]) continue;
-      proposed_[i] = true;
-      ++num_proposed_;
-      CandidateSpec c;
-      c.schedule = space_.ranked[i].schedule;
-      c.schedule_text = texts_[i];
-      c.mapping = space_.ranked[i].mappings;
-      c.prediction = space_.ranked[i].prediction;
-      batch.push_back(std::move(c));
+      if (!proposed_[i]) batch.push_back(Propose(i));
     }
     return batch;
+  }
+
+  // The ranked space's candidate `i`, marked proposed.
+  CandidateSpec Propose(int i) {
+    proposed_[i] = true;
+    ++num_proposed_;
+    CandidateSpec c;
+    c.schedule = space_.ranked[i].schedule;
+    c.schedule_text = texts_[i];
+    c.mapping = space_.ranked[i].mappings;
+    c.prediction = space_.ranked[i].prediction;
+    return c;
   }
 
   void NotifyResults(const std::vector<MeasuredResult>& results) override {
