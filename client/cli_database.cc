@@ -12,6 +12,7 @@
 #include "client/client.h"
 #include "common/util/files.h"
 #include "common/util/paths.h"
+#include "common/util/timing.h"
 #include "server/auth.h"
 #include "server/db/tuning_db.h"
 #include "server/service.h"
@@ -61,7 +62,7 @@ int ExportRecords(const GlobalOptions& g, const std::string& workload, const std
   } else {
     auto db = OpenExisting(g);
     if (!db.ok()) return Fail(db.status());
-    st = (*db)->ExportRecords({g.target_fp, workload}, write);
+    st = (*db)->ExportRecords({g.target_fp, workload, fusor::db::ExportOrigin(g.db_path)}, write);
   }
   if (!st.ok()) return Fail(st);
   out.flush();
@@ -84,7 +85,7 @@ int ImportRecords(const GlobalOptions& g, const std::string& path) {
   } else {
     auto db = OpenOrCreate(g);
     if (!db.ok()) return Fail(db.status());
-    auto local = (*db)->ImportRecords(lines, NowMs());
+    auto local = (*db)->ImportRecords(lines, NowMs(), fusor::kMaxSpread);
     if (!local.ok()) return Fail(absl::Status(local.status().code(), absl::StrCat(path, ": ", local.status().message())));
     stats = *local;
   }

@@ -48,7 +48,8 @@ std::string FormatResult(const std::string& name, const v1::TuneResult& r) {
     absl::StrAppendFormat(&out, "answer     from the cache: the record of %s, whose range holds these sizes (task %s)\n",
                           source, r.task_id());
   } else if (r.from_cache()) {
-    absl::StrAppendFormat(&out, "answer     from the cache (tuned by task %s, no new measurement)\n", r.task_id());
+    absl::StrAppendFormat(&out, "answer     from the cache (tuned by task %s%s, no new measurement)\n", r.task_id(),
+                          r.origin().empty() ? "" : absl::StrCat(", imported from ", r.origin()));
   } else {
     absl::StrAppendFormat(&out, "answer     tuned now by task %s: %d candidates measured (%d failed) in %.1f s\n",
                           r.task_id(), r.candidates_measured(), r.candidates_failed(), r.tuning_s());

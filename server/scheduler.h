@@ -188,6 +188,8 @@ struct TuneResult {
   // The ranged dims the answer's kernel takes, "m=65..256 n=65..256" ("":
   // it takes exact sizes).
   std::string served_dims;
+  // The best's task's origin (db::TaskRow::origin): "" unless imported.
+  std::string origin;
 };
 
 // One field of a workload's key, or of the target it is tuned for, that

@@ -19,39 +19,6 @@ using db::JobKind;
 using db::MeasurementStatus;
 using db::TaskState;
 
-BestOfTask FindBest(const std::vector<db::MeasurementRow>& rows, double max_spread) {
-  std::map<int64_t, const db::MeasurementRow*> fastest;  // candidate id -> its fastest trusted measurement
-  for (const db::MeasurementRow& m : rows) {
-    if (m.kind != JobKind::kCandidate || m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
-    const db::MeasurementRow*& f = fastest[*m.candidate_id];
-    if (f == nullptr || m.median_s < f->median_s) f = &m;
-  }
-  std::map<int64_t, const db::MeasurementRow*> agreeing;
-  std::set<int64_t> refuted;
-  for (const db::MeasurementRow& m : rows) {
-    if (m.kind != JobKind::kConfirm || m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
-    auto it = fastest.find(*m.candidate_id);
-    if (it == fastest.end()) continue;
-    const double a = it->second->median_s, b = m.median_s;
-    if (std::abs(a - b) <= max_spread * std::max(a, b)) {
-      agreeing[*m.candidate_id] = &m;
-    } else {
-      refuted.insert(*m.candidate_id);
-    }
-  }
-  BestOfTask best;
-  for (const auto& [id, m] : fastest) {
-    if (refuted.count(id) == 0 && (best.candidate == nullptr || m->median_s < best.candidate->median_s)) {
-      best.candidate = m;
-    }
-  }
-  if (best.candidate != nullptr) {
-    auto it = agreeing.find(*best.candidate->candidate_id);
-    if (it != agreeing.end()) best.confirmation = it->second;
-  }
-  return best;
-}
-
 absl::Status Scheduler::Finalize(Task& task, const std::vector<db::MeasurementRow>& rows) {
   const db::MeasurementRow* first_failure = nullptr;
   int candidates = 0, trusted = 0;

@@ -162,6 +162,7 @@ absl::StatusOr<TuneResult> Scheduler::ResultFromBest(const std::string& key, con
   ASSIGN_OR_RETURN(auto counts, db_->CountCandidateMeasurements(best->task_id));
   TuneResult r;
   r.task_id = best->task_id;
+  r.origin = task.origin;
   r.from_cache = from_cache;
   r.workload_key = key;
   r.target_fp = fp;

@@ -57,16 +57,8 @@ TaskStarted StartedOf(const db::TaskRow& row);
 // Runs of a task's best candidate again before anything is cached.
 constexpr size_t kConfirmAttempts = 3;
 
-// What a task's measurements say of its best: the fastest trusted candidate
-// measurement whose candidate no trusted confirmation contradicted, and the
-// confirmation that agrees with it (medians within `max_spread` of the
-// larger), if there is one yet.
-struct BestOfTask {
-  const db::MeasurementRow* candidate = nullptr;
-  const db::MeasurementRow* confirmation = nullptr;
-};
-
-BestOfTask FindBest(const std::vector<db::MeasurementRow>& rows, double max_spread);
+using db::BestOfTask;
+using db::FindBest;
 
 // `text`, a fused schedule of chain `from`, in the names of chain `to`:
 // dim_map[u] is the dim of `from` that dim u of `to` is (-1: none), and

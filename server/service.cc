@@ -382,7 +382,8 @@ grpc::Status AdminService::ExportRecords(grpc::ServerContext* ctx, const v1::Exp
     batch.Clear();
     bytes = 0;
   };
-  absl::Status st = core_->db().ExportRecords({req->target_fingerprint(), req->workload_key()},
+  absl::Status st = core_->db().ExportRecords({req->target_fingerprint(), req->workload_key(),
+                                                db::ExportOrigin(core_->options().db_path)},
                                               [&](const std::string& line) {
                                                 batch.add_lines(line);
                                                 bytes += line.size();
@@ -411,7 +412,7 @@ grpc::Status AdminService::ImportRecords(grpc::ServerContext* ctx, grpc::ServerR
       lines.push_back(std::move(line));
     }
   }
-  auto stats = core_->db().ImportRecords(lines, NowMs());
+  auto stats = core_->db().ImportRecords(lines, NowMs(), core_->options().measure.max_spread);
   if (!stats.ok()) return ToGrpcStatus(stats.status());
   resp->set_records(stats->records);
   resp->set_added(stats->added);

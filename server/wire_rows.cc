@@ -154,6 +154,7 @@ v1::TuneResult TuneResultProto(const TuneResult& r) {
   p.set_source_key(r.source_key);
   p.set_source_chain(r.source_chain);
   p.set_served_dims(r.served_dims);
+  p.set_origin(r.origin);
   return p;
 }
 

@@ -12,7 +12,9 @@ def test_help_lists_the_main_commands():
 
 def test_commands_through_a_server(service, tmp_path):
     chain = tmp_path / "attention.fusor"
-    chain.write_text(ATTENTION.replace("n=48", "n=56"))
+    # (another scale: another chain, not the session's attention at other sizes, which a lookup would answer by
+    # carrying its schedule over)
+    chain.write_text(ATTENTION.replace("* 0.25", "* 0.3"))
     server = ["-m", "fusor", "--server", service.address]
 
     miss = run_python(*server, "lookup", str(chain))

@@ -1,8 +1,13 @@
 // Export and import of measurement records (JSON lines), backups, the
 // counts behind the metrics and the tokens: how a team moves, merges,
 // keeps, watches and guards its tuning database.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -28,7 +33,7 @@ SELECT m.job_id, m.kind, m.status, m.error, m.median_s, m.samples_json, m.max_ab
        w.key, w.name, w.canonical_text, w.chain_json,
        g.fingerprint, g.backend, g.description_json,
        c.schedule, c.mapping, c.t_mem_s, c.t_comp_s, c.alpha, c.t_estm_s, c.rank,
-       m.id, m.spread
+       m.id, m.spread, t.origin
 FROM measurements m
 JOIN tasks t ON t.id = m.task_id
 JOIN workloads w ON w.key = m.workload_key
@@ -39,6 +44,9 @@ WHERE t.state IN (?5, ?6) AND (?1 = '' OR m.target_fp = ?1) AND (?2 = '' OR m.wo
 ORDER BY m.id
 LIMIT ?4
 )sql";
+
+// The origin of an imported task whose export did not say (older fusor).
+constexpr char kUnknownOrigin[] = "an export without origin";
 
 // Rows per page of an export: the database lock is released between
 // pages, so `line` (which may write to a network) runs outside it.
@@ -141,8 +149,9 @@ absl::StatusOr<T> FirstColumn(const Statement& row) {
   return Parse<T>(row.Text(0));
 }
 
-// One exported record: a row of kExportSql as a JSON line.
-std::string RecordLine(const Statement& s) {
+// One exported record: a row of kExportSql as a JSON line; a task of this
+// database says it came from `origin`.
+std::string RecordLine(const Statement& s, const std::string& origin) {
   json j;
   j["job_id"] = s.Text(0);
   j["kind"] = s.Text(1);
@@ -164,7 +173,7 @@ std::string RecordLine(const Statement& s) {
   j["task"] = {{"id", s.Text(15)},         {"state", s.Text(16)},         {"salt", s.Text(17)},
                {"budget", s.Int(18)},      {"batch_size", s.Int(19)},     {"space_size", s.Int(20)},
                {"space_after_pruning", s.Int(21)}, {"error", s.Text(22)}, {"created_ms", s.Int(23)},
-               {"finished_ms", s.Int(24)}};
+               {"finished_ms", s.Int(24)}, {"origin", s.Text(41).empty() ? origin : s.Text(41)}};
   j["workload"] = {{"key", s.Text(25)}, {"name", s.Text(26)}, {"canonical_text", s.Text(27)},
                    {"chain_json", s.Text(28)}};
   j["target"] = {{"fingerprint", s.Text(29)}, {"backend", s.Text(30)}, {"description_json", s.Text(31)}};
@@ -180,6 +189,47 @@ std::string RecordLine(const Statement& s) {
 
 }  // namespace
 
+BestOfTask FindBest(const std::vector<MeasurementRow>& rows, double max_spread) {
+  std::map<int64_t, const MeasurementRow*> fastest;  // candidate id -> its fastest trusted measurement
+  for (const MeasurementRow& m : rows) {
+    if (m.kind != JobKind::kCandidate || m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
+    const MeasurementRow*& f = fastest[*m.candidate_id];
+    if (f == nullptr || m.median_s < f->median_s) f = &m;
+  }
+  std::map<int64_t, const MeasurementRow*> agreeing;
+  std::set<int64_t> refuted;
+  for (const MeasurementRow& m : rows) {
+    if (m.kind != JobKind::kConfirm || m.status != MeasurementStatus::kOk || !m.candidate_id) continue;
+    auto it = fastest.find(*m.candidate_id);
+    if (it == fastest.end()) continue;
+    const double a = it->second->median_s, b = m.median_s;
+    if (std::abs(a - b) <= max_spread * std::max(a, b)) {
+      agreeing[*m.candidate_id] = &m;
+    } else {
+      refuted.insert(*m.candidate_id);
+    }
+  }
+  BestOfTask best;
+  for (const auto& [id, m] : fastest) {
+    if (refuted.count(id) == 0 && (best.candidate == nullptr || m->median_s < best.candidate->median_s)) {
+      best.candidate = m;
+    }
+  }
+  if (best.candidate != nullptr) {
+    auto it = agreeing.find(*best.candidate->candidate_id);
+    if (it != agreeing.end()) best.confirmation = it->second;
+  }
+  return best;
+}
+
+std::string ExportOrigin(const std::string& db_path) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(db_path, ec);
+  return absl::StrCat(host, ":", ec ? db_path : absolute.string());
+}
+
 absl::Status TuningDb::ExportRecords(const RecordFilter& filter,
                                      const std::function<void(const std::string&)>& line) {
   int64_t after = 0;  // the last measurement id exported
@@ -192,7 +242,7 @@ absl::Status TuningDb::ExportRecords(const RecordFilter& filter,
       s.Bind(5, Name(TaskState::kDone)).Bind(6, Name(TaskState::kFailed));
       ASSIGN_OR_RETURN(page, ReadRows(s, [&](const Statement& row) {
                          after = row.Int(39);
-                         return RecordLine(row);
+                         return RecordLine(row, filter.origin);
                        }));
     }
     for (const std::string& l : page) line(l);
@@ -247,13 +297,16 @@ absl::Status InsertWorkloadTargetTask(Database& db, const Record& r, const Recor
   ASSIGN_OR_RETURN(Statement task, db.Prepare(
                                        "INSERT OR IGNORE INTO tasks(id, workload_key, target_fp, salt, state, "
                                        "budget, batch_size, space_size, space_after_pruning, error, created_ms, "
-                                       "finished_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"));
+                                       "finished_ms, origin) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"));
+  const std::string origin = Or<std::string>(r.task, "origin", "");
   return task.Bind(1, ids.task_id).Bind(2, ids.key).Bind(3, ids.fp).Bind(4, r.task["salt"].get<std::string>())
       .Bind(5, Name(r.state)).Bind(6, Or<int64_t>(r.task, "budget", 0))
       .Bind(7, Or<int64_t>(r.task, "batch_size", 0)).Bind(8, Or<int64_t>(r.task, "space_size", 0))
       .Bind(9, Or<int64_t>(r.task, "space_after_pruning", 0))
       .Bind(10, Or<std::string>(r.task, "error", "")).Bind(11, Or<int64_t>(r.task, "created_ms", measured))
-      .Bind(12, Or<int64_t>(r.task, "finished_ms", measured)).Run();
+      .Bind(12, Or<int64_t>(r.task, "finished_ms", measured))
+      .Bind(13, origin.empty() ? std::string(kUnknownOrigin) : origin)
+      .Run();
 }
 
 // FAILED_PRECONDITION unless the record's task, as it is here now, is of
@@ -333,30 +386,53 @@ absl::StatusOr<bool> ImportRecord(Database& db, const Record& r, int64_t now_ms)
 
 using BestKey = std::tuple<std::string, std::string, std::string>;  // workload key, target, salt
 
-// The best record per (workload, target, salt) in `touched` over every ok
-// candidate measurement now here; how many best records changed.
-absl::StatusOr<int> UpdateBestRecords(Database& db, const std::set<BestKey>& touched, int64_t now_ms) {
+// The best record per (workload, target, salt) in `touched`, by the
+// scheduler's rule: in each finished task here the confirmed best
+// (FindBest), the fastest of them offered as an answer, replacing a slower
+// one only; how many best records changed.
+absl::StatusOr<int> UpdateBestRecords(Database& db, const std::set<BestKey>& touched, double max_spread,
+                                      int64_t now_ms) {
   int updated = 0;
   for (const auto& [key, fp, salt] : touched) {
-    ASSIGN_OR_RETURN(Statement best, db.Prepare(
-                                         "SELECT m.task_id, m.candidate_id, m.id, m.median_s FROM measurements m "
-                                         "JOIN tasks t ON t.id = m.task_id WHERE m.workload_key = ? AND "
-                                         "m.target_fp = ? AND t.salt = ? AND m.kind = ? AND m.status = ? "
-                                         "AND m.median_s > 0 ORDER BY m.median_s, m.id LIMIT 1"));
-    best.Bind(1, key).Bind(2, fp).Bind(3, salt);
-    best.Bind(4, Name(JobKind::kCandidate)).Bind(5, Name(MeasurementStatus::kOk));
-    ASSIGN_OR_RETURN(bool has_best, best.Step());
-    if (!has_best) continue;
+    ASSIGN_OR_RETURN(Statement rows, db.Prepare(
+                                         "SELECT m.id, m.task_id, m.candidate_id, m.kind, m.status, m.median_s "
+                                         "FROM measurements m JOIN tasks t ON t.id = m.task_id WHERE "
+                                         "m.workload_key = ? AND m.target_fp = ? AND t.salt = ? AND t.state = ? "
+                                         "AND m.kind IN (?, ?) ORDER BY m.task_id, m.id"));
+    rows.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, Name(TaskState::kDone));
+    rows.Bind(5, Name(JobKind::kCandidate)).Bind(6, Name(JobKind::kConfirm));
+    std::map<std::string, std::vector<MeasurementRow>> by_task;
+    while (true) {
+      ASSIGN_OR_RETURN(bool more, rows.Step());
+      if (!more) break;
+      MeasurementRow m;
+      m.id = rows.Int(0);
+      m.task_id = rows.Text(1);
+      m.candidate_id = rows.OptionalInt(2);
+      ASSIGN_OR_RETURN(m.kind, Parse<JobKind>(rows.Text(3)));
+      ASSIGN_OR_RETURN(m.status, Parse<MeasurementStatus>(rows.Text(4)));
+      m.median_s = rows.Double(5);
+      by_task[m.task_id].push_back(std::move(m));
+    }
+    std::optional<BestRow> fastest;
+    for (const auto& [task_id, measured] : by_task) {
+      const MeasurementRow* confirmed = FindBest(measured, max_spread).confirmation;
+      if (confirmed == nullptr || !(confirmed->median_s > 0)) continue;
+      if (!fastest || confirmed->median_s < fastest->median_s) {
+        fastest = BestRow{task_id, *confirmed->candidate_id, confirmed->id, confirmed->median_s};
+      }
+    }
+    if (!fastest) continue;
     ASSIGN_OR_RETURN(Statement set, db.Prepare(
                                         "INSERT INTO best(workload_key, target_fp, salt, task_id, candidate_id, "
                                         "measurement_id, median_s, updated_ms) VALUES (?,?,?,?,?,?,?,?) "
                                         "ON CONFLICT(workload_key, target_fp, salt) DO UPDATE SET "
                                         "task_id = excluded.task_id, candidate_id = excluded.candidate_id, "
                                         "measurement_id = excluded.measurement_id, median_s = excluded.median_s, "
-                                        "updated_ms = excluded.updated_ms WHERE best.measurement_id != "
-                                        "excluded.measurement_id"));
-    RETURN_IF_ERROR(set.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, best.Text(0)).Bind(5, best.Int(1))
-                        .Bind(6, best.Int(2)).Bind(7, best.Double(3)).Bind(8, now_ms).Run());
+                                        "updated_ms = excluded.updated_ms WHERE excluded.median_s < best.median_s"));
+    RETURN_IF_ERROR(set.Bind(1, key).Bind(2, fp).Bind(3, salt).Bind(4, fastest->task_id)
+                        .Bind(5, fastest->candidate_id).Bind(6, fastest->measurement_id)
+                        .Bind(7, fastest->median_s).Bind(8, now_ms).Run());
     updated += db.Changes();
   }
   return updated;
@@ -364,7 +440,8 @@ absl::StatusOr<int> UpdateBestRecords(Database& db, const std::set<BestKey>& tou
 
 }  // namespace
 
-absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::string>& lines, int64_t now_ms) {
+absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::string>& lines, int64_t now_ms,
+                                                    double max_spread) {
   ASSIGN_OR_RETURN(std::vector<Record> records, ParseRecords(lines));
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(*db_));
@@ -381,7 +458,7 @@ absl::StatusOr<ImportStats> TuningDb::ImportRecords(const std::vector<std::strin
     touched.emplace(r.workload["key"].get<std::string>(), r.target["fingerprint"].get<std::string>(),
                     r.task["salt"].get<std::string>());
   }
-  ASSIGN_OR_RETURN(stats.best_updated, UpdateBestRecords(*db_, touched, now_ms));
+  ASSIGN_OR_RETURN(stats.best_updated, UpdateBestRecords(*db_, touched, max_spread, now_ms));
   RETURN_IF_ERROR(txn.Commit());
   if (stats.best_updated > 0) best_generation_++;
   return stats;

@@ -224,6 +224,10 @@ const std::vector<Migration>& SchemaMigrations() {
                         "ALTER TABLE tasks ADD COLUMN transferred_from TEXT NOT NULL DEFAULT '';"
                         "ALTER TABLE tasks ADD COLUMN seeds TEXT NOT NULL DEFAULT '';");
        }},
+      // A column with a default: older fusor goes on reading and writing
+      // (its exports carry no origin; an import says so).
+      {12, 1, "tasks.origin: the host and database an imported task was measured in ('' for this one's)",
+       [](Database& db) { return db.Exec("ALTER TABLE tasks ADD COLUMN origin TEXT NOT NULL DEFAULT '';"); }},
   };
   return *migrations;
 }

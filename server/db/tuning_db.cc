@@ -34,7 +34,7 @@ absl::StatusOr<JobRow> ReadJob(const Statement& s) {
 
 constexpr char kTaskColumns[] =
     "id, workload_key, target_fp, salt, state, budget, batch_size, space_size, space_after_pruning, error, "
-    "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops, cost_model_id, transferred_from, seeds";
+    "created_ms, finished_ms, client, bandwidth_bytes_per_s, peak_flops, cost_model_id, transferred_from, seeds, origin";
 
 absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   TaskRow t;
@@ -56,6 +56,7 @@ absl::StatusOr<TaskRow> ReadTask(const Statement& s) {
   t.cost_model_id = s.Int(15);
   t.transferred_from = s.Text(16);
   t.seeds = s.Text(17);
+  t.origin = s.Text(18);
   return t;
 }
 
@@ -361,11 +362,11 @@ absl::StatusOr<int> TuningDb::MarkLostWorkers(int64_t cutoff_ms, const std::set<
 absl::Status TuningDb::InsertTask(const TaskRow& t) {
   std::lock_guard<std::mutex> lock(mu_);
   ASSIGN_OR_RETURN(Statement s, db_->Prepare(absl::StrCat("INSERT INTO tasks(", kTaskColumns,
-                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
+                                                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")));
   s.Bind(1, t.id).Bind(2, t.workload_key).Bind(3, t.target_fp).Bind(4, t.salt).Bind(5, Name(t.state)).Bind(6, t.budget);
   s.Bind(7, t.batch_size).Bind(8, t.space_size).Bind(9, t.space_after_pruning).Bind(10, t.error);
   s.Bind(11, t.created_ms).Bind(12, t.finished_ms).Bind(13, t.client).Bind(14, t.bandwidth_bytes_per_s);
-  s.Bind(15, t.peak_flops).Bind(16, t.cost_model_id).Bind(17, t.transferred_from).Bind(18, t.seeds);
+  s.Bind(15, t.peak_flops).Bind(16, t.cost_model_id).Bind(17, t.transferred_from).Bind(18, t.seeds).Bind(19, t.origin);
   return s.Run();
 }
 

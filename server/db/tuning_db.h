@@ -77,6 +77,9 @@ struct TaskRow {
   // analytical one: a resumed task replays the same ranking after the model
   // was trained again.
   int64_t cost_model_id = 0;
+  // Where an imported task was measured: "HOST:DATABASE" of the database
+  // that exported it ('' for a task of this database).
+  std::string origin;
   // A task that starts from the schedule of another record (transferred):
   // that record's workload key, and the schedules proposed before the
   // search's own (a JSON array, canonical names; empty: none).
@@ -208,11 +211,30 @@ struct SweepChainRow {
   std::string error;
 };
 
+// What a task's measurements say of its best: the fastest trusted candidate
+// measurement whose candidate no trusted confirmation contradicted, and the
+// confirmation that agrees with it (medians within `max_spread` of the
+// larger), if there is one yet. Only a confirmed best is ever an answer:
+// the scheduler's rule for its tasks, and an import's for what it brings.
+struct BestOfTask {
+  const MeasurementRow* candidate = nullptr;
+  const MeasurementRow* confirmation = nullptr;
+};
+
+BestOfTask FindBest(const std::vector<MeasurementRow>& rows, double max_spread);
+
 // Which measurements `ExportRecords` writes (empty: all).
 struct RecordFilter {
   std::string target_fp;
   std::string workload_key;
+  // What the records of this database's own tasks say of their origin
+  // (ExportOrigin); imported tasks keep theirs.
+  std::string origin;
 };
+
+// "HOST:PATH": the origin of the tasks of the database at `db_path`, as
+// its exports stamp them.
+std::string ExportOrigin(const std::string& db_path);
 
 struct ImportStats {
   int records = 0;
@@ -383,9 +405,12 @@ class TuningDb {
   absl::Status ExportRecords(const RecordFilter& filter, const std::function<void(const std::string&)>& line);
   // Imports records (all or nothing): workloads, targets, tasks and
   // candidates are added when missing, a measurement whose job id is here
-  // already is skipped, and the best records of what was imported are
-  // recomputed. INVALID_ARGUMENT naming the line for a malformed one.
-  absl::StatusOr<ImportStats> ImportRecords(const std::vector<std::string>& lines, int64_t now_ms);
+  // already is skipped. Measurements, not answers: a best record changes
+  // only where a finished task's best is confirmed by the scheduler's rule
+  // (FindBest with `max_spread`) and is faster than the answer here.
+  // INVALID_ARGUMENT naming the line for a malformed one.
+  absl::StatusOr<ImportStats> ImportRecords(const std::vector<std::string>& lines, int64_t now_ms,
+                                            double max_spread);
   absl::StatusOr<DbMetrics> Metrics(int recent = 200);
   // Learned cost models (server/db/cost_models.cc). Insert returns the id.
   absl::StatusOr<int64_t> InsertCostModel(const CostModelRow& row);

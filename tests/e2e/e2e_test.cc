@@ -526,6 +526,16 @@ TEST_F(E2eTest, TokensGateEveryCallByRole) {
   auto imported = Cli({"--token", admin_token, "records", "import", records});
   ASSERT_EQ(imported.first, 0) << imported.second;
   EXPECT_THAT(imported.second, HasSubstr("0 new measurements, " + std::to_string(measurements) + " already here"));
+  // Into another database: the confirmed answer comes with where it was measured.
+  const std::string other = (dir_ / "other.db").string();
+  auto into_other = Cli({"--db", other, "records", "import", records});
+  ASSERT_EQ(into_other.first, 0) << into_other.second;
+  EXPECT_THAT(into_other.second, HasSubstr("1 best records changed"));
+  auto answered = Cli({"--db", other, "lookup", spec});
+  ASSERT_EQ(answered.first, 0) << answered.second;
+  EXPECT_THAT(answered.second,
+              HasSubstr(":" + std::filesystem::absolute(db_path_).string() + ", no new measurement"));
+  EXPECT_THAT(answered.second, HasSubstr("imported from "));
   auto backup = Cli({"--token", admin_token, "db", "backup", copy});
   ASSERT_EQ(backup.first, 0) << backup.second;
   EXPECT_THAT(backup.second, HasSubstr("(" + std::to_string(measurements) + " measurements"));

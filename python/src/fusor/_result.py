@@ -36,11 +36,13 @@ class Result:
     # How the answer was found: "tuned" (the workload's own record), "covered" (a record of a range of sizes of
     # the same chain that holds these) or "transferred" (the nearest record's schedule, fitted to these sizes;
     # `validated` once a task measured it here). `source_key`: the record it came from. `served_dims`: the
-    # ranged dims the kernel takes at each call ("m=65..256 n=65..256"; "" for exact sizes).
+    # ranged dims the kernel takes at each call ("m=65..256 n=65..256"; "" for exact sizes). `origin`: where the
+    # answer was measured when it came from another database ("HOST:DATABASE"; "" for this one's).
     answer: str
     validated: bool
     source_key: str
     served_dims: str
+    origin: str
     proto: scheduler_pb2.TuneResult = field(repr=False)
 
     @classmethod
@@ -53,7 +55,7 @@ class Result:
                    candidates_measured=r.candidates_measured,
                    candidates_failed=r.candidates_failed, tuning_s=r.tuning_s, answer=r.answer or "tuned",
                    validated=r.validated or not r.answer, source_key=r.source_key, served_dims=r.served_dims,
-                   proto=r)
+                   origin=r.origin, proto=r)
 
     @property
     def split(self) -> bool:
@@ -67,7 +69,8 @@ class Result:
 
     def __str__(self) -> str:
         t = self.target
-        answer = ("from the cache" if self.from_cache else
+        answer = ((f"from the cache, imported from {self.origin}" if self.origin else "from the cache")
+                  if self.from_cache else
                   f"tuned now by task {self.task_id}: {self.candidates_measured} candidates measured "
                   f"({self.candidates_failed} failed) in {self.tuning_s:.1f} s")
         if self.answer != "tuned":

@@ -2,11 +2,16 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "common/util/timing.h"
 
 namespace fusor::db {
 namespace {
@@ -282,9 +287,14 @@ TEST_F(TuningDbTest, SweepsKeepDistinctChainsAndAreFoundWhileRunning) {
   EXPECT_TRUE(absl::IsNotFound(db_->GetSweep("s3").status()));
 }
 
-// A finished task `task` for workload "wk" on "fp" in `db`, with one ok
-// candidate measurement of `median_s` (job `job`) offered as the best.
-void FinishedTask(TuningDb& db, const std::string& task, const std::string& job, double median_s) {
+// A task `task` of workload "wk" on target "fp" (salt "s") whose one
+// candidate (job `job`) measured `median_s` and, run again at the task's
+// end, `confirmed_s` (default: the same); finished as the scheduler
+// finishes it: done with the confirmation as its best where the two agree,
+// else failed ("unconfirmed"), nothing cached.
+void FinishedTask(TuningDb& db, const std::string& task, const std::string& job, double median_s,
+                  std::optional<double> confirmed_s = std::nullopt) {
+  const double again = confirmed_s.value_or(median_s);
   ASSERT_TRUE(db.UpsertWorkload({"wk", "chain", "canon", "{}"}, 1).ok());
   ASSERT_TRUE(db.UpsertTarget({"fp", "cpu", "{}", 1}, 1).ok());
   TaskRow t;
@@ -300,61 +310,81 @@ void FinishedTask(TuningDb& db, const std::string& task, const std::string& job,
   c.schedule = "block[m=" + job + "]";
   auto cand = db.FindOrInsertCandidate(c, job, 2);
   ASSERT_TRUE(cand.ok());
-  auto leased = db.LeaseJobs("w", "fp", 1, /*now_ms=*/0, 100, [] { return std::string("lease"); });
-  ASSERT_EQ(leased->size(), 1u);
-  MeasurementRow m;
-  m.job_id = job;
-  m.worker_id = "w";
-  m.workload_key = "wk";
-  m.status = MeasurementStatus::kOk;
-  m.median_s = median_s;
-  m.samples_s = {median_s};
-  auto rec = db.RecordMeasurement("lease", m);
-  ASSERT_TRUE(rec.ok()) << rec.status();
-  ASSERT_TRUE(db.OfferBest("wk", "fp", "s", {task, cand->first.id, rec->measurement_id, median_s}, 3).ok());
-  ASSERT_TRUE(db.FinishTask(task, TaskState::kDone, "", 4).ok());
+  auto measure = [&](const std::string& job_id, double seconds) -> int64_t {
+    auto leased = db.LeaseJobs("w", "fp", 1, /*now_ms=*/0, 100, [&] { return "lease-" + job_id; });
+    EXPECT_EQ(leased->size(), 1u);
+    MeasurementRow m;
+    m.job_id = job_id;
+    m.worker_id = "w";
+    m.workload_key = "wk";
+    m.status = MeasurementStatus::kOk;
+    m.median_s = seconds;
+    m.samples_s = {seconds};
+    auto rec = db.RecordMeasurement("lease-" + job_id, m);
+    EXPECT_TRUE(rec.ok()) << rec.status();
+    return rec.ok() ? rec->measurement_id : 0;
+  };
+  measure(job, median_s);
+  JobRow confirm;
+  confirm.id = job + "-again";
+  confirm.task_id = task;
+  confirm.kind = JobKind::kConfirm;
+  confirm.candidate_id = cand->first.id;
+  confirm.target_fp = "fp";
+  ASSERT_TRUE(db.InsertJob(confirm, 3).ok());
+  const int64_t confirmation = measure(confirm.id, again);
+  const bool agrees = std::abs(again - median_s) <= kMaxSpread * std::max(again, median_s);
+  if (agrees) ASSERT_TRUE(db.OfferBest("wk", "fp", "s", {task, cand->first.id, confirmation, again}, 3).ok());
+  ASSERT_TRUE(db.FinishTask(task, agrees ? TaskState::kDone : TaskState::kFailed, "", 4).ok());
 }
 
-// Two teams' databases merged both ways keep every measurement once, and
-// each ends with the faster kernel as its best; a second import adds
-// nothing; a malformed line refuses the whole file.
+std::vector<std::string> Exported(TuningDb& db, const std::string& origin = "host:/source.db") {
+  std::vector<std::string> lines;
+  EXPECT_TRUE(db.ExportRecords({"", "", origin}, [&](const std::string& l) { lines.push_back(l); }).ok());
+  return lines;
+}
+
+// Merging two databases (each imports the other's records): every
+// measurement once, the faster confirmed answer in both; an import again
+// adds nothing; a malformed line refuses the whole file.
 TEST(RecordsTest, MergingKeepsEveryMeasurementOnceAndTheBest) {
   auto a = TuningDb::Open(":memory:");
   auto b = TuningDb::Open(":memory:");
   ASSERT_TRUE(a.ok() && b.ok());
   FinishedTask(**a, "ta", "ja", 0.5);
   FinishedTask(**b, "tb", "jb", 0.25);
-  std::vector<std::string> from_a, from_b;
-  ASSERT_TRUE((*a)->ExportRecords({}, [&](const std::string& l) { from_a.push_back(l); }).ok());
-  ASSERT_TRUE((*b)->ExportRecords({}, [&](const std::string& l) { from_b.push_back(l); }).ok());
-  ASSERT_EQ(from_a.size(), 1u);
+  const std::vector<std::string> from_a = Exported(**a, "a-host:/a.db"), from_b = Exported(**b, "b-host:/b.db");
+  ASSERT_EQ(from_a.size(), 2u);  // the candidate's measurement and its confirmation
   std::vector<std::string> none;
   ASSERT_TRUE((*a)->ExportRecords({"other-target", ""}, [&](const std::string& l) { none.push_back(l); }).ok());
   EXPECT_TRUE(none.empty());
 
-  auto into_a = (*a)->ImportRecords(from_b, 10);
+  auto into_a = (*a)->ImportRecords(from_b, 10, kMaxSpread);
   ASSERT_TRUE(into_a.ok()) << into_a.status();
-  EXPECT_EQ(into_a->added, 1);
+  EXPECT_EQ(into_a->added, 2);
   EXPECT_EQ(into_a->best_updated, 1);
-  auto into_b = (*b)->ImportRecords(from_a, 10);
+  auto into_b = (*b)->ImportRecords(from_a, 10, kMaxSpread);
   ASSERT_TRUE(into_b.ok()) << into_b.status();
   EXPECT_EQ(into_b->best_updated, 0);  // b's own kernel is the faster
   for (TuningDb* db : {a->get(), b->get()}) {
-    EXPECT_EQ(*db->CountMeasurements(), 2);
+    EXPECT_EQ(*db->CountMeasurements(), 4);
     auto best = db->GetBest("wk", "fp", "s");
     ASSERT_TRUE(best->has_value());
     EXPECT_DOUBLE_EQ((*best)->median_s, 0.25);
     EXPECT_EQ((*best)->task_id, "tb");
     EXPECT_EQ(db->GetTask("ta")->state, TaskState::kDone);
   }
-  auto again = (*a)->ImportRecords(from_b, 11);
+  // Each imported task says where it was measured; a database's own tasks say nothing.
+  EXPECT_EQ((*a)->GetTask("tb")->origin, "b-host:/b.db");
+  EXPECT_EQ((*a)->GetTask("ta")->origin, "");
+  auto again = (*a)->ImportRecords(from_b, 11, kMaxSpread);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->added, 0);
-  EXPECT_EQ(again->duplicates, 1);
-  EXPECT_EQ(*(*a)->CountMeasurements(), 2);
+  EXPECT_EQ(again->duplicates, 2);
+  EXPECT_EQ(*(*a)->CountMeasurements(), 4);
 
   auto fresh = TuningDb::Open(":memory:");
-  auto bad = (*fresh)->ImportRecords({from_a[0], "{\"job_id\": 3}"}, 12);
+  auto bad = (*fresh)->ImportRecords({from_a[0], "{\"job_id\": 3}"}, 12, kMaxSpread);
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("line 2: "));
   // A target description that is not a target's JSON (wire::TargetFromJson).
@@ -362,7 +392,7 @@ TEST(RecordsTest, MergingKeepsEveryMeasurementOnceAndTheBest) {
   const std::string description = R"("description_json":"{}")";
   ASSERT_NE(unreadable.find(description), std::string::npos) << unreadable;
   unreadable.replace(unreadable.find(description), description.size(), R"("description_json":"[1]")");
-  bad = (*fresh)->ImportRecords({unreadable}, 12);
+  bad = (*fresh)->ImportRecords({unreadable}, 12, kMaxSpread);
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
   EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("line 1: 'target': "));
   EXPECT_EQ(*(*fresh)->CountMeasurements(), 0);
@@ -374,18 +404,60 @@ TEST(RecordsTest, MergingKeepsEveryMeasurementOnceAndTheBest) {
 TEST(RecordsTest, ExportPagesThroughEveryRecordOnce) {
   auto db = TuningDb::Open(":memory:");
   ASSERT_TRUE(db.ok());
-  constexpr int kRecords = 1001;
-  for (int i = 0; i < kRecords; ++i) {
+  constexpr int kTasks = 501;  // two records each: 1002, three pages
+  for (int i = 0; i < kTasks; ++i) {
     FinishedTask(**db, "t" + std::to_string(i), "j" + std::to_string(100000 + i), 0.5 + i);
   }
   std::vector<std::string> jobs;
   ASSERT_TRUE((*db)->ExportRecords({}, [&](const std::string& l) {
                      jobs.push_back(nlohmann::json::parse(l)["job_id"]);
-                     EXPECT_EQ(*(*db)->CountMeasurements(), kRecords);
+                     EXPECT_EQ(*(*db)->CountMeasurements(), 2 * kTasks);
                    })
                   .ok());
-  ASSERT_EQ(jobs.size(), static_cast<size_t>(kRecords));
-  for (int i = 0; i < kRecords; ++i) EXPECT_EQ(jobs[i], "j" + std::to_string(100000 + i));
+  ASSERT_EQ(jobs.size(), static_cast<size_t>(2 * kTasks));
+  for (int i = 0; i < kTasks; ++i) {
+    EXPECT_EQ(jobs[2 * i], "j" + std::to_string(100000 + i));
+    EXPECT_EQ(jobs[2 * i + 1], "j" + std::to_string(100000 + i) + "-again");
+  }
+}
+
+// The trust rule holds across databases: a task that ended unconfirmed
+// (its candidate's 20 us never came again: 0.5 s the second time) brings its
+// measurements, never an answer, whether imported into an empty database,
+// merged into one with answers of its own, or restored from a backup.
+TEST(RecordsTest, AnImportBringsMeasurementsNotAnswers) {
+  const auto dir = std::filesystem::temp_directory_path() / ("fusor-trust-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto source = TuningDb::Open((dir / "source.db").string());
+  ASSERT_TRUE(source.ok()) << source.status();
+  FinishedTask(**source, "tu", "ju", 2e-5, 0.5);
+  EXPECT_EQ((*source)->GetTask("tu")->state, TaskState::kFailed);
+  EXPECT_FALSE((*(*source)->GetBest("wk", "fp", "s")).has_value());
+  const std::vector<std::string> records = Exported(**source);
+  ASSERT_EQ(records.size(), 2u);
+
+  auto empty = TuningDb::Open(":memory:");
+  auto imported = (*empty)->ImportRecords(records, 10, kMaxSpread);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->added, 2);
+  EXPECT_EQ(imported->best_updated, 0);
+  EXPECT_FALSE((*(*empty)->GetBest("wk", "fp", "s")).has_value());
+  EXPECT_EQ((*empty)->GetTask("tu")->origin, "host:/source.db");
+
+  auto team = TuningDb::Open(":memory:");
+  FinishedTask(**team, "tc", "jc", 7.85e-3);
+  auto merged = (*team)->ImportRecords(records, 10, kMaxSpread);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->best_updated, 0);
+  EXPECT_DOUBLE_EQ((*(*team)->GetBest("wk", "fp", "s"))->median_s, 7.85e-3);
+
+  ASSERT_TRUE((*source)->BackupTo((dir / "restored.db").string()).ok());
+  auto restored = TuningDb::Open((dir / "restored.db").string());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*(*restored)->CountMeasurements(), 2);
+  EXPECT_FALSE((*(*restored)->GetBest("wk", "fp", "s")).has_value());
+  std::filesystem::remove_all(dir);
 }
 
 // A backup taken while the database is open and written to is a complete,
@@ -401,7 +473,7 @@ TEST(RecordsTest, OnlineBackup) {
   FinishedTask(**db, "t2", "j2", 0.25);  // the live one goes on
   auto copy = TuningDb::Open((dir / "copy.db").string());
   ASSERT_TRUE(copy.ok()) << copy.status();
-  EXPECT_EQ(*(*copy)->CountMeasurements(), 1);
+  EXPECT_EQ(*(*copy)->CountMeasurements(), 2);
   EXPECT_DOUBLE_EQ((*(*copy)->GetBest("wk", "fp", "s"))->median_s, 0.5);
   EXPECT_FALSE((*db)->BackupTo((dir / "missing-dir" / "x.db").string()).ok());
   std::filesystem::remove_all(dir);
