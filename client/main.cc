@@ -16,6 +16,7 @@
 #include "client/cli_sweep.h"
 #include "client/client.h"
 #include "client/embedded.h"
+#include "common/util/build_info.h"
 #include "common/util/log.h"
 #include "common/util/paths.h"
 #include "common/util/process.h"
@@ -28,7 +29,8 @@ using fusor::cli::GlobalOptions;
 
 void AddGlobalOptions(CLI::App& app, GlobalOptions& g) {
   g.db_path = fusor::DefaultDatabasePath(fusor::cli::Env("XDG_DATA_HOME"), fusor::cli::Env("HOME"));
-  app.add_option("--server", g.server, "scheduler address (host:port); without it, run an embedded scheduler");
+  app.add_option("--server", g.server, "scheduler address (host:port; env FUSOR_SERVER unless --db is given); without "
+                                       "it, run an embedded scheduler");
   g.token = fusor::cli::Env("FUSOR_TOKEN");
   app.add_option("--token", g.token, "with --server: a client-role token (env FUSOR_TOKEN; prefer the env: "
                                      "arguments show in ps)");
@@ -195,8 +197,10 @@ int main(int argc, char** argv) {
   AddGlobalOptions(app, g);
   Commands c;
   AddCommands(app, g, c);
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> rc = fusor::ParseCommandLine(app, "fusor", argc, argv)) return *rc;
   g.timeout_given = app.count("--timeout") > 0;
+  // $FUSOR_SERVER stands for --server, unless --db asks for an embedded scheduler on that file.
+  if (app.count("--server") == 0 && app.count("--db") == 0) g.server = fusor::cli::Env("FUSOR_SERVER");
   if (std::optional<int> rc = RunWithoutScheduler(g, c)) return *rc;
   return RunWithScheduler(g, c);
 }

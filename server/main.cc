@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/util/build_info.h"
 #include "common/util/log.h"
 #include "common/util/paths.h"
 #include "common/util/timing.h"
@@ -193,7 +194,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fusor-scheduler: tunes fused operator chains with the workers that dial in"};
   Flags flags;
   AddFlags(app, flags);
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> rc = fusor::ParseCommandLine(app, "fusor-scheduler", argc, argv)) return *rc;
   if (!fusor::SetLogLevel(flags.log_level)) {
     std::cerr << "unknown log level '" << flags.log_level << "'\n";
     return 2;

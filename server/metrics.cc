@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/util/build_info.h"
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
 
@@ -53,6 +54,10 @@ double Quantile(std::vector<double> v, double q) {
 absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
   ASSIGN_OR_RETURN(db::DbMetrics m, core.db().Metrics());
   std::string out;
+  Family(out, "fusor_build_info", "gauge", "The scheduler's build: always 1, its labels say which.");
+  const BuildInfo& build = Build();
+  absl::StrAppend(&out, "fusor_build_info{version=\"", Label(build.version), "\",commit=\"",
+                  Label(build.commit), "\",compiler=\"", Label(build.compiler), "\"} 1\n");
   Family(out, "fusor_jobs", "gauge", "Jobs by state; queued and leased are the queue.");
   for (db::JobState state : db::kJobStates) {
     absl::StrAppend(&out, "fusor_jobs{state=\"", db::Name(state), "\"} ", m.jobs[state], "\n");

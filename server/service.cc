@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include <unistd.h>
@@ -468,6 +469,8 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes).
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // One scheduler per port: without this, gRPC's SO_REUSEPORT lets a second one share it, each answering some calls.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (!address.empty()) builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(s->scheduler_service_.get());
@@ -475,7 +478,9 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   builder.RegisterService(s->admin_service_.get());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || (!address.empty() && s->port_ == 0)) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address,
+                                               ": the port is in use (another fusor-scheduler?) or the address is "
+                                               "not one of this machine's"));
   }
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
     health->SetServingStatus(true);

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/util/build_info.h"
 #include "common/util/log.h"
 #include "proto/wire/cli_flags.h"
 #include "worker/job.h"
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
   fusor::wire::AddClientTlsFlags(app, tls);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> rc = fusor::ParseCommandLine(app, "fusor-worker", argc, argv)) return *rc;
   if (!fusor::SetLogLevel(log_level)) {
     std::cerr << "unknown log level '" << log_level << "'\n";
     return 2;

@@ -543,6 +543,31 @@ TEST_F(E2eTest, TokensGateEveryCallByRole) {
   EXPECT_EQ(Query("SELECT COUNT(*) FROM measurements"), measurements);
 }
 
+// The conventions operators expect of every binary: --version (version,
+// commit, compiler) exits 0, a usage error exits 2 naming it; a second
+// scheduler on the port this one holds exits 1 saying why (it never shares
+// the port); the CLI takes its scheduler from $FUSOR_SERVER.
+TEST_F(E2eTest, EveryBinaryKeepsTheCommandLineConventions) {
+  for (const std::string program : {"fusor", "fusor-scheduler", "fusor-worker"}) {
+    const std::string path = kBin + (program == "fusor" ? "/client/" : program == "fusor-worker" ? "/worker/" : "/server/") +
+                             program;
+    auto version = Shell(path + " --version");
+    EXPECT_EQ(version.first, 0) << version.second;
+    EXPECT_THAT(version.second, HasSubstr(program + " "));
+    EXPECT_THAT(version.second, HasSubstr(" (commit "));
+    auto bad = Shell(path + (program == "fusor" ? " workers" : "") + " --no-such-flag");
+    EXPECT_EQ(bad.first, 2) << bad.second;
+    EXPECT_THAT(bad.second, HasSubstr("--no-such-flag"));
+  }
+  auto second = Shell(kBin + "/server/fusor-scheduler --insecure --db " + (dir_ / "second.db").string() +
+                      " --listen " + address_);
+  EXPECT_EQ(second.first, 1) << second.second;
+  EXPECT_THAT(second.second, HasSubstr("the port is in use"));
+  auto through_env = Shell("FUSOR_SERVER=" + address_ + " " + kBin + "/client/fusor health");
+  EXPECT_EQ(through_env.first, 0) << through_env.second;
+  EXPECT_THAT(through_env.second, HasSubstr("SERVING"));
+}
+
 // Mutual TLS with tokens on the gRPC and the metrics port: only callers
 // that trust the scheduler's CA and present a certificate signed by the
 // client CA get through, and refusals change nothing.

@@ -12,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/util/build_info.h"
 #include "server/service.h"
 
 namespace fusor::server {
@@ -41,6 +42,25 @@ std::string Http(int port, const std::string& request) {
   return out;
 }
 
+// A second scheduler on a port one holds fails to start, saying why, as
+// the metrics port does; it never shares the port.
+TEST(MetricsTest, OneSchedulerPerPort) {
+  SchedulerOptions options;
+  options.db_path = ":memory:";
+  auto first = SchedulerServer::Start(options, "127.0.0.1:0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string taken = "127.0.0.1:" + std::to_string((*first)->port());
+  auto second = SchedulerServer::Start(options, taken);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("cannot listen on " + taken + ": the port is in use"));
+  auto metrics = MetricsServer::Start("127.0.0.1:0", [] { return std::string(); });
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  auto again = MetricsServer::Start("127.0.0.1:" + std::to_string((*metrics)->port()), [] { return std::string(); });
+  ASSERT_FALSE(again.ok());
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("Address already in use"));
+}
+
 TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   SchedulerOptions options;
   options.db_path = ":memory:";
@@ -59,6 +79,7 @@ TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   EXPECT_EQ(ok.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << ok;
   EXPECT_THAT(ok, HasSubstr("Content-Type: text/plain; version=0.0.4"));
   EXPECT_THAT(ok, HasSubstr("# TYPE fusor_jobs gauge\nfusor_jobs{state=\"queued\"} 0\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_build_info{version=\"" + Build().version + "\",commit=\""));
   EXPECT_THAT(ok, HasSubstr("fusor_tasks{state=\"running\"} 0\n"));
   EXPECT_THAT(ok, HasSubstr("fusor_cache_lookups_total{result=\"hit\"} 2\n"));
   EXPECT_THAT(ok, HasSubstr("fusor_cache_hit_ratio 0.666667\n"));
