@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <grpc/grpc.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include <unistd.h>
@@ -466,8 +467,10 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   s->scheduler_service_ = std::make_unique<SchedulerService>(s->core_.get(), s->sweeps_.get(), s->auth_.get());
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->core_.get(), s->auth_.get());
   s->admin_service_ = std::make_unique<AdminService>(s->core_.get(), s->auth_.get());
-  // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes).
+  // The standard grpc.health.v1.Health service (Kubernetes' gRPC probes), and server reflection (grpcurl and
+  // the like list and call the services without their .proto files).
   grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // One scheduler per port: without this, gRPC's SO_REUSEPORT lets a second one share it, each answering some calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -483,7 +486,11 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
                                                "not one of this machine's"));
   }
   if (grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService()) {
-    health->SetServingStatus(true);
+    health->SetServingStatus(true);  // the whole server ("")
+    for (const char* service : {v1::Scheduler::service_full_name(), v1::WorkerService::service_full_name(),
+                                v1::Admin::service_full_name()}) {
+      health->SetServingStatus(service, true);
+    }
   }
   return s;
 }

@@ -392,3 +392,22 @@ def test_the_kernel_cache_evicts_the_least_recently_used_beyond_its_size(client,
     assert kernel.library_path.stat().st_size < mib // 2
     # 3 MiB and the new kernel: the oldest goes, and what is left fits.
     assert [p.exists() for p in old] == [False, True, True] and kernel.library_path.exists()
+
+
+def test_the_scheduler_answers_health_per_service_and_reflection(service):
+    """grpc.health.v1 per service name, and server reflection (v1alpha, what grpcurl asks first), spoken as raw
+    protobuf so that no fusor code is involved."""
+    with grpc.insecure_channel(service.address) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=bytes,
+                                    response_deserializer=bytes)
+        name = b"fusor.v1.Scheduler"
+        assert check(b"\x0a" + bytes([len(name)]) + name, timeout=10) == b"\x08\x01"  # status: SERVING
+        with pytest.raises(grpc.RpcError) as unknown:
+            check(b"\x0a\x07nothing", timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        reflect = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                        request_serializer=bytes, response_deserializer=bytes)
+        listed = list(reflect(iter([b"\x3a\x00"]), timeout=10))  # list_services (field 7)
+    assert len(listed) == 1
+    for service_name in (b"fusor.v1.Scheduler", b"fusor.v1.WorkerService", b"fusor.v1.Admin", b"grpc.health.v1.Health"):
+        assert service_name in listed[0]
