@@ -4,7 +4,8 @@ requires of each kind used, selectors that select their own pods, and what
 fusor needs (resources on every container, health probes on the
 scheduler: gRPC, or `fusor ... health` where TLS is on; one nvidia.com/gpu
 per GPU worker; every file a flag names under a mounted volume, every
-mounted volume declared). Exits 1 listing every problem."""
+mounted volume declared; images with a version tag, a numeric user behind runAsNonRoot; the Dockerfiles'
+numeric USER and HEALTHCHECK). Exits 1 listing every problem."""
 import pathlib
 import sys
 
@@ -21,10 +22,18 @@ def need(cond, where, what):
 def check_pod(where, spec, labels, claims):
     containers = spec.get("containers") or []
     need(containers, where, "no containers")
+    pod_security = spec.get("securityContext") or {}
     for c in containers:
         cw = f"{where} container {c.get('name', '?')}"
         need(c.get("name"), cw, "no name")
         need(c.get("image"), cw, "no image")
+        image = str(c.get("image", ""))
+        tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+        need(tag and tag != "latest", cw, f"image {image} has no version tag")
+        security = {**pod_security, **(c.get("securityContext") or {})}
+        # The kubelet verifies runAsNonRoot only against a numeric user (the image's USER name is refused).
+        need(not security.get("runAsNonRoot") or isinstance(security.get("runAsUser"), int), cw,
+             "runAsNonRoot without a numeric runAsUser")
         res = c.get("resources") or {}
         need(res.get("requests") or res.get("limits"), cw, "no resource requests or limits")
         mounts = {m.get("name"): m.get("mountPath", "") for m in c.get("volumeMounts") or []}
@@ -85,6 +94,14 @@ for path in sorted(pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/k8
                 need(isinstance(p.get("port"), int), where, f"port {p.get('name')} has no number")
         else:
             problems.append(f"{where}: kind {kind} is not checked; add it to deploy/check_manifests.py")
+
+# The images the manifests run: a numeric USER (runAsNonRoot), and a health check where a port is served.
+for dockerfile in sorted(pathlib.Path(__file__).resolve().parent.joinpath("container").glob("*.Dockerfile")):
+    lines = [line.strip() for line in dockerfile.read_text().splitlines()]
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    need(users and users[-1].split(":")[0].isdigit(), dockerfile.name, "the last USER is not numeric")
+    if any(line.startswith("EXPOSE ") for line in lines):
+        need(any(line.startswith("HEALTHCHECK ") for line in lines), dockerfile.name, "serves a port, no HEALTHCHECK")
 
 for p in problems:
     print(p)

@@ -1,7 +1,9 @@
 # fusor-worker for NVIDIA GPUs (also measures on the CPU with --backend cpu).
-#   docker build -f deploy/container/worker-cuda.Dockerfile -t fusor-worker-cuda .
+#   docker build -f deploy/container/worker-cuda.Dockerfile -t fusor-worker-cuda:0.1.0 .
 # Run with the NVIDIA container toolkit (the driver comes from the host):
-#   docker run --gpus '"device=0"' fusor-worker-cuda --scheduler HOST:7788
+#   docker run --gpus '"device=0"' fusor-worker-cuda:0.1.0 --scheduler HOST:7788
+# It runs as user and group 10001 (numeric, for Kubernetes' runAsNonRoot). A worker serves no port: its
+# health is the scheduler's view of it (`fusor workers`), so the image has no HEALTHCHECK.
 # The worker compiles candidates at run time (NVRTC for GPUs, c++ for the
 # CPU), so the image keeps the CUDA runtime libraries and a C++ compiler.
 ARG CUDA_PACKAGE_VERSION=13-0
@@ -28,7 +30,8 @@ RUN DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libsqlite3-0 libspdlog1.10 libabsl20220623 libonnx1 libyaml-cpp0.7 \
       g++ libopenblas-openmp-dev \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --create-home fusor
+ && groupadd --system --gid 10001 fusor \
+ && useradd --system --uid 10001 --gid 10001 --create-home fusor
 COPY --from=build /build/worker/fusor-worker /usr/local/bin/
-USER fusor
+USER 10001:10001
 ENTRYPOINT ["/usr/local/bin/fusor-worker"]
