@@ -23,17 +23,27 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, wire::RetryPolicy retry)
 absl::StatusOr<v1::TuneResult> Client::Tune(const v1::TuneRequest& request,
                                             const std::function<void(const v1::TuneEvent&)>& on_event,
                                             absl::Duration deadline) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  std::unique_ptr<grpc::ClientReader<v1::TuneEvent>> reader = stub_->Tune(&ctx, request);
-  v1::TuneEvent event;
+  // A scheduler that restarts resumes its tasks from the database, and a tune asked again joins its task: an
+  // UNAVAILABLE scheduler (shutting down, restarting) is asked again, with backoff, for up to a minute.
+  const absl::Time end = absl::Now() + deadline;
+  wire::RetryPolicy policy = retry_;
+  policy.max_attempts = 20;  // (with backoff doubling from 0.2 s to at most 5 s, the minute runs out first)
+  policy.give_up_after = absl::Seconds(60);
   std::optional<v1::TuneResult> result;
-  while (reader->Read(&event)) {
-    if (on_event) on_event(event);
-    if (event.has_result()) result = event.result();
-  }
-  grpc::Status st = reader->Finish();
-  if (!st.ok()) return wire::FromGrpcStatus(st, ctx);
+  absl::Status failed;
+  grpc::Status st = wire::GrpcRetrier(policy).Run("tune", [&](grpc::ClientContext& ctx) {
+    ctx.set_deadline(absl::ToChronoTime(end));
+    std::unique_ptr<grpc::ClientReader<v1::TuneEvent>> reader = stub_->Tune(&ctx, request);
+    v1::TuneEvent event;
+    while (reader->Read(&event)) {
+      if (on_event) on_event(event);
+      if (event.has_result()) result = event.result();
+    }
+    grpc::Status finished = reader->Finish();
+    if (!finished.ok()) failed = wire::FromGrpcStatus(finished, ctx);
+    return finished;
+  });
+  if (!st.ok()) return failed;
   if (!result) return absl::InternalError("the scheduler ended the stream without a result");
   return *result;
 }

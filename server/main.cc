@@ -38,6 +38,7 @@ struct Flags {
   bool insecure = false;
   fusor::server::ServerTls tls;
   std::string metrics_listen;
+  double drain_s = 5;
 };
 
 void AddFlags(CLI::App& app, Flags& f) {
@@ -99,6 +100,11 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--metrics-listen", f.metrics_listen,
                  "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
+      ->capture_default_str();
+  app.add_option("--drain-seconds", f.drain_s,
+                 "on SIGTERM: NOT_SERVING, then this long for the calls in flight to finish (calls waiting for a "
+                 "task end UNAVAILABLE at once, and their clients ask the restarted scheduler again)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
 }
 
@@ -179,7 +185,7 @@ int Serve(const Flags& f, const sigset_t& signals, const std::shared_ptr<spdlog:
     int sig = 0;
     sigwait(&signals, &sig);
     log->info("signal {}: shutting down", sig);
-    (*server)->Shutdown();
+    (*server)->Shutdown(absl::Seconds(f.drain_s));
   });
   (*server)->Wait();
   waiter.detach();

@@ -40,6 +40,9 @@ absl::StatusOr<std::shared_ptr<Scheduler::Answer>> CachedAnswerFor(Scheduler& co
 // handler within a second.
 constexpr absl::Duration kPoll = absl::Seconds(1);
 
+const grpc::Status kShuttingDown(grpc::StatusCode::UNAVAILABLE,
+                                 "the scheduler is shutting down; its tasks resume when it restarts: ask again");
+
 }  // namespace
 
 grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequest* req,
@@ -67,6 +70,7 @@ grpc::Status SchedulerService::Tune(grpc::ServerContext* ctx, const v1::TuneRequ
   int64_t version = 0;
   while (true) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    if (stopping_) return kShuttingDown;
     auto snap = core_->WaitForTask(task_id, version, kPoll);
     if (!snap.ok()) return ToGrpcStatus(snap.status());
     if (snap->version != version) {
@@ -157,6 +161,7 @@ grpc::Status SchedulerService::CompileByTuning(grpc::CallbackServerContext* ctx,
     int64_t version = 0;
     while (true) {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      if (stopping_) return kShuttingDown;
       auto snap = core_->WaitForTask(start->started.task_id, version, kPoll);
       if (!snap.ok()) return ToGrpcStatus(snap.status());
       version = snap->version;
@@ -501,9 +506,10 @@ std::shared_ptr<grpc::Channel> SchedulerServer::InProcessChannel() {
   return server_->InProcessChannel(args);
 }
 
-void SchedulerServer::Shutdown() {
+void SchedulerServer::Shutdown(absl::Duration drain) {
   if (server_ && server_->GetHealthCheckService()) server_->GetHealthCheckService()->SetServingStatus(false);
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (scheduler_service_) scheduler_service_->StopWaiting();
+  if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
   if (scheduler_service_) scheduler_service_->Drain();
 }
 

@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 
@@ -35,6 +36,9 @@ class SchedulerService final
   grpc::Status Sweep(grpc::ServerContext* ctx, const v1::SweepRequest* req,
                      grpc::ServerWriter<v1::SweepEvent>* writer) override;
   grpc::Status GetSweep(grpc::ServerContext* ctx, const v1::GetSweepRequest* req, v1::SweepReport* resp) override;
+  // From now on, calls waiting for a task end UNAVAILABLE within a second
+  // (the task resumes when the scheduler restarts; the client asks again).
+  void StopWaiting() { stopping_ = true; }
   // Waits until no Compile is waiting for a tune (after the server's
   // shutdown has cancelled their calls).
   void Drain();
@@ -57,6 +61,7 @@ class SchedulerService final
   std::mutex tuning_mu_;
   std::condition_variable tuning_cv_;
   int tuning_ = 0;  // CompileByTuning threads running
+  std::atomic<bool> stopping_{false};
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -111,7 +116,11 @@ class SchedulerServer {
   int port() const { return port_; }
   std::shared_ptr<grpc::Channel> InProcessChannel();
   Scheduler& core() { return *core_; }
-  void Shutdown();
+  // NOT_SERVING, then `drain` for the calls in flight to finish (a call
+  // waiting for a task ends UNAVAILABLE at once: its client asks again,
+  // and the task resumes with the next scheduler), then the rest are
+  // cancelled.
+  void Shutdown(absl::Duration drain = absl::Seconds(2));
   void Wait();
 
  private:

@@ -229,7 +229,8 @@ absl::Status Worker::Run() {
                       absl::FormatDuration(backoff));
           std::unique_lock<std::mutex> lock(mu_);
           cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stop_.load(); });
-          backoff = std::min(backoff * 2, absl::Seconds(5));
+          // At most 2 s: a scheduler that restarts has its worker back within seconds.
+          backoff = std::min(backoff * 2, absl::Seconds(2));
           continue;
         }
       } else {

@@ -20,10 +20,15 @@ struct ClientTls {
   bool on() const { return enabled || !ca_file.empty() || !cert_file.empty(); }
 };
 
+// The longest a channel waits before dialling a scheduler that went away
+// again (gRPC's default grows to 120 s).
+inline constexpr int64_t kMaxReconnectBackoffMs = 2000;
+
 // A channel to host:port that sends `authorization: Bearer <token>` with
-// every call when `token` is not empty. INVALID_ARGUMENT for unreadable or
-// incomplete TLS files. Warns when a token would cross a network in
-// plaintext (TLS off, address not loopback).
+// every call when `token` is not empty; it dials a scheduler that went away
+// again at least every kMaxReconnectBackoffMs. INVALID_ARGUMENT for
+// unreadable or incomplete TLS files. Warns when a token would cross a
+// network in plaintext (TLS off, address not loopback).
 absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, const std::string& token,
                                                     const ClientTls& tls = {},
                                                     grpc::ChannelArguments args = grpc::ChannelArguments());

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -20,6 +22,26 @@ from .v1 import scheduler_pb2, scheduler_pb2_grpc, target_pb2
 Event = Union[Started, Progress, Result]
 _BACKENDS = {"cpu": target_pb2.BACKEND_CPU, "cuda": target_pb2.BACKEND_CUDA}
 _MAX_MESSAGE = 256 << 20
+# A scheduler shutting down or restarting answers UNAVAILABLE; its tasks resume from the database and a call asked
+# again joins its task. Such calls are asked again, the backoff doubling from 0.2 s to at most 5 s, for a minute.
+_RETRY_SECONDS = 60.0
+log = logging.getLogger("fusor")
+
+
+class _Backoff:
+    """Whether a failed call is asked again (UNAVAILABLE, within the minute), after sleeping its backoff."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.delay, self.waited = enabled, 0.2, 0.0
+
+    def again(self, error: grpc.RpcError) -> bool:
+        if not self.enabled or error.code() != grpc.StatusCode.UNAVAILABLE or self.waited + self.delay > _RETRY_SECONDS:
+            return False
+        log.warning("fusor: the scheduler is unavailable (%s); asking again in %.1f s", error.details(), self.delay)
+        time.sleep(self.delay)
+        self.waited += self.delay
+        self.delay = min(2 * self.delay, 5.0)
+        return True
 
 
 @dataclass
@@ -59,7 +81,11 @@ class Client:
         token = token if token is not None else os.environ.get("FUSOR_TOKEN")
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         options: List[Tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                                          ("grpc.max_send_message_length", _MAX_MESSAGE)]
+                                          ("grpc.max_send_message_length", _MAX_MESSAGE),
+                                          # a scheduler that went away is dialled again at least every 2 s
+                                          ("grpc.initial_reconnect_backoff_ms", 200),
+                                          ("grpc.min_reconnect_backoff_ms", 200),
+                                          ("grpc.max_reconnect_backoff_ms", 2000)]
         if (tls_cert is None) != (tls_key is None):
             raise FusorError("tls_cert and tls_key go together")
         if tls or tls_cert:
@@ -127,20 +153,29 @@ class Client:
 
     # -- calls ---------------------------------------------------------------
 
-    def _call(self, method: Callable, request: Any, timeout: Optional[float]) -> Any:
-        try:
-            return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise from_grpc(e) from e
+    def _call(self, method: Callable, request: Any, timeout: Optional[float], retry: bool = False) -> Any:
+        """One unary call; with `retry` (calls that may be asked again: they join their task), asked again while
+        the scheduler is UNAVAILABLE."""
+        backoff = _Backoff(retry)
+        while True:
+            try:
+                return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                if not backoff.again(e):
+                    raise from_grpc(e) from e
 
-    def _stream(self, method: Callable, request: Any, timeout: Optional[float]) -> Iterator[Any]:
-        call = method(request, timeout=timeout or self.timeout, metadata=self._metadata)
-        try:
-            yield from call
-        except grpc.RpcError as e:
-            raise from_grpc(e) from e
-        finally:
-            call.cancel()  # a caller that stops iterating early ends the call (a no-op once it has ended)
+    def _stream(self, method: Callable, request: Any, timeout: Optional[float], retry: bool = False) -> Iterator[Any]:
+        backoff = _Backoff(retry)
+        while True:
+            call = method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            try:
+                yield from call
+                return
+            except grpc.RpcError as e:
+                if not backoff.again(e):
+                    raise from_grpc(e) from e
+            finally:
+                call.cancel()  # a caller that stops iterating early ends the call (a no-op once it has ended)
 
     @staticmethod
     def _selector(backend: str, target: Optional[str]) -> target_pb2.TargetSelector:
@@ -167,7 +202,7 @@ class Client:
         request = scheduler_pb2.TuneRequest(workload=self._workload(chain, vary), target=self._selector(backend, target),
                                             options=scheduler_pb2.TuneOptions(budget=budget, force=force,
                                                                               transfer=transfer))
-        for event in self._stream(self._stub.Tune, request, timeout):
+        for event in self._stream(self._stub.Tune, request, timeout, retry=True):
             kind = event.WhichOneof("event")
             if kind == "started":
                 yield Started.from_proto(event.started)
@@ -210,7 +245,7 @@ class Client:
                                                target=self._selector(backend, target),
                                                options=scheduler_pb2.TuneOptions(budget=budget, transfer=transfer),
                                                cache_only=cache_only)
-        return self._call(self._stub.Compile, request, timeout)
+        return self._call(self._stub.Compile, request, timeout, retry=True)
 
     def compile(self, chain: ChainLike, *, budget: int = 0, cache_only: bool = False, backend: str = "cpu",
                 target: Optional[str] = None, timeout: Optional[float] = None, num_threads: Optional[int] = None,
