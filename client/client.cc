@@ -27,8 +27,10 @@ absl::StatusOr<v1::TuneResult> Client::Tune(const v1::TuneRequest& request,
   // UNAVAILABLE scheduler (shutting down, restarting) is asked again, with backoff, for up to a minute.
   const absl::Time end = absl::Now() + deadline;
   wire::RetryPolicy policy = retry_;
-  policy.max_attempts = 20;  // (with backoff doubling from 0.2 s to at most 5 s, the minute runs out first)
-  policy.give_up_after = absl::Seconds(60);
+  if (policy.max_attempts > 1) {  // (a client built not to retry does not)
+    policy.max_attempts = 20;  // with backoff doubling from 0.2 s to at most 5 s, the minute runs out first
+    policy.give_up_after = absl::Seconds(60);
+  }
   std::optional<v1::TuneResult> result;
   absl::Status failed;
   grpc::Status st = wire::GrpcRetrier(policy).Run("tune", [&](grpc::ClientContext& ctx) {

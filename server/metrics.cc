@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -11,7 +12,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -43,6 +48,70 @@ void Family(std::string& out, const char* name, const char* type, const char* he
   absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
 }
 
+// The process's own metrics, as Prometheus' client libraries name them (Linux: /proc).
+void RenderProcess(std::string& out) {
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  // The fields after the command name (which may hold spaces) in parentheses; field 3 is the first.
+  std::vector<std::string> fields;
+  if (const size_t close = stat.rfind(')'); close != std::string::npos) {
+    std::istringstream rest(stat.substr(close + 2));
+    for (std::string f; rest >> f;) fields.push_back(f);
+  }
+  auto field = [&](size_t n) { return n - 3 < fields.size() ? std::strtod(fields[n - 3].c_str(), nullptr) : 0.0; };
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  double boot_s = 0;
+  std::ifstream proc_stat("/proc/stat");
+  for (std::string line; std::getline(proc_stat, line);) {
+    if (line.rfind("btime ", 0) == 0) boot_s = std::strtod(line.c_str() + 6, nullptr);
+  }
+  int open_fds = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::end(it);
+       it.increment(ec)) {
+    ++open_fds;
+  }
+  rlimit fds{};
+  getrlimit(RLIMIT_NOFILE, &fds);
+  Family(out, "process_cpu_seconds_total", "counter", "User and system CPU time spent, in seconds.");
+  absl::StrAppend(&out, "process_cpu_seconds_total ", absl::StrFormat("%.2f", (field(14) + field(15)) / ticks), "\n");
+  Family(out, "process_start_time_seconds", "gauge", "Start time of the process since the Unix epoch, in seconds.");
+  absl::StrAppend(&out, "process_start_time_seconds ", absl::StrFormat("%.2f", boot_s + field(22) / ticks), "\n");
+  Family(out, "process_virtual_memory_bytes", "gauge", "Virtual memory size, in bytes.");
+  absl::StrAppend(&out, "process_virtual_memory_bytes ", absl::StrFormat("%.0f", field(23)), "\n");
+  Family(out, "process_resident_memory_bytes", "gauge", "Resident memory size, in bytes.");
+  absl::StrAppend(&out, "process_resident_memory_bytes ",
+                  absl::StrFormat("%.0f", field(24) * static_cast<double>(sysconf(_SC_PAGESIZE))), "\n");
+  Family(out, "process_open_fds", "gauge", "Open file descriptors.");
+  absl::StrAppend(&out, "process_open_fds ", open_fds, "\n");
+  Family(out, "process_max_fds", "gauge", "The most file descriptors the process may open.");
+  absl::StrAppend(&out, "process_max_fds ", static_cast<int64_t>(fds.rlim_cur), "\n");
+}
+
+// Records each call's time from its start (the interceptor's creation) to its status.
+class LatencyInterceptor : public grpc::experimental::Interceptor {
+ public:
+  explicit LatencyInterceptor(grpc::experimental::ServerRpcInfo* info)
+      : method_(info->method() ? info->method() : "?"), start_(std::chrono::steady_clock::now()) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      RpcLatency().Observe(method_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
+class LatencyInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new LatencyInterceptor(info);
+  }
+};
+
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -50,6 +119,41 @@ double Quantile(std::vector<double> v, double q) {
 }
 
 }  // namespace
+
+void Histogram::Observe(const std::string& label, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Series& s = series_[label];
+  if (s.counts.empty()) s.counts.assign(bounds_.size() + 1, 0);
+  ++s.counts[std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin()];
+  s.sum += seconds;
+}
+
+void Histogram::Render(std::string& out, const std::string& name, const std::string& label) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [value, s] : series_) {
+    const std::string labels = absl::StrCat(label, "=\"", Label(value), "\"");
+    int64_t cumulative = 0;
+    for (size_t i = 0; i <= bounds_.size(); ++i) {
+      cumulative += s.counts[i];
+      absl::StrAppend(&out, name, "_bucket{", labels, ",le=\"",
+                      i < bounds_.size() ? absl::StrFormat("%g", bounds_[i]) : std::string("+Inf"), "\"} ",
+                      cumulative, "\n");
+    }
+    absl::StrAppend(&out, name, "_sum{", labels, "} ", absl::StrFormat("%.6g", s.sum), "\n");
+    absl::StrAppend(&out, name, "_count{", labels, "} ", cumulative, "\n");
+  }
+}
+
+Histogram& RpcLatency() {
+  static auto* latency = new Histogram({0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10, 60, 300, 1800});
+  return *latency;
+}
+
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> RpcLatencyInterceptors() {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+  creators.push_back(std::make_unique<LatencyInterceptorFactory>());
+  return creators;
+}
 
 absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
   ASSIGN_OR_RETURN(db::DbMetrics m, core.db().Metrics());
@@ -101,14 +205,10 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
     absl::StrAppend(&out, "fusor_storage_failures_total{cause=\"", name, "\"} ", db::StorageFailures(f), "\n");
   }
   Family(out, "fusor_measurements_total", "counter",
-         "Measurements recorded, by kind and status (failures by cause: compile_error, invalid_result, timeout, "
-         "crash, runtime_error).");
-  // Confirmations and noisy measurements are not series of their own.
-  using db::MeasurementStatus;
-  for (db::JobKind kind : {db::JobKind::kCandidate, db::JobKind::kBaseline}) {
-    for (MeasurementStatus status : {MeasurementStatus::kOk, MeasurementStatus::kCompileError,
-                                     MeasurementStatus::kInvalidResult, MeasurementStatus::kTimeout,
-                                     MeasurementStatus::kCrash, MeasurementStatus::kRuntimeError}) {
+         "Measurements recorded, by kind (candidate, baseline, confirm) and status (failures by cause: "
+         "compile_error, invalid_result, timeout, crash, runtime_error, noisy).");
+  for (db::JobKind kind : db::kJobKinds) {
+    for (db::MeasurementStatus status : db::kMeasurementStatuses) {
       absl::StrAppend(&out, "fusor_measurements_total{kind=\"", db::Name(kind), "\",status=\"", db::Name(status),
                       "\"} ", m.measurements[{kind, status}], "\n");
     }
@@ -118,16 +218,22 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
     absl::StrAppend(&out, "fusor_workers{target=\"", Label(key.first), "\",state=\"", db::Name(key.second), "\"} ", n,
                     "\n");
   }
-  Family(out, "fusor_measurement_spread", "summary",
-         "(max - min) / median of each of the latest ok measurements' timing samples.");
+  // Quantiles of a window, not a summary: its sum and count would fall as the window moves.
+  Family(out, "fusor_measurement_spread", "gauge",
+         "(max - min) / median of the timing samples of the latest 200 ok measurements: its quantiles.");
   for (double q : {0.5, 0.9, 0.99}) {
     absl::StrAppend(&out, "fusor_measurement_spread{quantile=\"", q, "\"} ",
                     absl::StrFormat("%.6g", Quantile(m.spreads, q)), "\n");
   }
-  double sum = 0;
-  for (double s : m.spreads) sum += s;
-  absl::StrAppend(&out, "fusor_measurement_spread_sum ", absl::StrFormat("%.6g", sum), "\n");
-  absl::StrAppend(&out, "fusor_measurement_spread_count ", m.spreads.size(), "\n");
+  Family(out, "fusor_rpc_duration_seconds", "histogram",
+         "Time of each gRPC call served since the scheduler started, from its start to its status, by method.");
+  RpcLatency().Render(out, "fusor_rpc_duration_seconds", "method");
+  Family(out, "fusor_task_duration_seconds", "histogram",
+         "Time from start to end of each finished tuning task in the database, by final state.");
+  Histogram tasks({1, 5, 15, 60, 300, 900, 3600});
+  for (const auto& [state, seconds] : m.task_seconds) tasks.Observe(std::string(db::Name(state)), seconds);
+  tasks.Render(out, "fusor_task_duration_seconds", "state");
+  RenderProcess(out);
   return out;
 }
 

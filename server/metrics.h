@@ -2,11 +2,16 @@
 // exposition format, served over HTTP (or HTTPS) at /metrics.
 #pragma once
 
+#include <grpcpp/support/server_interceptor.h>
+
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "server/scheduler.h"
@@ -14,11 +19,38 @@
 
 namespace fusor::server {
 
-// Queue depth (jobs by state), tasks and sweeps by state, cache lookups
-// (hits, misses), quota refusals by limit, measurements by kind and status (candidates measured per
-// second is rate(fusor_measurements_total{kind="candidate"}[1m]); failures
-// by cause are its non-ok statuses), workers by target and state, and the
-// spread of the latest measurements' samples.
+// Durations in seconds by one label, in fixed buckets: a Prometheus
+// histogram, whose counts never decrease. Thread-safe.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {}
+  void Observe(const std::string& label, double seconds);
+  // The family's series: NAME_bucket{LABEL="..",le=".."}, NAME_sum, NAME_count.
+  void Render(std::string& out, const std::string& name, const std::string& label) const;
+
+ private:
+  struct Series {
+    std::vector<int64_t> counts;  // per bound, not cumulative; the last: beyond every bound
+    double sum = 0;
+  };
+  const std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::map<std::string, Series> series_;
+};
+
+// The time of every gRPC call the scheduler served, by method, from its
+// start to its status (RpcLatencyInterceptors records it).
+Histogram& RpcLatency();
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> RpcLatencyInterceptors();
+
+// The build; queue depth (jobs by state), tasks and sweeps by state, cache
+// lookups (hits, misses), quota refusals by limit, measurements by kind and
+// status (candidates measured per second is
+// rate(fusor_measurements_total{kind="candidate"}[1m]); failures by cause
+// are its non-ok statuses), workers by target and state, the spread of the
+// latest measurements' samples; histograms of RPC latency by method and of
+// finished tasks' durations by state; and the process's own process_*
+// metrics (CPU time, memory, file descriptors, start time).
 absl::StatusOr<std::string> RenderMetrics(Scheduler& core);
 
 // A minimal HTTP/1.1 server: GET /metrics answers `render()`, anything

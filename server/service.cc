@@ -18,6 +18,7 @@
 #include "proto/wire/channel.h"
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
+#include "server/metrics.h"
 #include "server/wire_rows.h"
 
 namespace fusor::server {
@@ -481,6 +482,7 @@ absl::StatusOr<std::unique_ptr<SchedulerServer>> SchedulerServer::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (!address.empty()) builder.AddListeningPort(address, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.experimental().SetInterceptorCreators(RpcLatencyInterceptors());
   builder.RegisterService(s->scheduler_service_.get());
   builder.RegisterService(s->worker_service_.get());
   builder.RegisterService(s->admin_service_.get());

@@ -506,6 +506,13 @@ absl::StatusOr<DbMetrics> TuningDb::Metrics(int recent) {
     }
     if (!first) out.spreads.push_back((hi - lo) / median_s);
   }
+  ASSIGN_OR_RETURN(Statement tasks, db_->Prepare("SELECT state, finished_ms - created_ms FROM tasks WHERE "
+                                                 "finished_ms IS NOT NULL AND state != ?"));
+  tasks.Bind(1, Name(TaskState::kRunning));
+  ASSIGN_OR_RETURN(out.task_seconds, ReadRows(tasks, [](const Statement& row) -> absl::StatusOr<std::pair<TaskState, double>> {
+                     ASSIGN_OR_RETURN(TaskState state, Parse<TaskState>(row.Text(0)));
+                     return std::make_pair(state, static_cast<double>(row.Int(1)) / 1000);
+                   }));
   return out;
 }
 

@@ -262,6 +262,8 @@ struct DbMetrics {
   std::map<std::pair<std::string, WorkerState>, int64_t> workers;  // by (target, state)
   // (max - min) / median of the samples of the latest ok measurements.
   std::vector<double> spreads;
+  // Each finished task's final state and its time from start to end.
+  std::vector<std::pair<TaskState, double>> task_seconds;
 };
 
 // kStaleLease: the job is no longer leased under this lease (it expired);

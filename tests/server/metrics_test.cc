@@ -84,7 +84,12 @@ TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   EXPECT_THAT(ok, HasSubstr("fusor_cache_lookups_total{result=\"hit\"} 2\n"));
   EXPECT_THAT(ok, HasSubstr("fusor_cache_hit_ratio 0.666667\n"));
   EXPECT_THAT(ok, HasSubstr("fusor_measurements_total{kind=\"candidate\",status=\"crash\"} 0\n"));
-  EXPECT_THAT(ok, HasSubstr("fusor_measurement_spread_count 0\n"));
+  EXPECT_THAT(ok, HasSubstr("fusor_measurements_total{kind=\"confirm\",status=\"noisy\"} 0\n"));
+  EXPECT_THAT(ok, HasSubstr("# TYPE fusor_measurement_spread gauge\n"));
+  EXPECT_THAT(ok, HasSubstr("# TYPE fusor_rpc_duration_seconds histogram\n"));
+  EXPECT_THAT(ok, HasSubstr("# TYPE fusor_task_duration_seconds histogram\n"));
+  EXPECT_THAT(ok, HasSubstr("\nprocess_cpu_seconds_total "));
+  EXPECT_THAT(ok, HasSubstr("\nprocess_resident_memory_bytes "));
   const size_t body = ok.find("\r\n\r\n") + 4;
   EXPECT_THAT(ok, HasSubstr("Content-Length: " + std::to_string(ok.size() - body) + "\r\n"));
 
@@ -122,6 +127,21 @@ TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   std::string bytes;
   for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  // That call is in the latency histogram of its method.
+  lock.unlock();
+  EXPECT_THAT(Http(port, "GET /metrics HTTP/1.1\r\n\r\n"),
+              HasSubstr("fusor_rpc_duration_seconds_count{method=\"/grpc.health.v1.Health/Check\"} 1\n"));
+}
+
+// A histogram's buckets are cumulative and its counts only grow.
+TEST(MetricsTest, HistogramsInSeconds) {
+  Histogram h({1, 2});
+  for (double s : {0.5, 1.5, 5.0}) h.Observe("a", s);
+  std::string out;
+  h.Render(out, "t", "k");
+  EXPECT_EQ(out,
+            "t_bucket{k=\"a\",le=\"1\"} 1\nt_bucket{k=\"a\",le=\"2\"} 2\nt_bucket{k=\"a\",le=\"+Inf\"} 3\n"
+            "t_sum{k=\"a\"} 7\nt_count{k=\"a\"} 3\n");
 }
 
 }  // namespace

@@ -484,8 +484,11 @@ TEST_F(IntegrationTest, CacheOnlyMissIsNotFoundAndBadInputIsInvalid) {
 TEST_F(IntegrationTest, RestartedSchedulerResumesItsTask) {
   StartServer();
   StartWorker();
-  // Let the first task get going, then take everything down mid-task.
-  client::Client client(server_->InProcessChannel());
+  // Let the first task get going, then take everything down mid-task. (The in-process channel dies with its
+  // server: this client must not ask again.)
+  wire::RetryPolicy once;
+  once.max_attempts = 1;
+  client::Client client(server_->InProcessChannel(), once);
   std::string task_id;
   std::thread tuner([&] {
     (void)client.Tune(
@@ -696,11 +699,17 @@ TEST_F(IntegrationTest, CompilingAheadMeasuresEveryJobOnce) {
   EXPECT_GE(most_held.load(), 2u);
   auto rows = server_->core().db().MeasurementsOfTask(result->task_id());
   ASSERT_TRUE(rows.ok()) << rows.status();
-  EXPECT_EQ(rows->size(), 8u);
+  // Six candidates, the baseline and the confirmation; a confirmation measured noisy on a busy machine is
+  // asked for again (3 runs at most).
+  int noisy_confirms = 0;
+  for (const auto& m : *rows) noisy_confirms += m.kind == db::JobKind::kConfirm && m.status == db::MeasurementStatus::kNoisy;
+  EXPECT_EQ(rows->size(), 8u + std::min(2, noisy_confirms));
   std::set<std::string> jobs;
   for (const auto& m : *rows) {
     jobs.insert(m.job_id);
-    EXPECT_EQ(m.status, db::MeasurementStatus::kOk) << m.error;
+    if (m.kind != db::JobKind::kConfirm || m.status != db::MeasurementStatus::kNoisy) {
+      EXPECT_EQ(m.status, db::MeasurementStatus::kOk) << m.error;
+    }
     EXPECT_FALSE(m.samples_s.empty());
     // A confirmation's kernel was compiled by its candidate's job: the
     // worker copies it (0 s) with its record.

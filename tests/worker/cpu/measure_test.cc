@@ -304,7 +304,12 @@ namespace {
 struct Counters {
   std::string path;
   uint64_t values[2] = {0, 0};  // running, started
-  void Write() const { std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(values), 16); }
+  // In place, as an mmap is written: truncating a file a reader has mapped would fault its reads.
+  void Write() const {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    if (!f) f.open(path, std::ios::out | std::ios::binary);
+    f.write(reinterpret_cast<const char*>(values), 16);
+  }
 };
 
 TEST(QuietGateTest, WaitsForRequestsToEndAndCountsThoseStarted) {
