@@ -14,7 +14,7 @@ def test_commands_through_a_server(service, tmp_path):
     chain = tmp_path / "attention.fusor"
     # (another scale: another chain, not the session's attention at other sizes, which a lookup would answer by
     # carrying its schedule over)
-    chain.write_text(ATTENTION.replace("* 0.25", "* 0.3"))
+    chain.write_text(ATTENTION.replace("* 0.25", "* 0.35"))
     server = ["-m", "fusor", "--server", service.address]
 
     miss = run_python(*server, "lookup", str(chain))
