@@ -1,11 +1,8 @@
-// The best of a task (scheduler_task.h): the fastest trusted candidate,
-// confirmed by another run, and the task finished with it.
+// A task finished with its best (db::FindBest): the fastest trusted
+// candidate, confirmed by another run.
 #include "server/scheduler_task.h"
 
-#include <algorithm>
-#include <cmath>
 #include <optional>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/space/schedule.h"
