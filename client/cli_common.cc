@@ -7,6 +7,8 @@
 #include <iostream>
 #include <optional>
 
+#include <google/protobuf/util/json_util.h>
+
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/embedded.h"
@@ -41,6 +43,31 @@ int Fail(const absl::Status& st) {
   if (absl::IsUnavailable(st) && !unavailable_hint.empty()) std::cerr << "fusor: " << unavailable_hint << "\n";
   if (fusor::wire::RetryAfter(st)) return 4;  // over a quota: worth retrying after the hint
   return absl::IsNotFound(st) ? 3 : 1;
+}
+
+void AddOutputOption(CLI::App* cmd, std::string& output) {
+  cmd->add_option("-o,--output", output, "text, or json: a JSON object per line for each answer and each failure")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+}
+
+std::string JsonLine(const google::protobuf::Message& m, const nlohmann::json& extra) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string text;
+  (void)google::protobuf::util::MessageToJsonString(m, &text, options);  // fails only on malformed Any fields
+  nlohmann::json j = extra;
+  j.update(nlohmann::json::parse(text));
+  return j.dump();
+}
+
+int Fail(const absl::Status& st, bool json, nlohmann::json extra) {
+  if (json) {
+    extra["error"] = {{"code", absl::StatusCodeToString(st.code())}, {"message", std::string(st.message())}};
+    std::cout << extra.dump() << std::endl;
+  }
+  return Fail(st);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialServer(const GlobalOptions& g) {

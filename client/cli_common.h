@@ -3,7 +3,11 @@
 // are found.
 #pragma once
 
+#include <google/protobuf/message.h>
 #include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -38,6 +42,17 @@ int64_t NowMs();
 // Says `st` on stderr; the exit status: 4 over a quota (worth retrying
 // after the hint), 3 for NOT_FOUND, else 1.
 int Fail(const absl::Status& st);
+
+// -o/--output on `cmd`: text (the default), or json: one JSON object per
+// line on standard output for each answer (protobuf's JSON mapping with the
+// .proto's field names; 64-bit integers as strings), and for each failure
+// {"error": {"code", "message"}}, so that a script reads a line per input.
+void AddOutputOption(CLI::App* cmd, std::string& output);
+// `m` as one line of JSON with the fields of `extra` (e.g. the file) added.
+std::string JsonLine(const google::protobuf::Message& m, const nlohmann::json& extra = nlohmann::json::object());
+// Fail(st), having printed `extra` with {"error": ...} as a line of JSON
+// when `json`.
+int Fail(const absl::Status& st, bool json, nlohmann::json extra = nlohmann::json::object());
 
 // A channel to --server, with the hint said after UNAVAILABLE.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> DialServer(const GlobalOptions& g);

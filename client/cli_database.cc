@@ -71,23 +71,35 @@ int ExportRecords(const GlobalOptions& g, const std::string& workload, const std
   return 0;
 }
 
-int ImportRecords(const GlobalOptions& g, const std::string& path) {
+int ImportRecords(const GlobalOptions& g, const std::string& path, bool json) {
+  const nlohmann::json which = {{"file", path}};
   auto text = fusor::ReadFile(path, fusor::server::kMaxImportBytes);  // what the scheduler takes in one import
-  if (!text.ok()) return Fail(text.status());
+  if (!text.ok()) return Fail(text.status(), json, which);
   std::vector<std::string> lines = absl::StrSplit(*text, '\n');
   fusor::db::ImportStats stats;
   if (!g.server.empty()) {
     auto admin = RemoteAdmin(g);
-    if (!admin.ok()) return Fail(admin.status());
+    if (!admin.ok()) return Fail(admin.status(), json, which);
     auto resp = (*admin)->ImportRecords(lines);
-    if (!resp.ok()) return Fail(absl::Status(resp.status().code(), absl::StrCat(path, ": ", resp.status().message())));
+    if (!resp.ok()) {
+      return Fail(absl::Status(resp.status().code(), absl::StrCat(path, ": ", resp.status().message())), json, which);
+    }
     stats = {resp->records(), resp->added(), resp->duplicates(), resp->best_updated()};
   } else {
     auto db = OpenOrCreate(g);
-    if (!db.ok()) return Fail(db.status());
+    if (!db.ok()) return Fail(db.status(), json, which);
     auto local = (*db)->ImportRecords(lines, NowMs(), fusor::kMaxSpread);
-    if (!local.ok()) return Fail(absl::Status(local.status().code(), absl::StrCat(path, ": ", local.status().message())));
+    if (!local.ok()) {
+      return Fail(absl::Status(local.status().code(), absl::StrCat(path, ": ", local.status().message())), json, which);
+    }
     stats = *local;
+  }
+  if (json) {
+    nlohmann::json j = which;
+    j.update({{"into", g.server.empty() ? g.db_path : g.server}, {"records", stats.records}, {"added", stats.added},
+              {"duplicates", stats.duplicates}, {"best_updated", stats.best_updated}});
+    std::cout << j.dump() << std::endl;
+    return 0;
   }
   std::cout << absl::StrFormat("imported %s into %s: %d records, %d new measurements, %d already here, "
                                "%d best records changed\n",
@@ -178,28 +190,37 @@ int RevokeToken(const TokenStore& store, const std::string& id) {
   return 0;
 }
 
-void PrintTokens(const std::vector<fusor::db::TokenRow>& tokens) {
+void PrintTokens(const std::vector<fusor::db::TokenRow>& tokens, bool json) {
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& t : tokens) {
+      list.push_back({{"id", t.id}, {"role", t.role}, {"name", t.name}, {"created_unix_ms", t.created_ms},
+                      {"revoked_unix_ms", t.revoked_ms.value_or(0)}});
+    }
+    std::cout << nlohmann::json{{"tokens", list}}.dump() << std::endl;
+    return;
+  }
   std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", "ID", "ROLE", "NAME", "STATE");
   for (const auto& t : tokens) {
     std::cout << absl::StrFormat("%-30s %-7s %-24s %s\n", t.id, t.role, t.name, t.revoked_ms ? "revoked" : "active");
   }
 }
 
-int ListTokens(const TokenStore& store) {
+int ListTokens(const TokenStore& store, bool json) {
   std::vector<fusor::db::TokenRow> tokens;
   if (store.admin) {
     auto list = store.admin->ListTokens();
-    if (!list.ok()) return Fail(list.status());
+    if (!list.ok()) return Fail(list.status(), json);
     for (const auto& t : list->tokens()) {
       tokens.push_back({t.id(), t.name(), t.role(), "", t.created_unix_ms(),
                         t.revoked_unix_ms() ? std::optional<int64_t>(t.revoked_unix_ms()) : std::nullopt});
     }
   } else {
     auto list = store.db->ListTokens();
-    if (!list.ok()) return Fail(list.status());
+    if (!list.ok()) return Fail(list.status(), json);
     tokens = std::move(*list);
   }
-  PrintTokens(tokens);
+  PrintTokens(tokens, json);
   return 0;
 }
 
@@ -216,11 +237,12 @@ void AddRecords(CLI::App& app, GlobalOptions& g, RecordsCommand& c) {
   c.import_cmd = records->add_subcommand(
       "import", "add records to --db (all or nothing; ones already here are skipped; best records recomputed)");
   c.import_cmd->add_option("file", c.path, "records file (JSON lines)")->required()->check(CLI::ExistingFile);
+  AddOutputOption(c.import_cmd, c.output);
 }
 
 std::optional<int> RunRecords(const GlobalOptions& g, const RecordsCommand& c) {
   if (*c.export_cmd) return ExportRecords(g, c.workload_key, c.path);
-  if (*c.import_cmd) return ImportRecords(g, c.path);
+  if (*c.import_cmd) return ImportRecords(g, c.path, c.output == "json");
   return std::nullopt;
 }
 
@@ -245,6 +267,7 @@ void AddAdmin(CLI::App& app, AdminCommand& c) {
   c.token_create->add_option("--role", c.role_name, "client, worker or admin")->required();
   c.token_create->add_option("--name", c.token_name, "who or what holds it")->required();
   c.token_list = token->add_subcommand("list", "the tokens, their roles and whether revoked");
+  AddOutputOption(c.token_list, c.output);
   c.token_revoke = token->add_subcommand("revoke", "refuse a token from now on");
   c.token_revoke->add_option("id", c.token_id, "token id (from list)")->required();
 }
@@ -254,7 +277,7 @@ std::optional<int> RunAdmin(const GlobalOptions& g, const AdminCommand& c) {
   auto store = OpenTokenStore(g);
   if (!store.ok()) return Fail(store.status());
   if (*c.token_create) return CreateToken(*store, c.role_name, c.token_name);
-  if (*c.token_list) return ListTokens(*store);
+  if (*c.token_list) return ListTokens(*store, c.output == "json");
   return RevokeToken(*store, c.token_id);
 }
 

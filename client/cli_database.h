@@ -21,6 +21,7 @@ struct RecordsCommand {
   CLI::App* import_cmd = nullptr;
   std::string workload_key;
   std::string path;  // written by export (default: standard output), read by import
+  std::string output = "text";  // import's -o
 };
 // export's --target sets g.target_fp.
 void AddRecords(CLI::App& app, GlobalOptions& g, RecordsCommand& c);
@@ -40,6 +41,7 @@ struct AdminCommand {
   CLI::App* token_list = nullptr;
   CLI::App* token_revoke = nullptr;
   std::string role_name, token_name, token_id;
+  std::string output = "text";  // list's -o
 };
 void AddAdmin(CLI::App& app, AdminCommand& c);
 // The exit status of admin token create, list or revoke; nullopt when none

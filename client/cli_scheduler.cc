@@ -108,15 +108,18 @@ void AddTune(CLI::App& app, TuneCommand& c) {
   c.cmd->add_flag("--force", c.force, "tune again even if the cache has an answer");
   c.cmd->add_option("--vary", c.vary, kVaryHelp)->delimiter(',');
   c.cmd->add_flag("--transfer", c.transfer, kTransferHelp);
+  AddOutputOption(c.cmd, c.output);
 }
 
 int RunTune(Client& client, const GlobalOptions& g, const TuneCommand& c) {
   const bool tty = isatty(STDERR_FILENO);
+  const bool json = c.output == "json";
   int rc = 0;
   for (const std::string& file : c.files) {
+    const nlohmann::json which = {{"file", file}};
     auto workload = fusor::client::ReadWorkloadFile(file);
     if (!workload.ok()) {
-      rc = Fail(workload.status());
+      rc = Fail(workload.status(), json, which);
       continue;
     }
     fusor::v1::TuneRequest req;
@@ -148,10 +151,11 @@ int RunTune(Client& client, const GlobalOptions& g, const TuneCommand& c) {
         absl::Seconds(g.timeout_s));
     if (!result.ok()) {
       if (tty) std::cerr << "\n";
-      rc = Fail(result.status());
+      rc = Fail(result.status(), json, which);
       continue;
     }
-    std::cout << fusor::client::FormatResult(WorkloadName(file), *result) << std::endl;
+    std::cout << (json ? JsonLine(*result, which) : fusor::client::FormatResult(WorkloadName(file), *result))
+              << std::endl;
   }
   return rc;
 }
@@ -225,14 +229,17 @@ void AddLookup(CLI::App& app, LookupCommand& c) {
   c.cmd->add_flag("--why", c.why,
                   "on a miss (or an answer from another record), name the nearest record and each field of the key "
                   "or target in which it differs");
+  AddOutputOption(c.cmd, c.output);
 }
 
 int RunLookup(Client& client, const GlobalOptions& g, const LookupCommand& c) {
+  const bool json = c.output == "json";
   int rc = 0;
   for (const std::string& file : c.files) {
+    const nlohmann::json which = {{"file", file}};
     auto workload = fusor::client::ReadWorkloadFile(file);
     if (!workload.ok()) {
-      rc = Fail(workload.status());
+      rc = Fail(workload.status(), json, which);
       continue;
     }
     fusor::v1::LookupRequest req;
@@ -242,11 +249,15 @@ int RunLookup(Client& client, const GlobalOptions& g, const LookupCommand& c) {
     req.set_explain(c.why);
     auto resp = client.Lookup(req);
     if (!resp.ok()) {
-      rc = Fail(resp.status());
+      rc = Fail(resp.status(), json, which);
       continue;
     }
-    if (resp->has_result()) std::cout << fusor::client::FormatResult(WorkloadName(file), resp->result());
-    if (resp->has_why()) std::cout << fusor::client::FormatExplanation(WorkloadName(file), resp->why());
+    if (json) {
+      std::cout << JsonLine(*resp, which) << std::endl;  // no "result": a miss
+    } else if (resp->has_result()) {
+      std::cout << fusor::client::FormatResult(WorkloadName(file), resp->result());
+    }
+    if (!json && resp->has_why()) std::cout << fusor::client::FormatExplanation(WorkloadName(file), resp->why());
     std::cout << std::flush;
     if (!resp->has_result()) rc = std::max(rc, 3);  // a miss, explained
   }
@@ -255,12 +266,14 @@ int RunLookup(Client& client, const GlobalOptions& g, const LookupCommand& c) {
 
 void AddWorkers(CLI::App& app, WorkersCommand& c) {
   c.cmd = app.add_subcommand("workers", "list the workers the scheduler knows");
+  AddOutputOption(c.cmd, c.output);
 }
 
-int RunWorkers(Client& client) {
+int RunWorkers(Client& client, const WorkersCommand& c) {
+  const bool json = c.output == "json";
   auto list = client.ListWorkers();
-  if (!list.ok()) return Fail(list.status());
-  std::cout << fusor::client::FormatWorkers(*list, NowMs());
+  if (!list.ok()) return Fail(list.status(), json);
+  std::cout << (json ? JsonLine(*list) + "\n" : fusor::client::FormatWorkers(*list, NowMs())) << std::flush;
   return 0;
 }
 
@@ -268,24 +281,31 @@ void AddHealth(CLI::App& app, HealthCommand& c) {
   c.cmd = app.add_subcommand(
       "health", "with --server: exit 0 when the scheduler's grpc.health.v1 service answers SERVING (a probe that "
                 "speaks TLS; --timeout bounds it)");
+  AddOutputOption(c.cmd, c.output);
 }
 
-int RunHealth(Client& client, const GlobalOptions& g) {
+int RunHealth(Client& client, const GlobalOptions& g, const HealthCommand& c) {
+  const bool json = c.output == "json";
   auto serving = client.Health(absl::Seconds(g.timeout_given ? g.timeout_s : 5));
-  if (!serving.ok()) return Fail(serving.status());
-  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*serving) << std::endl;
+  if (!serving.ok()) return Fail(serving.status(), json);
+  grpc::health::v1::HealthCheckResponse resp;
+  resp.set_status(*serving);
+  std::cout << (json ? JsonLine(resp) : grpc::health::v1::HealthCheckResponse::ServingStatus_Name(*serving))
+            << std::endl;
   return *serving == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
 void AddTask(CLI::App& app, TaskCommand& c) {
   c.cmd = app.add_subcommand("task", "show a tuning task");
   c.cmd->add_option("id", c.id, "task id")->required();
+  AddOutputOption(c.cmd, c.output);
 }
 
 int RunTask(Client& client, const TaskCommand& c) {
+  const bool json = c.output == "json";
   auto info = client.GetTask(c.id);
-  if (!info.ok()) return Fail(info.status());
-  std::cout << fusor::client::FormatTask(*info);
+  if (!info.ok()) return Fail(info.status(), json, {{"task_id", c.id}});
+  std::cout << (json ? JsonLine(*info) + "\n" : fusor::client::FormatTask(*info)) << std::flush;
   return 0;
 }
 

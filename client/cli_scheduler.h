@@ -22,6 +22,7 @@ struct TuneCommand {
   bool force = false;
   std::vector<std::string> vary;  // dims served over a range of sizes (v1::Workload.vary)
   bool transfer = false;
+  std::string output = "text";  // -o
 };
 void AddTune(CLI::App& app, TuneCommand& c);
 int RunTune(client::Client& client, const GlobalOptions& g, const TuneCommand& c);
@@ -50,25 +51,29 @@ struct LookupCommand {
   std::vector<std::string> files;
   std::vector<std::string> vary;
   bool why = false;
+  std::string output = "text";
 };
 void AddLookup(CLI::App& app, LookupCommand& c);
 int RunLookup(client::Client& client, const GlobalOptions& g, const LookupCommand& c);
 
 struct WorkersCommand {
   CLI::App* cmd = nullptr;
+  std::string output = "text";
 };
 void AddWorkers(CLI::App& app, WorkersCommand& c);
-int RunWorkers(client::Client& client);
+int RunWorkers(client::Client& client, const WorkersCommand& c);
 
 struct HealthCommand {
   CLI::App* cmd = nullptr;
+  std::string output = "text";
 };
 void AddHealth(CLI::App& app, HealthCommand& c);
-int RunHealth(client::Client& client, const GlobalOptions& g);
+int RunHealth(client::Client& client, const GlobalOptions& g, const HealthCommand& c);
 
 struct TaskCommand {
   CLI::App* cmd = nullptr;
   std::string id;
+  std::string output = "text";
 };
 void AddTask(CLI::App& app, TaskCommand& c);
 int RunTask(client::Client& client, const TaskCommand& c);

@@ -15,6 +15,7 @@
 #include "client/cli_scheduler.h"
 #include "client/cli_sweep.h"
 #include "client/client.h"
+#include "client/completion.h"
 #include "client/embedded.h"
 #include "common/util/build_info.h"
 #include "common/util/log.h"
@@ -66,6 +67,7 @@ struct Commands {
   fusor::cli::RecordsCommand records;
   fusor::cli::DbCommand db;
   fusor::cli::AdminCommand admin;
+  fusor::cli::CompletionCommand completion;
 };
 
 void AddCommands(CLI::App& app, GlobalOptions& g, Commands& c) {
@@ -83,6 +85,7 @@ void AddCommands(CLI::App& app, GlobalOptions& g, Commands& c) {
   fusor::cli::AddRecords(app, g, c.records);
   fusor::cli::AddDb(app, c.db);
   fusor::cli::AddAdmin(app, c.admin);
+  fusor::cli::AddCompletion(app, c.completion);
 }
 
 // The commands that need no scheduler: their exit status, nullopt for the
@@ -153,8 +156,8 @@ int RunOnScheduler(fusor::client::Client& client, const GlobalOptions& g, const 
   if (*c.sweep.cmd) return fusor::cli::RunSweep(client, g, c.sweep);
   if (*c.compile.cmd) return fusor::cli::RunCompile(client, g, c.compile);
   if (*c.lookup.cmd) return fusor::cli::RunLookup(client, g, c.lookup);
-  if (*c.workers.cmd) return fusor::cli::RunWorkers(client);
-  if (*c.health.cmd) return fusor::cli::RunHealth(client, g);
+  if (*c.workers.cmd) return fusor::cli::RunWorkers(client, c.workers);
+  if (*c.health.cmd) return fusor::cli::RunHealth(client, g, c.health);
   if (*c.task.cmd) return fusor::cli::RunTask(client, c.task);
   return 2;
 }
@@ -198,6 +201,10 @@ int main(int argc, char** argv) {
   Commands c;
   AddCommands(app, g, c);
   if (std::optional<int> rc = fusor::ParseCommandLine(app, "fusor", argc, argv)) return *rc;
+  if (*c.completion.cmd) {
+    std::cout << fusor::cli::CompletionScript(app, "fusor", c.completion.shell);
+    return 0;
+  }
   g.timeout_given = app.count("--timeout") > 0;
   // $FUSOR_SERVER stands for --server, unless --db asks for an embedded scheduler on that file.
   if (app.count("--server") == 0 && app.count("--db") == 0) g.server = fusor::cli::Env("FUSOR_SERVER");

@@ -10,7 +10,7 @@ packages=(
   libsqlite3-dev sqlite3 libspdlog-dev libabsl-dev libgtest-dev libgmock-dev
   libcli11-dev nlohmann-json3-dev libopenblas-openmp-dev libdnnl-dev libonnx-dev libyaml-cpp-dev
   libssl-dev openssl curl
-  clang libclang-rt-14-dev shellcheck yamllint python3-yaml python3-venv
+  clang libclang-rt-14-dev shellcheck yamllint python3-yaml python3-venv systemd
 )
 
 missing=()

@@ -7,8 +7,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/util/build_info.h"
+#include "common/util/config_file.h"
 #include "common/util/log.h"
+#include "common/util/notify.h"
 #include "common/util/paths.h"
 #include "common/util/timing.h"
 #include "server/metrics.h"
@@ -29,6 +32,7 @@ struct Flags {
   std::string listen = "127.0.0.1:7788";
   std::string db_path = fusor::DefaultDatabasePath(Env("XDG_DATA_HOME"), Env("HOME"));
   std::string log_level = Env("FUSOR_LOG_LEVEL").empty() ? "info" : Env("FUSOR_LOG_LEVEL");
+  std::string log_format = "text";
   fusor::server::SchedulerOptions options;
   double lease_s = 60, heartbeat_s = 2, worker_timeout_s = 20, lost_retention_h = 24;
   double time_budget_s = 0.3, job_timeout_s = 300;
@@ -101,6 +105,9 @@ void AddFlags(CLI::App& app, Flags& f) {
                  "serve Prometheus metrics at http://HOST:PORT/metrics (off when empty)");
   app.add_option("--log-level", f.log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
+  app.add_option("--log-format", f.log_format, "text, or json: one object per line (time with its UTC offset)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   app.add_option("--drain-seconds", f.drain_s,
                  "on SIGTERM: NOT_SERVING, then this long for the calls in flight to finish (calls waiting for a "
                  "task end UNAVAILABLE at once, and their clients ask the restarted scheduler again)")
@@ -162,12 +169,12 @@ void LogAccess(const Flags& f, fusor::server::SchedulerServer& server, spdlog::l
 // Starts the scheduler and serves until one of `signals` (blocked in every
 // thread) arrives; the exit status.
 int Serve(const Flags& f, const sigset_t& signals, const std::shared_ptr<spdlog::logger>& log) {
-  auto credentials = fusor::server::GrpcServerCredentials(f.tls);
-  if (!credentials.ok()) {
-    log->error("{}", std::string(credentials.status().message()));
+  auto tls = fusor::server::GrpcServerTls::Create(f.tls);
+  if (!tls.ok()) {
+    log->error("{}", std::string(tls.status().message()));
     return 2;
   }
-  auto server = fusor::server::SchedulerServer::Start(f.options, f.listen, *credentials);
+  auto server = fusor::server::SchedulerServer::Start(f.options, f.listen, (*tls)->credentials());
   if (!server.ok()) {
     log->error("cannot start: {}", server.status().ToString());
     return 1;
@@ -181,10 +188,24 @@ int Serve(const Flags& f, const sigset_t& signals, const std::shared_ptr<spdlog:
   log->info("serving on {}:{} with database {}", f.listen.substr(0, f.listen.rfind(':')), (*server)->port(),
             f.db_path);
   std::cout << "fusor-scheduler listening on port " << (*server)->port() << std::endl;
+  fusor::NotifyReady(absl::StrCat("serving on port ", (*server)->port()));
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+      // Tokens are read again from the database; certificates from disk,
+      // each port keeping the ones it has when the new files do not check out.
+      (*server)->ForgetTokens();
+      absl::Status st = (*tls)->Reload();
+      if (st.ok() && *metrics) st = (*metrics)->ReloadTls(f.tls);
+      if (st.ok()) {
+        log->info("SIGHUP: {} reloaded", f.tls.enabled() ? "tokens and certificates" : "tokens (no TLS)");
+      } else {
+        log->error("SIGHUP: tokens reloaded; certificates kept, the new ones do not check out: {}",
+                   std::string(st.message()));
+      }
+    }
     log->info("signal {}: shutting down", sig);
+    fusor::NotifyStopping();
     (*server)->Shutdown(absl::Seconds(f.drain_s));
   });
   (*server)->Wait();
@@ -200,11 +221,13 @@ int main(int argc, char** argv) {
   CLI::App app{"fusor-scheduler: tunes fused operator chains with the workers that dial in"};
   Flags flags;
   AddFlags(app, flags);
+  fusor::AddConfigFile(app);
   if (std::optional<int> rc = fusor::ParseCommandLine(app, "fusor-scheduler", argc, argv)) return *rc;
   if (!fusor::SetLogLevel(flags.log_level)) {
     std::cerr << "unknown log level '" << flags.log_level << "'\n";
     return 2;
   }
+  fusor::SetLogFormat(flags.log_format);
   FinishOptions(flags);
   auto log = fusor::Logger("scheduler");
   if (absl::Status st = fusor::EnsureParentDirectory(flags.db_path); !st.ok()) {
@@ -212,11 +235,13 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  // SIGINT/SIGTERM end the server cleanly; block them before threads start.
+  // SIGINT/SIGTERM end the server cleanly, SIGHUP reloads; block them
+  // before threads start.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return Serve(flags, signals, log);
 }

@@ -233,6 +233,13 @@ absl::StatusOr<std::string> RenderMetrics(Scheduler& core) {
   Histogram tasks({1, 5, 15, 60, 300, 900, 3600});
   for (const auto& [state, seconds] : m.task_seconds) tasks.Observe(std::string(db::Name(state)), seconds);
   tasks.Render(out, "fusor_task_duration_seconds", "state");
+  Family(out, "fusor_queue_wait_seconds", "histogram",
+         "Time from a job's queueing to its first lease, by job kind, since the scheduler started.");
+  core.queue_wait().Render(out, "fusor_queue_wait_seconds", "kind");
+  Family(out, "fusor_job_duration_seconds", "histogram",
+         "Time from a lease's start to its accepted report (the worker compiling, validating and timing), by job "
+         "kind, since the scheduler started.");
+  core.job_duration().Render(out, "fusor_job_duration_seconds", "kind");
   RenderProcess(out);
   return out;
 }
@@ -287,6 +294,14 @@ MetricsServer::~MetricsServer() {
   if (listen_fd_ >= 0) close(listen_fd_);
 }
 
+absl::Status MetricsServer::ReloadTls(const ServerTls& tls) {
+  if (!tls.enabled()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(SslCtxPtr ctx, MakeSslContext(tls));
+  std::lock_guard<std::mutex> lock(ssl_mu_);
+  ssl_ctx_.swap(ctx);
+  return absl::OkStatus();
+}
+
 void MetricsServer::Loop() {
   while (!stop_) {
     pollfd p{listen_fd_, POLLIN, 0};
@@ -297,8 +312,12 @@ void MetricsServer::Loop() {
     const timeval limit{2, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-    if (ssl_ctx_) {
-      SSL* ssl = SSL_new(ssl_ctx_.get());
+    SSL* ssl = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(ssl_mu_);
+      if (ssl_ctx_) ssl = SSL_new(ssl_ctx_.get());  // holds its own reference to the context
+    }
+    if (ssl) {
       SSL_set_fd(ssl, fd);
       if (SSL_accept(ssl) == 1) {
         Serve(fd, ssl);

@@ -14,29 +14,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/histogram.h"
 #include "server/scheduler.h"
 #include "server/tls.h"
 
 namespace fusor::server {
-
-// Durations in seconds by one label, in fixed buckets: a Prometheus
-// histogram, whose counts never decrease. Thread-safe.
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)) {}
-  void Observe(const std::string& label, double seconds);
-  // The family's series: NAME_bucket{LABEL="..",le=".."}, NAME_sum, NAME_count.
-  void Render(std::string& out, const std::string& name, const std::string& label) const;
-
- private:
-  struct Series {
-    std::vector<int64_t> counts;  // per bound, not cumulative; the last: beyond every bound
-    double sum = 0;
-  };
-  const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::map<std::string, Series> series_;
-};
 
 // The time of every gRPC call the scheduler served, by method, from its
 // start to its status (RpcLatencyInterceptors records it).
@@ -48,8 +30,9 @@ std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterfac
 // status (candidates measured per second is
 // rate(fusor_measurements_total{kind="candidate"}[1m]); failures by cause
 // are its non-ok statuses), workers by target and state, the spread of the
-// latest measurements' samples; histograms of RPC latency by method and of
-// finished tasks' durations by state; and the process's own process_*
+// latest measurements' samples; histograms of RPC latency by method, of
+// finished tasks' durations by state, and of jobs' queue wait and lease
+// time by kind; and the process's own process_*
 // metrics (CPU time, memory, file descriptors, start time).
 absl::StatusOr<std::string> RenderMetrics(Scheduler& core);
 
@@ -65,6 +48,9 @@ class MetricsServer {
                                                              const ServerTls& tls = {});
   ~MetricsServer();
   int port() const { return port_; }
+  // The certificate, key and client CA of `tls` read again (for the next
+  // connection); on an error the ones in use stay. A no-op without TLS.
+  absl::Status ReloadTls(const ServerTls& tls);
 
  private:
   MetricsServer() = default;
@@ -72,6 +58,7 @@ class MetricsServer {
   void Serve(int fd, SSL* ssl);
 
   std::function<absl::StatusOr<std::string>()> render_;
+  std::mutex ssl_mu_;
   SslCtxPtr ssl_ctx_;  // null: plain HTTP
   int listen_fd_ = -1;
   int port_ = 0;

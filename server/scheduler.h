@@ -29,6 +29,7 @@
 #include "common/util/files.h"
 #include "common/search/search_strategy.h"
 #include "server/db/tuning_db.h"
+#include "server/histogram.h"
 #include "server/learned_models.h"
 #include "worker/backend.h"
 
@@ -396,6 +397,11 @@ class Scheduler {
   // Reports refused as implausible (a time under the chain's physical
   // floor), by worker id.
   std::map<std::string, int64_t> ImplausibleReports();
+  // Since start, by job kind: how long jobs waited from queued to their
+  // first lease, and how long a lease took from its start to its accepted
+  // report (compiling, validating and timing on the worker).
+  const Histogram& queue_wait() const { return queue_wait_; }
+  const Histogram& job_duration() const { return job_duration_; }
 
  private:
   struct Task;
@@ -473,6 +479,8 @@ class Scheduler {
   std::map<std::string, int64_t> contact_ms_;  // worker id -> when it last called (within the worker timeout)
   std::mutex implausible_mu_;
   std::map<std::string, int64_t> implausible_;  // worker id -> reports refused as implausible
+  Histogram queue_wait_{{0.1, 0.5, 2, 10, 30, 120, 600, 3600}};
+  Histogram job_duration_{{0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300}};
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;
   std::thread reaper_;

@@ -125,6 +125,7 @@ absl::StatusOr<std::vector<LeasedJob>> Scheduler::Lease(const WorkerCredentials&
         if (j.candidate_id) {
           ASSIGN_OR_RETURN(job.candidate, db_->GetCandidate(*j.candidate_id));
         }
+        if (j.attempts == 1) queue_wait_.Observe(std::string(db::Name(j.kind)), (now - j.created_ms) / 1e3);
         Log()->debug("[task={} job={} worker={}] leased ({}, attempt {})", j.task_id, j.id, worker.id,
                      std::string(db::Name(j.kind)), j.attempts);
       }
@@ -201,6 +202,7 @@ absl::StatusOr<ReportReceipt> Scheduler::Report(const JobReport& report) {
                                                           rec.job.worker_id, "'s)"),
         "; nothing was recorded"));
   }
+  if (job.leased_ms > 0) job_duration_.Observe(std::string(db::Name(job.kind)), (m.measured_ms - job.leased_ms) / 1e3);
   if (!implausible.empty()) {
     {
       std::lock_guard<std::mutex> lock(implausible_mu_);

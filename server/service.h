@@ -122,6 +122,9 @@ class SchedulerServer {
   // cancelled.
   void Shutdown(absl::Duration drain = absl::Seconds(2));
   void Wait();
+  // Drops the tokens checked recently: each is read from the database
+  // again on its next call (a SIGHUP).
+  void ForgetTokens() { auth_->Forget(); }
 
  private:
   SchedulerServer() = default;

@@ -2,8 +2,20 @@
 
 #include <openssl/err.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <tuple>
+
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/files.h"
+#include "common/util/status_macros.h"
 #include "proto/wire/channel.h"
 
 namespace fusor::server {
@@ -56,23 +68,75 @@ absl::StatusOr<SslCtxPtr> MakeSslContext(const ServerTls& tls) {
   return ctx;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcServerCredentials(const ServerTls& tls) {
-  if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  if (auto checked = MakeSslContext(tls); !checked.ok()) return checked.status();
-  auto cert = wire::ReadPemFile("--tls-cert", tls.cert_file);
-  auto key = wire::ReadPemFile("--tls-key", tls.key_file);
-  if (!cert.ok()) return cert.status();
-  if (!key.ok()) return key.status();
-  grpc::SslServerCredentialsOptions options(tls.client_ca_file.empty()
-                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                                : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  options.pem_key_cert_pairs.push_back({*key, *cert});
-  if (!tls.client_ca_file.empty()) {
-    auto ca = wire::ReadPemFile("--tls-client-ca", tls.client_ca_file);
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+absl::StatusOr<std::unique_ptr<GrpcServerTls>> GrpcServerTls::Create(const ServerTls& tls) {
+  std::unique_ptr<GrpcServerTls> t(new GrpcServerTls());
+  if (!tls.enabled()) {
+    t->credentials_ = grpc::InsecureServerCredentials();
+    return t;
   }
-  return grpc::SslServerCredentials(options);
+  t->tls_ = tls;
+  if (auto checked = MakeSslContext(tls); !checked.ok()) return checked.status();
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/fusor-tls-XXXXXX");
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot make a directory like ", pattern, ": ", std::strerror(errno)));
+  }
+  t->dir_ = pattern;
+  RETURN_IF_ERROR(t->Publish());
+  const std::string current = t->dir_ + "/current/";
+  t->provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      current + "key.pem", current + "cert.pem", tls.client_ca_file.empty() ? "" : current + "ca.pem",
+      /*refresh_interval_sec=*/1);
+  grpc::experimental::TlsServerCredentialsOptions options(t->provider_);
+  options.watch_identity_key_cert_pairs();
+  if (tls.client_ca_file.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  t->credentials_ = grpc::experimental::TlsServerCredentials(options);
+  return t;
+}
+
+GrpcServerTls::~GrpcServerTls() {
+  provider_.reset();  // stops its thread before its files go
+  if (!dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+}
+
+absl::Status GrpcServerTls::Reload() {
+  if (dir_.empty()) return absl::OkStatus();
+  if (auto checked = MakeSslContext(tls_); !checked.ok()) return checked.status();
+  return Publish();
+}
+
+absl::Status GrpcServerTls::Publish() {
+  ++generation_;
+  const std::string gen = absl::StrCat(dir_, "/", generation_);
+  if (mkdir(gen.c_str(), 0700) != 0) {
+    return absl::InternalError(absl::StrCat("cannot make ", gen, ": ", std::strerror(errno)));
+  }
+  for (const auto& [flag, from, to] : {std::tuple<const char*, std::string, const char*>{"--tls-key", tls_.key_file,
+                                                                                       "key.pem"},
+                                       {"--tls-cert", tls_.cert_file, "cert.pem"},
+                                       {"--tls-client-ca", tls_.client_ca_file, "ca.pem"}}) {
+    if (from.empty()) continue;
+    ASSIGN_OR_RETURN(std::string pem, wire::ReadPemFile(flag, from));
+    RETURN_IF_ERROR(WriteFile(absl::StrCat(gen, "/", to), pem));
+  }
+  // `current` moves in one rename; the generation before stays for a
+  // reader that had just followed the old link.
+  const std::string link = dir_ + "/current", next = dir_ + "/current.next";
+  unlink(next.c_str());
+  if (symlink(std::to_string(generation_).c_str(), next.c_str()) != 0 || rename(next.c_str(), link.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot point ", link, " at ", gen, ": ", std::strerror(errno)));
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(absl::StrCat(dir_, "/", generation_ - 2), ignored);
+  return absl::OkStatus();
 }
 
 }  // namespace fusor::server

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
 #include <openssl/ssl.h>
 
 #include <memory>
@@ -29,7 +30,30 @@ using SslCtxPtr = std::unique_ptr<SSL_CTX, SslCtxDeleter>;
 // loadable. INVALID_ARGUMENT naming the file otherwise.
 absl::StatusOr<SslCtxPtr> MakeSslContext(const ServerTls& tls);
 
-// gRPC server credentials: insecure when `tls` is not enabled.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> GrpcServerCredentials(const ServerTls& tls);
+// The gRPC port's credentials. With TLS they serve a private copy of the
+// operator's files (a 0700 directory under $TMPDIR) that gRPC reads again
+// every second; Reload() checks the operator's files as at start and only
+// then swaps the copy whole, so a certificate and key replaced on disk are
+// served from the next SIGHUP on, never a half-replaced pair or a bad file.
+class GrpcServerTls {
+ public:
+  // INVALID_ARGUMENT naming the file when `tls` does not check out.
+  static absl::StatusOr<std::unique_ptr<GrpcServerTls>> Create(const ServerTls& tls);
+  ~GrpcServerTls();
+  std::shared_ptr<grpc::ServerCredentials> credentials() const { return credentials_; }
+  // Reads the files again; on an error the served ones stay. A no-op
+  // without TLS.
+  absl::Status Reload();
+
+ private:
+  GrpcServerTls() = default;
+  absl::Status Publish();  // copies the files into a new generation and points `current` at it
+
+  ServerTls tls_;
+  std::string dir_;  // empty: no TLS
+  int generation_ = 0;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
+};
 
 }  // namespace fusor::server

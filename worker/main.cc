@@ -9,8 +9,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "common/util/build_info.h"
+#include "common/util/config_file.h"
+#include "common/util/files.h"
 #include "common/util/log.h"
+#include "common/util/notify.h"
 #include "proto/wire/cli_flags.h"
 #include "worker/job.h"
 #include "common/util/process.h"
@@ -70,26 +75,48 @@ int main(int argc, char** argv) {
   std::string token = Env("FUSOR_TOKEN");
   app.add_option("--token", token, "a worker-role token of the scheduler (env FUSOR_TOKEN; prefer the env: "
                                    "arguments show in ps)");
+  std::string token_file = Env("FUSOR_TOKEN_FILE");
+  app.add_option("--token-file", token_file,
+                 "a file holding the token (env FUSOR_TOKEN_FILE), read again on SIGHUP; instead of --token")
+      ->check(CLI::ExistingFile);
   fusor::wire::ClientTls tls;
   fusor::wire::AddClientTlsFlags(app, tls);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error (env FUSOR_LOG_LEVEL)")
       ->capture_default_str();
+  std::string log_format = "text";
+  app.add_option("--log-format", log_format, "text, or json: one object per line (time with its UTC offset)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  fusor::AddConfigFile(app);
   if (std::optional<int> rc = fusor::ParseCommandLine(app, "fusor-worker", argc, argv)) return *rc;
   if (!fusor::SetLogLevel(log_level)) {
     std::cerr << "unknown log level '" << log_level << "'\n";
     return 2;
   }
+  fusor::SetLogFormat(log_format);
   auto log = fusor::Logger("worker");
 
+  // SIGINT/SIGTERM: finish the job in hand and exit; SIGHUP: dial again with
+  // the token file and certificates read anew.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(16 << 20);
-  auto channel = fusor::wire::Dial(scheduler, token, tls, args);
+  auto dial = [&]() -> absl::StatusOr<std::shared_ptr<grpc::Channel>> {
+    std::string t = token;
+    if (!token_file.empty()) {
+      auto text = fusor::ReadFile(token_file);
+      if (!text.ok()) return absl::InvalidArgumentError(absl::StrCat("--token-file: ", text.status().message()));
+      t = std::string(absl::StripAsciiWhitespace(*text));
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(16 << 20);
+    return fusor::wire::Dial(scheduler, t, tls, args);
+  };
+  auto channel = dial();
   if (!channel.ok()) {
     log->error("{}", std::string(channel.status().message()));
     return 2;
@@ -99,10 +126,20 @@ int main(int argc, char** argv) {
     log->error("cannot describe this machine: {}", st.ToString());
     return 1;
   }
+  fusor::NotifyReady("serving " + scheduler);
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&signals, &sig);
+    while (sigwait(&signals, &sig) == 0 && sig == SIGHUP) {
+      auto again = dial();
+      if (again.ok()) {
+        worker.Redial(*again);
+        log->info("SIGHUP: dialled {} again with the token and certificates read anew", scheduler);
+      } else {
+        log->error("SIGHUP: keeping the connection as it is: {}", std::string(again.status().message()));
+      }
+    }
     log->info("signal {}: finishing the job in hand, then exiting", sig);
+    fusor::NotifyStopping();
     worker.Stop();
   });
   waiter.detach();

@@ -61,6 +61,17 @@ void Worker::StopHolding() {
   HoldChildren(false);
 }
 
+std::shared_ptr<v1::WorkerService::Stub> Worker::Stub() {
+  std::lock_guard<std::mutex> lock(stub_mu_);
+  return stub_;
+}
+
+void Worker::Redial(std::shared_ptr<grpc::Channel> channel) {
+  std::shared_ptr<v1::WorkerService::Stub> stub = v1::WorkerService::NewStub(channel);
+  std::lock_guard<std::mutex> lock(stub_mu_);
+  stub_ = std::move(stub);
+}
+
 void Worker::Stop() {
   stop_ = true;
   std::lock_guard<std::mutex> lock(mu_);
@@ -132,7 +143,7 @@ absl::Status Worker::Register() {
   req.set_version(FUSOR_VERSION);
   v1::RegisterResponse resp;
   wire::GrpcRetrier retrier(options_.rpc);
-  grpc::Status st = retrier.Run("register", [&](grpc::ClientContext& ctx) { return stub_->Register(&ctx, req, &resp); });
+  grpc::Status st = retrier.Run("register", [&](grpc::ClientContext& ctx) { return Stub()->Register(&ctx, req, &resp); });
   if (!st.ok()) return wire::FromGrpcStatus(st);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -164,7 +175,7 @@ void Worker::HeartbeatLoop() {
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    grpc::Status st = stub_->Heartbeat(&ctx, req, &resp);
+    grpc::Status st = Stub()->Heartbeat(&ctx, req, &resp);
     if (!st.ok()) {
       Log()->warn("[worker={}] heartbeat failed: {}", req.worker_id(), st.error_message());
     } else if (resp.reregister()) {
@@ -205,7 +216,7 @@ absl::Status Worker::Run() {
         if (stop_) break;
         lease_ctx_ = &ctx;
       }
-      grpc::Status st = stub_->Lease(&ctx, req, &resp);
+      grpc::Status st = Stub()->Lease(&ctx, req, &resp);
       {
         std::lock_guard<std::mutex> lock(mu_);
         lease_ctx_ = nullptr;
@@ -386,7 +397,7 @@ void Worker::Finish(Pending& p) {
   policy.max_attempts = std::max(policy.max_attempts, 1000);
   policy.give_up_after = absl::Milliseconds(lease_ms_.load());
   wire::GrpcRetrier retrier(policy);
-  grpc::Status st = retrier.Run("report", [&](grpc::ClientContext& ctx) { return stub_->Report(&ctx, req, &resp); });
+  grpc::Status st = retrier.Run("report", [&](grpc::ClientContext& ctx) { return Stub()->Report(&ctx, req, &resp); });
   {
     std::lock_guard<std::mutex> lock(mu_);
     held_leases_.erase(job.lease_id());

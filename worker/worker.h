@@ -67,6 +67,9 @@ class Worker {
   absl::Status Run();
   // Asks Run() to return after the job in hand; safe from any thread.
   void Stop();
+  // Calls from now on go through `channel` (a SIGHUP's new token or
+  // certificate); calls in flight finish on the old one. Any thread.
+  void Redial(std::shared_ptr<grpc::Channel> channel);
 
   const hw::TargetDesc& target() const { return target_; }
   bool registered() const { return registered_; }
@@ -90,7 +93,9 @@ class Worker {
   // Measures (after its compile, when ahead) and reports.
   void Finish(Pending& pending);
 
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::shared_ptr<v1::WorkerService::Stub> Stub();
+  std::mutex stub_mu_;
+  std::shared_ptr<v1::WorkerService::Stub> stub_;  // guarded by stub_mu_
   WorkerOptions options_;
   hw::TargetDesc target_;
   bool compile_during_measurement_ = true;  // Backend::CompilesDuringMeasurement

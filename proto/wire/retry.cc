@@ -2,9 +2,16 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "common/util/log.h"
 
 namespace fusor::wire {
+
+bool IsTlsHandshakeFailure(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         absl::StrContains(absl::AsciiStrToLower(status.error_message()), "handshake");
+}
 
 grpc::Status GrpcRetrier::Run(const std::string& what,
                               const std::function<grpc::Status(grpc::ClientContext&)>& attempt) const {
@@ -17,8 +24,8 @@ grpc::Status GrpcRetrier::Run(const std::string& what,
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + policy_.attempt_deadline));
     status = attempt(ctx);
     attempts_made_ = i;
-    if (status.ok() || !policy_.retry_on.count(status.error_code()) || i == policy_.max_attempts ||
-        waited + backoff > policy_.give_up_after) {
+    if (status.ok() || !policy_.retry_on.count(status.error_code()) || IsTlsHandshakeFailure(status) ||
+        i == policy_.max_attempts || waited + backoff > policy_.give_up_after) {
       return status;
     }
     Logger("rpc")->warn("{} failed ({}: {}); retry {}/{} in {}", what, static_cast<int>(status.error_code()),

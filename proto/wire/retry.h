@@ -23,6 +23,10 @@ struct RetryPolicy {
   absl::Duration give_up_after = absl::InfiniteDuration();
 };
 
+// An UNAVAILABLE that is a failed TLS handshake (a certificate not trusted
+// or not presented): a setting to fix, which is never retried.
+bool IsTlsHandshakeFailure(const grpc::Status& status);
+
 class GrpcRetrier {
  public:
   // `sleep` is injectable for tests.
@@ -30,8 +34,8 @@ class GrpcRetrier {
       : policy_(std::move(policy)), sleep_(std::move(sleep)) {}
 
   // Calls `attempt` with a fresh context until it succeeds, fails with a
-  // code not in retry_on, or max_attempts or give_up_after is reached;
-  // returns the last status.
+  // code not in retry_on (or a TLS handshake failure), or max_attempts or
+  // give_up_after is reached; returns the last status.
   grpc::Status Run(const std::string& what, const std::function<grpc::Status(grpc::ClientContext&)>& attempt) const;
   int attempts_made() const { return attempts_made_; }
 

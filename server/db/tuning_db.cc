@@ -14,7 +14,7 @@ namespace {
 
 constexpr char kJobColumns[] =
     "id, task_id, kind, candidate_id, target_fp, state, COALESCE(worker_id, ''), COALESCE(lease_id, ''), "
-    "COALESCE(lease_expires_ms, 0), attempts, COALESCE(not_worker, '')";
+    "COALESCE(lease_expires_ms, 0), attempts, COALESCE(not_worker, ''), created_ms, COALESCE(leased_ms, 0)";
 
 absl::StatusOr<JobRow> ReadJob(const Statement& s) {
   JobRow j;
@@ -29,6 +29,8 @@ absl::StatusOr<JobRow> ReadJob(const Statement& s) {
   j.lease_expires_ms = s.Int(8);
   j.attempts = static_cast<int>(s.Int(9));
   j.not_worker = s.Text(10);
+  j.created_ms = s.Int(11);
+  j.leased_ms = s.Int(12);
   return j;
 }
 
@@ -543,6 +545,7 @@ absl::StatusOr<std::vector<JobRow>> TuningDb::LeaseJobs(const std::string& worke
     j.lease_id = make_lease_id();
     j.lease_expires_ms = expires_ms;
     j.attempts += 1;
+    j.leased_ms = now_ms;
     ASSIGN_OR_RETURN(Statement u, db_->Prepare("UPDATE jobs SET state = ?, worker_id = ?, lease_id = ?, "
                                                "lease_expires_ms = ?, attempts = ?, leased_ms = ? WHERE id = ?"));
     RETURN_IF_ERROR(u.Bind(1, Name(j.state)).Bind(2, j.worker_id).Bind(3, j.lease_id).Bind(4, j.lease_expires_ms)

@@ -133,6 +133,8 @@ struct JobRow {
   std::string lease_id;
   int64_t lease_expires_ms = 0;
   int attempts = 0;
+  int64_t created_ms = 0;  // when it was queued
+  int64_t leased_ms = 0;   // its latest lease's start (0: never leased)
   // A worker that must not lease it while another live worker of its target
   // can (a confirmation is run elsewhere than its candidate's measurement).
   std::string not_worker;

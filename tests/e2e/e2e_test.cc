@@ -36,6 +36,7 @@ namespace {
 
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 const std::string kBin = FUSOR_BINARY_DIR;
@@ -580,6 +581,18 @@ TEST_F(E2eTest, EveryBinaryKeepsTheCommandLineConventions) {
   auto through_env = Shell("FUSOR_SERVER=" + address_ + " " + kBin + "/client/fusor health");
   EXPECT_EQ(through_env.first, 0) << through_env.second;
   EXPECT_THAT(through_env.second, HasSubstr("SERVING"));
+  // Shell completion, as bash runs it: commands at each level, options, then files.
+  const std::string complete = "bash -c 'source <(" + kBin +
+                               "/client/fusor completion bash) && COMP_WORDS=($0) && COMP_CWORD=$((${#COMP_WORDS[@]} - "
+                               "1)) && _fusor && echo \"[${COMPREPLY[*]}]\"' ";
+  EXPECT_EQ(Shell(complete + "'fusor --server h:1 admin token re'").second, "[revoke]\n");
+  EXPECT_EQ(Shell(complete + "'fusor lookup --wh'").second, "[--why]\n");
+  EXPECT_EQ(Shell(complete + "'fusor records'").second, "[records]\n");
+  WriteFile("completed.fusor", kChain);
+  EXPECT_EQ(Shell("cd " + dir_.string() + " && " + complete + "'fusor tune comple'").second, "[completed.fusor]\n");
+  auto zsh = Shell(kBin + "/client/fusor completion zsh");
+  EXPECT_THAT(zsh.second, HasSubstr("bashcompinit"));
+  EXPECT_EQ(Shell(kBin + "/client/fusor completion fish").first, 2);
 }
 
 // Mutual TLS with tokens on the gRPC and the metrics port: only callers
@@ -659,6 +672,124 @@ TEST_F(E2eTest, MutualTlsOnEveryPort) {
   EXPECT_THAT(scraped.second, HasSubstr("fusor_tasks{state=\"done\"} 1"));
   EXPECT_NE(Shell("curl -sS --max-time 10 --cacert " + certs + "/ca.pem " + metrics_url).first, 0);
   EXPECT_NE(Shell("curl -sS --max-time 10 http://" + metrics_url.substr(8)).first, 0);
+}
+
+// A deployment's operations: the scheduler configured by a YAML file
+// (flags override it) logging JSON; SIGHUP makes it serve certificates
+// replaced on disk (a bad replacement is refused and the old ones stay),
+// and makes a worker dial again with its token file read anew; the CLI's
+// -o json answers a line of JSON per answer.
+TEST_F(E2eTest, ConfigFileAndReloadOnSighup) {
+  const std::string certs = (dir_ / "certs").string(), rotated = (dir_ / "rotated").string(),
+                    live = (dir_ / "live").string(), worker_live = (dir_ / "worker-live").string();
+  const std::string make = std::string(FUSOR_SOURCE_DIR) + "/deploy/make-certs.sh ";
+  ASSERT_EQ(Shell(make + certs).first, 0);
+  ASSERT_EQ(Shell(make + rotated).first, 0);
+  ASSERT_EQ(Shell("mkdir -p " + live + " " + worker_live + " && cp " + certs + "/* " + live + " && cp " + certs +
+                  "/* " + worker_live)
+                .first,
+            0);
+  scheduler_->Signal(SIGTERM);
+  ASSERT_TRUE(scheduler_->Wait(std::chrono::seconds(20)).has_value());
+  const std::string config =
+      WriteFile("scheduler.yaml", "# what the unit's file would say\nlisten: 127.0.0.1:1\ntls-cert: " + live +
+                                      "/scheduler.pem\ntls-key: " + live + "/scheduler.key\ntls-client-ca: " + live +
+                                      "/ca.pem\nmetrics-listen: 127.0.0.1:0\nlog-format: json\n");
+  StartScheduler("127.0.0.1:0", /*tokens=*/true, {"--config", config});  // --listen overrides the file's
+  std::smatch m;
+  std::string log = scheduler_->Log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("metrics on port (\\d+)"))) << log;
+  const std::string metrics_url = "https://127.0.0.1:" + m[1].str() + "/metrics";
+  EXPECT_THAT(log, HasSubstr("\"logger\":\"scheduler\",\"message\":\"TLS on, client certificates required"));
+
+  const auto tls = [](const std::string& d) {
+    return std::vector<std::string>{"--tls-ca", d + "/ca.pem", "--tls-cert", d + "/client.pem", "--tls-key",
+                                    d + "/client.key"};
+  };
+  const std::string client_token = CreateToken("client", "alice");
+  const auto cli = [&](const std::string& d, std::vector<std::string> args) {
+    std::vector<std::string> argv = tls(d);
+    argv.insert(argv.end(), {"--token", client_token});
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Cli(argv);
+  };
+  const auto healthy = [&](const std::string& d) { return cli(d, {"--timeout", "3", "health"}).first == 0; };
+  const std::string token_file = WriteFile("worker.token", CreateToken("worker", "pool") + "\n");
+  worker_a_ = StartWorker("A", [&] {
+    auto args = tls(worker_live);
+    args.insert(args.end(), {"--token-file", token_file, "--log-format", "json"});
+    return args;
+  }());
+  ASSERT_TRUE(WaitFor([&] { return Query("SELECT COUNT(*) FROM workers WHERE state = 'alive'") == 1; },
+                      std::chrono::seconds(60)))
+      << worker_a_->Log();
+  EXPECT_TRUE(healthy(certs));
+  EXPECT_FALSE(healthy(rotated));
+
+  // New files on disk are not served before the SIGHUP, then they are.
+  ASSERT_EQ(Shell("cp " + rotated + "/* " + live).first, 0);
+  EXPECT_TRUE(healthy(certs));
+  scheduler_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return scheduler_->Log().find("certificates reloaded") != std::string::npos; },
+                      std::chrono::seconds(10)))
+      << scheduler_->Log();
+  EXPECT_TRUE(WaitFor([&] { return healthy(rotated); }, std::chrono::seconds(20)));
+  EXPECT_FALSE(healthy(certs));
+  const std::string curl = "curl -sS --max-time 10 --cacert " + rotated + "/ca.pem --cert " + rotated +
+                           "/client.pem --key " + rotated + "/client.key " + metrics_url;
+  auto scraped = Shell(curl);
+  EXPECT_EQ(scraped.first, 0) << scraped.second;
+  EXPECT_THAT(scraped.second, HasSubstr("# TYPE fusor_queue_wait_seconds histogram"));
+
+  // A key that is not the certificate's: refused, the served pair stays.
+  ASSERT_EQ(Shell("cp " + certs + "/scheduler.key " + live).first, 0);
+  scheduler_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return scheduler_->Log().find("certificates kept") != std::string::npos; },
+                      std::chrono::seconds(10)))
+      << scheduler_->Log();
+  EXPECT_THAT(scheduler_->Log(), HasSubstr("does not belong to --tls-cert"));
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // past the watcher's next read
+  EXPECT_TRUE(healthy(rotated));
+  EXPECT_EQ(Shell(curl).first, 0);
+
+  // The worker's token revoked, a new one in its file and the new CA and
+  // client certificate in its TLS files: after its SIGHUP it works under
+  // the new ones.
+  ASSERT_EQ(Cli({"--db", db_path_, "admin", "token", "revoke",
+                 TryQuery("SELECT id FROM tokens WHERE name = 'pool'").value_or("?")})
+                .first,
+            0);
+  std::ofstream(token_file) << CreateToken("worker", "pool-2") << "\n";
+  ASSERT_EQ(Shell("cp " + rotated + "/* " + worker_live).first, 0);
+  worker_a_->Signal(SIGHUP);
+  ASSERT_TRUE(WaitFor([&] { return worker_a_->Log().find("dialled") != std::string::npos; }, std::chrono::seconds(10)))
+      << worker_a_->Log();
+  const std::string spec = WriteFile("attention.fusor", kChain);
+  auto tuned = cli(rotated, {"tune", spec, "--budget", "2", "-o", "json"});
+  ASSERT_EQ(tuned.first, 0) << tuned.second << worker_a_->Log();
+  // -o json: one line of JSON per answer, the file named; the progress on stderr.
+  std::string line;
+  for (std::istringstream lines(tuned.second); std::getline(lines, line);) {
+    if (!line.empty() && line[0] == '{') break;
+  }
+  EXPECT_THAT(line, HasSubstr("\"file\":\"" + spec + "\""));
+  EXPECT_THAT(line, HasSubstr("\"best_measurement\":{"));
+  auto looked = cli(rotated, {"lookup", spec, "-o", "json"});
+  EXPECT_EQ(looked.first, 0) << looked.second;
+  EXPECT_THAT(looked.second, HasSubstr("\"answer\":\"tuned\""));
+  const std::string missing = WriteFile("other.fusor", "dim m=48 k=16 n=32\nin A[m,k] B[k,n]\nC[m,n] = sum(k) "
+                                                       "A[m,k] * B[k,n]\nout C\n");
+  auto missed = cli(rotated, {"lookup", missing, "-o", "json"});
+  EXPECT_EQ(missed.first, 3) << missed.second;
+  EXPECT_THAT(missed.second, Not(HasSubstr("\"result\"")));
+  auto workers = cli(rotated, {"workers", "-o", "json"});
+  EXPECT_EQ(workers.first, 0) << workers.second;
+  EXPECT_THAT(workers.second, HasSubstr("\"name\":\"A\""));
+  auto health = cli(rotated, {"health", "-o", "json"});
+  EXPECT_THAT(health.second, HasSubstr("{\"status\":\"SERVING\"}"));
+  auto task = cli(rotated, {"task", "no-such-task", "-o", "json"});
+  EXPECT_EQ(task.first, 3) << task.second;
+  EXPECT_THAT(task.second, HasSubstr("{\"error\":{\"code\":\"NOT_FOUND\""));
 }
 
 // Many clients at once, with tokens, cache hits and new tasks mixed: every

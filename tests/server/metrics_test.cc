@@ -1,6 +1,7 @@
 // Observability: the Prometheus text on /metrics over real HTTP, and the
 // standard gRPC health service.
 #include "server/metrics.h"
+#include "tests/server/prometheus_text.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -92,6 +93,7 @@ TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   EXPECT_THAT(ok, HasSubstr("\nprocess_resident_memory_bytes "));
   const size_t body = ok.find("\r\n\r\n") + 4;
   EXPECT_THAT(ok, HasSubstr("Content-Length: " + std::to_string(ok.size() - body) + "\r\n"));
+  EXPECT_THAT(fusor::testing::PrometheusTextProblems(ok.substr(body)), ::testing::IsEmpty());
 
   EXPECT_EQ(Http(port, "GET / HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);
   EXPECT_EQ(Http(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
@@ -131,6 +133,27 @@ TEST(MetricsTest, ServesPrometheusTextAndHealth) {
   lock.unlock();
   EXPECT_THAT(Http(port, "GET /metrics HTTP/1.1\r\n\r\n"),
               HasSubstr("fusor_rpc_duration_seconds_count{method=\"/grpc.health.v1.Health/Check\"} 1\n"));
+}
+
+// The format check itself finds what a scraper would refuse.
+TEST(MetricsTest, TheFormatCheckFindsBrokenPages) {
+  using fusor::testing::PrometheusTextProblems;
+  EXPECT_THAT(PrometheusTextProblems("# TYPE a_total counter\na_total 1\n# TYPE h histogram\n"
+                                     "h_bucket{x=\"1\",le=\"1\"} 1\nh_bucket{x=\"1\",le=\"+Inf\"} 2\n"
+                                     "h_sum{x=\"1\"} 3\nh_count{x=\"1\"} 2\n"),
+              ::testing::IsEmpty());
+  for (const char* broken : {
+           "a 1\n",                                             // no TYPE
+           "# TYPE a counter\na 1\n",                          // a counter not ending in _total
+           "# TYPE a gauge\na{b=\"x} 1\n",                     // an unterminated label value
+           "# TYPE a gauge\na one\n",                          // not a number
+           "# TYPE a gauge\na 1\na 2\n",                      // a series twice
+           "# TYPE a gauge\na 1\n# TYPE b gauge\nb 1\na{x=\"1\"} 1\n",  // a family split
+           "# TYPE h histogram\nh_bucket{le=\"2\"} 3\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 2\n",
+           "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n",  // no +Inf
+       }) {
+    EXPECT_THAT(PrometheusTextProblems(broken), ::testing::Not(::testing::IsEmpty())) << broken;
+  }
 }
 
 // A histogram's buckets are cumulative and its counts only grow.

@@ -26,6 +26,7 @@
 #include "proto/wire/convert.h"
 #include "proto/wire/grpc_status.h"
 #include "server/metrics.h"
+#include "tests/server/prometheus_text.h"
 #include "server/service.h"
 #include "common/util/process.h"
 #include "fusor/v1/worker.grpc.pb.h"
@@ -286,6 +287,17 @@ TEST_F(IntegrationTest, TunesToCompletionThenAnswersFromTheCache) {
   auto workers = client.ListWorkers();
   ASSERT_EQ(workers->workers_size(), 1);
   EXPECT_EQ(workers->workers(0).jobs_done(), expected);
+
+  // Each job's wait in the queue and its lease's time are in the metrics'
+  // histograms: the candidates (the baseline is one of its own), the confirmations.
+  auto metrics = server::RenderMetrics(server_->core());
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_THAT(*metrics, HasSubstr("# TYPE fusor_queue_wait_seconds histogram\n"));
+  EXPECT_THAT(*metrics, HasSubstr("fusor_queue_wait_seconds_count{kind=\"candidate\"} 4\n"));
+  EXPECT_THAT(*metrics, HasSubstr("fusor_job_duration_seconds_count{kind=\"candidate\"} 4\n"));
+  EXPECT_THAT(*metrics, HasSubstr(absl::StrCat("fusor_job_duration_seconds_count{kind=\"confirm\"} ", confirms, "\n")));
+  EXPECT_THAT(*metrics, HasSubstr("fusor_job_duration_seconds_bucket{kind=\"baseline\",le=\"+Inf\"} 1\n"));
+  EXPECT_THAT(fusor::testing::PrometheusTextProblems(*metrics), ::testing::IsEmpty());
 }
 
 // Traffic of many lengths: a workload whose varying dims are widened to

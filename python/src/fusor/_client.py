@@ -29,13 +29,16 @@ log = logging.getLogger("fusor")
 
 
 class _Backoff:
-    """Whether a failed call is asked again (UNAVAILABLE, within the minute), after sleeping its backoff."""
+    """Whether a failed call is asked again (UNAVAILABLE but for a failed TLS handshake, within the minute), after
+    sleeping its backoff."""
 
     def __init__(self, enabled: bool):
         self.enabled, self.delay, self.waited = enabled, 0.2, 0.0
 
     def again(self, error: grpc.RpcError) -> bool:
         if not self.enabled or error.code() != grpc.StatusCode.UNAVAILABLE or self.waited + self.delay > _RETRY_SECONDS:
+            return False
+        if "handshake" in (error.details() or "").lower():  # a TLS setting to fix, not a restart
             return False
         log.warning("fusor: the scheduler is unavailable (%s); asking again in %.1f s", error.details(), self.delay)
         time.sleep(self.delay)

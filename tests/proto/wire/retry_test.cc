@@ -45,6 +45,16 @@ TEST(GrpcRetrierTest, GivesUpOnOtherCodesAndAfterMaxAttempts) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(calls, 3);
   EXPECT_EQ(sleeps, 2);
+  // A TLS handshake that failed is a setting to fix: said at once.
+  calls = 0;
+  st = retrier.Run("test", [&](grpc::ClientContext&) {
+    ++calls;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Ssl handshake "
+                        "failed: SSL_ERROR_SSL: certificate verify failed");
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(sleeps, 2);
 }
 
 TEST(GrpcRetrierTest, GivesUpWhenTheBackoffWouldPassTheTimeLimit) {
