@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The Python environment of the peer benchmark (bench/peers): a virtualenv
-# with numpy, onnx and onnxruntime from PyPI, and PyTorch with --torch. Idempotent: nothing is downloaded when they are there. Prints the
+# with numpy, onnx and onnxruntime from PyPI, and PyTorch and OpenVINO with
+# --torch. Idempotent: nothing is downloaded when they are there. Prints the
 # environment's python on its last line.
 #   FUSOR_PEERS_VENV  where the environment lives (default ~/.cache/fusor/peers-venv)
 set -euo pipefail
 venv="${FUSOR_PEERS_VENV:-$HOME/.cache/fusor/peers-venv}"
 want=(numpy onnx onnxruntime)
 if [ "${1:-}" = "--torch" ]; then
-  want+=(torch)
+  want+=(torch openvino)
 fi
 if [ ! -x "$venv/bin/python" ]; then
   echo "peers-env: creating $venv" >&2

@@ -5,12 +5,17 @@ For each chain file: fusor's best kernel comes from `fusor compile` (tuning
 first on a cache miss), is built with the flags in its metadata and loaded;
 the same chain is built for PyTorch eager (as a user writes it: matmul/einsum,
 conv2d, softmax, elementwise), PyTorch scaled_dot_product_attention (attention
-chains), onnxruntime's CPU provider (com.microsoft MultiHeadAttention for
-attention; MatMul/Einsum, Conv, Softmax and elementwise nodes otherwise) and
-numpy. Every implementation's output is checked against fusor's float64
-reference (`fusor reference`) before it is timed; then all are timed
-interleaved, in slices, until each has run for --seconds, and the medians are
-compared. PyTorch is optional: its rows say "not installed" without it.
+chains), OpenVINO native (those PyTorch programs through openvino.convert_model,
+compiled for the CPU with the chain's precision as INFERENCE_PRECISION_HINT; the
+precision its runtime graph executes in is checked and printed),
+onnxruntime's CPU provider (com.microsoft MultiHeadAttention for attention;
+MatMul/Einsum, Conv, Softmax and elementwise nodes otherwise) and numpy. Every
+implementation's output is checked against fusor's float64 reference (`fusor
+reference`) before it is timed; then all are timed interleaved, in slices,
+until each has run for --seconds, and the medians are compared. PyTorch and
+OpenVINO are optional (peers.sh --torch installs both): their rows say "not
+installed" without them. The roof printed is the sgemm rate, and for bf16
+chains PyTorch's bf16 matmul rate, of the same run.
 
   bench/peers/peers.py examples/bert_base_attention.fusor examples/gemm_chain.fusor
   bench/peers/peers.py --short --model-only examples/*.fusor   # no timing claim
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -74,6 +80,10 @@ try:
     import onnxruntime as ort  # noqa: E402
 except ImportError:
     ort = None
+try:
+    import openvino as ov  # noqa: E402
+except ImportError:
+    ov = None
 
 
 # ------------------------------------------------------------ chain model ---
@@ -919,6 +929,16 @@ def time_interleaved(impls, seconds, slice_s=0.15, gap_s=0.15):
     return out
 
 
+def bf16_gemm_rate(seconds):
+    """PyTorch's bf16 matmul rate (GFLOP/s) at 1024^3, same threads: the roof of a bf16 chain; None without PyTorch."""
+    if torch is None:
+        return None
+    n = 1024
+    a, b = torch.rand(n, n).to(torch.bfloat16), torch.rand(n, n).to(torch.bfloat16)
+    t = time_interleaved([("bf16", lambda: a @ b)], seconds)["bf16"]["median_s"]
+    return 2 * n ** 3 / t / 1e9
+
+
 def sgemm_rate(seconds):
     """The machine's sgemm rate (GFLOP/s) at 1024^3 through the fastest library at hand, same threads."""
     n = 1024
@@ -995,13 +1015,21 @@ def bench_chain(path, work, seconds):
             result["impls"]["fusor_unfused_" + blas] = dict(skipped="%s: %s" % (type(e).__name__,
                                                                               str(e).splitlines()[0][:200]))
 
-    # The peers compute in the chain's dtype where they can, else in f32.
+    # The peers compute in the chain's dtype where they can, else in f32. One
+    # that computes in f16 or bf16 may round its intermediates too (PyTorch
+    # eager's scores, say), which fusor's tolerance does not allow for: it is
+    # checked within 4 times that tolerance, its error printed.
+    peer_tol = tol * (4 if chain.dtype != "f32" else 1)
+    if peer_tol != tol:
+        result["notes"].append("peers computing in %s are checked within %.3g, 4x fusor's tolerance: they may "
+                               "round their intermediates" % (chain.dtype, peer_tol))
+
     def peer(name, what, build):
         try:
             run, args, finish = build()
             outs = finish(run(*args))
             err = check(name, [np.asarray(o.float() if torch is not None and torch.is_tensor(o) else o)
-                               for o in outs], refs, tol)
+                               for o in outs], refs, peer_tol)
             result["impls"][name] = dict(max_rel_error=err, what=what() if callable(what) else what)
             impls.append((name, lambda: run(*args)))
         except ImportError as e:
@@ -1009,15 +1037,17 @@ def bench_chain(path, work, seconds):
         except WrongResult:
             raise
         except Exception as e:  # a peer that cannot run this chain says why; fusor's row stands
-            result["impls"][name] = dict(skipped="%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200]))
+            # (OpenVINO's first line names its own source file: the reason is on the lines after it)
+            reason = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            result["impls"][name] = dict(skipped="%s: %s" % (type(e).__name__, reason[:600]))
 
     peer_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.float32}[chain.dtype]
     np_inputs = [np.ascontiguousarray(x.astype(peer_dtype)) for x in inputs64]
 
-    def torch_build(sdpa=False):
+    def torch_build(sdpa=False, tdtype=None):
         if torch is None:
             raise ImportError("not installed")
-        tdtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[chain.dtype]
+        tdtype = tdtype or {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[chain.dtype]
         t_inputs = [torch.from_numpy(x.astype(np.float32)).to(tdtype).contiguous() for x in inputs64]
         if not sdpa:
             prog = array_program("torch", chain)
@@ -1051,6 +1081,53 @@ def bench_chain(path, work, seconds):
         prog = array_program("numpy", chain)
         return (lambda xs: prog(xs)), (f32_inputs,), (lambda outs: outs)
 
+    def openvino_build(sdpa):
+        """OpenVINO native: the PyTorch program in f32 through openvino.convert_model, compiled for the CPU with
+        the chain's precision as the hint (a model's weights are f32 and the hint picks the execution
+        precision, as users deploy it)."""
+        if ov is None:
+            raise ImportError("not installed")
+        if torch is None:
+            raise ImportError("converts the PyTorch program: needs PyTorch (peers.sh --torch)")
+        run, args, _ = torch_build(sdpa, torch.float32)
+        # The chain's constant inputs are the model's weights: constants of the converted model.
+        everything = list(args) if sdpa else list(args[0])
+        const_at = {} if sdpa else {i: t for i, (name, t) in enumerate(zip(chain.inputs, everything))
+                                    if name in chain.constants}
+        tensors = [t for i, t in enumerate(everything) if t is not None and i not in const_at]
+
+        class Program(torch.nn.Module):
+            def forward(self, *xs):
+                if not sdpa:
+                    free = iter(xs)
+                    return tuple(run([const_at[i] if i in const_at else next(free) for i in range(len(everything))]))
+                q, k, v = xs[:3]
+                return run(q, k, v, xs[3] if len(xs) > 3 else None)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on a program it traces as written
+            model = ov.convert_model(Program(), example_input=tuple(tensors))
+        hint = {"f32": "f32", "f16": "f16", "bf16": "bf16"}[chain.dtype]
+        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint,
+                                                          "INFERENCE_NUM_THREADS": str(threads),
+                                                          "PERFORMANCE_HINT": "LATENCY"})
+        # The precision the runtime graph runs its matrix products in (the hint is a request).
+        executed = set()
+        for op in compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            # (a fused attention is a "Subgraph", or "ScaledAttn")
+            if info["layerType"].astype(str) in ("MatMul", "FullyConnected", "ScaledAttn", "Subgraph",
+                                                  "Convolution"):
+                executed.add(info["runtimePrecision"].astype(str))
+        peer_what["openvino_sdpa" if sdpa else "openvino"] = "hint %s, ran %s%s" % (
+            hint, "/".join(sorted(executed)) or "?", ", ScaledDotProductAttention" if sdpa else "")
+        request = compiled.create_infer_request()
+        feeds = [np.ascontiguousarray(t.numpy()) for t in tensors]
+
+        def infer(feeds):
+            request.infer(feeds, share_inputs=True)
+            return [request.get_output_tensor(i).data.copy() for i in range(len(compiled.outputs))]
+        return infer, (feeds,), (lambda outs: outs)
+
     def ort_build():
         if ort is None:
             raise ImportError("not installed")
@@ -1072,6 +1149,10 @@ def bench_chain(path, work, seconds):
              lambda: torch_build(False))
         if attention_pattern(chain) is not None:
             peer("pytorch_sdpa", "scaled_dot_product_attention", lambda: torch_build(True))
+        if not key:  # OpenVINO compiles the program whole: one peer, whatever the association order
+            peer("openvino", lambda: peer_what.get("openvino", ""), lambda: openvino_build(False))
+            if attention_pattern(chain) is not None:
+                peer("openvino_sdpa", lambda: peer_what.get("openvino_sdpa", ""), lambda: openvino_build(True))
         peer("onnxruntime" + key, lambda: peer_what.get("ort", "") + suffix, ort_build)
         peer("numpy" + key, "numpy (float32)" + suffix, numpy_build)
     chain = outer_chain
@@ -1111,9 +1192,11 @@ def main():
     report = dict(date=time.strftime("%Y-%m-%d %H:%M:%S"), machine=cpu_name(), cores=os.cpu_count(),
                   threads=ARGS.threads, short=ARGS.short, seconds=seconds,
                   versions=dict(numpy=np.__version__, torch=torch.__version__ if torch else None,
-                                onnxruntime=ort.__version__ if ort else None, python=platform.python_version()),
+                                onnxruntime=ort.__version__ if ort else None,
+                                openvino=ov.get_version() if ov else None, python=platform.python_version()),
                   command=" ".join(shlex.quote(a) for a in sys.argv), chains=[])
     report["sgemm_gflops"], report["sgemm_lib"] = sgemm_rate(seconds)
+    report["bf16_gemm_gflops"] = bf16_gemm_rate(seconds)
     failed = False
     for i, path in enumerate(ARGS.chains):
         work = os.path.join(work_root, "%d" % i)
@@ -1126,19 +1209,21 @@ def main():
             failed = True
             continue
         report["chains"].append(r)
-        print_chain(r, report["sgemm_gflops"])
+        print_chain(r, report["sgemm_gflops"], report["bf16_gemm_gflops"])
     if ARGS.short:
         print("short mode: every implementation validated; the times above are not a measurement")
     else:
         print("sgemm %.0f GFLOP/s (%s, %d threads, 1024^3) on %s" % (report["sgemm_gflops"], report["sgemm_lib"],
                                                                       ARGS.threads, report["machine"]))
+        if report["bf16_gemm_gflops"]:
+            print("bf16 matmul %.0f GFLOP/s (torch, %d threads, 1024^3)" % (report["bf16_gemm_gflops"], ARGS.threads))
     if ARGS.json:
         with open(ARGS.json, "w") as f:
             json.dump(report, f, indent=2)
     return 1 if failed else 0
 
 
-def print_chain(r, sgemm):
+def print_chain(r, sgemm, bf16_gemm=None):
     print("\n%s (%s, %.3f GFLOP)  fusor schedule: %s" % (r["chain"], r["dtype"], r["gflop"], r["fusor"]["schedule"]))
     print("| implementation | median | spread (p90-p10) | fusor speedup | max rel. error |")
     print("|---|---:|---:|---:|---:|")
@@ -1152,8 +1237,11 @@ def print_chain(r, sgemm):
                                                      "—" if name == "fusor" else "%.2fx" % (d["median_s"] / fusor_t),
                                                      d["max_rel_error"]))
     if "fastest_peer" in r:
-        print("fusor vs fastest peer (%s): %.2fx; fusor at %.0f GFLOP/s of the chain as written = %.0f%% of sgemm" % (
-            r["fastest_peer"], r["speedup_vs_fastest_peer"], r["fusor_gflops"], 100 * r["fusor_gflops"] / sgemm))
+        bf16 = r["dtype"] == "bf16" and bf16_gemm
+        roof, roof_name = (bf16_gemm, "the bf16 matmul") if bf16 else (sgemm, "sgemm")
+        print("fusor vs fastest peer (%s): %.2fx; fusor at %.0f GFLOP/s of the chain as written = %.0f%% of %s" % (
+            r["fastest_peer"], r["speedup_vs_fastest_peer"], r["fusor_gflops"], 100 * r["fusor_gflops"] / roof,
+            roof_name))
     if "speedup_over_baseline_here" in r:
         printed = r["fusor"].get("printed_speedup") or 0
         print("fusor vs its %s baseline here: %.2fx%s" % (
