@@ -73,6 +73,25 @@ TEST_F(ConfigFileTest, ValuesComeFromTheFileAndFlagsOverrideThem) {
   EXPECT_EQ(p.listen, "127.0.0.1:1");
   EXPECT_EQ(p.drain, 2.5);
 
+  // What the app's values write out as a config file reads back the same.
+  {
+    CLI::App app{"test"};
+    std::string listen = "a:1";
+    std::vector<std::string> vary;
+    app.add_option("--listen", listen);
+    app.add_option("--vary", vary);
+    AddConfigFile(app);
+    std::vector<std::string> args = {"prog", "--listen", "h:2", "--vary", "x", "--vary", "y"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    ASSERT_FALSE(ParseCommandLine(app, "prog", static_cast<int>(argv.size()), argv.data()).has_value());
+    const std::string written = app.config_to_str(true, true);
+    p = Parse({"--config", Write(written)});
+    ASSERT_FALSE(p.rc.has_value()) << written;
+    EXPECT_EQ(p.listen, "h:2");
+    EXPECT_THAT(p.vary, ::testing::ElementsAre("x", "y"));
+  }
+
   p = Parse({"--config", Write("")});  // empty: nothing set
   ASSERT_FALSE(p.rc.has_value());
   EXPECT_EQ(p.listen, "");
