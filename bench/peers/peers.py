@@ -1117,7 +1117,9 @@ def bench_chain(path, work, seconds):
             # (a fused attention is a "Subgraph", or "ScaledAttn")
             if info["layerType"].astype(str) in ("MatMul", "FullyConnected", "ScaledAttn", "Subgraph",
                                                   "Convolution"):
-                executed.add(info["runtimePrecision"].astype(str))
+                precision = info["runtimePrecision"].astype(str)
+                if precision in ("f32", "bf16", "f16"):  # (a mask's subgraph runs in u8)
+                    executed.add(precision)
         peer_what["openvino_sdpa" if sdpa else "openvino"] = "hint %s, ran %s%s" % (
             hint, "/".join(sorted(executed)) or "?", ", ScaledDotProductAttention" if sdpa else "")
         request = compiled.create_infer_request()
