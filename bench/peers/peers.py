@@ -1106,7 +1106,7 @@ def bench_chain(path, work, seconds):
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on a program it traces as written
             model = ov.convert_model(Program(), example_input=tuple(tensors))
-        hint = {"f32": "f32", "f16": "f16", "bf16": "bf16"}[chain.dtype]
+        hint = chain.dtype  # "f32", "f16" or "bf16": OpenVINO's names too
         compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint,
                                                           "INFERENCE_NUM_THREADS": str(threads),
                                                           "PERFORMANCE_HINT": "LATENCY"})
