@@ -98,21 +98,20 @@ TEST_F(ConfigFileTest, ValuesComeFromTheFileAndFlagsOverrideThem) {
 }
 
 TEST_F(ConfigFileTest, ABadFileIsAUsageErrorNamingTheLine) {
-  ::testing::internal::CaptureStderr();
-  EXPECT_EQ(Parse({"--config", Write("listen: a\nlisen: b\n")}).rc, std::optional<int>(2));
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("lisen"));
-  ::testing::internal::CaptureStderr();
-  EXPECT_EQ(Parse({"--config", Write("listen: a\ntls:\n  cert: x\n")}).rc, std::optional<int>(2));
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("--config line 3: 'tls' needs a value"));
-  ::testing::internal::CaptureStderr();
-  EXPECT_EQ(Parse({"--config", Write("listen: [a\n")}).rc, std::optional<int>(2));
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("--config line 2"));
-  ::testing::internal::CaptureStderr();
-  EXPECT_EQ(Parse({"--config", Write("- listen\n")}).rc, std::optional<int>(2));
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("expected a map"));
+  const std::pair<std::string, std::string> cases[] = {
+      {"listen: a\nlisen: b\n", "lisen"},                                         // an unknown name
+      {"listen: a\ntls:\n  cert: x\n", "--config line 3: 'tls' needs a value"},  // a nested map
+      {"listen: [a\n", "--config line 2"},                                      // YAML that does not parse
+      {"- listen\n", "expected a map"},
+  };
+  for (const auto& [text, said] : cases) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(Parse({"--config", Write(text)}).rc, std::optional<int>(2)) << text;
+    EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr(said));
+  }
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(Parse({"--config", ::testing::TempDir() + "/no-such.yaml"}).rc, std::optional<int>(2));
-  ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("no-such.yaml"));
 }
 
 // One JSON object per line, whatever the message holds; the time carries

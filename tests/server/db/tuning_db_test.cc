@@ -421,14 +421,20 @@ TEST(RecordsTest, ExportPagesThroughEveryRecordOnce) {
   }
 }
 
+// An empty directory of its own under the system's temporary one.
+std::filesystem::path FreshDir(const std::string& prefix) {
+  const auto dir = std::filesystem::temp_directory_path() / (prefix + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 // The trust rule holds across databases: a task that ended unconfirmed
 // (its candidate's 20 us never came again: 0.5 s the second time) brings its
 // measurements, never an answer, whether imported into an empty database,
 // merged into one with answers of its own, or restored from a backup.
 TEST(RecordsTest, AnImportBringsMeasurementsNotAnswers) {
-  const auto dir = std::filesystem::temp_directory_path() / ("fusor-trust-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const auto dir = FreshDir("fusor-trust");
   auto source = TuningDb::Open((dir / "source.db").string());
   ASSERT_TRUE(source.ok()) << source.status();
   FinishedTask(**source, "tu", "ju", 2e-5, 0.5);
@@ -463,9 +469,7 @@ TEST(RecordsTest, AnImportBringsMeasurementsNotAnswers) {
 // A backup taken while the database is open and written to is a complete,
 // consistent copy; an unwritable path is an error.
 TEST(RecordsTest, OnlineBackup) {
-  const auto dir = std::filesystem::temp_directory_path() / ("fusor-backup-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const auto dir = FreshDir("fusor-backup");
   auto db = TuningDb::Open((dir / "live.db").string());
   ASSERT_TRUE(db.ok()) << db.status();
   FinishedTask(**db, "t1", "j1", 0.5);
