@@ -88,7 +88,7 @@ int ImportRecords(const GlobalOptions& g, const std::string& path, bool json) {
   } else {
     auto db = OpenOrCreate(g);
     if (!db.ok()) return Fail(db.status(), json, which);
-    auto local = (*db)->ImportRecords(lines, NowMs(), fusor::kMaxSpread);
+    auto local = (*db)->ImportRecords(lines, NowMs(), g.max_spread > 0 ? g.max_spread : fusor::kMaxSpread);
     if (!local.ok()) {
       return Fail(absl::Status(local.status().code(), absl::StrCat(path, ": ", local.status().message())), json, which);
     }

@@ -118,9 +118,9 @@ def openvino_runner(model: torch.nn.Module, feed: Dict[str, torch.Tensor],
     for op in compiled.get_runtime_model().get_ordered_ops():
         info = op.get_rt_info()
         if info["layerType"].astype(str) in ("MatMul", "FullyConnected", "ScaledAttn", "Subgraph"):
-            precision = info["runtimePrecision"].astype(str)
-            if precision in ("f32", "bf16", "f16"):  # (the attention mask's subgraph runs in u8)
-                ran.add(precision)
+            ran_in = info["runtimePrecision"].astype(str)
+            if ran_in in ("f32", "bf16", "f16"):  # (the attention mask's subgraph runs in u8)
+                ran.add(ran_in)
     request = compiled.create_infer_request()
     names = {name for port in compiled.inputs for name in port.get_names()}
     arrays = {k: v.numpy() for k, v in feed.items() if k in names}

@@ -458,6 +458,28 @@ TEST(RecordsTest, AnImportBringsMeasurementsNotAnswers) {
   EXPECT_EQ(merged->best_updated, 0);
   EXPECT_DOUBLE_EQ((*(*team)->GetBest("wk", "fp", "s"))->median_s, 7.85e-3);
 
+  // The same records as if their task had ended done (an older fusor's
+  // export, or one edited): the import finds the best itself, by the
+  // confirmation rule, and a fast time the confirmation contradicts is no
+  // answer. A fast time confirmed is.
+  std::vector<std::string> done = records;
+  for (std::string& line : done) {
+    auto j = nlohmann::json::parse(line);
+    j["task"]["state"] = "done";
+    line = j.dump();
+  }
+  auto careful = TuningDb::Open(":memory:");
+  auto taken = (*careful)->ImportRecords(done, 10, kMaxSpread);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->best_updated, 0);
+  EXPECT_FALSE((*(*careful)->GetBest("wk", "fp", "s")).has_value());
+  auto confirmed = TuningDb::Open(":memory:");
+  FinishedTask(**confirmed, "tf", "jf", 2e-5);
+  auto faster = (*team)->ImportRecords(Exported(**confirmed), 10, kMaxSpread);
+  ASSERT_TRUE(faster.ok()) << faster.status();
+  EXPECT_EQ(faster->best_updated, 1);
+  EXPECT_DOUBLE_EQ((*(*team)->GetBest("wk", "fp", "s"))->median_s, 2e-5);
+
   ASSERT_TRUE((*source)->BackupTo((dir / "restored.db").string()).ok());
   auto restored = TuningDb::Open((dir / "restored.db").string());
   ASSERT_TRUE(restored.ok()) << restored.status();
