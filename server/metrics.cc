@@ -60,11 +60,13 @@ void RenderProcess(std::string& out) {
   }
   auto field = [&](size_t n) { return n - 3 < fields.size() ? std::strtod(fields[n - 3].c_str(), nullptr) : 0.0; };
   const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  double boot_s = 0;
-  std::ifstream proc_stat("/proc/stat");
-  for (std::string line; std::getline(proc_stat, line);) {
-    if (line.rfind("btime ", 0) == 0) boot_s = std::strtod(line.c_str() + 6, nullptr);
-  }
+  static const double boot_s = [] {  // the machine's boot time: read once
+    std::ifstream proc_stat("/proc/stat");
+    for (std::string line; std::getline(proc_stat, line);) {
+      if (line.rfind("btime ", 0) == 0) return std::strtod(line.c_str() + 6, nullptr);
+    }
+    return 0.0;
+  }();
   int open_fds = 0;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::end(it);

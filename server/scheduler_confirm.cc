@@ -27,7 +27,7 @@ absl::Status Scheduler::Finalize(Task& task, const std::vector<db::MeasurementRo
   }
   // What the task reports and caches is the best's confirmation: its
   // candidate measured again, trusted and agreeing.
-  const BestOfTask found = FindBest(rows, options_.measure.max_spread);
+  const db::BestOfTask found = db::FindBest(rows, options_.measure.max_spread);
   const db::MeasurementRow* best = found.confirmation;
   const int64_t now = NowMs();
   std::optional<db::BestRow> unfused;  // the unfused chain, where it beat every fused kernel

@@ -154,7 +154,7 @@ absl::Status Scheduler::Advance(Task& task) {
     if (!Finished(job.state)) return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(std::vector<db::MeasurementRow> rows, db_->MeasurementsOfTask(task.row.id));
-  const BestOfTask best = FindBest(rows, options_.measure.max_spread);
+  const db::BestOfTask best = db::FindBest(rows, options_.measure.max_spread);
   if (best.candidate != nullptr && best.confirmation == nullptr && task.confirm_jobs.size() < kConfirmAttempts) {
     const int64_t now = NowMs();
     db::JobRow job;

@@ -57,9 +57,6 @@ TaskStarted StartedOf(const db::TaskRow& row);
 // Runs of a task's best candidate again before anything is cached.
 constexpr size_t kConfirmAttempts = 3;
 
-using db::BestOfTask;
-using db::FindBest;
-
 // `text`, a fused schedule of chain `from`, in the names of chain `to`:
 // dim_map[u] is the dim of `from` that dim u of `to` is (-1: none), and
 // tensor_map the same for tensors. With `fit`, `to` is `from` at other

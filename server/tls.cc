@@ -100,7 +100,8 @@ absl::StatusOr<std::unique_ptr<GrpcServerTls>> GrpcServerTls::Create(const Serve
 }
 
 GrpcServerTls::~GrpcServerTls() {
-  provider_.reset();  // stops its thread before its files go
+  credentials_.reset();  // (they hold the provider too)
+  provider_.reset();     // its watcher thread stops before its files go
   if (!dir_.empty()) {
     std::error_code ignored;
     std::filesystem::remove_all(dir_, ignored);

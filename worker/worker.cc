@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ir/parse.h"
+#include "common/util/build_info.h"
 #include "common/util/log.h"
 #include "common/util/quiet.h"
 #include "common/util/status_macros.h"
@@ -140,7 +141,7 @@ absl::Status Worker::Register() {
   v1::RegisterRequest req;
   req.set_name(options_.name);
   *req.mutable_target() = wire::TargetToProto(target_);
-  req.set_version(FUSOR_VERSION);
+  req.set_version(Build().version);
   v1::RegisterResponse resp;
   wire::GrpcRetrier retrier(options_.rpc);
   grpc::Status st = retrier.Run("register", [&](grpc::ClientContext& ctx) { return Stub()->Register(&ctx, req, &resp); });

@@ -63,7 +63,6 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Dial(const std::string& address, 
   DisableMutexDeadlockDetection();
   // A scheduler that restarts is dialled again within seconds (gRPC's own reconnect backoff grows to 120 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(kMaxReconnectBackoffMs));
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls.on()) {
